@@ -1,0 +1,130 @@
+"""Tiny table language models with exact rational probabilities.
+
+A `TableLM` looks its next-token distribution up from the last `order` tokens of the context
+(the whole context while it is shorter). Probabilities are `Fraction`s, so the audit can
+compute the exact autoregressive distribution of sequences; the logits handed to the engine
+are their float64 logarithms (-inf for exact zeros).
+
+The cache is the list of processed tokens: `extend` answers from it, `rollback` truncates it,
+exactly as the protocol demands of a real KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
+from itertools import product
+
+import torch
+
+Row = tuple[Fraction, ...]
+
+
+class TableLM:
+    def __init__(self, rows: Mapping[tuple[int, ...], Sequence[Fraction]], order: int) -> None:
+        if order < 1:
+            raise ValueError(f"order must be >= 1, got {order}")
+        sizes = {len(row) for row in rows.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"every row needs the same vocabulary size, got sizes {sorted(sizes)}")
+        for key, row in rows.items():
+            if any(x < 0 for x in row) or sum(row) != 1:
+                raise ValueError(f"row {key} is not a probability distribution: {row}")
+        self.rows: dict[tuple[int, ...], Row] = {k: tuple(Fraction(x) for x in r) for k, r in rows.items()}
+        self.order = order
+        self.vocab_size = sizes.pop()
+        self._logits = {
+            key: torch.tensor([math.log(x) if x > 0 else -math.inf for x in row], dtype=torch.float64)
+            for key, row in self.rows.items()
+        }
+        self._processed: list[int] = []
+
+    def distribution(self, context: Sequence[int]) -> Row:
+        """The exact next-token distribution after `context` (nonempty)."""
+        key = tuple(context[-self.order:])
+        if key not in self.rows:
+            raise KeyError(f"table has no row for context suffix {key}")
+        return self.rows[key]
+
+    @property
+    def length(self) -> int:
+        return len(self._processed)
+
+    def reset(self) -> None:
+        self._processed = []
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        self._processed = list(ids)
+
+    def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        start = len(self._processed)
+        self._processed.extend(tokens)
+        rows = self._rows_for(self._processed, start)
+        return rows if keep is None else rows[-keep:]
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= len(self._processed):
+            raise ValueError(f"cannot roll back to {length}; {len(self._processed)} tokens processed")
+        del self._processed[length:]
+
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        return self._rows_for(list(ids), 0)
+
+    def _rows_for(self, ids: list[int], start: int) -> torch.Tensor:
+        return torch.stack([self._logits[tuple(ids[: t + 1][-self.order:])] for t in range(start, len(ids))])
+
+
+def bigram(rows: Sequence[Sequence[Fraction | float | str]]) -> TableLM:
+    """A bigram table from its rows: rows[a] is the distribution after token a."""
+    return TableLM({(a,): [Fraction(x) for x in row] for a, row in enumerate(rows)}, order=1)
+
+
+def seed_pair() -> tuple[TableLM, TableLM]:
+    """The seed lesson's 3x3 bigram target and draft."""
+    target = bigram([["1/10", "3/10", "6/10"], ["6/10", "3/10", "1/10"], ["2/10", "7/10", "1/10"]])
+    draft = bigram([["4/10", "4/10", "2/10"], ["2/10", "5/10", "3/10"], ["4/10", "4/10", "2/10"]])
+    return target, draft
+
+
+def random_row(vocab: int, rng: random.Random, denominator: int, zeros: bool) -> Row:
+    """A random rational distribution with the given denominator; zeros allowed or not."""
+    while True:
+        cuts = sorted(rng.randint(0, denominator) for _ in range(vocab - 1))
+        counts = [b - a for a, b in zip([0, *cuts], [*cuts, denominator])]
+        if zeros or min(counts) > 0:
+            return tuple(Fraction(c, denominator) for c in counts)
+
+
+def random_table(
+    vocab: int,
+    order: int,
+    seed: int,
+    *,
+    denominator: int = 12,
+    zeros: bool = True,
+    eos_token_id: int | None = None,
+    row: Callable[[random.Random], Row] | None = None,
+) -> TableLM:
+    """A random table over contexts of length 1..order. With `eos_token_id`, every row gives EOS
+    some positive probability, so sequences can end early."""
+    rng = random.Random(seed)
+    make = row or (lambda r: random_row(vocab, r, denominator, zeros))
+    rows = {}
+    for length in range(1, order + 1):
+        for key in product(range(vocab), repeat=length):
+            dist = make(rng)
+            if eos_token_id is not None and dist[eos_token_id] == 0:
+                dist = _with_eos(dist, eos_token_id)
+            rows[key] = dist
+    return TableLM(rows, order)
+
+
+def _with_eos(dist: Row, eos_token_id: int) -> Row:
+    """Move a quarter of the largest entry's mass to EOS."""
+    big = max(range(len(dist)), key=lambda i: dist[i])
+    moved = dist[big] / 4
+    return tuple(
+        x - moved if i == big else moved if i == eos_token_id else x for i, x in enumerate(dist)
+    )

@@ -1,0 +1,84 @@
+"""A smaller causal LM as the proposer (Leviathan et al. 2211.17192).
+
+At temperature > 0 each drafted token is sampled from q, the draft's distribution after the
+same sampling transforms as the target, and q is returned for the verifier. At temperature 0
+the draft takes its argmax (a chosen draft, q = None).
+
+The draft keeps its own cache. `processed` mirrors what the cache holds: the context plus all
+but the last drafted token. `commit` crops it to the longest prefix shared with the emitted
+context, so the next round resumes from the same logical prefix a full recomputation would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from verispec.models.base import CausalLM
+from verispec.proposers.base import Draft
+from verispec.randomness import Random
+from verispec.sampling import SamplingParams, probabilities
+
+
+class DraftModel:
+    def __init__(self, model: CausalLM) -> None:
+        self.model = model
+        self.vocab_size = model.vocab_size
+        self.sampling = SamplingParams()
+        self._processed: list[int] = []
+        self._synced = 0  # leading entries of _processed known to match the context
+
+    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        self.sampling = sampling
+        self.model.reset()
+        self._processed = []
+        self._synced = 0
+
+    def commit(self, context: Sequence[int]) -> None:
+        keep = self._synced
+        limit = min(len(self._processed), len(context))
+        while keep < limit and self._processed[keep] == context[keep]:
+            keep += 1
+        if keep < len(self._processed):
+            self.model.rollback(keep)
+            del self._processed[keep:]
+        self._synced = keep
+
+    def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        self.commit(context)
+        new = list(context[len(self._processed) :])
+        logits = self.model.extend(new, keep=1)  # [1, V]
+        self._processed.extend(new)
+        self._synced = len(self._processed)
+        tokens, q_rows = [], []
+        for i in range(k):
+            token, q = self._next(logits, rng)
+            tokens.append(token)
+            q_rows.append(q)
+            if i < k - 1:
+                logits = self.model.extend([token], keep=1)
+                self._processed.append(token)
+        return self._draft(tokens, q_rows)
+
+    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        ids = list(context)
+        tokens, q_rows = [], []
+        for _ in range(k):
+            token, q = self._next(self.model.score(ids)[-1:], rng)
+            tokens.append(token)
+            q_rows.append(q)
+            ids.append(token)
+        return self._draft(tokens, q_rows)
+
+    def _next(self, logits: torch.Tensor, rng: Random) -> tuple[int, torch.Tensor | None]:
+        """One drafted token from logits[1, V]: argmax when greedy, else a draw from q [V]."""
+        if self.sampling.greedy:
+            return int(logits[0].argmax()), None
+        q = probabilities(logits, self.sampling)[0]
+        return rng.categorical(q), q
+
+    def _draft(self, tokens: list[int], q_rows: list[torch.Tensor | None]) -> Draft:
+        if self.sampling.greedy or not tokens:
+            return Draft(tuple(tokens))
+        return Draft(tuple(tokens), torch.stack(q_rows))

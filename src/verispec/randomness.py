@@ -1,0 +1,37 @@
+"""The one door through which randomness enters verispec.
+
+Every random decision of the engine, the proposers and the verifiers is a call to
+`bernoulli(prob)` or `categorical(probs)` on an injected `Random`. The default wraps a seeded
+`torch.Generator` (same seed, same output); the exhaustive audit substitutes an object that
+walks every branch of every call and weighs each outcome by its probability.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Random(Protocol):
+    def bernoulli(self, prob: float) -> bool:
+        """True with probability `prob` (0 <= prob <= 1)."""
+        ...
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        """An index drawn from `probs` (float64 [V], non-negative, summing to 1)."""
+        ...
+
+
+class TorchRandom:
+    """Seeded default: one uniform per `bernoulli`, one `torch.multinomial` per `categorical`."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def bernoulli(self, prob: float) -> bool:
+        return float(torch.rand((), generator=self.generator, dtype=torch.float64)) < prob
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator))

@@ -1,0 +1,54 @@
+"""The slow reference decoder: no caches, every prefix recomputed from scratch.
+
+It consumes randomness in exactly the engine's order (the proposer's draws, then the
+verifier's), so for the same random stream the engine must emit identical tokens. It shares
+with the engine only pure pieces (proposers' stateless drafts, the verification rules, the EOS
+cut), so any disagreement is a fault of the engine's incremental state: cache rollback, the
+pending token, a proposer's index or cache, the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from verispec import verify
+from verispec.engine import check_request, cut_after_eos, emitted_tokens, resolve_rule
+from verispec.models.base import CausalLM
+from verispec.policies import KPolicy, as_policy
+from verispec.proposers.base import EMPTY_DRAFT, Proposer
+from verispec.randomness import Random
+from verispec.sampling import SamplingParams, probabilities
+from verispec.stats import Stats
+
+
+def reference_generate(
+    target: CausalLM,
+    proposer: Proposer | None,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    rng: Random,
+    sampling: SamplingParams | None = None,
+    eos_token_id: int | None = None,
+    k: int | KPolicy = 4,
+    verifier: str | verify.Verifier = "auto",
+) -> list[int]:
+    sampling = sampling or SamplingParams()
+    context = check_request(target.vocab_size, prompt_ids, max_new_tokens, eos_token_id)
+    rule = resolve_rule(verifier, sampling)
+    policy = as_policy(k)
+    policy.begin()
+    stats = Stats()
+    out: list[int] = []
+    while len(out) < max_new_tokens and (not out or out[-1] != eos_token_id):
+        k_round = min(policy.choose(stats), max_new_tokens - len(out) - 1)
+        draft = proposer.propose_stateless(context, k_round, rng) if k_round > 0 else EMPTY_DRAFT
+        draft = cut_after_eos(draft, eos_token_id)
+        logits = target.score(context + list(draft.tokens))[len(context) - 1 :]
+        rows = logits if sampling.greedy else probabilities(logits, sampling)
+        verdict = (rule or verify.default_rule(sampling.greedy, draft))(rows, draft, rng)
+        emitted = emitted_tokens(draft, verdict, eos_token_id)
+        stats.record_round(len(draft), verdict.n_accepted)
+        context += emitted
+        out += emitted
+    return out

@@ -1,0 +1,107 @@
+"""Sampling transforms: logits -> p (target) or q (proposal).
+
+p and q are always built by the same function with the same `SamplingParams`, so the verifier
+compares the distributions that were actually sampled from (the seed's transform contract).
+Temperature 0 is greedy decoding and never builds a distribution: the greedy verifier reads
+only the argmax of each row.
+
+Probabilities are float64. Logits equal to -inf are legal masks and give exact zeros; NaN and
++inf are rejected, never clipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a distribution is derived from logits; shared by target (p) and proposal (q).
+
+    temperature: 0 is greedy; > 0 divides the logits.
+    top_k: keep the k most likely tokens (ties at the k-th value are all kept).
+    top_p: keep the smallest most-likely set whose mass reaches top_p (nucleus).
+    min_p: keep tokens whose probability is at least min_p times the largest.
+    The filters apply in the order temperature, top-k, top-p, min-p (HF's order).
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
+        ):
+            raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
+        if self.top_p is not None and not (
+            isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1
+        ):
+            raise ValueError(f"top_p must lie in (0, 1] or be None, got {self.top_p!r}")
+        if self.min_p is not None and not (
+            isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1
+        ):
+            raise ValueError(f"min_p must lie in [0, 1) or be None, got {self.min_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """Reject what no distribution can come from: an empty vocabulary, NaN or +inf."""
+    if logits.ndim != 2 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must have shape [n, V] with V >= 1, got {tuple(logits.shape)}")
+    if bool(torch.isnan(logits).any()):
+        raise ValueError("logits contain NaN; the model produced invalid scores")
+    if bool(torch.isposinf(logits).any()):
+        raise ValueError("logits contain +inf; only -inf (a masked token) is allowed")
+    if bool(torch.isneginf(logits).all(dim=-1).any()):
+        raise ValueError("a row of logits is entirely -inf; no token can be sampled")
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits[n, V] -> float64 probabilities[n, V] after temperature, top-k, top-p, min-p.
+
+    >>> probabilities(torch.tensor([[0.0, 0.0, -math.inf]]), SamplingParams()).tolist()
+    [[0.5, 0.5, 0.0]]
+    """
+    if params.greedy:
+        raise ValueError("temperature 0 is greedy decoding and has no sampling distribution")
+    check_logits(logits)
+    scaled = logits.double() / params.temperature
+    if bool(torch.isposinf(scaled).any()) or bool(torch.isnan(scaled).any()):
+        raise ValueError(f"temperature {params.temperature} overflows the logits; use a larger one")
+    if params.top_k is not None and params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, -math.inf)
+    probs = torch.softmax(scaled, dim=-1)
+    if params.top_p is not None and params.top_p < 1:
+        probs = _nucleus(probs, params.top_p)
+    if params.min_p is not None and params.min_p > 0:
+        floor = params.min_p * probs.max(dim=-1, keepdim=True).values
+        probs = _renormalise(probs.masked_fill(probs < floor, 0.0))
+    return probs
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest prefix of the descending order whose mass reaches top_p."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return _renormalise(probs.masked_fill(drop, 0.0))
+
+
+def _renormalise(probs: torch.Tensor) -> torch.Tensor:
+    return probs / probs.sum(dim=-1, keepdim=True)

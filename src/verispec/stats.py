@@ -1,0 +1,103 @@
+"""What a generation did, round by round: the numbers the cost model and the reports read."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stats:
+    """Per-request counters, updated once per round by the engine.
+
+    drafted[r], accepted[r]: tokens drafted and accepted in round r (k' and n).
+    position_attempts[i], position_accepts[i]: rounds whose draft reached position i + 1 with
+        the first i accepted, and those that accepted it too. Their ratio is the conditional
+        acceptance at that position, their running product the survival estimate.
+    Seconds: prefill (the prompt), draft (the proposer), target (the target's scoring
+    forwards), verify (sampling transforms and the rule), commit (cache rollback, proposer
+    bookkeeping). verify + commit is the engine's own per-round overhead.
+    """
+
+    new_tokens: int = 0
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    position_attempts: list[int] = field(default_factory=list)
+    position_accepts: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    commit_seconds: float = 0.0
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        self.drafted.append(drafted)
+        self.accepted.append(accepted)
+        while len(self.position_attempts) < drafted:
+            self.position_attempts.append(0)
+            self.position_accepts.append(0)
+        for i in range(min(accepted + 1, drafted)):
+            self.position_attempts[i] += 1
+        for i in range(accepted):
+            self.position_accepts[i] += 1
+
+    @property
+    def rounds(self) -> int:
+        return len(self.drafted)
+
+    @property
+    def speculative_rounds(self) -> int:
+        return sum(1 for d in self.drafted if d > 0)
+
+    @property
+    def accepted_histogram(self) -> dict[int, int]:
+        """Accepted-prefix length -> number of rounds that drafted at least one token."""
+        return dict(sorted(Counter(a for a, d in zip(self.accepted, self.drafted) if d).items()))
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafted tokens / drafted tokens (0 when nothing was drafted)."""
+        drafted = sum(self.drafted)
+        return sum(self.accepted) / drafted if drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean tokens emitted per round (accepted + repair/bonus), the Spec-Bench tau."""
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    def survival(self) -> list[float]:
+        """s[i] = estimated P(first i + 1 drafted tokens accepted), from conditional rates."""
+        s, out = 1.0, []
+        for attempts, accepts in zip(self.position_attempts, self.position_accepts):
+            if attempts == 0:
+                break
+            s *= accepts / attempts
+            out.append(s)
+        return out
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.draft_seconds + self.target_seconds + self.verify_seconds + self.commit_seconds
+
+    @property
+    def overhead_seconds(self) -> float:
+        return self.verify_seconds + self.commit_seconds
+
+    def as_dict(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "rounds": self.rounds,
+            "drafted": sum(self.drafted),
+            "accepted": sum(self.accepted),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted": self.mean_accepted,
+            "accepted_histogram": self.accepted_histogram,
+            "position_attempts": self.position_attempts,
+            "position_accepts": self.position_accepts,
+            "survival": self.survival(),
+            "prefill_seconds": self.prefill_seconds,
+            "decode_seconds": self.decode_seconds,
+            "draft_seconds": self.draft_seconds,
+            "target_seconds": self.target_seconds,
+            "overhead_seconds": self.overhead_seconds,
+        }
