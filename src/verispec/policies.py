@@ -34,5 +34,25 @@ class ConstantK:
         return self.k
 
 
+class HeuristicK:
+    """HF transformers' assisted-generation schedule: k + 2 after a round that accepted every
+    drafted token, k - 1 (at least 1) otherwise."""
+
+    def __init__(self, start: int = 4) -> None:
+        if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+            raise ValueError(f"the starting k must be an integer >= 1, got {start!r}")
+        self.start = start
+        self.k = start
+
+    def begin(self) -> None:
+        self.k = self.start
+
+    def choose(self, stats: Stats) -> int:
+        if stats.rounds and stats.drafted[-1] > 0:
+            all_accepted = stats.accepted[-1] == stats.drafted[-1]
+            self.k = self.k + 2 if all_accepted else max(1, self.k - 1)
+        return self.k
+
+
 def as_policy(k: int | KPolicy) -> KPolicy:
     return ConstantK(k) if isinstance(k, int) else k

@@ -21,12 +21,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
-
 
 class BadInput(Exception):
     """A command was given something it cannot use; the message says what and what to do."""
+
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,2 @@
+"""Exactness audits: an exact rational oracle and exhaustive enumeration of the engine's own
+random choices."""
