@@ -47,6 +47,12 @@ class DraftModel:
 
     def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         self.commit(context)
+        if len(self._processed) == len(context):
+            # The whole context is cached (block verification may repair with the rejected
+            # draft token itself), so re-process its last token to get the next logits.
+            self.model.rollback(len(context) - 1)
+            del self._processed[-1]
+            self._synced = len(self._processed)
         new = list(context[len(self._processed) :])
         logits = self.model.extend(new, keep=1)  # [1, V]
         self._processed.extend(new)
