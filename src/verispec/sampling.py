@@ -42,11 +42,11 @@ class SamplingParams:
         ):
             raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
         if self.top_p is not None and not (
-            isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1
+            not isinstance(self.top_p, bool) and isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1
         ):
             raise ValueError(f"top_p must lie in (0, 1] or be None, got {self.top_p!r}")
         if self.min_p is not None and not (
-            isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1
+            not isinstance(self.min_p, bool) and isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1
         ):
             raise ValueError(f"min_p must lie in [0, 1) or be None, got {self.min_p!r}")
 

@@ -1,0 +1,34 @@
+"""Shared fixtures: exact target distributions of table models, for tests that compare an
+enumerated or sampled output distribution with the target's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+
+import pytest
+
+from verispec.models.tables import TableLM
+
+
+def target_joint(
+    target: TableLM, prompt: Sequence[int], n: int, eos_token_id: int | None = None
+) -> dict[tuple[int, ...], Fraction]:
+    """The exact probability of every output of plain sampling from `target`: n tokens, or
+    fewer when one of them is EOS (the output ends there)."""
+    joint: dict[tuple[int, ...], Fraction] = {}
+    stack = [((), Fraction(1))]
+    while stack:
+        tokens, prob = stack.pop()
+        if len(tokens) == n or (tokens and tokens[-1] == eos_token_id):
+            joint[tokens] = prob
+            continue
+        for token, p in enumerate(target.distribution([*prompt, *tokens])):
+            if p:
+                stack.append(((*tokens, token), prob * p))
+    return joint
+
+
+@pytest.fixture
+def exact_joint():
+    return target_joint
