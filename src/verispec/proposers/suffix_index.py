@@ -1,0 +1,201 @@
+"""Suffix index: draft the most frequent continuation of the context's longest recurring suffix
+(SuffixDecoding, Oliaro et al. 2411.04975), over the request's own tokens and a corpus.
+
+Counts. For a pattern s and a token x, N(s, x) is the number of places where s is followed by
+x in the indexed text: the request's prompt and output, plus every corpus sequence (token-id
+sequences given at construction, and with `remember_outputs` each earlier request's output).
+Patterns never span two sequences.
+
+Drafting, one token at a time on seq = context + drafted so far:
+1. s = the longest suffix of seq, 1 <= |s| <= max_match, that has at least one continuation;
+   none: stop.
+2. x = argmax_x N(s, x); ties go to the continuation seen most recently (later in indexing
+   order: corpus in the order given, then the request).
+3. Stop before x if N(s, x) < min_count or if the path probability, the product of
+   N(s, x) / sum_y N(s, y) over the drafted tokens so far and x, falls below min_prob
+   (SuffixDecoding's path score). Else append x.
+
+Worked example: context 5 6 7 5 6 8 5 6, max_match 3. The suffix 5 6 is followed by 7 once and
+by 8 once; the tie goes to 8 (more recent), path probability 1/2. Then 5 6 8 is followed by 5
+(1/1), then 6 8 5 by 6, then 8 5 6 has no continuation and 5 6 again gives 8: 8 5 6 8 ...
+
+Index. A forward trie of n-grams up to depth max_match + 1 with an occurrence count and a
+recency stamp per node: the child x of the node for s counts N(s, x). Appending a token walks
+the max_match + 1 nodes for the suffixes ending before it, so `commit` costs O(max_match) per
+emitted token, never a rescan. The corpus trie persists across requests; the request trie is
+rebuilt by `begin`. Memory is O(max_match) nodes per indexed token: keep max_match modest for
+a large corpus.
+
+The drafts are chosen, not sampled (q = None): they are verified as point masses and consume
+no randomness. `propose_stateless` recounts everything by brute force over the raw sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from verispec.proposers.base import EMPTY_DRAFT, Draft
+from verispec.randomness import Random
+from verispec.sampling import SamplingParams
+
+
+class _Node:
+    __slots__ = ("children", "count", "stamp")
+
+    def __init__(self) -> None:
+        self.children: dict[int, _Node] = {}
+        self.count = 0  # occurrences of this node's n-gram
+        self.stamp = -1  # indexing position of its most recent occurrence's last token
+
+
+class SuffixIndex:
+    def __init__(
+        self,
+        corpus: Iterable[Sequence[int]] = (),
+        *,
+        max_match: int = 8,
+        min_count: int = 1,
+        min_prob: float = 0.1,
+        remember_outputs: bool = False,
+    ) -> None:
+        if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
+            raise ValueError(f"max_match must be an integer >= 1, got {max_match!r}")
+        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+            raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
+        if not isinstance(min_prob, (int, float)) or not 0 <= min_prob <= 1:
+            raise ValueError(f"min_prob must lie in [0, 1], got {min_prob!r}")
+        self.max_match = max_match
+        self.min_count = min_count
+        self.min_prob = float(min_prob)
+        self.remember_outputs = remember_outputs
+        self.corpus: list[tuple[int, ...]] = []  # in indexing order
+        self._clock = 0  # indexing positions, increasing across corpus and requests
+        self._corpus_root = _Node()
+        self._request_root = _Node()
+        self._request_suffixes: list[_Node] = [self._request_root]
+        self._corpus_suffixes: list[_Node] = [self._corpus_root]
+        self._indexed = 0
+        self._prompt_length = 0
+        self._context: list[int] = []
+        for sequence in corpus:
+            self.add_to_corpus(sequence)
+
+    def add_to_corpus(self, sequence: Sequence[int]) -> None:
+        """Index a token-id sequence for all later requests (not the one in progress)."""
+        tokens = tuple(int(t) for t in sequence)
+        if any(t < 0 for t in tokens):
+            raise ValueError(f"corpus token ids must be >= 0, got {min(tokens)}")
+        self.corpus.append(tokens)
+        suffixes = [self._corpus_root]
+        for token in tokens:
+            suffixes = self._append(suffixes, token)
+
+    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        if self.remember_outputs and len(self._context) > self._prompt_length:
+            self.add_to_corpus(self._context[self._prompt_length :])
+        self._request_root = _Node()
+        self._request_suffixes = [self._request_root]
+        self._corpus_suffixes = [self._corpus_root]
+        self._indexed = 0
+        self._prompt_length = len(prompt_ids)
+        self._context = []
+        self.commit(prompt_ids)
+
+    def commit(self, context: Sequence[int]) -> None:
+        for token in context[self._indexed :]:
+            token = int(token)
+            self._request_suffixes = self._append(self._request_suffixes, token)
+            self._corpus_suffixes = _advance(self._corpus_suffixes, token, self._corpus_root, self.max_match)
+            self._context.append(token)
+        self._indexed = len(context)
+
+    def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        request, corpus = self._request_suffixes, self._corpus_suffixes
+        tokens: list[int] = []
+        path_prob = 1.0
+        while len(tokens) < k:
+            counts = self._continuations(request, corpus)
+            if not counts:
+                break
+            token, path_prob = self._accept(counts, path_prob)
+            if token is None:
+                break
+            tokens.append(token)
+            request = _advance(request, token, self._request_root, self.max_match)
+            corpus = _advance(corpus, token, self._corpus_root, self.max_match)
+        return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
+
+    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        """The same draft by brute force: rescan every sequence for each drafted token."""
+        texts = [*self.corpus, tuple(int(t) for t in context)]
+        seq = list(texts[-1])
+        tokens: list[int] = []
+        path_prob = 1.0
+        while len(tokens) < k:
+            counts: dict[int, tuple[int, int]] = {}
+            for m in range(min(self.max_match, len(seq)), 0, -1):
+                pattern, stamp = seq[-m:], 0
+                for text in texts:
+                    for t in range(len(text)):
+                        if t >= m and list(text[t - m : t]) == pattern:
+                            count = counts.get(text[t], (0, 0))[0]
+                            counts[text[t]] = (count + 1, stamp)
+                        stamp += 1
+                if counts:
+                    break
+            if not counts:
+                break
+            token, path_prob = self._accept(counts, path_prob)
+            if token is None:
+                break
+            tokens.append(token)
+            seq.append(token)
+        return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
+
+    def _accept(self, counts: dict[int, tuple[int, int]], path_prob: float) -> tuple[int | None, float]:
+        """The best continuation and the new path probability, or None when it is too rare.
+        counts: token -> (count, most recent stamp)."""
+        token = max(counts, key=lambda x: counts[x])
+        count = counts[token][0]
+        path_prob *= count / sum(c for c, _ in counts.values())
+        if count < self.min_count or path_prob < self.min_prob:
+            return None, path_prob
+        return token, path_prob
+
+    def _continuations(self, request: list[_Node], corpus: list[_Node]) -> dict[int, tuple[int, int]]:
+        """token -> (N(s, token), stamp) for the longest suffix s with any continuation."""
+        for m in range(min(self.max_match, max(len(request), len(corpus)) - 1), 0, -1):
+            counts: dict[int, tuple[int, int]] = {}
+            for suffixes in (corpus, request):
+                if m < len(suffixes):
+                    for token, child in suffixes[m].children.items():
+                        count = counts.get(token, (0, 0))[0]
+                        counts[token] = (count + child.count, child.stamp)
+            if counts:
+                return counts
+        return {}
+
+    def _append(self, suffixes: list[_Node], token: int) -> list[_Node]:
+        """Count `token` after every suffix node (lengths 0..max_match); the new suffix nodes."""
+        grown = [suffixes[0]]
+        for node in suffixes:
+            child = node.children.get(token)
+            if child is None:
+                child = node.children[token] = _Node()
+            child.count += 1
+            child.stamp = self._clock
+            grown.append(child)
+        self._clock += 1
+        return grown[: self.max_match + 1]
+
+
+def _advance(suffixes: list[_Node], token: int, root: _Node, max_match: int) -> list[_Node]:
+    """The suffix nodes (lengths 0..max_match) after `token`, without counting it: a suffix
+    absent from the trie ends the list, since every longer one is absent too."""
+    grown = [root]
+    for node in suffixes[:max_match]:
+        child = node.children.get(token)
+        if child is None:
+            break
+        grown.append(child)
+    return grown
