@@ -1,0 +1,51 @@
+"""Random tokens: a proposer that knows nothing, drafting from the uniform distribution.
+
+Its drafts are almost never accepted, which makes it the yardstick for the k policies: an
+adaptive `k` must learn to stop speculating with it. It is a sampled proposer: q is the
+uniform distribution after the request's sampling transforms (the transforms of all-zero
+logits, so a nucleus keeps a fixed subset of the tied tokens), each token is drawn from q
+through the request's rng, and q is returned for the token-level or block rule. At
+temperature 0 the tokens are drawn from the uniform distribution just the same and returned
+without q: the greedy rule reads only the target's argmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from verispec.proposers.base import Draft
+from verispec.randomness import Random
+from verispec.sampling import SamplingParams, probabilities
+
+
+class RandomTokens:
+    def __init__(self, vocab_size: int) -> None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
+        self.vocab_size = vocab_size
+        self.sampling = SamplingParams()
+        self._q = self._uniform(self.sampling)  # q[V]
+
+    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        self.sampling = sampling
+        self._q = self._uniform(sampling)
+
+    def commit(self, context: Sequence[int]) -> None:
+        """Nothing to follow: the drafts ignore the context."""
+
+    def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        tokens = tuple(rng.categorical(self._q) for _ in range(k))
+        if self.sampling.greedy or not tokens:
+            return Draft(tokens)
+        return Draft(tokens, self._q.expand(len(tokens), -1))  # q[k, V], one row per token
+
+    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        return self.propose(context, k, rng)
+
+    def _uniform(self, sampling: SamplingParams) -> torch.Tensor:
+        """q[V]: the uniform distribution, after the transforms when sampling."""
+        if sampling.greedy:
+            return torch.full((self.vocab_size,), 1.0 / self.vocab_size, dtype=torch.float64)
+        return probabilities(torch.zeros(1, self.vocab_size, dtype=torch.float64), sampling)[0]
