@@ -117,7 +117,8 @@ def block(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
         if i == k:
             h = w[k]
         else:
-            denominator = residual_mass[i] + 1.0 - w[i]
+            # (1 - w_i) first: Z + 1 - 1 rounds, and h_i must be exactly 1 when w_i = 1.
+            denominator = residual_mass[i] + (1.0 - w[i])
             h = residual_mass[i] / denominator if denominator > 0 else 1.0
         if rng.bernoulli(h):
             tau = i
