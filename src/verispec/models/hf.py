@@ -1,0 +1,115 @@
+"""`HFCausalLM`: a Hugging Face causal LM behind the `CausalLM` protocol.
+
+The cache is a transformers `DynamicCache` whose layers are all full attention, so any prefix
+of it is exactly the cache of that prefix: `rollback` crops it (a view of the kept keys and
+values, no copy) and the next `extend` continues from there. Sliding-window and recurrent
+layers keep only a suffix or a running state and cannot go back to an arbitrary length, so
+such models are refused when the adapter is built.
+
+Cost: only the rows the caller keeps go through the output head (`logits_to_keep`); with a
+49k vocabulary and a small model that head is a large share of a forward. `prefill` keeps one
+row and drops it. Returned logits are float32 [n, V] whatever the model's dtype; the engine
+builds float64 p and q from them.
+
+The wrapped model stays reachable as `.model` and the live cache as `.cache`, for proposers
+that run part of the same network (layer skipping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+
+class HFCausalLM:
+    """A transformers causal LM (e.g. `LlamaForCausalLM`) with a rollback-able KV cache.
+
+    >>> lm = HFCausalLM(model)       # model: any *ForCausalLM with full attention
+    >>> lm.prefill(prompt[:-1])      # cache the prompt but its last token
+    >>> logits = lm.extend([prompt[-1], *drafted])   # float32 [1 + k, V]
+    >>> lm.rollback(lm.length - 2)   # forget the last two processed tokens
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        model.eval()
+        self.model = model
+        self.device = model.device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.cache = self._new_cache()
+        self._length = 0
+
+    def _new_cache(self) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        refused = sorted({type(layer).__name__ for layer in cache.layers if not _full_attention(layer)})
+        if refused or not cache.layers:
+            kinds = ", ".join(refused) or "no per-layer cache"
+            raise ValueError(
+                f"{type(self.model).__name__} keeps {kinds}, which cannot roll back to an arbitrary "
+                "length; verispec needs a model whose attention layers are all full attention"
+            )
+        return cache
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self._length = 0
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int]) -> None:
+        self.reset()
+        if len(ids):
+            self._forward(ids, keep=1)
+
+    @torch.inference_mode()
+    def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("extend needs at least one token")
+        if keep is not None and not 1 <= keep <= n:
+            raise ValueError(f"keep must lie in [1, {n}] for {n} tokens, got {keep}")
+        return self._forward(tokens, keep=keep or 0)[0].float()  # [keep or n, V]
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot roll back to {length}; {self._length} tokens processed")
+        if length == 0:
+            self.reset()
+        elif length < self._length:
+            # transformers >= 5 crops by a negative count of tokens to remove, not to a length.
+            self.cache.crop(length - self._length)
+            self._length = length
+
+    @torch.inference_mode()
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        if not len(ids):
+            raise ValueError("score needs at least one token")
+        self._check_ids(ids)
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        return self.model(input_ids=input_ids, use_cache=False).logits[0].float()  # [T, V]
+
+    def _forward(self, tokens: Sequence[int], keep: int) -> torch.Tensor:
+        """Run `tokens` through the model on top of the cache; logits[1, keep or n, V] in the
+        model's dtype (keep = 0 keeps every row, as transformers reads `logits_to_keep`)."""
+        self._check_ids(tokens)
+        input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
+        self._length += len(tokens)
+        return out.logits
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        # Checked before the forward: an embedding lookup failing half-way through the layers
+        # would leave the cache longer in some layers than in others.
+        low, high = min(ids), max(ids)
+        if low < 0 or high >= self.vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {self.vocab_size})")
+
+
+def _full_attention(layer: object) -> bool:
+    return isinstance(layer, DynamicLayer) and not layer.is_sliding
