@@ -6,8 +6,14 @@ exactness is untouched. k = 0 means a plain decoding step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
+from verispec.cost import Costs, check_costs, check_v_curve, speedup, speedup_by_k
+from verispec.models.base import CausalLM
+from verispec.profile import measure_profile
+from verispec.proposers.base import Proposer
+from verispec.sampling import SamplingParams
 from verispec.stats import Stats
 
 
@@ -54,5 +60,166 @@ class HeuristicK:
         return self.k
 
 
+class AutoK:
+    """Each round, the k that the cost model predicts to be fastest, or 0 when none pays.
+
+    The predicted speedup of k drafts is E(k) / (k c + v(k + 1)) (`verispec.cost`), with c and
+    v(n) measured (a `Profile`) and E(k) = 1 + s_1 + ... + s_k from this request's own
+    acceptance so far. The conditional acceptance at position i is estimated as
+
+        r_i = (accepts_i + w m_i) / (attempts_i + w),   m_1 = prior_rate, m_i = r_{i-1},
+
+    with counts that decay by `memory` per speculative round (recent rounds weigh more: the
+    acceptance of prompt lookup comes and goes with the text), and s_i = r_1 ... r_i. The
+    pseudo-count w = `prior_weight` keeps one unlucky round from collapsing k; pulling each
+    position towards the one before it (not towards a constant) lets a position that k has not
+    reached yet inherit the evidence of its neighbours, so k can grow when drafts keep landing.
+
+    When no k beats plain decoding by `margin`, the policy decodes plainly and probes: one
+    speculative round after `probe_every` plain rounds, the wait doubling (up to `probe_cap`)
+    while probes lose. A probe that pays off in its own round, (accepted + 1) / (k c +
+    v(k + 1)) > 1 + margin, means the acceptance has changed: the old evidence is dropped, the
+    wait is reset and speculation resumes if the fresh estimate says so.
+
+    It reads only past rounds, so the verifier's exactness is untouched; it is deterministic
+    given the sequence of `Stats` it sees, so the engine and the reference decoder agree.
+
+        >>> from verispec.cost import FixedCosts
+        >>> AutoK(FixedCosts(c=0.0, v=[1.0] * 9)).choose(Stats())  # free drafts, flat v: k_max
+        8
+        >>> AutoK(FixedCosts(c=0.5, v=[1.0] * 9)).choose(Stats())  # costly drafts: plain first
+        0
+    """
+
+    def __init__(
+        self,
+        costs: Costs,
+        *,
+        k_max: int | None = None,
+        prior_rate: float = 0.5,
+        prior_weight: float = 1.0,
+        memory: float = 0.9,
+        margin: float = 0.05,
+        probe_every: int = 4,
+        probe_cap: int = 32,
+    ) -> None:
+        check_v_curve(costs.v)
+        check_costs(costs.c, costs.v[0])
+        measured = len(costs.v) - 1
+        k_max = measured if k_max is None else k_max
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or not 1 <= k_max <= measured:
+            raise ValueError(
+                f"k_max must be an integer in [1, {measured}] (the profile measured v(n) up to "
+                f"n = {measured + 1}), got {k_max!r}"
+            )
+        if not 0 < prior_rate < 1:
+            raise ValueError(f"prior_rate (acceptance assumed before data) must be in (0, 1), got {prior_rate!r}")
+        if not prior_weight > 0:
+            raise ValueError(f"prior_weight (pseudo-rounds of the prior) must be > 0, got {prior_weight!r}")
+        if not 0 < memory <= 1:
+            raise ValueError(f"memory (the decay per speculative round) must be in (0, 1], got {memory!r}")
+        if not margin >= 0:
+            raise ValueError(f"margin must be >= 0, got {margin!r}")
+        if not (isinstance(probe_every, int) and isinstance(probe_cap, int) and 1 <= probe_every <= probe_cap):
+            raise ValueError(f"need integers 1 <= probe_every <= probe_cap, got {probe_every}, {probe_cap}")
+        self.c = float(costs.c)
+        self.v = [float(x) for x in costs.v[: k_max + 1]]
+        self.k_max = k_max
+        self.prior_rate = prior_rate
+        self.prior_weight = prior_weight
+        self.memory = memory
+        self.margin = margin
+        self.probe_every = probe_every
+        self.probe_cap = probe_cap
+        self.begin()
+
+    @classmethod
+    def measured(
+        cls,
+        target: CausalLM,
+        proposer: Proposer,
+        prompt_ids: Sequence[int],
+        *,
+        k_max: int = 8,
+        sampling: SamplingParams | None = None,
+        **options,
+    ) -> AutoK:
+        """An AutoK from a brief profile of this target and proposer after this prompt (two
+        timed repeats after one warm-up: about a second on the default model)."""
+        profile = measure_profile(target, proposer, prompt_ids, k_max=k_max, repeats=2, warmup=1, sampling=sampling)
+        return cls(profile, **options)
+
+    def begin(self) -> None:
+        self._attempts = [0.0] * self.k_max  # decayed rounds that reached position i + 1
+        self._accepts = [0.0] * self.k_max  # ... and accepted it
+        self._seen_attempts: list[int] = []  # the Stats counters already absorbed
+        self._seen_accepts: list[int] = []
+        self._probing = False
+        self._plain = 0  # plain rounds since speculation stopped or the last probe
+        self._wait = self.probe_every
+
+    def choose(self, stats: Stats) -> int:
+        attempts, accepts = self._absorb(stats)
+        if self._probing:
+            self._probing = False
+            drafted, accepted = stats.drafted[-1], stats.accepted[-1]
+            if drafted == 0:  # the proposer had nothing to offer: probe again
+                self._probing = True
+                return self._best()[0]
+            if speedup(accepted + 1, drafted, self.c, self.v[drafted]) > 1 + self.margin:
+                self._attempts, self._accepts = attempts, accepts
+                self._wait = self.probe_every
+            else:
+                self._wait = min(2 * self._wait, self.probe_cap)
+        k, predicted = self._best()
+        if predicted > 1 + self.margin:
+            self._plain = 0
+            self._wait = self.probe_every
+            return k
+        if self._plain >= self._wait:
+            self._plain = 0
+            self._probing = True
+            return k
+        self._plain += 1
+        return 0
+
+    def survival(self) -> list[float]:
+        """The current estimate s_1..s_{k_max}."""
+        rate, s, out = self.prior_rate, 1.0, []
+        for attempts, accepts in zip(self._attempts, self._accepts):
+            rate = (accepts + self.prior_weight * rate) / (attempts + self.prior_weight)
+            s *= rate
+            out.append(s)
+        return out
+
+    def _best(self) -> tuple[int, float]:
+        """The k in 1..k_max with the highest predicted speedup, and that speedup."""
+        ratios = speedup_by_k(self.c, self.v, self.survival())
+        k = max(range(1, len(ratios)), key=ratios.__getitem__)
+        return k, ratios[k]
+
+    def _absorb(self, stats: Stats) -> tuple[list[float], list[float]]:
+        """Fold the rounds recorded since the last call into the decayed counts; return the
+        last round's own counts (a probe's fresh evidence)."""
+        new_attempts = _growth(stats.position_attempts, self._seen_attempts, self.k_max)
+        new_accepts = _growth(stats.position_accepts, self._seen_accepts, self.k_max)
+        self._seen_attempts = list(stats.position_attempts)
+        self._seen_accepts = list(stats.position_accepts)
+        if any(new_attempts):
+            self._attempts = [self.memory * x + d for x, d in zip(self._attempts, new_attempts)]
+            self._accepts = [self.memory * x + d for x, d in zip(self._accepts, new_accepts)]
+        return new_attempts, new_accepts
+
+
+def _growth(now: list[int], before: list[int], length: int) -> list[float]:
+    """How much each of the first `length` counters grew since `before`."""
+    return [float(now[i] - (before[i] if i < len(before) else 0)) if i < len(now) else 0.0 for i in range(length)]
+
+
 def as_policy(k: int | KPolicy) -> KPolicy:
+    if isinstance(k, str):
+        raise ValueError(
+            f"k={k!r}: give an integer >= 0 or a policy object; k = auto needs measured costs, "
+            "AutoK(Profile.load(FILE)) or AutoK.measured(target, proposer, prompt_ids)"
+        )
     return ConstantK(k) if isinstance(k, int) else k

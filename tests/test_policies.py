@@ -1,0 +1,200 @@
+"""Speculation-length policies: the fixed and HF schedules, and AutoK's choices on synthetic
+acceptance and on table models, where the engine must still equal the reference decoder."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from verispec.cost import FixedCosts, optimal_k, speedup_by_k, survival_from_alpha
+from verispec.engine import generate
+from verispec.models.tables import TableLM, random_table, seed_pair
+from verispec.policies import AutoK, ConstantK, HeuristicK, as_policy
+from verispec.proposers.base import Draft
+from verispec.proposers.draft_model import DraftModel
+from verispec.proposers.prompt_lookup import PromptLookup
+from verispec.randomness import Random, TorchRandom
+from verispec.reference import reference_generate
+from verispec.sampling import SamplingParams
+from verispec.stats import Stats
+
+FLAT = FixedCosts(c=0.1, v=[1.0] * 9)  # the seed's idealised costs, k up to 8
+MEASURED_LIKE = FixedCosts(c=0.0, v=[1.0, 1.1, 1.2, 1.3, 1.45, 1.6, 1.75, 1.9, 2.05])
+
+
+def simulate(policy: AutoK, rate: Callable[[int], float], rounds: int, seed: int = 0) -> list[int]:
+    """The k chosen in each of `rounds` rounds when every drafted token of round r is accepted
+    with probability rate(r), independently (the constant-alpha model)."""
+    rng = random.Random(seed)
+    stats = Stats()
+    policy.begin()
+    chosen = []
+    for r in range(rounds):
+        k = policy.choose(stats)
+        accepted = 0
+        while accepted < k and rng.random() < rate(r):
+            accepted += 1
+        stats.record_round(k, accepted)
+        chosen.append(k)
+    return chosen
+
+
+def test_constant_and_heuristic_k():
+    assert ConstantK(3).choose(Stats()) == 3
+    policy, stats = HeuristicK(4), Stats()
+    policy.begin()
+    assert policy.choose(stats) == 4
+    stats.record_round(4, 4)
+    assert policy.choose(stats) == 6
+    stats.record_round(6, 1)
+    assert policy.choose(stats) == 5
+    with pytest.raises(ValueError, match="k must be an integer"):
+        ConstantK(-1)
+    with pytest.raises(ValueError, match="auto needs measured costs"):
+        as_policy("auto")
+
+
+def test_autok_decodes_plainly_when_drafts_are_garbage_and_probes_ever_more_rarely():
+    chosen = simulate(AutoK(FLAT), lambda r: 0.0, 200)
+    probes = [r for r, k in enumerate(chosen) if k > 0 and r > 10]
+    assert len(probes) <= 0.05 * 190  # 4 + 8 + 16 + 32 + ... rounds between probes
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # the wait grows while probes fail
+    assert max(gaps) <= 32 + 1  # ... up to the cap
+
+
+def test_autok_does_not_collapse_after_one_unlucky_round():
+    policy = AutoK(FLAT)
+    stats = Stats()
+    first = policy.choose(stats)
+    stats.record_round(first, 0)
+    assert policy.choose(stats) >= 1
+
+
+def test_autok_comes_back_when_acceptance_recovers():
+    chosen = simulate(AutoK(FLAT), lambda r: 0.0 if r < 100 else 1.0, 160)
+    assert all(k == 0 for k in chosen[60:100] if k == 0) and sum(chosen[60:100]) <= 2
+    back = next(r for r in range(100, 160) if all(k > 0 for k in chosen[r : r + 10]))
+    assert back <= 100 + 32 + 2  # within one (capped) probe wait
+    assert chosen[-1] == 8  # all drafts accepted, cheap drafts, flat v: the longest k
+
+
+def test_autok_goes_plain_again_when_acceptance_drops():
+    chosen = simulate(AutoK(FLAT), lambda r: 1.0 if r < 50 else 0.0, 120)
+    assert chosen[49] == 8
+    assert all(k == 0 for k in chosen[90:] if k != 1) and sum(chosen[90:]) <= 3
+
+
+def test_autok_picks_large_k_when_acceptance_is_near_one_and_v_is_flat():
+    chosen = simulate(AutoK(FixedCosts(c=0.01, v=[1.0] * 9)), lambda r: 0.98, 60)
+    assert min(chosen[20:]) >= 6
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.7, 0.9])
+def test_autok_settles_near_the_cost_model_optimum(alpha):
+    """With steady constant acceptance the estimate settles, so the k it picks should be
+    nearly as fast, by the cost model with the true alpha, as the best k. (The curve is flat
+    near its peak, so the k itself may wander: at alpha .9, k = 5..8 are within 3%.)"""
+    true = speedup_by_k(MEASURED_LIKE.c, MEASURED_LIKE.v, survival_from_alpha(alpha, 8))
+    best = optimal_k(MEASURED_LIKE.c, MEASURED_LIKE.v, alpha=alpha)
+    late = simulate(AutoK(MEASURED_LIKE), lambda r: alpha, 300, seed=3)[100:]
+    assert sum(true[k] for k in late) / len(late) >= 0.95 * true[best]
+
+
+def test_autok_is_a_function_of_the_stats_it_saw():
+    a = simulate(AutoK(MEASURED_LIKE), lambda r: 0.6, 80, seed=5)
+    policy = AutoK(MEASURED_LIKE)
+    assert simulate(policy, lambda r: 0.6, 80, seed=5) == a
+    assert simulate(policy, lambda r: 0.6, 80, seed=5) == a  # begin() resets it
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"k_max": 9}, "k_max must be an integer in \\[1, 8\\]"),
+        ({"k_max": 0}, "k_max"),
+        ({"prior_rate": 1.0}, "prior_rate"),
+        ({"prior_weight": 0}, "prior_weight"),
+        ({"memory": 0}, "memory"),
+        ({"margin": -0.1}, "margin"),
+        ({"probe_every": 0}, "probe_every"),
+    ],
+)
+def test_autok_rejects_bad_settings(options, message):
+    with pytest.raises(ValueError, match=message):
+        AutoK(FLAT, **options)
+
+
+def test_autok_needs_v_for_k_plus_one():
+    with pytest.raises(ValueError, match="k_max"):
+        AutoK(FixedCosts(c=0.1, v=[1.0]))
+
+
+class SwitchingProposer:
+    """Drafts the greedy target's own continuation once the context reaches `good_from`
+    tokens, and a token the target never picks before that (acceptance 0, then 1)."""
+
+    def __init__(self, target: TableLM, good_from: int) -> None:
+        self.target = target
+        self.good_from = good_from
+
+    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        pass
+
+    def commit(self, context: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        ids = list(context)
+        for _ in range(k):
+            best = int(self.target.score(ids)[-1].argmax())
+            ids.append(best if len(context) >= self.good_from else (best + 1) % self.target.vocab_size)
+        return Draft(tuple(ids[len(context) :]))
+
+    propose_stateless = propose
+
+
+def greedy_table() -> TableLM:
+    return random_table(4, 2, seed=11, zeros=False)
+
+
+def test_engine_with_autok_goes_plain_on_garbage_and_returns_on_good_drafts():
+    target = greedy_table()
+    proposer = SwitchingProposer(target, good_from=3 + 60)
+    run = generate(
+        target, proposer, [0, 1, 2], max_new_tokens=200, sampling=SamplingParams(temperature=0), k=AutoK(FLAT)
+    )
+    plain = generate(target, None, [0, 1, 2], max_new_tokens=200, sampling=SamplingParams(temperature=0), k=0)
+    assert run.tokens == plain.tokens  # greedy speculation is greedy decoding
+    drafted, accepted = run.stats.drafted, run.stats.accepted
+    garbage = [r for r in range(run.stats.rounds) if sum(accepted[:r]) + r < 60]  # output < 60
+    assert len(garbage) == 60 and sum(accepted[:60]) == 0
+    assert sum(drafted[r] > 0 for r in garbage[10:]) <= 4
+    assert run.stats.rounds < 60 + 140 / 4  # the good stretch ran with long drafts
+    assert max(drafted) == 8
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_engine_with_autok_equals_the_reference(seed):
+    target, draft = seed_pair()
+    sampling = SamplingParams(temperature=1.0)
+    options = dict(max_new_tokens=40, sampling=sampling, eos_token_id=None)
+    run = generate(target, DraftModel(draft), [0], k=AutoK(MEASURED_LIKE), rng=TorchRandom(seed), **options)
+    again = reference_generate(
+        target, DraftModel(draft), [0], k=AutoK(MEASURED_LIKE), rng=TorchRandom(seed), **options
+    )
+    assert run.tokens == again
+    assert len(set(run.stats.drafted)) > 1  # the policy did vary k
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_engine_with_autok_and_prompt_lookup_equals_the_reference(seed):
+    target = random_table(3, 2, seed=seed, eos_token_id=2)
+    prompt = [0, 1, 0, 1, 1, 0, 1]
+    options = dict(max_new_tokens=30, sampling=SamplingParams(temperature=0.7), eos_token_id=2)
+    policy = AutoK(FLAT)
+    run = generate(target, PromptLookup(), prompt, k=policy, rng=TorchRandom(seed), **options)
+    again = reference_generate(target, PromptLookup(), prompt, k=policy, rng=TorchRandom(seed), **options)
+    assert run.tokens == again
