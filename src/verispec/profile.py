@@ -18,7 +18,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -140,9 +140,11 @@ def measure_profile(
     warmup: int = 2,
     sampling: SamplingParams | None = None,
     seed: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Profile:
     """Time the target's scoring of n = 1..k_max + 1 tokens and the proposer's drafting after
-    `prompt_ids` (the context; its last token plays the round's pending token).
+    `prompt_ids` (the context; its last token plays the round's pending token). `clock` reads
+    seconds.
 
     Leaves the target's cache holding the context minus its last token; a request prefills
     anew.
@@ -169,15 +171,15 @@ def measure_profile(
     for repeat in range(warmup + repeats):
         shift = repeat % len(ns)
         for n in ns[shift:] + ns[:shift]:
-            start = time.perf_counter()
+            start = clock()
             target.extend(block[:n])
             target.rollback(len(context) - 1)
             synchronize()
-            score[n].append(time.perf_counter() - start)
-        start = time.perf_counter()
+            score[n].append(clock() - start)
+        start = clock()
         tokens = proposer.propose(context, k_max, rng)
         synchronize()
-        draft.append((time.perf_counter() - start) / k_max)
+        draft.append((clock() - start) / k_max)
         proposer.commit(context)
         drafted.append(len(tokens))
 

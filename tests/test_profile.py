@@ -1,0 +1,160 @@
+"""The profiler: its arithmetic on a model whose costs are known exactly (a fake clock that
+forwards advance by a chosen amount), its protocol with the caches, and one real measurement
+on a tiny random Llama."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from verispec.models.hf import HFCausalLM
+from verispec.models.tables import random_table
+from verispec.policies import AutoK
+from verispec.profile import Profile, Timing, measure_profile
+from verispec.proposers.draft_model import DraftModel
+from verispec.proposers.prompt_lookup import PromptLookup
+from verispec.randomness import Random
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedTable:
+    """A table model whose `extend(n tokens)` takes `fixed + per_token * n` seconds on the
+    clock (the first `slow_calls` calls take 10x: a cold start the warm-up must absorb)."""
+
+    def __init__(self, clock: FakeClock, fixed: float, per_token: float, slow_calls: int = 0) -> None:
+        self.table = random_table(5, 1, seed=0)
+        self.vocab_size = self.table.vocab_size
+        self.clock, self.fixed, self.per_token, self.slow_calls = clock, fixed, per_token, slow_calls
+        self.extended: list[int] = []
+
+    @property
+    def length(self) -> int:
+        return self.table.length
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        self.table.prefill(ids)
+
+    def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        cost = self.fixed + self.per_token * len(tokens)
+        self.clock.now += cost * (10 if len(self.extended) < self.slow_calls else 1)
+        self.extended.append(len(tokens))
+        return self.table.extend(tokens, keep)
+
+    def rollback(self, length: int) -> None:
+        self.table.rollback(length)
+
+
+class TimedLookup(PromptLookup):
+    """Prompt lookup that costs `seconds` per requested token on the clock."""
+
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
+        super().__init__()
+        self.clock, self.seconds = clock, seconds
+
+    def propose(self, context: Sequence[int], k: int, rng: Random):
+        self.clock.now += self.seconds * k
+        return super().propose(context, k, rng)
+
+
+def test_v_and_c_are_the_ratios_of_the_measured_medians():
+    clock = FakeClock()
+    target = TimedTable(clock, fixed=0.030, per_token=0.005, slow_calls=4)
+    context = [0, 1, 2, 3, 0, 1, 2]
+    profile = measure_profile(
+        target, TimedLookup(clock, 0.0035), context, k_max=4, repeats=3, warmup=1, clock=clock
+    )
+    step = 0.035
+    assert profile.v == pytest.approx([(0.030 + 0.005 * n) / step for n in range(1, 6)])
+    assert profile.v[0] == 1
+    assert profile.c == pytest.approx(0.0035 / step)
+    assert profile.score[2] == Timing(*[pytest.approx(0.045)] * 5)  # no spread once warm
+    assert profile.draft.median == pytest.approx(0.0035)
+    assert profile.step_seconds == pytest.approx(step)
+    assert (profile.k_max, profile.context_tokens, profile.repeats) == (4, 7, 3)
+    assert profile.drafted == 4  # "0 1 2" recurred: lookup proposes what followed, 3 0 1 2
+    assert target.length == len(context) - 1  # the cache ends on the context, pending excluded
+
+
+def test_n_values_are_interleaved_and_rotated_across_repeats():
+    clock = FakeClock()
+    target = TimedTable(clock, 0.01, 0.001)
+    measure_profile(target, PromptLookup(), [0, 1, 2], k_max=2, repeats=2, warmup=1, clock=clock)
+    assert target.extended == [1, 2, 3, 2, 3, 1, 3, 1, 2]
+
+
+def test_timing_spread():
+    t = Timing.of([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (t.median, t.q1, t.q3, t.minimum, t.maximum) == (3.0, 2.0, 4.0, 1.0, 5.0)
+    assert Timing.of([2.0]) == Timing(2.0, 2.0, 2.0, 2.0, 2.0)
+
+
+def test_draft_model_proposer_is_measured_between_commits():
+    """The draft model's cache must follow the context across repeats (commit crops it), so
+    every repeat drafts the same tokens from the same state."""
+    target, draft = random_table(4, 2, seed=1), random_table(4, 2, seed=2)
+    proposer = DraftModel(draft)
+    profile = measure_profile(target, proposer, [0, 1, 2, 3, 1], k_max=3, repeats=2, warmup=1)
+    assert profile.drafted == 3
+    assert draft.length <= 5 + 3
+
+
+def test_profile_json_round_trip(tmp_path):
+    clock = FakeClock()
+    profile = measure_profile(TimedTable(clock, 0.02, 0.002), PromptLookup(), [0, 1, 0], k_max=3, repeats=2, clock=clock)
+    profile.survival = [0.8, 0.5]
+    profile.target = "table"
+    path = tmp_path / "p.json"
+    profile.save(path)
+    assert Profile.load(path) == profile
+    assert json.loads(path.read_text())["v"][0] == 1
+
+
+def test_profile_load_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        Profile.load(tmp_path / "absent.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        Profile.load(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text('{"c": 0.1}')
+    with pytest.raises(ValueError, match="not a verispec profile"):
+        Profile.load(tmp_path / "other.json")
+
+
+def test_profile_rejects_bad_requests():
+    table = random_table(3, 1, seed=0)
+    with pytest.raises(ValueError, match="k_max"):
+        measure_profile(table, PromptLookup(), [0, 1], k_max=0)
+    with pytest.raises(ValueError, match="repeats"):
+        measure_profile(table, PromptLookup(), [0, 1], repeats=0)
+    with pytest.raises(ValueError, match="nonempty"):
+        measure_profile(table, PromptLookup(), [])
+    with pytest.raises(ValueError, match="vocabulary"):
+        measure_profile(table, PromptLookup(), [0, 7])
+
+
+def test_real_forwards_on_a_tiny_llama():
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    )
+    target = HFCausalLM(LlamaForCausalLM(config))
+    context = list(range(3, 43))
+    profile = measure_profile(target, PromptLookup(), context, k_max=3, repeats=3, warmup=1)
+    assert profile.v[0] == 1 and len(profile.v) == 4
+    assert all(t.minimum > 0 and t.minimum <= t.q1 <= t.median <= t.q3 <= t.maximum for t in profile.score)
+    assert 0 <= profile.c < 1  # a dictionary lookup is far cheaper than a forward
+    assert target.length == len(context) - 1
+    policy = AutoK.measured(target, PromptLookup(), context, k_max=3)
+    assert policy.k_max == 3
