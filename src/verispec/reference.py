@@ -38,6 +38,9 @@ def reference_generate(
     rule = resolve_rule(verifier, sampling)
     policy = as_policy(k)
     policy.begin()
+    if proposer is not None:
+        # A request configures its proposer (a draft model's q uses the request's sampling).
+        proposer.begin(list(context), sampling)
     stats = Stats()
     out: list[int] = []
     while len(out) < max_new_tokens and (not out or out[-1] != eos_token_id):
