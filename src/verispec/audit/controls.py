@@ -1,0 +1,101 @@
+"""Negative controls: deliberately broken parts that the exhaustive audit must catch.
+
+Each is a known way to lose exactness while every token still "looks" plausible:
+- `resampling_p_verifier`: repairs a rejection by sampling p again instead of the residual
+  norm(max(p - q, 0)) (the seed's example: p = (.1, .3, .6), q = (.4, .4, .2) emits
+  (.14, .42, .44));
+- `UntransformedQDraftModel`: samples its drafts after top-k but reports q from before it,
+  breaking the transform contract (p and q must both be the distributions actually sampled);
+- `UncroppedCacheTableLM`: a target whose rollback reports the cropped length while its cache
+  keeps the rejected tokens, so later rows condition on them (visible with order-2 tables,
+  where a row depends on the token before the pending one).
+
+None of these may be used outside the audit; `NEGATIVE_CONTROLS` pairs each with a scenario
+where the damage shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from verispec.audit.exhaustive import DRAFT_MODEL, Configuration, ProposerEntry, Scenario
+from verispec.models.tables import TableLM
+from verispec.proposers import DraftModel
+from verispec.proposers.base import Draft
+from verispec.randomness import Random
+from verispec.sampling import SamplingParams, probabilities
+from verispec.verify import Verdict
+
+
+def resampling_p_verifier(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
+    """BROKEN: token-level acceptance min(1, p_i(x_i) / q_i(x_i)) over p[k+1, V] and q[k, V],
+    but a rejection at position i emits a fresh draw from p_i."""
+    for i, x in enumerate(draft.tokens):
+        if not rng.bernoulli(min(1.0, float(p[i, x] / draft.q[i, x]))):
+            return Verdict(i, rng.categorical(p[i]))
+    return Verdict(len(draft), rng.categorical(p[len(draft)]))
+
+
+class UntransformedQDraftModel(DraftModel):
+    """BROKEN: draws each token from q after top-k, but reports q[V] before top-k."""
+
+    def _next(self, logits: torch.Tensor, rng: Random) -> tuple[int, torch.Tensor | None]:
+        if self.sampling.greedy:
+            return super()._next(logits, rng)
+        token = rng.categorical(probabilities(logits, self.sampling)[0])
+        return token, probabilities(logits, replace(self.sampling, top_k=None))[0]
+
+
+class UncroppedCacheTableLM(TableLM):
+    """BROKEN: `rollback` lowers the reported `length` but keeps the rejected tokens cached,
+    and `extend` appends after them."""
+
+    def __init__(self, table: TableLM) -> None:
+        super().__init__(table.rows, table.order)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        super().reset()
+        self._length = 0
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        super().prefill(ids)
+        self._length = len(ids)
+
+    def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        self._length += len(tokens)
+        return super().extend(tokens, keep)
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot roll back to {length}; {self._length} tokens processed")
+        self._length = length
+
+
+_UNTRANSFORMED_Q = ProposerEntry(
+    "draft-model reporting q before top-k", lambda tables: UntransformedQDraftModel(tables.draft), sampled=True
+)
+
+NEGATIVE_CONTROLS: dict[str, Configuration] = {
+    "repair by resampling p": Configuration(
+        Scenario(3, 2, 2, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT_MODEL, resampling_p_verifier
+    ),
+    "q taken before top-k": Configuration(
+        Scenario(4, 1, 2, 3, SamplingParams(top_k=2), (3, 1, 2, 3, 1), seed=46, zeros=False),
+        _UNTRANSFORMED_Q,
+        "token",
+    ),
+    "target cache not cropped": Configuration(
+        Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22),
+        DRAFT_MODEL,
+        "token",
+        target_model=UncroppedCacheTableLM,
+    ),
+}
