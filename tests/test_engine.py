@@ -119,8 +119,8 @@ def test_all_accepted_gives_the_bonus_token(sampling):
 
 @BOTH
 def test_zero_new_tokens_touches_nothing(sampling):
-    proposer = Scripted()
-    out, target = run(proposer, max_new_tokens=0, sampling=sampling)
+    proposer, target = Scripted(), cycle()
+    out = generate(target, proposer, [0], max_new_tokens=0, k=3, sampling=sampling)
     assert out.tokens == [] and out.stats.rounds == 0 and out.stats.new_tokens == 0
     assert proposer.asked == [] and proposer.begun == 0 and target.extended == []
 
