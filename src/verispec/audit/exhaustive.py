@@ -30,7 +30,7 @@ from verispec.engine import generate
 from verispec.models.base import CausalLM
 from verispec.models.tables import TableLM, random_table
 from verispec.policies import HeuristicK, KPolicy
-from verispec.proposers import DraftModel, PromptLookup
+from verispec.proposers import DraftModel, PromptLookup, RandomTokens, SuffixIndex
 from verispec.proposers.base import Proposer
 from verispec.sampling import GREEDY, SamplingParams
 
@@ -61,7 +61,15 @@ class ProposerEntry:
 
 DRAFT_MODEL = ProposerEntry("draft-model", lambda tables: DraftModel(tables.draft), sampled=True)
 PROMPT_LOOKUP = ProposerEntry("prompt-lookup", lambda tables: PromptLookup(max_ngram=3), sampled=False)
-PROPOSERS: list[ProposerEntry] = [DRAFT_MODEL, PROMPT_LOOKUP]
+# The suffix index also reads a corpus (the vocabulary descending, twice), so its drafts differ
+# from prompt lookup's; min_prob 0 drafts whenever anything matched.
+SUFFIX_INDEX = ProposerEntry(
+    "suffix-index",
+    lambda tables: SuffixIndex([[*range(tables.target.vocab_size - 1, -1, -1)] * 2], min_prob=0),
+    sampled=False,
+)
+RANDOM_TOKENS = ProposerEntry("random-tokens", lambda tables: RandomTokens(tables.target.vocab_size), sampled=True)
+PROPOSERS: list[ProposerEntry] = [DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX_INDEX, RANDOM_TOKENS]
 
 
 @dataclass(frozen=True)
