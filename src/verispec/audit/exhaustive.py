@@ -93,18 +93,24 @@ class Scenario:
 
     @property
     def name(self) -> str:
+        return (f"V{self.vocab}, order {self.order}, k {self.k_label}, max {self.max_new_tokens}, "
+                f"{self.sampling_label}, {self.eos_label}")
+
+    @property
+    def k_label(self) -> str:
+        return f"heuristic from {self.k}" if self.heuristic_k else str(self.k)
+
+    @property
+    def sampling_label(self) -> str:
         s = self.sampling
-        parts = [
-            f"V{self.vocab}",
-            f"order {self.order}",
-            f"k {'heuristic from ' if self.heuristic_k else ''}{self.k}",
-            f"max {self.max_new_tokens}",
-            "greedy" if s.greedy else f"T {s.temperature:g}",
-        ]
-        parts += [f"{label} {value:g}" for label, value in
-                  (("top-k", s.top_k), ("top-p", s.top_p), ("min-p", s.min_p)) if value is not None]
-        parts.append("no EOS" if self.eos_token_id is None else f"EOS {self.eos_token_id}")
-        return ", ".join(parts)
+        if s.greedy:
+            return "greedy"
+        filters = (("top-k", s.top_k), ("top-p", s.top_p), ("min-p", s.min_p))
+        return ", ".join([f"T {s.temperature:g}"] + [f"{n} {v:g}" for n, v in filters if v is not None])
+
+    @property
+    def eos_label(self) -> str:
+        return "no EOS" if self.eos_token_id is None else f"EOS {self.eos_token_id}"
 
     def tables(self) -> Tables:
         def table(seed: int) -> TableLM:
@@ -167,7 +173,7 @@ class Result:
 
     proposer: str
     rule: str
-    scenario: str
+    scenario: Scenario
     paths: int
     sequences: int
     drafted: int
@@ -177,7 +183,7 @@ class Result:
 
     @property
     def name(self) -> str:
-        return f"{self.proposer} | {self.rule} | {self.scenario}"
+        return f"{self.proposer} | {self.rule} | {self.scenario.name}"
 
     @property
     def passed(self) -> bool:
@@ -244,7 +250,7 @@ def audit_configuration(config: Configuration) -> Result:
     """Compare the engine with the exact target distribution; an exception is a failure."""
     start = time.perf_counter()
     s = config.scenario
-    labels = (config.proposer.name, config.rule, s.name)
+    labels = (config.proposer.name, config.rule, s)
     try:
         exact = target_sequences(s.tables().target, s.prompt, sampling=s.sampling,
                                  max_new_tokens=s.max_new_tokens, eos_token_id=s.eos_token_id)

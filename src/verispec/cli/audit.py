@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -30,7 +31,7 @@ def audit(
 
 
 def _render(report: AuditReport, console: Console) -> None:
-    oracle = Table(title="Exact rational oracle (Fractions)")
+    oracle = Table(title="Exact rational oracle (Fractions)", box=box.SIMPLE_HEAD)
     oracle.add_column("check")
     oracle.add_column("detail")
     oracle.add_column("result")
@@ -38,18 +39,27 @@ def _render(report: AuditReport, console: Console) -> None:
         oracle.add_row(check.name, check.detail, _verdict(check.passed))
     console.print(oracle)
 
-    engine = Table(title="Engine, every random branch, vs the target's exact distribution")
-    for column in ("proposer", "rule", "scenario"):
+    engine = Table(
+        title="Engine, every random branch, vs the target's exact distribution",
+        caption="V vocabulary, ord table order, k hN: HeuristicK from N, max new tokens; paths: "
+        "random branches walked, outputs: distinct sequences compared",
+        box=box.SIMPLE_HEAD,
+    )
+    for column in ("proposer", "rule", "V", "ord", "k", "max", "sampling", "EOS"):
         engine.add_column(column)
     for column in ("paths", "outputs", "max |diff|"):
         engine.add_column(column, justify="right")
     engine.add_column("result")
     for r in report.results:
-        diff = r.error or f"{r.max_abs_diff:.1e}"
-        engine.add_row(r.proposer, r.rule, r.scenario, str(r.paths), str(r.sequences), diff, _verdict(r.passed))
+        s = r.scenario
+        engine.add_row(
+            r.proposer, r.rule, str(s.vocab), str(s.order), f"h{s.k}" if s.heuristic_k else str(s.k), str(s.max_new_tokens),
+            s.sampling_label, "-" if s.eos_token_id is None else str(s.eos_token_id),
+            str(r.paths), str(r.sequences), r.error or f"{r.max_abs_diff:.1e}", _verdict(r.passed),
+        )
     console.print(engine)
 
-    controls = Table(title="Negative controls (must fail)")
+    controls = Table(title="Negative controls (must fail)", box=box.SIMPLE_HEAD)
     controls.add_column("broken part")
     controls.add_column("evidence")
     controls.add_column("audit")
