@@ -125,12 +125,12 @@ def test_bad_options_are_refused(target, options, message):
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0)])
 @pytest.mark.parametrize(("layers", "head_tokens"), [(2, None), (1, 48)])
 def test_engine_equals_reference(target, seed, sampling, layers, head_tokens):
-    proposer = LayerSkip(target, layers, head_tokens, corpus=[list(range(0, VOCAB, 2))])
+    corpus = [list(range(0, VOCAB, 2))]
     prompt = [1, 17, 33, 49, 65]
     options = dict(max_new_tokens=16, sampling=sampling, k=3)
-    engine = generate(target, proposer, prompt, rng=TorchRandom(seed), **options)
-    # The same proposer: its request transforms were set by the engine's begin.
-    reference = reference_generate(target, proposer, prompt, rng=TorchRandom(seed), **options)
+    engine = generate(target, LayerSkip(target, layers, head_tokens, corpus), prompt, rng=TorchRandom(seed), **options)
+    fresh = LayerSkip(target, layers, head_tokens, corpus)
+    reference = reference_generate(target, fresh, prompt, rng=TorchRandom(seed), **options)
     assert engine.tokens == reference
 
 

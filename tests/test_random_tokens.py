@@ -62,9 +62,8 @@ def test_bad_vocabulary_is_refused():
 def test_engine_equals_reference(seed, sampling, verifier):
     target = random_table(4, 2, seed, zeros=False, eos_token_id=3)
     options = dict(max_new_tokens=15, sampling=sampling, eos_token_id=3, k=3, verifier=verifier)
-    proposer = RandomTokens(4)  # the engine's begin hands it the request's transforms
-    engine = generate(target, proposer, [1, 2], rng=TorchRandom(seed), **options)
-    reference = reference_generate(target, proposer, [1, 2], rng=TorchRandom(seed), **options)
+    engine = generate(target, RandomTokens(4), [1, 2], rng=TorchRandom(seed), **options)
+    reference = reference_generate(target, RandomTokens(4), [1, 2], rng=TorchRandom(seed), **options)
     assert engine.tokens == reference
 
 
