@@ -1,0 +1,152 @@
+"""`verispec cost`: the speed equation, for one k or every k, from given or measured costs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from verispec.cli import app
+from verispec.cost import (
+    FixedCosts,
+    check_costs,
+    check_k,
+    expected_tokens_by_k,
+    optimal_k,
+    speedup_by_k,
+    survival_from_alpha,
+)
+from verispec.profile import Profile
+
+PLOT_ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9)
+
+
+@app.command()
+def cost(
+    alpha: float | None = typer.Option(None, help="Per-token acceptance probability, constant and independent."),
+    k: int | None = typer.Option(None, "--k", help="Drafted tokens per round; omit for every k up to --k-max."),
+    c: float | None = typer.Option(None, "--c", help="One draft step / one target step."),
+    v: float | None = typer.Option(
+        None, "--v", help="Scoring the k + 1 positions / one target step, for every k (the seed's v; default 1)."
+    ),
+    profile: Path | None = typer.Option(
+        None, help="A profile from `verispec profile --out`: its measured c, v(n) and, if any, survival."
+    ),
+    k_max: int | None = typer.Option(None, help="Largest k to tabulate [default: the profile's, else 8]."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Path | None = typer.Option(None, help="Draw the speedup against k for several alphas to this PNG."),
+) -> None:
+    """Predicted speedup E / (k c + v(k + 1)) over plain decoding, and the best k.
+
+    verispec cost --alpha 0.8 --k 6 --c 0.1 --v 1    # E = 3.951424, speedup ~2.47
+    """
+    costs, source = _costs(c, v, profile, k_max, k)
+    if alpha is not None:
+        survival, acceptance = survival_from_alpha(alpha, len(costs.v) - 1), f"alpha = {alpha:g}"
+    elif profile is not None and source.survival is not None:
+        survival, acceptance = source.survival, f"survival measured in {profile}"
+    else:
+        raise ValueError(
+            "give --alpha, or a --profile that holds measured survival (`verispec profile` measures "
+            "it unless --survival-tokens 0)"
+        )
+    ratios = speedup_by_k(costs.c, costs.v, survival)
+    expected = expected_tokens_by_k(survival[: len(ratios) - 1])
+    if k is not None:
+        if k >= len(ratios):
+            raise ValueError(f"k = {k} needs survival up to s_{k}; the profile measured only {len(ratios) - 1}")
+        _print_one(k, expected[k], ratios[k], costs, alpha, as_json)
+    else:
+        best = optimal_k(costs.c, costs.v, survival=survival)
+        _print_all(expected, ratios, best, costs, acceptance, as_json)
+    if plot is not None:
+        draw(plot, costs, alpha, survival if alpha is None else None)
+
+
+def _costs(
+    c: float | None, v: float | None, profile: Path | None, k_max: int | None, k: int | None
+) -> tuple[FixedCosts, Profile | None]:
+    """c and the curve v(1..K + 1), from the options or from a profile."""
+    if k is not None:
+        check_k(k)
+    if k_max is not None and (k_max < 1):
+        raise ValueError(f"--k-max must be >= 1, got {k_max}")
+    if profile is not None:
+        if c is not None or v is not None:
+            raise ValueError("give --c and --v, or --profile with measured ones, not both")
+        measured = Profile.load(profile)
+        top = measured.k_max if k_max is None else min(k_max, measured.k_max)
+        return FixedCosts(measured.c, measured.v[: top + 1]), measured
+    if c is None:
+        raise ValueError("give --c (one draft step / one target step), or --profile FILE from `verispec profile`")
+    top = max(k_max or 8, k or 0)
+    v = 1.0 if v is None else v
+    check_costs(c, v)
+    # v(1) is one plain step by definition; the seed's v applies to every round's scoring.
+    return FixedCosts(c, [1.0] + [v] * top), None
+
+
+def _print_one(k: int, expected: float, speedup: float, costs: FixedCosts, alpha: float | None, as_json: bool) -> None:
+    if as_json:
+        record = {"k": k, "alpha": alpha, "c": costs.c, "v": costs.v[k], "expected_tokens": expected, "speedup": speedup}
+        print(json.dumps(record))
+        return
+    verdict = "faster" if speedup > 1 else "slower" if speedup < 1 else "no change"
+    print(f"expected tokens per round E = {expected:.6g}")
+    print(f"speedup E / (k c + v) = {expected:.6g} / ({k} * {costs.c:g} + {costs.v[k]:g}) = {speedup:.4g} ({verdict})")
+
+
+def _print_all(
+    expected: list[float], ratios: list[float], best: int, costs: FixedCosts, acceptance: str, as_json: bool
+) -> None:
+    rows = [
+        {"k": k, "expected_tokens": expected[k], "v": costs.v[k], "speedup": ratios[k]}
+        for k in range(1, len(ratios))
+    ]
+    if as_json:
+        print(json.dumps({"c": costs.c, "per_k": rows, "best_k": best, "best_speedup": ratios[best]}))
+        return
+    table = Table(title=f"predicted speedup, c = {costs.c:.4g}, {acceptance}")
+    for column in ("k", "E (tokens/round)", "v(k+1)", "speedup"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        style = "bold green" if row["k"] == best else None
+        table.add_row(
+            str(row["k"]), f"{row['expected_tokens']:.3f}", f"{row['v']:.3f}", f"{row['speedup']:.3f}", style=style
+        )
+    console = Console()
+    console.print(table)
+    if best:
+        console.print(f"best k = {best}: predicted speedup {ratios[best]:.3f}")
+    else:
+        console.print("best k = 0: no k beats plain decoding here; do not speculate")
+
+
+def draw(path: Path, costs: FixedCosts, alpha: float | None, measured: list[float] | None) -> None:
+    """Speedup against k for several constant alphas (and the given or measured acceptance)."""
+    # Imported here: every command module loads with the CLI, and only --plot needs matplotlib.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = range(len(costs.v))
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    alphas = sorted({*PLOT_ALPHAS, *([alpha] if alpha is not None else [])})
+    for a in alphas:
+        curve = speedup_by_k(costs.c, costs.v, survival_from_alpha(a, len(costs.v) - 1))
+        axes.plot(ks, curve, marker="o", markersize=3, linewidth=2.5 if a == alpha else 1.2, label=f"alpha {a:g}")
+    if measured is not None:
+        curve = speedup_by_k(costs.c, costs.v, measured)
+        axes.plot(range(len(curve)), curve, "k--", marker="s", label="measured survival")
+    axes.axhline(1.0, color="grey", linewidth=0.8)
+    axes.set_xlabel("k (drafted tokens per round)")
+    axes.set_ylabel("predicted speedup over plain decoding")
+    axes.set_title(f"E / (k c + v(k+1)), c = {costs.c:.3g}")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
