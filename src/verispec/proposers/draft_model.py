@@ -7,6 +7,9 @@ the draft takes its argmax (a chosen draft, q = None).
 The draft keeps its own cache. `processed` mirrors what the cache holds: the context plus all
 but the last drafted token. `commit` crops it to the longest prefix shared with the emitted
 context, so the next round resumes from the same logical prefix a full recomputation would.
+
+Given `tokenizers=(target_tokenizer, draft_tokenizer)`, a pair whose ids do not mean the same
+tokens is refused with the tokenizer report (`verispec.tokenizer_contract`).
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from verispec.models.base import CausalLM
 from verispec.proposers.base import Draft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities
+from verispec.tokenizer_contract import check_tokenizers
 
 
 class DraftModel:
-    def __init__(self, model: CausalLM) -> None:
+    def __init__(self, model: CausalLM, tokenizers: tuple[object, object] | None = None) -> None:
+        if tokenizers is not None:
+            check_tokenizers(*tokenizers).require_match()
         self.model = model
         self.vocab_size = model.vocab_size
         self.sampling = SamplingParams()
