@@ -390,3 +390,18 @@ def test_drafts_outside_the_target_vocabulary_are_refused():
 def test_exact_probabilities_of_the_cycle_are_one_hot():
     # The forcing above relies on this: one-hot rows make point-mass verification certain.
     assert all(sorted(row) == [Fraction(0)] * (V - 1) + [Fraction(1)] for row in cycle().rows.values())
+
+
+class Broken(LoggedTable):
+    """A target whose scores after token 2 are NaN."""
+
+    def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        logits = super().extend(tokens, keep).clone()
+        logits[torch.tensor(tokens[-len(logits):]) == 2] = math.nan
+        return logits
+
+
+@pytest.mark.parametrize("sampling", [SAMPLED, GREEDY], ids=["sampled", "greedy"])
+def test_invalid_target_scores_are_refused_not_decoded(sampling):
+    with pytest.raises(ValueError, match="NaN"):
+        generate(Broken(cycle()), Scripted(), [0], max_new_tokens=6, k=2, sampling=sampling)

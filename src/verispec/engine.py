@@ -24,7 +24,7 @@ from verispec.models.base import CausalLM
 from verispec.policies import KPolicy, as_policy
 from verispec.proposers.base import EMPTY_DRAFT, Draft, Proposer
 from verispec.randomness import Random, TorchRandom
-from verispec.sampling import SamplingParams, probabilities
+from verispec.sampling import SamplingParams, check_logits, probabilities
 from verispec.stats import Stats
 
 
@@ -119,7 +119,11 @@ class Decoding:
     def _verify(self, logits: torch.Tensor, draft: Draft) -> verify.Verdict:
         """Stage 3: build p with the request's transforms and apply the verification rule."""
         start = time.perf_counter()
-        rows = logits if self.sampling.greedy else probabilities(logits, self.sampling)
+        if self.sampling.greedy:
+            check_logits(logits)  # the argmax of a row with NaN or +inf would pass silently
+            rows = logits
+        else:
+            rows = probabilities(logits, self.sampling)
         rule = self.rule or verify.default_rule(self.sampling.greedy, draft)
         verdict = rule(rows, draft, self.rng)
         self.stats.verify_seconds += time.perf_counter() - start
