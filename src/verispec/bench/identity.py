@@ -1,0 +1,72 @@
+"""Greedy identity: every method's output must equal plain decoding's, token for token.
+
+At temperature 0 speculative decoding is exact when it emits the target's argmax at every
+position. Two correct implementations can still part at a near tie: scoring 5 tokens in one
+forward and 1 token at a time round differently, and when the target's top two logits are
+closer than that rounding, either token is "the argmax". A mismatch is therefore reported with
+the target's top-2 logit margin at the first differing position, from a fresh full forward of
+the common prefix: a margin at rounding level is a near tie, a large one a real bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+# Logit differences that dtype rounding across forward shapes can produce (float32: ~1e-6
+# relative on logits of size ~10-30; bfloat16 keeps 8 bits of mantissa).
+NEAR_TIE = {"float32": 1e-2, "float64": 1e-6, "bfloat16": 0.5, "float16": 0.1}
+
+
+def first_mismatch(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
+    """The first position where the outputs differ (a length difference counts), or None."""
+    for i, (a, b) in enumerate(zip(reference, tokens)):
+        if a != b:
+            return i
+    return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
+
+
+def diagnose(
+    prompt_ids: Sequence[int],
+    reference: Sequence[int],
+    tokens: Sequence[int],
+    score: Callable[[list[int]], torch.Tensor],
+    dtype: str,
+) -> dict | None:
+    """None when `tokens` equals `reference` (plain decoding's output); else what differs.
+
+    score(ids) -> logits[len(ids), V]: the target's stateless full forward.
+    """
+    position = first_mismatch(reference, tokens)
+    if position is None:
+        return None
+    expected = reference[position] if position < len(reference) else None
+    got = tokens[position] if position < len(tokens) else None
+    logits = score([*prompt_ids, *reference[:position]])[-1].double()  # [V]
+    top = torch.topk(logits, 2)
+    top1, top2 = (int(i) for i in top.indices)
+    margin = float(top.values[0] - top.values[1])
+    tolerance = NEAR_TIE.get(dtype, NEAR_TIE["float32"])
+    near_tie = {expected, got} <= {top1, top2} and margin <= tolerance
+    if near_tie:
+        diagnosis = (
+            f"near tie: the target's top-2 logits differ by {margin:.3g} <= {tolerance:g} ({dtype} "
+            "rounding across forward shapes); both tokens are its argmax within rounding"
+        )
+    elif expected is None or got is None:
+        diagnosis = f"lengths differ ({len(reference)} vs {len(tokens)}) with equal tokens up to there"
+    else:
+        diagnosis = (
+            f"not a near tie: fresh argmax {top1}, top-2 margin {margin:.3g} > {tolerance:g}; "
+            "the method did not emit the target's greedy token"
+        )
+    return {
+        "position": position,
+        "expected": expected,
+        "got": got,
+        "fresh_top2": [top1, top2],
+        "top2_margin": margin,
+        "near_tie": near_tie,
+        "diagnosis": diagnosis,
+    }

@@ -1,0 +1,138 @@
+"""Method names on the `--methods` line, parsed into what to run.
+
+Grammar (names are comma-separated):
+
+    verispec-plain                      plain decoding by the verispec engine (the baseline)
+    verispec-<proposer>-<policy>        <proposer>: a proposer spec (lookup, suffix, draft:PATH,
+                                        layerskip:L[:N], random); <policy>: kN (constant k = N),
+                                        auto (cost-model k) or heuristic (HF's schedule)
+    hf-generate                         HF `generate(do_sample=False)`
+    hf-lookup[-kN]                      HF prompt lookup, prompt_lookup_num_tokens = N (10)
+    hf-early-exit:L[-kN]                HF `assistant_early_exit=L`; kN fixes the draft length
+    hf-assisted[:PATH][-kN]             HF `assistant_model=PATH` (bare: the one draft PATH of
+                                        the verispec-draft:PATH methods)
+
+The policy is split off at the LAST '-', so a draft PATH may itself contain '-'.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PLAIN = "verispec-plain"
+HF_LOOKUP_TOKENS = 10  # HF's documented prompt_lookup_num_tokens example value
+POLICIES = ("auto", "heuristic")
+_K = re.compile(r"k(\d+)")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One benchmarked method.
+
+    family: "verispec" or "hf". proposer: the verispec proposer spec (None: plain decoding).
+    policy: "kN", "auto" or "heuristic" for verispec; None for HF. hf_mode: "generate",
+    "lookup", "early-exit" or "assisted". hf_arg: the exit layer or the assistant's path.
+    k: the fixed draft length (verispec kN, HF -kN), None when a policy or HF's default
+    chooses it.
+    """
+
+    name: str
+    family: str
+    proposer: str | None = None
+    policy: str | None = None
+    hf_mode: str | None = None
+    hf_arg: str | None = None
+    k: int | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.proposer is not None or self.hf_mode not in (None, "generate")
+
+
+def split_k(text: str) -> tuple[str, int | None]:
+    """'spec-k4' -> ('spec', 4); 'spec' -> ('spec', None)."""
+    head, dash, tail = text.rpartition("-")
+    match = _K.fullmatch(tail) if dash else None
+    if match is None:
+        return text, None
+    return head, check_k(int(match.group(1)), text)
+
+
+def check_k(k: int, name: str) -> int:
+    if k < 1:
+        raise ValueError(f"method {name!r}: k must be >= 1 (use verispec-plain for no speculation)")
+    return k
+
+
+def parse_method(name: str) -> Method:
+    name = name.strip()
+    if name == PLAIN:
+        return Method(name, "verispec")
+    if name.startswith("verispec-"):
+        proposer, dash, policy = name.removeprefix("verispec-").rpartition("-")
+        if not dash or not proposer:
+            raise ValueError(
+                f"method {name!r}: write verispec-<proposer>-<kN|auto|heuristic>, e.g. verispec-lookup-k4"
+            )
+        match = _K.fullmatch(policy)
+        if match is None and policy not in POLICIES:
+            raise ValueError(f"method {name!r}: the policy {policy!r} is not kN, auto or heuristic")
+        k = check_k(int(match.group(1)), name) if match else None
+        return Method(name, "verispec", proposer=proposer, policy=policy, k=k)
+    if name == "hf-generate":
+        return Method(name, "hf", hf_mode="generate")
+    if name.startswith("hf-lookup"):
+        head, k = split_k(name)
+        if head != "hf-lookup":
+            raise ValueError(f"method {name!r}: write hf-lookup or hf-lookup-kN")
+        return Method(name, "hf", hf_mode="lookup", k=k or HF_LOOKUP_TOKENS)
+    if name.startswith("hf-early-exit"):
+        head, k = split_k(name)
+        layer = head.removeprefix("hf-early-exit:")
+        if not head.startswith("hf-early-exit:") or not layer.isdigit() or int(layer) < 1:
+            raise ValueError(f"method {name!r}: write hf-early-exit:L or hf-early-exit:L-kN with a layer L >= 1")
+        return Method(name, "hf", hf_mode="early-exit", hf_arg=layer, k=k)
+    if name == "hf-assisted" or name.startswith(("hf-assisted:", "hf-assisted-")):
+        head, k = split_k(name)
+        path = head.removeprefix("hf-assisted").removeprefix(":")
+        if head != "hf-assisted" and not head.startswith("hf-assisted:"):
+            raise ValueError(f"method {name!r}: write hf-assisted[:PATH][-kN]")
+        return Method(name, "hf", hf_mode="assisted", hf_arg=path or None, k=k)
+    raise ValueError(
+        f"unknown method {name!r}; choose verispec-plain, verispec-<proposer>-<kN|auto|heuristic>, "
+        "hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN] or hf-assisted[:PATH][-kN]"
+    )
+
+
+def parse_methods(text: str | Sequence[str]) -> list[Method]:
+    """Comma-separated names (or several such strings) -> methods, verispec-plain first.
+
+    verispec-plain is the baseline every speedup divides by, so it is added when missing. A
+    bare hf-assisted takes the draft path of the verispec-draft methods when there is exactly
+    one.
+    """
+    items = [text] if isinstance(text, str) else list(text)
+    names = [n.strip() for item in items for n in item.split(",") if n.strip()]
+    if not names:
+        raise ValueError("no methods given; e.g. --methods verispec-plain,verispec-lookup-k4,hf-generate")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"methods listed twice: {duplicates}")
+    methods = [parse_method(n) for n in names]
+    if PLAIN not in names:
+        methods.insert(0, parse_method(PLAIN))
+    drafts = sorted({m.proposer.removeprefix("draft:") for m in methods if (m.proposer or "").startswith("draft:")})
+    resolved = []
+    for method in methods:
+        if method.hf_mode == "assisted" and method.hf_arg is None:
+            if len(drafts) != 1:
+                raise ValueError(
+                    f"method {method.name!r} needs a draft model: write hf-assisted:PATH "
+                    f"(the verispec-draft methods name {len(drafts)} draft paths)"
+                )
+            method = Method(method.name, "hf", hf_mode="assisted", hf_arg=drafts[0], k=method.k)
+        resolved.append(method)
+    resolved.sort(key=lambda m: m.name != PLAIN)
+    return resolved

@@ -1,0 +1,210 @@
+"""From run records to `summary.json` and `report.md`.
+
+Speedup is paired, as the runs are interleaved: for a prompt and a repeat, a method's
+end-to-end tokens/s over verispec-plain's on the same prompt in the same repeat (equal to the
+wall-time ratio whenever the outputs are equal, as greedy decoding requires); a prompt's
+speedup is the median over repeats, and a category reports the median and interquartile range
+across its prompts, like the Spec-Bench leaderboard. tau (tokens per round, Spec-Bench's mean
+accepted length) is all new tokens over all target forwards after the prompt.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+
+from verispec.bench.methods import PLAIN, Method
+
+OVERALL = "overall"
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(q1, median, q3); a single value is all three."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def group_summary(records: Sequence[dict], plain: dict[tuple[str, int], dict]) -> dict:
+    """The numbers of one method over one group of prompts.
+
+    plain: (prompt_id, repeat) -> verispec-plain's record, the pair for each speedup.
+    """
+    by_prompt: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_prompt[r["prompt_id"]].append(r)
+    speedups, rates = [], []
+    for prompt_id, runs in by_prompt.items():
+        speedups.append(statistics.median(
+            r["tokens_per_second"] / plain[prompt_id, r["repeat"]]["tokens_per_second"] for r in runs
+        ))
+        rates.append(statistics.median(r["tokens_per_second"] for r in runs))
+    q1, median, q3 = quartiles(speedups)
+    rate_q1, rate, rate_q3 = quartiles(rates)
+    engines = [r["engine"] for r in records if r["engine"] is not None]
+    drafted = sum(e["drafted"] for e in engines)
+    decode = [r["decode_tokens_per_second"] for r in records if r["decode_tokens_per_second"] is not None]
+    return {
+        "prompts": len(by_prompt),
+        "runs": len(records),
+        "speedup_median": median,
+        "speedup_q1": q1,
+        "speedup_q3": q3,
+        "tokens_per_second_median": rate,
+        "tokens_per_second_q1": rate_q1,
+        "tokens_per_second_q3": rate_q3,
+        "tokens_per_round": sum(r["new_tokens"] for r in records) / max(1, sum(r["rounds"] for r in records)),
+        "acceptance_rate": sum(e["accepted"] for e in engines) / drafted if drafted else None,
+        "wall_seconds_median": statistics.median(r["wall_seconds"] for r in records),
+        "first_token_seconds_median": statistics.median(r["first_token_seconds"] for r in records),
+        "decode_tokens_per_second_median": statistics.median(decode) if decode else None,
+        "draft_seconds_total": sum(e["draft_seconds"] for e in engines) if engines else None,
+        "target_seconds_total": sum(e["target_seconds"] for e in engines) if engines else None,
+        "overhead_seconds_total": sum(e["overhead_seconds"] for e in engines) if engines else None,
+        "new_tokens_total": sum(r["new_tokens"] for r in records),
+        "matching_runs": sum(r["matches_plain"] for r in records),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
+    }
+
+
+def summarize(records: Sequence[dict], methods: Sequence[Method], header: dict) -> dict:
+    """summary.json: the header, each method's numbers per category and overall, mismatches."""
+    plain = {(r["prompt_id"], r["repeat"]): r for r in records if r["method"] == PLAIN}
+    categories = sorted({r["category"] for r in records})
+    results = {}
+    for method in methods:
+        mine = [r for r in records if r["method"] == method.name]
+        groups = {c: [r for r in mine if r["category"] == c] for c in categories}
+        results[method.name] = {
+            **{c: group_summary(rs, plain) for c, rs in groups.items() if rs},
+            OVERALL: group_summary(mine, plain),
+        }
+    mismatches = [
+        {k: r[k] for k in ("method", "prompt_id", "category", "repeat")} | r["mismatch"]
+        for r in records
+        if r["mismatch"] is not None
+    ]
+    return {
+        "header": header,
+        "categories": categories,
+        "methods": {m.name: {"family": m.family, "proposer": m.proposer, "policy": m.policy,
+                             "hf_mode": m.hf_mode, "hf_arg": m.hf_arg, "k": m.k} for m in methods},
+        "results": results,
+        "mismatches": mismatches,
+    }
+
+
+def speedup_cell(group: dict) -> str:
+    return (
+        f"{group['speedup_median']:.2f}x ({group['speedup_q1']:.2f}-{group['speedup_q3']:.2f})"
+        f" · tau {group['tokens_per_round']:.2f}"
+    )
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(summary: dict, plots: Sequence[str]) -> str:
+    """report.md."""
+    h = summary["header"]
+    results = summary["results"]
+    names = list(summary["methods"])
+    others = [n for n in names if n != PLAIN]
+    groups = [*summary["categories"], OVERALL]
+    lines = [
+        "# verispec bench",
+        "",
+        f"- Machine: {h['cpu']} (native bf16: {'yes' if h['native_bf16'] else 'no'}), "
+        f"{h['logical_cpus']} logical CPUs, {h['torch_threads']} torch threads; {h['platform']}",
+        f"- Software: Python {h['python']}, torch {h['torch']}, transformers {h['transformers']}, "
+        f"verispec {h['verispec']}",
+        f"- Model: {h['model']} ({h['dtype']}); greedy decoding; {h['max_new_tokens']} new tokens at most; "
+        f"{h['prompts']} prompts; {h['repeats']} repeat(s) after {h['warmup']} warm-up run(s) per method",
+        f"- Command: `{h['command']}`",
+        "",
+        "## Speedup over verispec-plain",
+        "",
+        "End-to-end tokens/s of each method over verispec-plain's on the same prompt in the same "
+        "repeat; median (interquartile range) across prompts; tau = new tokens per target forward "
+        "(Spec-Bench's mean accepted length).",
+        "",
+    ]
+    lines += table(
+        ["category", f"{PLAIN} tok/s", *others],
+        [
+            [g, fmt(results[PLAIN][g]["tokens_per_second_median"], ".1f"),
+             *(speedup_cell(results[n][g]) if g in results[n] else "-" for n in others)]
+            for g in groups
+        ],
+    )
+    lines += [
+        "",
+        "## End-to-end tokens per second (median across prompts)",
+        "",
+    ]
+    lines += table(
+        ["category", *names],
+        [[g, *(fmt(results[n][g]["tokens_per_second_median"], ".1f") if g in results[n] else "-" for n in names)]
+         for g in groups],
+    )
+    lines += [
+        "",
+        "## Where the time goes (all prompts)",
+        "",
+        "First-token seconds: from the call to the first emitted token(s) (prefill and the first "
+        "round). Decode tok/s: the tokens after those over the time after them. Draft / target / "
+        "overhead: the verispec engine's own split, summed over runs (HF does not expose it).",
+        "",
+    ]
+    lines += table(
+        ["method", "wall s", "first-token s", "decode tok/s", "tau", "acceptance", "draft s", "target s",
+         "overhead s", "peak RSS MiB"],
+        [
+            [n, fmt(o["wall_seconds_median"]), fmt(o["first_token_seconds_median"]),
+             fmt(o["decode_tokens_per_second_median"], ".1f"), fmt(o["tokens_per_round"], ".2f"),
+             fmt(o["acceptance_rate"], ".2f"), fmt(o["draft_seconds_total"], ".2f"),
+             fmt(o["target_seconds_total"], ".2f"), fmt(o["overhead_seconds_total"], ".2f"),
+             fmt(o["peak_rss_mb"], ".0f")]
+            for n in names
+            for o in [results[n][OVERALL]]
+        ],
+    )
+    lines += [
+        "",
+        "## Greedy identity with verispec-plain",
+        "",
+    ]
+    lines += table(
+        ["method", "runs equal to plain"],
+        [[n, f"{results[n][OVERALL]['matching_runs']}/{results[n][OVERALL]['runs']}"] for n in others],
+    )
+    if summary["mismatches"]:
+        lines += ["", "Mismatches (first differing position; target top-2 logit margin there, fresh forward):", ""]
+        lines += [
+            f"- {m['method']} on {m['category']}/{m['prompt_id']} (repeat {m['repeat']}): position "
+            f"{m['position']}, plain {m['expected']} vs {m['got']}; {m['diagnosis']}"
+            for m in summary["mismatches"]
+        ]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    lines += [
+        "",
+        "## How it was measured",
+        "",
+        "Every method runs on the same model object, dtype and torch thread count. After the "
+        "warm-up, each prompt is run by every method in turn, the order rotated by one per prompt "
+        "and per repeat. One clock measures every method the same way: wall time from the call to "
+        "the return, and token arrivals (the verispec engine's iterator; an HF streamer). The HF "
+        "methods get a fresh greedy GenerationConfig with the same EOS id, pad = EOS and an "
+        "all-ones attention mask. Raw runs: runs.jsonl; numbers: summary.json.",
+        "",
+    ]
+    return "\n".join(lines)

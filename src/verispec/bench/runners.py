@@ -1,0 +1,198 @@
+"""Runners: one request of one method, timed the same way for every method.
+
+Every runner streams its output and notes when tokens arrive: the verispec engine by iterating
+its `Decoding`, HF `generate` through a streamer (which it calls once per decoding step, and
+once per assisted round with all the round's tokens). So the same clock measures, for every
+method, the end-to-end wall time of the request (the primary number), the time to the first
+new token (prompt prefill plus the first round) and the tokens emitted per round.
+
+All HF calls decode greedily (`do_sample=False`, no sampling knobs), get an all-ones
+attention mask, `pad_token_id` = the EOS id, and the same single EOS id as the verispec
+engine, so their greedy outputs must equal verispec-plain's token for token.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation.streamers import BaseStreamer
+
+from verispec.engine import Decoding
+from verispec.models.base import CausalLM
+from verispec.policies import KPolicy
+from verispec.proposers.base import Proposer
+from verispec.sampling import GREEDY
+from verispec.stats import Stats
+
+
+@dataclass
+class Outcome:
+    """One request's result.
+
+    tokens: the new token ids (EOS included when it ended the request).
+    wall_seconds: from the call to the return. first_token_seconds: from the call to the first
+    emitted token(s); first_tokens: how many arrived then (a speculative round emits several).
+    tokens_per_round: new tokens emitted by each target forward after the prompt's.
+    stats: the verispec engine's counters (None for HF methods).
+    """
+
+    tokens: list[int]
+    wall_seconds: float
+    first_token_seconds: float
+    first_tokens: int
+    tokens_per_round: list[int]
+    stats: Stats | None = None
+
+
+@dataclass
+class Clock:
+    """Arrival times of emitted tokens: `emitted(n)` when n tokens came out together."""
+
+    start: float = field(default_factory=time.perf_counter)
+    first_seconds: float | None = None
+    per_round: list[int] = field(default_factory=list)
+
+    def emitted(self, n: int) -> None:
+        if self.first_seconds is None:
+            self.first_seconds = time.perf_counter() - self.start
+        self.per_round.append(n)
+
+    def outcome(self, tokens: list[int], stats: Stats | None = None) -> Outcome:
+        wall = time.perf_counter() - self.start
+        first = wall if self.first_seconds is None else self.first_seconds
+        return Outcome(tokens, wall, first, self.per_round[0] if self.per_round else 0, self.per_round, stats)
+
+
+class VerispecRunner:
+    """The verispec engine at temperature 0: plain (no proposer, k = 0) or speculative."""
+
+    def __init__(
+        self,
+        target: CausalLM,
+        proposer: Proposer | None,
+        policy: int | KPolicy,
+        eos_token_id: int | None,
+    ) -> None:
+        self.target = target
+        self.proposer = proposer
+        self.policy = policy
+        self.eos_token_id = eos_token_id
+
+    def __call__(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Outcome:
+        clock = Clock()
+        decoding = Decoding(
+            self.target,
+            self.proposer,
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            sampling=GREEDY,
+            eos_token_id=self.eos_token_id,
+            k=self.policy,
+        )
+        for _ in decoding:
+            if clock.first_seconds is None:
+                clock.emitted(0)
+        clock.per_round[:] = emitted_per_round(decoding.stats.accepted, len(decoding.tokens))
+        return clock.outcome(list(decoding.tokens), decoding.stats)
+
+
+def emitted_per_round(accepted: Sequence[int], new_tokens: int) -> list[int]:
+    """Tokens each round emitted: accepted + 1, except that EOS can cut the last round short."""
+    per_round = [a + 1 for a in accepted]
+    if per_round:
+        per_round[-1] = new_tokens - sum(per_round[:-1])
+    return per_round
+
+
+class TokenClock(BaseStreamer):
+    """An HF streamer that only notes when tokens arrive; the first `put` is the prompt."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.clock.emitted(int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+class HFRunner:
+    """HF `model.generate`, greedy, optionally assisted.
+
+    options: the assisted-generation keywords (`prompt_lookup_num_tokens`,
+    `assistant_early_exit`, `assistant_model`). assistant_tokens: a fixed draft length for an
+    assistant (its `num_assistant_tokens` with the constant schedule); None keeps HF's default.
+    HF reads those from the assistant's own generation config and its heuristic schedule writes
+    back into it, so that config is restored after every call: requests stay independent.
+    """
+
+    def __init__(
+        self,
+        model,
+        eos_token_id: int | None,
+        options: dict | None = None,
+        assistant_tokens: int | None = None,
+    ) -> None:
+        self.model = model
+        self.options = dict(options or {})
+        self.assistant = self.options.get("assistant_model") or (
+            model if "assistant_early_exit" in self.options else None
+        )
+        self.assistant_tokens = assistant_tokens
+        self.eos_token_id = eos_token_id
+
+    def config(self, max_new_tokens: int) -> GenerationConfig:
+        # A fresh config: the model's own generation defaults (sampling knobs, min_length, a
+        # repetition penalty) must not differ between HF and verispec.
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.eos_token_id,
+            **{k: v for k, v in self.options.items() if k != "assistant_model"},
+        )
+
+    def __call__(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Outcome:
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, T]
+        extra = {"assistant_model": self.options["assistant_model"]} if "assistant_model" in self.options else {}
+        saved = self._configure_assistant()
+        clock = Clock()
+        try:
+            with torch.inference_mode():
+                out = self.model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    generation_config=self.config(max_new_tokens),
+                    streamer=TokenClock(clock),
+                    **extra,
+                )
+            tokens = [int(t) for t in out[0, ids.shape[1] :]]
+            return clock.outcome(tokens)
+        finally:
+            if saved is not None:
+                self.assistant.generation_config = saved
+
+    def _configure_assistant(self) -> GenerationConfig | None:
+        if self.assistant is None:
+            return None
+        saved = copy.deepcopy(self.assistant.generation_config)
+        if self.assistant_tokens is not None:
+            config = self.assistant.generation_config
+            config.num_assistant_tokens = self.assistant_tokens
+            config.num_assistant_tokens_schedule = "constant"
+            config.assistant_confidence_threshold = None
+        return saved
+
+
+Runner = Callable[[Sequence[int], int], Outcome]

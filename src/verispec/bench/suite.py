@@ -1,0 +1,191 @@
+"""A whole benchmark: load, build the methods, run the protocol, write the outputs.
+
+Output directory:
+    runs.jsonl       one JSON object per measured run (`protocol.record`)
+    summary.json     the header (machine, software, settings) and each method's numbers
+    report.md        the tables, the greedy-identity check, the plots
+    *.png            the plots (`plots`)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from transformers.utils import logging as hf_logging
+
+from verispec.bench import machine, plots, quick
+from verispec.bench.methods import Method, parse_methods
+from verispec.bench.protocol import Protocol, run_benchmark, run_count
+from verispec.bench.report import render, summarize
+from verispec.bench.runners import HFRunner, Runner, VerispecRunner
+from verispec.bench.workloads import Workload, read_workloads, select
+from verispec.models.hf import HFCausalLM
+from verispec.models.load import DEFAULT_MODEL, LoadedModel, load_model
+from verispec.policies import policy_from_spec
+from verispec.proposers.spec import parse_proposer
+
+DEFAULT_METHODS = "verispec-plain,verispec-lookup-k4,verispec-lookup-auto,hf-generate,hf-lookup"
+QUICK_DRAFT = "quick-draft"
+
+
+def quick_methods(out: Path) -> str:
+    """Every kind of method, on the quick target and a tiny draft saved in `out`."""
+    draft = out / QUICK_DRAFT
+    return ",".join([
+        "verispec-plain", "verispec-lookup-k2", "verispec-lookup-k4", "verispec-lookup-auto",
+        "verispec-suffix-heuristic", "verispec-layerskip:2-k3", f"verispec-draft:{draft}-k3",
+        "verispec-random-k2", "hf-generate", "hf-lookup", "hf-early-exit:2-k3", "hf-assisted",
+    ])
+
+
+@dataclass
+class Settings:
+    """What `verispec bench` was asked for (see `cli/bench.py` for each option)."""
+
+    out: Path
+    prompts: Sequence[Path] = ()
+    categories: Sequence[str] = ()
+    limit_per_category: int | None = None
+    methods: str | None = None
+    max_new_tokens: int = 128
+    repeats: int = 3
+    warmup: int = 1
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"
+    threads: int | None = None
+    quick: bool = False
+    command: str = ""
+
+
+def quick_target(out: Path) -> LoadedModel:
+    """The tiny target of --quick, and its 2-layer draft saved under `out` for the draft
+    methods (they load models by path)."""
+    tokenizer = quick.tiny_tokenizer()
+    model = quick.tiny_llama(len(tokenizer))
+    draft_dir = out / QUICK_DRAFT
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        quick.tiny_llama(len(tokenizer), layers=2, seed=1).save_pretrained(draft_dir)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(draft_dir)
+    return LoadedModel(
+        name="quick: tiny random Llama (4 layers, hidden 64, byte-level vocabulary)",
+        lm=HFCausalLM(model),
+        model=model,
+        tokenizer=tokenizer,
+        eos_token_ids=(tokenizer.eos_token_id,),
+        dtype=torch.float32,
+        source=Path("(built in memory)"),
+    )
+
+
+def make_runner(method: Method, target: LoadedModel, first_prompt: Sequence[int]) -> Runner:
+    """The runner for `method` on `target`; `first_prompt` is the context an `auto` policy
+    profiles its costs after."""
+    eos = target.eos_token_id
+    if method.family == "verispec":
+        if method.proposer is None:
+            return VerispecRunner(target.lm, None, 0, eos)
+        proposer = parse_proposer(method.proposer, target)
+        k = str(method.k) if method.k is not None else method.policy
+        return VerispecRunner(target.lm, proposer, policy_from_spec(k, target.lm, proposer, first_prompt), eos)
+    if method.hf_mode == "generate":
+        return HFRunner(target.model, eos)
+    if method.hf_mode == "lookup":
+        return HFRunner(target.model, eos, {"prompt_lookup_num_tokens": method.k})
+    if method.hf_mode == "early-exit":
+        layers = target.model.config.num_hidden_layers
+        if not 1 <= int(method.hf_arg) < layers:
+            raise ValueError(f"{method.name}: the exit layer must lie in [1, {layers}) for this {layers}-layer model")
+        return HFRunner(target.model, eos, {"assistant_early_exit": int(method.hf_arg)}, method.k)
+    assistant = load_model(method.hf_arg, dtype=target.dtype)
+    if assistant.lm.vocab_size != target.lm.vocab_size:
+        raise ValueError(
+            f"{method.name}: the assistant's vocabulary ({assistant.lm.vocab_size}) differs from the target's "
+            f"({target.lm.vocab_size}); HF would switch to its different-tokenizer path, which is not comparable"
+        )
+    return HFRunner(target.model, eos, {"assistant_model": assistant.model}, method.k)
+
+
+def gather_workloads(settings: Settings) -> list[Workload]:
+    if settings.quick and not settings.prompts:
+        rows = quick.quick_workloads()
+    elif not settings.prompts:
+        raise ValueError("no prompts: give --prompts FILE.jsonl (Spec-Bench or HumanEval rows), or --quick")
+    else:
+        rows = [w for path in settings.prompts for w in read_workloads(path)]
+    return select(rows, settings.categories or None, settings.limit_per_category)
+
+
+def run(settings: Settings, console: Console | None = None) -> dict:
+    """Run the benchmark `settings` describes and write its outputs; the summary.
+
+    torch's thread count and transformers' log level are restored afterwards.
+    """
+    # The quick model's tensors are tiny: a second intra-op thread only adds synchronisation.
+    threads = settings.threads if settings.threads is not None else (1 if settings.quick else None)
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    before = torch.get_num_threads(), hf_logging.get_verbosity()
+    # HF's assisted generation calls its own `generate` with arguments it then warns about,
+    # once per round: the warnings would only break up the progress bar.
+    hf_logging.set_verbosity_error()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return measure(settings, console or Console(stderr=True))
+    finally:
+        torch.set_num_threads(before[0])
+        hf_logging.set_verbosity(before[1])
+
+
+def measure(settings: Settings, console: Console) -> dict:
+    protocol = Protocol(settings.max_new_tokens, settings.repeats, settings.warmup)
+    workloads = gather_workloads(settings)
+    out = settings.out
+    out.mkdir(parents=True, exist_ok=True)
+    methods = parse_methods(settings.methods or (quick_methods(out) if settings.quick else DEFAULT_METHODS))
+    with console.status("loading the model"):
+        target = quick_target(out) if settings.quick else load_model(settings.model, dtype=settings.dtype)
+    prompts = [(w, w.token_ids(target)) for w in workloads]
+    with console.status("building the methods (an auto k profiles its costs first)"):
+        runners = {m.name: make_runner(m, target, prompts[0][1]) for m in methods}
+    dtype = str(target.dtype).removeprefix("torch.")
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(), console=console, transient=True,
+    )
+    with progress:
+        task = progress.add_task("bench", total=run_count(protocol, len(runners), len(prompts)))
+        records = run_benchmark(
+            runners, prompts, protocol, target.lm.score, dtype,
+            lambda label: progress.update(task, advance=1, description=label[:60]),
+        )
+    header = {
+        **machine.describe(dtype),
+        "model": target.name,
+        "max_new_tokens": protocol.max_new_tokens,
+        "repeats": protocol.repeats,
+        "warmup": protocol.warmup,
+        "prompts": len(prompts),
+        "prompt_files": [str(p) for p in settings.prompts],
+        "eos_token_id": target.eos_token_id,
+        "command": settings.command,
+    }
+    summary = summarize(records, methods, header)
+    with (out / "runs.jsonl").open("w", encoding="utf-8") as lines:
+        for record in records:
+            lines.write(json.dumps(record) + "\n")
+    summary["plots"] = plots.draw(summary, records, methods, out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(render(summary, summary["plots"]), encoding="utf-8")
+    return summary

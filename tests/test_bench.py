@@ -1,0 +1,140 @@
+"""`verispec bench`: the --quick run end to end through the CLI, and bad input."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from verispec.bench.methods import PLAIN, parse_methods
+from verispec.bench.suite import quick_methods
+from verispec.cli import main
+
+RECORD_FIELDS = {
+    "method", "prompt_id", "category", "repeat", "order", "prompt_tokens", "new_tokens", "wall_seconds",
+    "tokens_per_second", "first_token_seconds", "decode_seconds", "decode_tokens_per_second", "rounds",
+    "tokens_per_round", "mean_tokens_per_round", "engine", "peak_rss_mb", "matches_plain", "mismatch", "tokens",
+}
+HEADER_FIELDS = {
+    "cpu", "native_bf16", "logical_cpus", "torch_threads", "torch", "transformers", "verispec", "dtype",
+    "model", "max_new_tokens", "repeats", "warmup", "prompts", "command",
+}
+GROUP_FIELDS = {
+    "prompts", "runs", "speedup_median", "speedup_q1", "speedup_q3", "tokens_per_second_median",
+    "tokens_per_round", "acceptance_rate", "wall_seconds_median", "first_token_seconds_median",
+    "decode_tokens_per_second_median", "matching_runs", "peak_rss_mb",
+}
+MAX_NEW = 12
+REPEATS = 2
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One --quick benchmark (every kind of method, tiny model), shared by the tests below."""
+    out = tmp_path_factory.mktemp("bench")
+    status = main(["bench", "--quick", "--max-new-tokens", str(MAX_NEW), "--repeats", str(REPEATS), "--out", str(out)])
+    assert status == 0
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    return out, records, summary
+
+
+def test_every_output_file_is_written(quick_run):
+    out, records, summary = quick_run
+    for name in ("runs.jsonl", "summary.json", "report.md", *summary["plots"]):
+        assert (out / name).is_file(), name
+    assert set(summary["plots"]) == {"speedup_by_category.png", "accepted_length.png", "speedup_vs_k.png"}
+    for plot in summary["plots"]:
+        assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (out / "report.md").read_text()
+    for method in summary["methods"]:
+        assert method in report
+    assert "| overall |" in report and "Greedy identity" in report
+
+
+def test_every_method_runs_every_prompt_each_repeat_in_rotated_order(quick_run):
+    out, records, summary = quick_run
+    names = [m.name for m in parse_methods(quick_methods(out))]
+    assert list(summary["methods"]) == names
+    per_slot = defaultdict(dict)
+    for r in records:
+        assert set(r) == RECORD_FIELDS
+        per_slot[r["prompt_id"], r["repeat"]][r["method"]] = r["order"]
+    assert len(per_slot) == summary["header"]["prompts"] * REPEATS
+    firsts = set()
+    for orders in per_slot.values():
+        assert set(orders) == set(names)
+        assert sorted(orders.values()) == list(range(len(names)))
+        firsts.add(min(orders, key=orders.get))
+    assert len(firsts) > 1, "the method that runs first must rotate"
+
+
+def test_records_are_consistent(quick_run):
+    _, records, _ = quick_run
+    for r in records:
+        assert 1 <= r["new_tokens"] == len(r["tokens"]) <= MAX_NEW
+        assert sum(r["tokens_per_round"]) == r["new_tokens"] and r["rounds"] == len(r["tokens_per_round"])
+        assert 0 < r["first_token_seconds"] <= r["wall_seconds"]
+        assert r["tokens_per_second"] == pytest.approx(r["new_tokens"] / r["wall_seconds"])
+        assert r["peak_rss_mb"] > 0
+        if r["method"].startswith("verispec-"):
+            engine = r["engine"]
+            assert engine["new_tokens"] == r["new_tokens"] and engine["rounds"] == r["rounds"]
+            assert [a + 1 for a in engine["accepted_per_round"][:-1]] == r["tokens_per_round"][:-1]
+        else:
+            assert r["engine"] is None
+
+
+def test_greedy_outputs_equal_plain_decoding(quick_run):
+    """The quick model's top-2 logits are >= 3e-3 apart on these prompts, far above float32
+    rounding, so every method, ours and HF's, must reproduce plain decoding exactly."""
+    _, records, summary = quick_run
+    assert summary["mismatches"] == []
+    plain = {(r["prompt_id"], r["repeat"]): r["tokens"] for r in records if r["method"] == PLAIN}
+    for r in records:
+        assert r["matches_plain"] and r["tokens"] == plain[r["prompt_id"], r["repeat"]]
+
+
+def test_summary_fields_and_baseline(quick_run):
+    _, records, summary = quick_run
+    assert HEADER_FIELDS <= set(summary["header"])
+    assert summary["header"]["max_new_tokens"] == MAX_NEW and summary["header"]["repeats"] == REPEATS
+    categories = sorted({r["category"] for r in records})
+    assert summary["categories"] == categories and "humaneval" in categories
+    for name, groups in summary["results"].items():
+        assert set(groups) == {*categories, "overall"}
+        for group in groups.values():
+            assert GROUP_FIELDS <= set(group)
+            assert group["speedup_q1"] <= group["speedup_median"] <= group["speedup_q3"]
+    plain = summary["results"][PLAIN]["overall"]
+    # each speedup is paired with plain's own run, so plain's is exactly 1
+    assert plain["speedup_median"] == plain["speedup_q1"] == plain["speedup_q3"] == 1.0
+    assert plain["tokens_per_round"] == 1.0 and summary["results"]["hf-generate"]["overall"]["tokens_per_round"] == 1.0
+    # the quick model mostly cycles, so drafts that continue the cycle are accepted
+    assert summary["results"]["verispec-lookup-k4"]["overall"]["tokens_per_round"] > 1.0
+    assert summary["results"]["verispec-layerskip:2-k3"]["overall"]["acceptance_rate"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--methods", "verispec-lookup-k0"], "k must be >= 1"),
+        (["--methods", "verispec-lookup-fast"], "not kN, auto or heuristic"),
+        (["--methods", "vllm"], "unknown method"),
+        (["--methods", "verispec-nonsense-k2"], "unknown proposer"),
+        (["--methods", "hf-early-exit:9"], "exit layer"),
+        (["--prompts", "/nonexistent/prompts.jsonl"], "does not exist"),
+        (["--categories", "poetry"], "no prompts in categories"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(tmp_path, capsys, argv, message):
+    assert main(["bench", "--quick", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_without_prompts_a_real_run_asks_for_them(tmp_path, capsys):
+    assert main(["bench", "--out", str(tmp_path)]) == 2
+    assert "--prompts" in capsys.readouterr().err

@@ -1,0 +1,149 @@
+"""The benchmark's parts without a model: method grammar, prompt files, rotation, the
+identity diagnosis and the summary arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from verispec.bench.identity import diagnose, first_mismatch
+from verispec.bench.methods import HF_LOOKUP_TOKENS, PLAIN, Method, parse_method, parse_methods
+from verispec.bench.protocol import rotated
+from verispec.bench.report import quartiles, summarize
+from verispec.bench.runners import emitted_per_round
+from verispec.bench.workloads import HUMANEVAL, Workload, parse_row, read_workloads, select
+
+
+def test_method_grammar():
+    assert parse_method("verispec-lookup-k4") == Method("verispec-lookup-k4", "verispec", "lookup", "k4", k=4)
+    assert parse_method("verispec-layerskip:8:4096-auto").proposer == "layerskip:8:4096"
+    draft = parse_method("verispec-draft:/models/small-llama-v2-heuristic")
+    assert (draft.proposer, draft.policy, draft.k) == ("draft:/models/small-llama-v2", "heuristic", None)
+    assert parse_method("hf-lookup").k == HF_LOOKUP_TOKENS
+    assert parse_method("hf-lookup-k3").k == 3
+    assert (parse_method("hf-early-exit:4").hf_arg, parse_method("hf-early-exit:4-k5").k) == ("4", 5)
+    assert parse_method("hf-assisted:/m/draft-k2") == Method("hf-assisted:/m/draft-k2", "hf", hf_mode="assisted",
+                                                              hf_arg="/m/draft", k=2)
+    assert not parse_method(PLAIN).speculative and not parse_method("hf-generate").speculative
+    assert parse_method("verispec-random-k1").speculative and parse_method("hf-lookup").speculative
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("verispec-lookup", "verispec-<proposer>-<kN|auto|heuristic>"),
+        ("verispec-lookup-k0", "k must be >= 1"),
+        ("verispec-lookup-4", "not kN, auto or heuristic"),
+        ("hf-lookup-4", "hf-lookup or hf-lookup-kN"),
+        ("hf-early-exit", "layer L >= 1"),
+        ("hf-early-exit:0", "layer L >= 1"),
+        ("hf-assistedx", "unknown method"),
+        ("medusa", "unknown method"),
+    ],
+)
+def test_bad_method_names(name, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("|", r"\|")):
+        parse_method(name)
+
+
+def test_method_list_puts_plain_first_and_resolves_a_bare_assistant():
+    methods = parse_methods("hf-assisted, verispec-draft:/d/x-k3 ,hf-generate")
+    assert [m.name for m in methods] == [PLAIN, "hf-assisted", "verispec-draft:/d/x-k3", "hf-generate"]
+    assert methods[1].hf_arg == "/d/x"
+    with pytest.raises(ValueError, match="needs a draft model"):
+        parse_methods("hf-assisted")
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_methods("hf-generate,hf-generate")
+    with pytest.raises(ValueError, match="no methods"):
+        parse_methods(" , ")
+
+
+def test_rotation_gives_every_method_every_position():
+    names = ["a", "b", "c"]
+    assert rotated(names, 1) == ["b", "c", "a"] and rotated(names, 4) == rotated(names, 1)
+    positions = {name: {rotated(names, s).index(name) for s in range(3)} for name in names}
+    assert all(p == {0, 1, 2} for p in positions.values())
+
+
+def test_prompt_rows(tmp_path):
+    spec = {"question_id": 7, "category": "qa", "turns": ["first?", "second?"]}
+    assert parse_row(spec, "x") == Workload("7", "qa", "first?", chat=True)
+    assert parse_row({"task_id": "HumanEval/3", "prompt": "def f():\n"}, "x") == Workload(
+        "HumanEval/3", HUMANEVAL, "def f():\n", chat=False
+    )
+    for bad, message in [({"turns": []}, "non-empty list"), ({"turns": ["q"]}, "needs 'question_id'"),
+                         ({"prompt": "p"}, "task_id"), ({"text": "t"}, "neither a Spec-Bench row")]:
+        with pytest.raises(ValueError, match=message):
+            parse_row(bad, "row")
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(spec) + "\n\n" + "{not json\n")
+    with pytest.raises(ValueError, match=r"p.jsonl:3: not valid JSON"):
+        read_workloads(path)
+    with pytest.raises(FileNotFoundError):
+        read_workloads(tmp_path / "absent.jsonl")
+
+
+def test_select_keeps_file_order_per_category():
+    rows = [Workload(str(i), c, "t", True) for i, c in enumerate(["a", "b", "a", "a", "b", "c"])]
+    assert [w.id for w in select(rows, None, 2)] == ["0", "1", "2", "4", "5"]
+    assert [w.id for w in select(rows, ["b", "c"], None)] == ["1", "4", "5"]
+    with pytest.raises(ValueError, match=r"no prompts in categories \['z'\]"):
+        select(rows, ["z"], None)
+    with pytest.raises(ValueError, match="limit-per-category"):
+        select(rows, None, 0)
+
+
+def test_emitted_per_round_cuts_only_the_last_round():
+    assert emitted_per_round([0, 3, 1], 7) == [1, 4, 2]
+    assert emitted_per_round([2, 3], 4) == [3, 1]  # EOS was the first token of the second round
+    assert emitted_per_round([], 0) == []
+
+
+def test_first_mismatch():
+    assert first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert first_mismatch([1, 2, 3], [1, 5, 3]) == 1
+    assert first_mismatch([1, 2, 3], [1, 2]) == 2
+
+
+def fake_score(last_row):
+    """A target whose full forward ends in `last_row` (logits[V]) whatever the ids."""
+    return lambda ids: torch.stack([torch.zeros_like(last_row)] * (len(ids) - 1) + [last_row])
+
+
+def test_diagnosis_tells_a_near_tie_from_a_wrong_token():
+    prompt, plain = [5, 6], [1, 2, 3]
+    assert diagnose(prompt, plain, plain, fake_score(torch.zeros(4)), "float32") is None
+    tie = diagnose(prompt, plain, [1, 2, 0], fake_score(torch.tensor([4.0, 0.0, 0.0, 4.001])), "float32")
+    assert tie["position"] == 2 and (tie["expected"], tie["got"]) == (3, 0)
+    assert tie["fresh_top2"] == [3, 0] and tie["top2_margin"] == pytest.approx(0.001, abs=1e-5)
+    assert tie["near_tie"] and tie["diagnosis"].startswith("near tie")
+    wrong = diagnose(prompt, plain, [1, 2, 0], fake_score(torch.tensor([1.0, 0.0, 2.0, 9.0])), "float32")
+    assert not wrong["near_tie"] and "not a near tie" in wrong["diagnosis"]
+    # the same margin is rounding in bfloat16
+    assert diagnose(prompt, plain, [1, 2, 0], fake_score(torch.tensor([4.0, 0.0, 0.0, 4.2])), "bfloat16")["near_tie"]
+
+
+def run_record(method, prompt, repeat, seconds, tokens=8, rounds=8, category="c"):
+    return {"method": method, "prompt_id": prompt, "category": category, "repeat": repeat, "new_tokens": tokens,
+            "wall_seconds": seconds, "tokens_per_second": tokens / seconds, "first_token_seconds": 0.1,
+            "decode_tokens_per_second": None, "rounds": rounds, "engine": None, "peak_rss_mb": 1.0,
+            "matches_plain": True, "mismatch": None}
+
+
+def test_speedup_is_paired_per_repeat_then_median_and_quartiles_across_prompts():
+    records = []
+    # plain: 1 s on every run; "fast": per prompt, repeats take (0.5, 0.25, 1.0) s, i.e.
+    # speedups 2, 4, 1 -> median 2 for prompt p0; prompt p1: 1 s -> 1; p2: 0.2 s -> 5.
+    for prompt, times in [("p0", (0.5, 0.25, 1.0)), ("p1", (1.0,) * 3), ("p2", (0.2,) * 3)]:
+        for repeat, seconds in enumerate(times):
+            records.append(run_record(PLAIN, prompt, repeat, 1.0))
+            records.append(run_record("fast", prompt, repeat, seconds, rounds=4))
+    methods = parse_methods(PLAIN) + [Method("fast", "verispec", "lookup", "k4", k=4)]
+    summary = summarize(records, methods, {"command": "x"})
+    fast = summary["results"]["fast"]["overall"]
+    assert (fast["speedup_q1"], fast["speedup_median"], fast["speedup_q3"]) == quartiles([2.0, 1.0, 5.0])
+    assert fast["speedup_median"] == 2.0 and fast["speedup_q1"] == 1.5 and fast["speedup_q3"] == 3.5
+    assert fast["tokens_per_round"] == 2.0 and fast["prompts"] == 3 and fast["runs"] == 9
+    assert summary["results"][PLAIN]["c"]["speedup_median"] == 1.0
