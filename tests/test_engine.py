@@ -104,7 +104,9 @@ def test_rejection_at_each_position(sampling, position):
     assert out.tokens == cycle_after(0, 8)
     # Round 1: the drafts before the mistake are accepted, the target's token repairs it.
     assert out.stats.drafted[0] == 3 and out.stats.accepted[0] == position
-    assert target.extended[0] == [0, *cycle_after(0, 3)[:position], (position + 3) % V, *cycle_after(0, 3)[position + 1:]]
+    drafted = cycle_after(0, 3)
+    drafted[position] = (position + 3) % V  # the mistake
+    assert target.extended[0] == [0, *drafted]
     assert proposer.committed[0] == [0, *cycle_after(0, position + 1)]
 
 
@@ -220,7 +222,8 @@ def assert_consistent(stats, tokens: list[int], eos: int | None) -> None:
     assert stats.survival() == survival
     assert stats.speculative_rounds == sum(d > 0 for d in stats.drafted)
     summary = stats.as_dict()
-    assert (summary["rounds"], summary["drafted"], summary["accepted"]) == (rounds, sum(stats.drafted), sum(stats.accepted))
+    assert (summary["rounds"], summary["drafted"], summary["accepted"]) == (
+        rounds, sum(stats.drafted), sum(stats.accepted))
     assert summary["new_tokens"] == len(tokens)
     assert math.isclose(stats.mean_accepted, len(tokens) / rounds) if rounds else stats.mean_accepted == 0
 
@@ -266,7 +269,8 @@ def test_greedy_speculation_equals_greedy_plain_decoding(seed):
 def test_stream_yields_what_generate_returns(seed):
     target = random_table(4, 2, seed=seed, eos_token_id=3)
     for proposer, k in proposers_and_ks(4, seed):
-        options = dict(max_new_tokens=20, k=k, seed=seed, eos_token_id=3, sampling=SamplingParams(temperature=0.9))
+        options = dict(max_new_tokens=20, k=k, seed=seed, eos_token_id=3,
+                       sampling=SamplingParams(temperature=0.9))
         decoding = stream(target, proposer, [0, 1, 2, 0], **options)
         streamed = list(decoding)
         assert streamed == decoding.tokens == generate(target, proposer, [0, 1, 2, 0], **options).tokens
@@ -274,7 +278,7 @@ def test_stream_yields_what_generate_returns(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_two_requests_in_a_row_equal_two_fresh_runs(seed):
-    options = dict(max_new_tokens=15, sampling=SamplingParams(temperature=1.2, top_k=3))
+    options = dict(max_new_tokens=15, eos_token_id=2, sampling=SamplingParams(temperature=1.2, top_k=3))
     requests = [([0, 1, 2, 0, 1], seed), ([3, 3, 2], seed + 1)]
 
     def make():
@@ -283,11 +287,11 @@ def test_two_requests_in_a_row_equal_two_fresh_runs(seed):
     target, shared = make()
     for index in range(len(shared)):
         proposer, k = shared[index]
-        reused = [generate(target, proposer, prompt, k=k, seed=s, eos_token_id=2, **options) for prompt, s in requests]
+        reused = [generate(target, proposer, prompt, k=k, seed=s, **options) for prompt, s in requests]
         for (prompt, s), again in zip(requests, reused):
             fresh_target, fresh = make()
             fresh_proposer, fresh_k = fresh[index]
-            first = generate(fresh_target, fresh_proposer, prompt, k=fresh_k, seed=s, eos_token_id=2, **options)
+            first = generate(fresh_target, fresh_proposer, prompt, k=fresh_k, seed=s, **options)
             assert (again.tokens, again.stats.drafted, again.stats.accepted) == (
                 first.tokens, first.stats.drafted, first.stats.accepted)
 
@@ -315,8 +319,12 @@ def test_output_distribution_is_the_targets(exact_joint, proposer, k, verifier, 
     """Every random branch of whole generations (3 new tokens, seed tables), weighed exactly."""
     target, draft = seed_pair()
     prompt = [0, 1, 0]
-    dist = distribution(lambda rng: tuple(generate(
-        target, proposer(draft), prompt, max_new_tokens=3, k=k, rng=rng, verifier=verifier, eos_token_id=eos).tokens))
+    options = dict(max_new_tokens=3, k=k, verifier=verifier, eos_token_id=eos)
+
+    def run_once(rng):
+        return tuple(generate(target, proposer(draft), prompt, rng=rng, **options).tokens)
+
+    dist = distribution(run_once)
     expected = exact_joint(target, prompt, 3, eos)
     assert set(dist) == set(expected)
     for tokens, prob in expected.items():

@@ -84,7 +84,8 @@ def first_two_tokens(verifier, seeds: range) -> dict[str, Counter]:
 
 def p_values(verifier, seeds: range) -> dict[str, float]:
     counts = first_two_tokens(verifier, seeds)
-    return {name: g_test_p_value(counts[name], probs, len(seeds)) for name, probs in exact_marginals().items()}
+    exact = exact_marginals()
+    return {name: g_test_p_value(counts[name], exact[name], len(seeds)) for name in exact}
 
 
 @pytest.mark.parametrize(("verifier", "first_seed"), [("block", 0), ("token", 10**6)])

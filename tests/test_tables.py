@@ -30,7 +30,7 @@ def test_seed_pair_is_the_lessons_bigram_pair():
     assert draft.distribution([2]) == draft.distribution([0])
     # A bigram reads only the last token; its logits are the rows' logarithms.
     assert target.distribution([2, 1, 0]) == target.distribution([0])
-    assert target.score([0, 2]).tolist() == [log_row(target.distribution([0])), log_row(target.distribution([2]))]
+    assert target.score([0, 2]).tolist() == [log_row(target.distribution([a])) for a in (0, 2)]
 
 
 def test_order_two_tables_are_keyed_on_the_last_two_tokens():
@@ -93,7 +93,9 @@ def check_cache(table: TableLM, seed: int) -> None:
         assert table.length == len(processed)
 
 
-@pytest.mark.parametrize("table", [seed_pair()[0], random_table(3, 2, seed=1), random_table(4, 2, seed=2, eos_token_id=0)])
+@pytest.mark.parametrize(
+    "table", [seed_pair()[0], random_table(3, 2, seed=1), random_table(4, 2, seed=2, eos_token_id=0)]
+)
 def test_extend_rollback_and_score_agree(table):
     for seed in range(5):
         check_cache(table, seed)

@@ -235,7 +235,9 @@ CASES = [(seed, vocab, k) for seed in range(6) for vocab, k in ((2, 3), (3, 2), 
 
 
 @pytest.mark.parametrize(("seed", "vocab", "k"), CASES)
-@pytest.mark.parametrize(("rule", "chosen"), [(token_level, False), (block, False), (point_mass, True), (block, True)])
+@pytest.mark.parametrize(
+    ("rule", "chosen"), [(token_level, False), (block, False), (point_mass, True), (block, True)]
+)
 def test_multi_position_output_is_distributed_as_the_target(exact_joint, rule, chosen, seed, vocab, k):
     target = random_table(vocab, 2, seed, zeros=seed % 2 == 0)
     drafter = random_table(vocab, 2, seed + 100, zeros=seed % 3 == 0)
@@ -276,19 +278,20 @@ def test_token_level_zero_residual_raises_naming_the_position():
         token_level(p, Draft((0, 0), q), NeverAccepts())
 
 
-def test_point_mass_zero_residual_raises_naming_the_position():
-    p = torch.stack([row(0, 1), row(1, 0), row(1, 0)])
-    with pytest.raises(ArithmeticError, match="position 1"):
-        point_mass(p, Draft((1, 0)), _AcceptFirstOnly())
-
-
-class _AcceptFirstOnly(NeverAccepts):
+class AcceptsOnce(NeverAccepts):
     def __init__(self) -> None:
         self.calls = 0
 
     def bernoulli(self, prob: float) -> bool:
         self.calls += 1
         return self.calls == 1
+
+
+def test_point_mass_zero_residual_raises_naming_the_position():
+    # x_2 = 0 has p = 1, so its rejection (forced) leaves p with x_2 removed: nothing.
+    p = torch.stack([row(0, 1), row(1, 0), row(1, 0)])
+    with pytest.raises(ArithmeticError, match="position 1"):
+        point_mass(p, Draft((1, 0)), AcceptsOnce())
 
 
 def test_block_zero_residual_raises_naming_the_position():
