@@ -197,6 +197,15 @@ def verifiers_for(entry: ProposerEntry, sampling: SamplingParams) -> tuple[str, 
     return ("token", "block") if entry.sampled else ("point-mass", "token", "block")
 
 
+def select_proposers(names: list[str]) -> list[ProposerEntry]:
+    """The entries of `PROPOSERS` with these names, in the order given."""
+    known = {entry.name: entry for entry in PROPOSERS}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"unknown proposer {unknown[0]!r}; choose from {', '.join(known)}")
+    return [known[name] for name in names]
+
+
 def default_configurations(
     proposers: list[ProposerEntry] | None = None, scenarios: list[Scenario] | None = None
 ) -> list[Configuration]:
