@@ -20,7 +20,7 @@ no exact answer is the engine's. So is a top-p cut through tied values, whose or
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from verispec.models.tables import Row, TableLM
@@ -71,20 +71,33 @@ def target_sequences(
 
     Example: a bigram whose rows are all (1/2, 1/2), two tokens: four outputs, 1/4 each.
     """
-    done: dict[tuple[int, ...], Fraction] = {}
-    pending: list[tuple[tuple[int, ...], Fraction]] = [((), Fraction(1))]
-    while pending:
-        emitted, mass = pending.pop()
-        if len(emitted) == max_new_tokens or (emitted and emitted[-1] == eos_token_id):
-            done[emitted] = done.get(emitted, Fraction(0)) + mass
-            continue
+
+    def next_row(emitted: tuple[int, ...]) -> Row:
         row = target.distribution([*prompt, *emitted])
         if sampling.greedy:
-            pending.append(((*emitted, greedy_token(row)), mass))
+            best = greedy_token(row)
+            return tuple(Fraction(int(i == best)) for i in range(len(row)))
+        return exact_probabilities(row, sampling)
+
+    return autoregressive({(): Fraction(1)}, next_row, max_new_tokens, eos_token_id)
+
+
+def autoregressive(
+    start: dict[tuple[int, ...], Fraction],
+    next_row: Callable[[tuple[int, ...]], Sequence[Fraction]],
+    length: int,
+    eos_token_id: int | None = None,
+) -> dict[tuple[int, ...], Fraction]:
+    """Each sequence of `start` (with its mass) extended by sampling `next_row(sequence)` until
+    it has `length` tokens or ends with EOS: the exact distribution of the results."""
+    done: dict[tuple[int, ...], Fraction] = {}
+    pending = list(start.items())
+    while pending:
+        seq, mass = pending.pop()
+        if len(seq) >= length or (seq and seq[-1] == eos_token_id):
+            done[seq] = done.get(seq, Fraction(0)) + mass
             continue
-        for token, p in enumerate(exact_probabilities(row, sampling)):
-            if p > 0:
-                pending.append(((*emitted, token), mass * p))
+        pending.extend(((*seq, y), mass * p) for y, p in enumerate(next_row(seq)) if p > 0)
     return done
 
 

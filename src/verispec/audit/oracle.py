@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from itertools import product
 
+from verispec.audit.exact_target import autoregressive
+
 Distribution = tuple[Fraction, ...]
 Rows = Callable[[tuple[int, ...]], Distribution]
 # A rule's verdicts for one draft: (n_accepted, next_token) -> probability.
@@ -132,23 +134,10 @@ def expected_accepted(outputs: dict[tuple[int, ...], Fraction]) -> Fraction:
     return sum((mass * (len(seq) - 1) for seq, mass in outputs.items()), Fraction(0))
 
 
-def continued(outputs: dict[tuple[int, ...], Fraction], p: Rows, length: int) -> dict[tuple[int, ...], Fraction]:
-    """Each output extended by sampling the target p until it has `length` tokens."""
-    done: dict[tuple[int, ...], Fraction] = {}
-    pending = list(outputs.items())
-    while pending:
-        seq, mass = pending.pop()
-        if len(seq) == length:
-            done[seq] = done.get(seq, Fraction(0)) + mass
-            continue
-        pending.extend(((*seq, y), mass * py) for y, py in enumerate(p(seq)) if py > 0)
-    return done
-
-
 def round_is_exact(p: Rows, q: Rows, k: int, verdicts: Verdicts) -> bool:
     """Whether one round of the rule, continued by the target, is distributed as the target."""
-    target = continued({(): Fraction(1)}, p, k + 1)
-    return continued(round_distribution(p, q, k, verdicts), p, k + 1) == target
+    target = autoregressive({(): Fraction(1)}, p, k + 1)
+    return autoregressive(round_distribution(p, q, k, verdicts), p, k + 1) == target
 
 
 def repair_by_resampling_p(p: Distribution, q: Distribution) -> Distribution:
