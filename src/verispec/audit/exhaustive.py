@@ -29,7 +29,8 @@ from verispec.audit.exact_target import target_sequences
 from verispec.engine import generate
 from verispec.models.base import CausalLM
 from verispec.models.tables import TableLM, random_table
-from verispec.policies import HeuristicK, KPolicy
+from verispec.cost import FixedCosts
+from verispec.policies import AutoK, HeuristicK, KPolicy
 from verispec.proposers import DraftModel, PromptLookup, RandomTokens, SuffixIndex
 from verispec.proposers.base import Proposer
 from verispec.sampling import GREEDY, SamplingParams
@@ -76,7 +77,9 @@ PROPOSERS: list[ProposerEntry] = [DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX_INDEX, RAND
 class Scenario:
     """A request on random rational tables (`random_table` with these seeds).
 
-    k: the constant speculation length, or the starting k of `HeuristicK` when heuristic_k.
+    k: the constant speculation length, or the starting k of `HeuristicK` when heuristic_k, or
+       the largest k of `AutoK` when auto_k (fixed costs: drafts at 0.15 of a step, flat v, a
+       probe after every plain round, so four tokens can visit speculating, plain and probing).
     zeros: whether table rows may hold exact zeros (zero support, and fewer branches).
     """
 
@@ -88,6 +91,7 @@ class Scenario:
     prompt: tuple[int, ...]
     eos_token_id: int | None = None
     heuristic_k: bool = False
+    auto_k: bool = False
     seed: int = 0
     zeros: bool = True
 
@@ -98,6 +102,8 @@ class Scenario:
 
     @property
     def k_label(self) -> str:
+        if self.auto_k:
+            return f"auto up to {self.k}"
         return f"heuristic from {self.k}" if self.heuristic_k else str(self.k)
 
     @property
@@ -119,6 +125,8 @@ class Scenario:
         return Tables(table(self.seed), table(self.seed + 1))
 
     def policy(self) -> int | KPolicy:
+        if self.auto_k:
+            return AutoK(FixedCosts(c=0.15, v=[1.0] * (self.k + 1)), margin=0.1, probe_every=1)
         return HeuristicK(self.k) if self.heuristic_k else self.k
 
 
@@ -144,6 +152,7 @@ SCENARIOS: list[Scenario] = [
     Scenario(4, 1, 2, 3, _sampled(0.5, min_p=0.3), (3, 1, 2, 3, 1), eos_token_id=0, seed=26),
     Scenario(4, 2, 1, 3, _sampled(top_k=3, top_p=0.8, min_p=0.15), (3, 1, 2, 3, 1), seed=18),
     Scenario(3, 2, 1, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, heuristic_k=True, seed=50),
+    Scenario(3, 2, 2, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, auto_k=True, seed=30),
 ]
 
 
