@@ -158,3 +158,23 @@ def test_real_forwards_on_a_tiny_llama():
     assert target.length == len(context) - 1
     policy = AutoK.measured(target, PromptLookup(), context, k_max=3)
     assert policy.k_max == 3
+
+
+@pytest.mark.slow
+def test_profile_command_on_the_default_model(tmp_path, capsys):
+    """`verispec profile` end to end, kept short; its JSON feeds `verispec cost --profile`."""
+    from verispec.cli import main
+
+    out, picture = tmp_path / "profile.json", tmp_path / "v.png"
+    args = ["profile", "--k-max", "2", "--repeats", "2", "--warmup", "1", "--context-tokens", "64",
+            "--survival-tokens", "8", "--out", str(out), "--plot", str(picture), "--json"]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    saved = Profile.load(out)
+    assert printed == saved.to_dict()
+    assert saved.v[0] == 1 and len(saved.v) == 3 and saved.context_tokens == 64
+    assert saved.target == "smollm2-135m-instruct" and saved.proposer == "lookup"
+    assert saved.survival is not None and 1 <= len(saved.survival) <= 2
+    assert picture.read_bytes()[:4] == b"\x89PNG"
+    assert main(["cost", "--profile", str(out)]) == 0
+    assert "best k" in capsys.readouterr().out

@@ -212,5 +212,8 @@ def machine_notes() -> dict[str, str]:
         "cpus": str(os.cpu_count()),
         "torch": torch.__version__,
         "torch_threads": str(torch.get_num_threads()),
+        # Other processes competing for the cores change every timing (a busy 2-core machine
+        # made one forward 40x slower with 2 torch threads); say how busy it was.
+        "load_average_1min": f"{os.getloadavg()[0]:.2f}",
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
     }

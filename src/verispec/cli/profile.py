@@ -1,0 +1,146 @@
+"""`verispec profile`: measure v(n) and c for a model and a proposer on this machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from verispec.cli import app
+from verispec.cost import optimal_k, speedup_by_k
+from verispec.engine import generate
+from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.profile import Profile, measure_profile
+from verispec.proposers.spec import parse_proposer
+from verispec.sampling import SamplingParams
+
+# A summarising request: the kind of prompt whose answer reuses its words, as many do.
+DEFAULT_PROMPT = (
+    "Summarise the following passage in three sentences.\n\n"
+    "The lighthouse at the harbour entrance was built in 1874 from granite quarried on the "
+    "island itself. Its first lamp burned colza oil and was turned by a clockwork mechanism "
+    "that the keeper wound every four hours through the night. In 1911 the oil lamp was "
+    "replaced by an incandescent paraffin burner, which tripled the range of the light, and "
+    "in 1952 the station was connected to the mainland electricity grid. The last keeper left "
+    "in 1989, when the light was automated and its monitoring moved to a control room on the "
+    "mainland. Today the lighthouse is a museum: visitors climb the 117 steps of the tower, "
+    "see the clockwork mechanism that once turned the lamp, and read the keepers' logbooks, "
+    "which record storms, shipwrecks and the daily routine of the station for more than a "
+    "century."
+)
+
+
+@app.command()
+def profile(
+    model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
+    proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N]")] = "lookup",
+    k_max: Annotated[int, typer.Option("--k-max", help="Measure v(n) for n = 1..k_max + 1.")] = 8,
+    repeats: Annotated[int, typer.Option(help="Timed repeats of every measurement.")] = 7,
+    warmup: Annotated[int, typer.Option(help="Untimed repeats first.")] = 2,
+    context_tokens: Annotated[
+        Optional[int], typer.Option("--context-tokens", help="Time at this context length (the prompt tiled or cut).")
+    ] = None,
+    prompt: Annotated[Optional[str], typer.Option(help="The context to time at [default: a built-in request].")] = None,
+    survival_tokens: Annotated[
+        int, typer.Option("--survival-tokens", help="Generate this many tokens at k = k_max to measure survival; 0: skip.")
+    ] = 64,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature of drafts and survival run; 0 is greedy.")] = 0.0,
+    dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of tables.")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Draw v(n) against n to this PNG.")] = None,
+) -> None:
+    """Measure the target's scoring cost v(n) and the proposer's draft cost c at the request's
+    context length: medians and spread over repeats, and the best k they predict."""
+    if context_tokens is not None and context_tokens < 2:
+        raise ValueError(f"--context-tokens must be >= 2, got {context_tokens}")
+    if survival_tokens < 0:
+        raise ValueError(f"--survival-tokens must be >= 0, got {survival_tokens}")
+    sampling = SamplingParams(temperature=temperature)
+    loaded = load_model(model, dtype=dtype)
+    prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
+    context = prompt_ids if context_tokens is None else tiled(prompt_ids, context_tokens)
+    drafter = parse_proposer(proposer, loaded)
+    measured = measure_profile(
+        loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling
+    )
+    measured.target, measured.proposer = loaded.name, proposer
+    measured.machine["dtype"] = str(loaded.dtype).removeprefix("torch.")
+    if survival_tokens:
+        run = generate(
+            loaded.lm, drafter, prompt_ids, max_new_tokens=survival_tokens, sampling=sampling,
+            eos_token_id=loaded.eos_token_id, k=k_max,
+        )
+        measured.survival = run.stats.survival() or None
+    if out is not None:
+        measured.save(out)
+    if plot is not None:
+        draw(plot, measured)
+    if as_json:
+        print(json.dumps(measured.to_dict()))
+    else:
+        show(measured)
+
+
+def tiled(ids: list[int], length: int) -> list[int]:
+    """`ids` repeated or cut to `length` tokens."""
+    return (ids * (length // len(ids) + 1))[:length]
+
+
+def show(profile: Profile) -> None:
+    console = Console()
+    ms = 1000.0
+    table = Table(title=f"{profile.target}: scoring n new tokens after {profile.context_tokens} ({profile.repeats} repeats)")
+    for column in ("n", "v(n)", "median ms", "IQR ms", "min-max ms"):
+        table.add_column(column, justify="right")
+    for n, (v, t) in enumerate(zip(profile.v, profile.score), start=1):
+        table.add_row(
+            str(n), f"{v:.3f}", f"{t.median * ms:.2f}", f"{t.q1 * ms:.2f}-{t.q3 * ms:.2f}",
+            f"{t.minimum * ms:.2f}-{t.maximum * ms:.2f}",
+        )
+    console.print(table)
+    d = profile.draft
+    console.print(
+        f"proposer {profile.proposer}: {d.median * ms:.3f} ms per drafted token (IQR {d.q1 * ms:.3f}-"
+        f"{d.q3 * ms:.3f}, min-max {d.minimum * ms:.3f}-{d.maximum * ms:.3f}), c = {profile.c:.4f}; "
+        f"it returned {profile.drafted:.1f} of {profile.k_max} tokens asked for"
+    )
+    if profile.survival:
+        ratios = speedup_by_k(profile.c, profile.v, profile.survival)
+        best = optimal_k(profile.c, profile.v, survival=profile.survival)
+        console.print("survival s_1.. = " + ", ".join(f"{s:.2f}" for s in profile.survival))
+        console.print(
+            f"best k = {best}, predicted speedup {ratios[best]:.2f}" if best
+            else "best k = 0: no k beats plain decoding here"
+        )
+    console.print(", ".join(f"{key} {value}" for key, value in profile.machine.items()), style="dim")
+
+
+def draw(path: Path, profile: Profile) -> None:
+    """v(n) with its interquartile range, against n."""
+    # Imported here: every command module loads with the CLI, and only --plot needs matplotlib.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    step = profile.step_seconds
+    ns = range(1, len(profile.v) + 1)
+    low = [v - t.q1 / step for v, t in zip(profile.v, profile.score)]
+    high = [t.q3 / step - v for v, t in zip(profile.v, profile.score)]
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.errorbar(ns, profile.v, yerr=[low, high], marker="o", capsize=3, label="measured v(n) (IQR)")
+    axes.plot(ns, list(ns), color="grey", linestyle=":", label="n separate steps")
+    axes.axhline(1.0, color="grey", linewidth=0.8)
+    axes.set_xlabel("n, tokens scored in one forward (k + 1)")
+    axes.set_ylabel("v(n): time / one plain step")
+    axes.set_title(f"{profile.target}, context {profile.context_tokens}, step {step * 1000:.1f} ms, c = {profile.c:.3f}")
+    axes.set_ylim(bottom=0)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
