@@ -212,8 +212,12 @@ class AutoK:
 
 
 def _growth(now: list[int], before: list[int], length: int) -> list[float]:
-    """How much each of the first `length` counters grew since `before`."""
-    return [float(now[i] - (before[i] if i < len(before) else 0)) if i < len(now) else 0.0 for i in range(length)]
+    """How much each of the first `length` counters grew since `before` (lists of counters
+    grow as deeper positions are reached; a missing counter is 0)."""
+    def at(counters: list[int], i: int) -> int:
+        return counters[i] if i < len(counters) else 0
+
+    return [float(at(now, i) - at(before, i)) for i in range(length)]
 
 
 def policy_from_spec(
