@@ -226,11 +226,10 @@ def default_configurations(
     ]
 
 
-def engine_sequences(config: Configuration) -> tuple[dict[tuple[int, ...], float], int, int]:
+def engine_sequences(config: Configuration, tables: Tables) -> tuple[dict[tuple[int, ...], float], int, int]:
     """The engine's output distribution summed over every random branch, the number of
     branches, and the drafted tokens summed over them."""
     s = config.scenario
-    tables = s.tables()
     target = config.target_model(tables.target)
     proposer = config.proposer.build(tables)
     policy = s.policy()
@@ -270,9 +269,10 @@ def audit_configuration(config: Configuration) -> Result:
     s = config.scenario
     labels = (config.proposer.name, config.rule, s)
     try:
-        exact = target_sequences(s.tables().target, s.prompt, sampling=s.sampling,
+        tables = s.tables()
+        exact = target_sequences(tables.target, s.prompt, sampling=s.sampling,
                                  max_new_tokens=s.max_new_tokens, eos_token_id=s.eos_token_id)
-        observed, paths, drafted = engine_sequences(config)
+        observed, paths, drafted = engine_sequences(config, tables)
     except Exception as error:  # the audit reports every failure instead of stopping at one
         return Result(*labels, 0, 0, 0, float("inf"), time.perf_counter() - start,
                       f"{type(error).__name__}: {error}")
