@@ -111,7 +111,8 @@ def test_draft_model_proposer_is_measured_between_commits():
 
 def test_profile_json_round_trip(tmp_path):
     clock = FakeClock()
-    profile = measure_profile(TimedTable(clock, 0.02, 0.002), PromptLookup(), [0, 1, 0], k_max=3, repeats=2, clock=clock)
+    target = TimedTable(clock, 0.02, 0.002)
+    profile = measure_profile(target, PromptLookup(), [0, 1, 0], k_max=3, repeats=2, clock=clock)
     profile.survival = [0.8, 0.5]
     profile.target = "table"
     path = tmp_path / "p.json"

@@ -35,7 +35,7 @@ def cost(
     profile: Path | None = typer.Option(
         None, help="A profile from `verispec profile --out`: its measured c, v(n) and, if any, survival."
     ),
-    k_max: int | None = typer.Option(None, help="Largest k to tabulate [default: the profile's, else 8]."),
+    k_max: int | None = typer.Option(None, help="Largest k to tabulate (default: the profile's, else 8)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     plot: Path | None = typer.Option(None, help="Draw the speedup against k for several alphas to this PNG."),
 ) -> None:
@@ -91,8 +91,9 @@ def _costs(
 
 def _print_one(k: int, expected: float, speedup: float, costs: FixedCosts, alpha: float | None, as_json: bool) -> None:
     if as_json:
-        record = {"k": k, "alpha": alpha, "c": costs.c, "v": costs.v[k], "expected_tokens": expected, "speedup": speedup}
-        print(json.dumps(record))
+        print(json.dumps(
+            {"k": k, "alpha": alpha, "c": costs.c, "v": costs.v[k], "expected_tokens": expected, "speedup": speedup}
+        ))
         return
     verdict = "faster" if speedup > 1 else "slower" if speedup < 1 else "no change"
     print(f"expected tokens per round E = {expected:.6g}")

@@ -44,14 +44,21 @@ def profile(
     context_tokens: Annotated[
         Optional[int], typer.Option("--context-tokens", help="Time at this context length (the prompt tiled or cut).")
     ] = None,
-    prompt: Annotated[Optional[str], typer.Option(help="The context to time at [default: a built-in request].")] = None,
+    prompt: Annotated[
+        Optional[str], typer.Option(help="The context to time at (default: a built-in summarising request).")
+    ] = None,
     survival_tokens: Annotated[
-        int, typer.Option("--survival-tokens", help="Generate this many tokens at k = k_max to measure survival; 0: skip.")
+        int,
+        typer.Option("--survival-tokens", help="Generate this many tokens at k = k_max to measure survival; 0: skip."),
     ] = 64,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature of drafts and survival run; 0 is greedy.")] = 0.0,
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature of drafts and survival run; 0 is greedy.")
+    ] = 0.0,
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16.")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of tables.")] = False,
-    out: Annotated[Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")] = None,
+    out: Annotated[
+        Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")
+    ] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Draw v(n) against n to this PNG.")] = None,
 ) -> None:
     """Measure the target's scoring cost v(n) and the proposer's draft cost c at the request's
@@ -94,7 +101,9 @@ def tiled(ids: list[int], length: int) -> list[int]:
 def show(profile: Profile) -> None:
     console = Console()
     ms = 1000.0
-    table = Table(title=f"{profile.target}: scoring n new tokens after {profile.context_tokens} ({profile.repeats} repeats)")
+    table = Table(
+        title=f"{profile.target}: scoring n new tokens after {profile.context_tokens} ({profile.repeats} repeats)"
+    )
     for column in ("n", "v(n)", "median ms", "IQR ms", "min-max ms"):
         table.add_column(column, justify="right")
     for n, (v, t) in enumerate(zip(profile.v, profile.score), start=1):
@@ -138,7 +147,9 @@ def draw(path: Path, profile: Profile) -> None:
     axes.axhline(1.0, color="grey", linewidth=0.8)
     axes.set_xlabel("n, tokens scored in one forward (k + 1)")
     axes.set_ylabel("v(n): time / one plain step")
-    axes.set_title(f"{profile.target}, context {profile.context_tokens}, step {step * 1000:.1f} ms, c = {profile.c:.3f}")
+    axes.set_title(
+        f"{profile.target}, context {profile.context_tokens}, step {step * 1000:.1f} ms, c = {profile.c:.3f}"
+    )
     axes.set_ylim(bottom=0)
     axes.legend(fontsize=8)
     figure.tight_layout()
