@@ -161,7 +161,8 @@ def render(summary: dict, plots: Sequence[str]) -> str:
         "",
         "First-token seconds: from the call to the first emitted token(s) (prefill and the first "
         "round). Decode tok/s: the tokens after those over the time after them. Draft / target / "
-        "overhead: the verispec engine's own split, summed over runs (HF does not expose it).",
+        "overhead: the verispec engine's own split, summed over runs (HF does not expose it). Peak "
+        "RSS: the whole process's peak so far (all methods share one process and one model).",
         "",
     ]
     lines += table(

@@ -152,12 +152,17 @@ class HFRunner:
         self.eos_token_id = eos_token_id
 
     def config(self, max_new_tokens: int) -> GenerationConfig:
-        # A fresh config: the model's own generation defaults (sampling knobs, min_length, a
-        # repetition penalty) must not differ between HF and verispec.
+        # HF fills every field left unset from the model's own generation config. The length
+        # and repetition processors, which could change a greedy token, get neutral values
+        # (at which HF builds no processor at all); any other such default would show up in
+        # the identity check.
         return GenerationConfig(
             max_new_tokens=max_new_tokens,
+            min_length=0,
             do_sample=False,
             num_beams=1,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
             eos_token_id=self.eos_token_id,
             pad_token_id=self.eos_token_id,
             **{k: v for k, v in self.options.items() if k != "assistant_model"},
