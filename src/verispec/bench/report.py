@@ -204,8 +204,10 @@ def render(summary: dict, plots: Sequence[str]) -> str:
         "warm-up, each prompt is run by every method in turn, the order rotated by one per prompt "
         "and per repeat. One clock measures every method the same way: wall time from the call to "
         "the return, and token arrivals (the verispec engine's iterator; an HF streamer). The HF "
-        "methods get a fresh greedy GenerationConfig with the same EOS id, pad = EOS and an "
-        "all-ones attention mask. Raw runs: runs.jsonl; numbers: summary.json.",
+        "methods get a greedy GenerationConfig with the same single EOS id as verispec, pad = EOS, "
+        "no length or repetition processors and an all-ones attention mask; otherwise HF's own "
+        "defaults (hf-lookup: 10 tokens, n-grams up to 2; hf-early-exit and hf-assisted without "
+        "-kN: HF's assistant schedule). Raw runs: runs.jsonl; numbers: summary.json.",
         "",
     ]
     return "\n".join(lines)

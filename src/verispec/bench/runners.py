@@ -51,15 +51,19 @@ class Outcome:
 
 @dataclass
 class Clock:
-    """Arrival times of emitted tokens: `emitted(n)` when n tokens came out together."""
+    """Arrival times of emitted tokens: `emitted(n)` when n tokens came out together, or just
+    `arrived()` when the round sizes are known otherwise."""
 
     start: float = field(default_factory=time.perf_counter)
     first_seconds: float | None = None
     per_round: list[int] = field(default_factory=list)
 
-    def emitted(self, n: int) -> None:
+    def arrived(self) -> None:
         if self.first_seconds is None:
             self.first_seconds = time.perf_counter() - self.start
+
+    def emitted(self, n: int) -> None:
+        self.arrived()
         self.per_round.append(n)
 
     def outcome(self, tokens: list[int], stats: Stats | None = None) -> Outcome:
@@ -95,9 +99,8 @@ class VerispecRunner:
             k=self.policy,
         )
         for _ in decoding:
-            if clock.first_seconds is None:
-                clock.emitted(0)
-        clock.per_round[:] = emitted_per_round(decoding.stats.accepted, len(decoding.tokens))
+            clock.arrived()
+        clock.per_round = emitted_per_round(decoding.stats.accepted, len(decoding.tokens))
         return clock.outcome(list(decoding.tokens), decoding.stats)
 
 
