@@ -101,6 +101,17 @@ def test_only_kept_rows_reach_the_output_head(target: HFCausalLM) -> None:
     assert target.length == 27
 
 
+def test_appending_and_rolling_back_never_copy_the_cache(target: HFCausalLM) -> None:
+    target.prefill(list(range(3, 13)))
+    layer = target.cache.layers[0]
+    buffer = layer._key_buffer.data_ptr()
+    target.extend([5, 6, 7])  # 13 positions fit the buffer sized at the prefill (20)
+    target.rollback(11)
+    target.extend([8])
+    assert layer._key_buffer.data_ptr() == buffer == layer.keys.data_ptr()
+    assert layer.keys.shape[-2] == target.length == 12
+
+
 def test_prefill_resets_and_rollback_to_zero_forgets_everything(target: HFCausalLM) -> None:
     target.prefill([4, 5, 6])
     target.prefill([7])
