@@ -141,3 +141,27 @@ def test_greedy_speculative_equals_greedy_plain(target, head_tokens):
     fast = generate(target, LayerSkip(target, 3, head_tokens), prompt, max_new_tokens=24, sampling=GREEDY, k=4)
     assert fast.tokens == plain.tokens
     assert sum(fast.stats.accepted) > 0
+
+
+@pytest.fixture
+def one_thread():
+    # On a busy 2-core machine two torch threads wait on each other (measured 5-15x slower).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_on_the_default_model_greedy_speculative_equals_greedy_plain(one_thread):
+    from verispec import load_model
+
+    loaded = load_model("smollm2-135m-instruct", dtype="float32")
+    prompt = loaded.encode("List three primary colours.")
+    proposer = LayerSkip(loaded.lm, 2, 8192, corpus=[prompt])
+    assert len(proposer.model.cache.layers) == 2 and proposer.head_tokens.numel() == 8192
+    options = dict(max_new_tokens=16, sampling=GREEDY, eos_token_id=loaded.eos_token_id)
+    plain = generate(loaded.lm, None, prompt, k=0, **options)
+    fast = generate(loaded.lm, proposer, prompt, k=3, **options)
+    assert fast.tokens == plain.tokens
+    assert sum(fast.stats.drafted) > 0

@@ -87,7 +87,9 @@ sequences = st.lists(st.integers(0, 3), min_size=1, max_size=40)
 @settings(max_examples=150, deadline=None)
 @given(
     corpus=st.lists(st.lists(st.integers(0, 3), max_size=15), max_size=3),
-    requests=st.lists(st.tuples(sequences, st.lists(st.integers(1, 5), max_size=8)), min_size=1, max_size=3),
+    requests=st.lists(
+        st.tuples(sequences, st.integers(1, 10), st.lists(st.integers(1, 5), max_size=8)), min_size=1, max_size=3
+    ),
     max_match=st.integers(1, 5),
     min_count=st.integers(1, 3),
     min_prob=st.sampled_from([0.0, 0.1, 0.3]),
@@ -96,9 +98,9 @@ sequences = st.lists(st.integers(0, 3), min_size=1, max_size=40)
 )
 def test_incremental_index_equals_brute_force(corpus, requests, max_match, min_count, min_prob, remember, k):
     index = SuffixIndex(corpus, max_match=max_match, min_count=min_count, min_prob=min_prob, remember_outputs=remember)
-    for sequence, chunks in requests:
+    for sequence, prompt_length, chunks in requests:
         # The prompt, then the rest committed in chunks as the engine would.
-        cuts = [1]
+        cuts = [min(prompt_length, len(sequence))]
         for size in chunks:
             cuts.append(min(len(sequence), cuts[-1] + size))
         cuts.append(len(sequence))
