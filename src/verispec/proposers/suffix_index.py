@@ -32,11 +32,14 @@ no randomness. `propose_stateless` recounts everything by brute force over the r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from verispec.proposers.base import EMPTY_DRAFT, Draft
+from verispec.proposers.base import Draft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
+
+# token -> (N(s, token), indexing position of its most recent occurrence after s)
+Counts = dict[int, tuple[int, int]]
 
 
 class _Node:
@@ -111,50 +114,53 @@ class SuffixIndex:
 
     def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         request, corpus = self._request_suffixes, self._corpus_suffixes
-        tokens: list[int] = []
-        path_prob = 1.0
-        while len(tokens) < k:
-            counts = self._continuations(request, corpus)
-            if not counts:
-                break
-            token, path_prob = self._accept(counts, path_prob)
-            if token is None:
-                break
-            tokens.append(token)
-            request = _advance(request, token, self._request_root, self.max_match)
-            corpus = _advance(corpus, token, self._corpus_root, self.max_match)
-        return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
+
+        def continuations(drafted: list[int]) -> Counts:
+            nonlocal request, corpus
+            if drafted:
+                request = _advance(request, drafted[-1], self._request_root, self.max_match)
+                corpus = _advance(corpus, drafted[-1], self._corpus_root, self.max_match)
+            return self._continuations(request, corpus)
+
+        return self._draft(k, continuations)
 
     def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         """The same draft by brute force: rescan every sequence for each drafted token."""
         texts = [*self.corpus, tuple(int(t) for t in context)]
-        seq = list(texts[-1])
-        tokens: list[int] = []
-        path_prob = 1.0
-        while len(tokens) < k:
-            counts: dict[int, tuple[int, int]] = {}
+
+        def continuations(drafted: list[int]) -> Counts:
+            seq = [*texts[-1], *drafted]
             for m in range(min(self.max_match, len(seq)), 0, -1):
+                counts: Counts = {}
                 pattern, stamp = seq[-m:], 0
                 for text in texts:
                     for t in range(len(text)):
                         if t >= m and list(text[t - m : t]) == pattern:
-                            count = counts.get(text[t], (0, 0))[0]
-                            counts[text[t]] = (count + 1, stamp)
+                            counts[text[t]] = (counts.get(text[t], (0, 0))[0] + 1, stamp)
                         stamp += 1
                 if counts:
-                    break
+                    return counts
+            return {}
+
+        return self._draft(k, continuations)
+
+    def _draft(self, k: int, continuations: Callable[[list[int]], Counts]) -> Draft:
+        """The greedy walk: `continuations(drafted)` counts what follows the longest matching
+        suffix of the context plus the tokens drafted so far."""
+        tokens: list[int] = []
+        path_prob = 1.0
+        while len(tokens) < k:
+            counts = continuations(tokens)
             if not counts:
                 break
             token, path_prob = self._accept(counts, path_prob)
             if token is None:
                 break
             tokens.append(token)
-            seq.append(token)
-        return Draft(tuple(tokens)) if tokens else EMPTY_DRAFT
+        return Draft(tuple(tokens))
 
-    def _accept(self, counts: dict[int, tuple[int, int]], path_prob: float) -> tuple[int | None, float]:
-        """The best continuation and the new path probability, or None when it is too rare.
-        counts: token -> (count, most recent stamp)."""
+    def _accept(self, counts: Counts, path_prob: float) -> tuple[int | None, float]:
+        """The best continuation and the new path probability, or None when it is too rare."""
         token = max(counts, key=lambda x: counts[x])
         count = counts[token][0]
         path_prob *= count / sum(c for c, _ in counts.values())
@@ -162,10 +168,10 @@ class SuffixIndex:
             return None, path_prob
         return token, path_prob
 
-    def _continuations(self, request: list[_Node], corpus: list[_Node]) -> dict[int, tuple[int, int]]:
+    def _continuations(self, request: list[_Node], corpus: list[_Node]) -> Counts:
         """token -> (N(s, token), stamp) for the longest suffix s with any continuation."""
         for m in range(min(self.max_match, max(len(request), len(corpus)) - 1), 0, -1):
-            counts: dict[int, tuple[int, int]] = {}
+            counts: Counts = {}
             for suffixes in (corpus, request):
                 if m < len(suffixes):
                     for token, child in suffixes[m].children.items():
