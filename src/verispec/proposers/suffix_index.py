@@ -22,8 +22,10 @@ by 8 once; the tie goes to 8 (more recent), path probability 1/2. Then 5 6 8 is 
 Index. A forward trie of n-grams up to depth max_match + 1 with an occurrence count and a
 recency stamp per node: the child x of the node for s counts N(s, x). Appending a token walks
 the max_match + 1 nodes for the suffixes ending before it, so `commit` costs O(max_match) per
-emitted token, never a rescan. The corpus trie persists across requests; the request trie is
-rebuilt by `begin`. Memory is O(max_match) nodes per indexed token: keep max_match modest for
+emitted token, never a rescan. A bounded trie rather than a suffix automaton: its counts stay
+exact online with one increment per node, where an automaton's occurrence counts (endpos sizes)
+would change along whole suffix-link chains; matches longer than max_match add little to a
+draft. The corpus trie persists across requests; the request trie is rebuilt by `begin`. Memory is O(max_match) nodes per indexed token: keep max_match modest for
 a large corpus.
 
 The drafts are chosen, not sampled (q = None): they are verified as point masses and consume
