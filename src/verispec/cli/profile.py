@@ -148,7 +148,7 @@ def draw(path: Path, profile: Profile) -> None:
     axes.set_xlabel("n, tokens scored in one forward (k + 1)")
     axes.set_ylabel("v(n): time / one plain step")
     axes.set_title(
-        f"{profile.target}, context {profile.context_tokens}, step {step * 1000:.1f} ms, c = {profile.c:.3f}"
+        f"{profile.target}, context {profile.context_tokens}, step {step * 1000:.1f} ms, c = {profile.c:.3g}"
     )
     axes.set_ylim(bottom=0)
     axes.legend(fontsize=8)
