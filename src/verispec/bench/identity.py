@@ -5,18 +5,22 @@ position. Two correct implementations can still part at a near tie: scoring 5 to
 forward and 1 token at a time round differently, and when the target's top two logits are
 closer than that rounding, either token is "the argmax". A mismatch is therefore reported with
 the target's top-2 logit margin at the first differing position, from a fresh full forward of
-the common prefix: a margin at rounding level is a near tie, a large one a real bug.
+the common prefix: a margin at rounding level is a near tie, a large one a real bug. Where the
+runs kept the logits they decided from (`passes`: the speculative round's scoring forward,
+plain decoding's single-step forward), their margins at that position are reported too, and a
+near tie must be one in every pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 # Logit differences that dtype rounding across forward shapes can produce (float32: ~1e-6
 # relative on logits of size ~10-30; bfloat16 keeps 8 bits of mantissa).
 NEAR_TIE = {"float32": 1e-2, "float64": 1e-6, "bfloat16": 0.5, "float16": 0.1}
+FRESH = "fresh full forward"
 
 
 def first_mismatch(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
@@ -33,40 +37,51 @@ def diagnose(
     tokens: Sequence[int],
     score: Callable[[list[int]], torch.Tensor],
     dtype: str,
+    passes: Mapping[str, torch.Tensor] | None = None,
 ) -> dict | None:
     """None when `tokens` equals `reference` (plain decoding's output); else what differs.
 
     score(ids) -> logits[len(ids), V]: the target's stateless full forward.
+    passes: name -> logits[n, V], the rows a run itself chose its new tokens from (row i: new
+    token i); a pass with no row at the mismatch is left out.
     """
     position = first_mismatch(reference, tokens)
     if position is None:
         return None
     expected = reference[position] if position < len(reference) else None
     got = tokens[position] if position < len(tokens) else None
-    logits = score([*prompt_ids, *reference[:position]])[-1].double()  # [V]
-    top = torch.topk(logits, 2)
-    top1, top2 = (int(i) for i in top.indices)
-    margin = float(top.values[0] - top.values[1])
+    rows = {FRESH: score([*prompt_ids, *reference[:position]])[-1]}  # name -> logits[V]
+    rows |= {name: logits[position] for name, logits in (passes or {}).items() if position < len(logits)}
+    margins = {name: top2(row) for name, row in rows.items()}
+    (top1, second), margin = margins[FRESH]
     tolerance = NEAR_TIE.get(dtype, NEAR_TIE["float32"])
-    near_tie = {expected, got} <= {top1, top2} and margin <= tolerance
+    near_tie = all({expected, got} <= set(pair) and gap <= tolerance for pair, gap in margins.values())
+    listed = ", ".join(f"{gap:.3g} ({name})" for name, (_, gap) in margins.items())
     if near_tie:
         diagnosis = (
-            f"near tie: the target's top-2 logits differ by {margin:.3g} <= {tolerance:g} ({dtype} "
+            f"near tie: the target's top-2 logits differ by {listed}, all <= {tolerance:g} ({dtype} "
             "rounding across forward shapes); both tokens are its argmax within rounding"
         )
     elif expected is None or got is None:
         diagnosis = f"lengths differ ({len(reference)} vs {len(tokens)}) with equal tokens up to there"
     else:
         diagnosis = (
-            f"not a near tie: fresh argmax {top1}, top-2 margin {margin:.3g} > {tolerance:g}; "
-            "the method did not emit the target's greedy token"
+            f"not a near tie: fresh argmax {top1}, top-2 margins {listed} against a tolerance of "
+            f"{tolerance:g}; the method did not emit the target's greedy token"
         )
     return {
         "position": position,
         "expected": expected,
         "got": got,
-        "fresh_top2": [top1, top2],
+        "fresh_top2": [top1, second],
         "top2_margin": margin,
+        "pass_margins": {name: gap for name, (_, gap) in margins.items()},
         "near_tie": near_tie,
         "diagnosis": diagnosis,
     }
+
+
+def top2(logits: torch.Tensor) -> tuple[tuple[int, int], float]:
+    """logits[V] -> ((argmax, runner-up), their logit difference)."""
+    top = torch.topk(logits.double(), 2)
+    return (int(top.indices[0]), int(top.indices[1])), float(top.values[0] - top.values[1])

@@ -1,0 +1,234 @@
+"""The greedy identity suite: on real prompts, every proposer at every k policy, and HF
+`generate`, reproduce verispec's plain greedy decoding token for token.
+
+For each prompt, verispec-plain is the reference; HF `generate(do_sample=False)` and each
+`<proposer> k=<k>` run are compared with it. Every run keeps the logits it chose each token
+from (`Recorder` for the engine, `output_logits` for HF), so a mismatch is diagnosed
+(`identity.diagnose`) with the target's top-2 margin in the very forwards that decided: the
+speculative round's scoring forward of k' + 1 tokens and plain decoding's one-token forward,
+beside a fresh full forward. Where two runs agree, their rows at the same position come from
+forwards of different shapes over the same prefix; the largest difference between them
+(`max_logit_gap`) is the rounding the dtype's near-tie tolerance has to cover, measured.
+
+    >>> loaded = load_model(dtype="float32")
+    >>> records = identity_suite(loaded, select(read_workloads(PATH), limit_per_category=2))
+    >>> identity_summary(records, "float32")["failures"]
+    []
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from verispec.bench.identity import NEAR_TIE, diagnose, first_mismatch
+from verispec.bench.methods import PLAIN
+from verispec.bench.runners import HFRunner
+from verispec.bench.workloads import Workload
+from verispec.engine import Decoding
+from verispec.models.base import CausalLM
+from verispec.models.load import DEFAULT_MODEL, LoadedModel
+from verispec.policies import KPolicy, policy_from_spec
+from verispec.proposers.base import Proposer
+from verispec.proposers.spec import parse_proposer
+from verispec.sampling import GREEDY
+
+HF_GENERATE = "hf-generate"
+PROPOSERS = ("lookup", "suffix", "layerskip:8", "random", f"draft:{DEFAULT_MODEL}")
+KS = ("4", "auto")
+
+
+@dataclass
+class Run:
+    """One greedy request's output and what it was decided from.
+
+    rows: logits[n, V] float32, row i the logits new token i was chosen from. widths[i]: how
+    many tokens the forward that computed row i processed. tokens_per_round: new tokens per
+    target forward after the prompt's (None for HF).
+    """
+
+    tokens: list[int]
+    rows: torch.Tensor
+    widths: list[int]
+    tokens_per_round: float | None = None
+
+
+class Recorder:
+    """A `CausalLM` that passes every call to `lm` and keeps, for each prefix length, the
+    logits row of the last forward that computed it with that forward's width.
+
+    A speculative round's rows past the first rejection are rolled back and computed again
+    by the next round, so the row kept for every emitted token is the one it was chosen from.
+    """
+
+    def __init__(self, lm: CausalLM) -> None:
+        self.lm = lm
+        self.vocab_size = lm.vocab_size
+        self.rows: dict[int, tuple[torch.Tensor, int]] = {}  # prefix length -> (logits[V], width)
+
+    @property
+    def length(self) -> int:
+        return self.lm.length
+
+    def reset(self) -> None:
+        self.lm.reset()
+        self.rows.clear()
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        self.lm.prefill(ids)
+        self.rows.clear()
+
+    def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        before = self.lm.length
+        logits = self.lm.extend(tokens, keep)  # [keep or n, V]
+        first = before + len(tokens) - len(logits) + 1  # the prefix length of row 0
+        for i, row in enumerate(logits):
+            self.rows[first + i] = (row, len(tokens))
+        return logits
+
+    def rollback(self, length: int) -> None:
+        self.lm.rollback(length)
+
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        return self.lm.score(ids)
+
+    def run(self, prompt_ids: Sequence[int], tokens: list[int], tokens_per_round: float | None) -> Run:
+        kept = [self.rows[len(prompt_ids) + i] for i in range(len(tokens))]
+        rows = torch.stack([row for row, _ in kept]) if kept else torch.empty(0, self.vocab_size)
+        return Run(tokens, rows, [width for _, width in kept], tokens_per_round)
+
+
+def verispec_run(
+    loaded: LoadedModel, proposer: Proposer | None, policy: int | KPolicy, prompt_ids: Sequence[int], max_new_tokens: int
+) -> Run:
+    """The verispec engine at temperature 0; plain decoding with proposer None and policy 0."""
+    recorder = Recorder(loaded.lm)
+    decoding = Decoding(
+        recorder, proposer, prompt_ids, max_new_tokens=max_new_tokens, sampling=GREEDY,
+        eos_token_id=loaded.eos_token_id, k=policy,
+    )
+    for _ in decoding:
+        pass
+    return recorder.run(prompt_ids, list(decoding.tokens), decoding.stats.mean_accepted)
+
+
+def hf_run(loaded: LoadedModel, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
+    """HF `generate(do_sample=False)` with the benchmark's neutral generation config and its
+    raw per-step logits."""
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, T]
+    config = HFRunner(loaded.model, loaded.eos_token_id).config(max_new_tokens)
+    config.output_logits = config.return_dict_in_generate = True
+    with torch.inference_mode():
+        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    tokens = [int(t) for t in out.sequences[0, ids.shape[1] :]]
+    rows = torch.cat(out.logits).float()  # [n, V]
+    # The first token comes from the prompt's forward, every later one from a one-token forward.
+    return Run(tokens, rows, [len(prompt_ids)] + [1] * (len(tokens) - 1))
+
+
+def method_name(proposer: str, k: str) -> str:
+    return f"{proposer} k={k}"
+
+
+def identity_suite(
+    loaded: LoadedModel,
+    workloads: Sequence[Workload],
+    proposers: Sequence[str] = PROPOSERS,
+    ks: Sequence[str] = KS,
+    max_new_tokens: int = 64,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[dict]:
+    """One record per prompt and method (HF generate and every proposer at every k), each
+    compared with verispec-plain on that prompt.
+
+    ks: k policy specs ("4", "auto", "heuristic"); `auto` profiles each proposer once, after
+    the first prompt. progress(line) is called after each prompt.
+    """
+    if not workloads:
+        raise ValueError("no prompts to check; check --prompts and --per-category")
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    prompts = [(workload, workload.token_ids(loaded)) for workload in workloads]
+    methods: dict[str, tuple[Proposer, KPolicy]] = {}
+    for spec in proposers:
+        proposer = parse_proposer(spec, loaded)
+        for k in ks:
+            policy = policy_from_spec(k, loaded.lm, proposer, prompts[0][1], GREEDY)
+            methods[method_name(spec, k)] = (proposer, policy)
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    records = []
+    for workload, ids in prompts:
+        plain = verispec_run(loaded, None, 0, ids, max_new_tokens)
+        runs = {HF_GENERATE: hf_run(loaded, ids, max_new_tokens)}
+        for name, (proposer, policy) in methods.items():
+            runs[name] = verispec_run(loaded, proposer, policy, ids, max_new_tokens)
+        done = [compare(loaded, workload, ids, plain, name, run, dtype) for name, run in runs.items()]
+        records.extend(done)
+        same = sum(r["identical"] for r in done)
+        progress(f"{workload.category}/{workload.id}: {same} of {len(done)} identical to {PLAIN}")
+    return records
+
+
+def compare(loaded: LoadedModel, workload: Workload, ids: list[int], plain: Run, method: str, run: Run, dtype: str) -> dict:
+    """One record: `run` against plain decoding's `plain` on the same prompt."""
+    position = first_mismatch(plain.tokens, run.tokens)
+    agree = min(len(plain.tokens), len(run.tokens)) if position is None else position
+    gap = float((run.rows[:agree] - plain.rows[:agree]).abs().max()) if agree else 0.0
+    passes = {PLAIN: plain.rows, method: run.rows}
+    mismatch = diagnose(ids, plain.tokens, run.tokens, loaded.lm.score, dtype, passes)
+    if mismatch is not None:
+        mismatch["forward_tokens"] = {
+            name: widths[position] for name, widths in ((PLAIN, plain.widths), (method, run.widths)) if position < len(widths)
+        }
+    return {
+        "prompt_id": workload.id,
+        "category": workload.category,
+        "method": method,
+        "new_tokens": len(run.tokens),
+        "tokens_per_round": run.tokens_per_round,
+        "identical": mismatch is None,
+        "max_logit_gap": gap,
+        "mismatch": mismatch,
+    }
+
+
+def identity_summary(records: Sequence[dict], dtype: str) -> dict:
+    """Counts, every mismatch, and the failures: mismatches that are not diagnosed near ties."""
+    mismatches = [r for r in records if r["mismatch"] is not None]
+    return {
+        "runs": len(records),
+        "identical": len(records) - len(mismatches),
+        "near_ties": [r for r in mismatches if r["mismatch"]["near_tie"]],
+        "failures": [r for r in mismatches if not r["mismatch"]["near_tie"]],
+        "max_logit_gap": max((r["max_logit_gap"] for r in records), default=0.0),
+        "tolerance": NEAR_TIE.get(dtype, NEAR_TIE["float32"]),
+    }
+
+
+def identity_table(records: Sequence[dict]) -> str:
+    """Prompts down, methods across; a cell is `=` and the tokens per round (identical), or
+    `tie@i` / `FAIL@i` at the first differing new token i."""
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    prompts = list(dict.fromkeys((r["category"], r["prompt_id"]) for r in records))
+    cells = {(r["category"], r["prompt_id"], r["method"]): cell(r) for r in records}
+    headers = ["prompt", *(short(m) for m in methods)]
+    rows = [[f"{c}/{p}", *(cells.get((c, p, m), "") for m in methods)] for c, p in prompts]
+    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
+    lines = ["  ".join(text.ljust(width) if i == 0 else text.rjust(width) for i, (text, width) in enumerate(zip(row, widths)))
+             for row in [headers, *rows]]
+    return "\n".join(lines)
+
+
+def cell(record: dict) -> str:
+    mismatch = record["mismatch"]
+    if mismatch is None:
+        per_round = record["tokens_per_round"]
+        return "=" if per_round is None else f"= {per_round:.2f}"
+    return f"{'tie' if mismatch['near_tie'] else 'FAIL'}@{mismatch['position']}"
+
+
+def short(method: str) -> str:
+    """A column header: a draft model's path is left out (`draft k=4`)."""
+    return f"draft {method.rpartition(' ')[2]}" if method.startswith("draft:") else method
