@@ -43,7 +43,8 @@ def main() -> int:
 
     start = time.perf_counter()
     loaded = load_model(args.model, dtype=args.dtype)
-    proposers = args.proposers.split(",") if args.proposers else [p.replace(DEFAULT_MODEL, args.model) for p in PROPOSERS]
+    default = [p.replace(DEFAULT_MODEL, args.model) for p in PROPOSERS]  # the draft is the target's own model
+    proposers = args.proposers.split(",") if args.proposers else default
     ks = args.ks.split(",")
     workloads = select(read_workloads(args.prompts), limit_per_category=args.per_category)
     print(f"{args.model} ({args.dtype}), {len(workloads)} prompts, {args.max_new_tokens} new tokens, "

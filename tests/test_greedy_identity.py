@@ -42,7 +42,10 @@ def test_a_mismatch_is_a_near_tie_only_in_every_pass():
     prompt, plain, got = [5, 6], [1, 2, 3], [1, 2, 0]
     tie_row = torch.tensor([4.0, 0.0, 0.0, 4.001])  # tokens 3 and 0 within 1e-3
     wide_row = torch.tensor([4.0, 0.0, 0.0, 6.0])
-    rows = lambda last: torch.stack([torch.zeros(4), torch.zeros(4), last])  # noqa: E731  logits[3, V]
+
+    def rows(last):
+        """A run's logits[3, V] whose row at the mismatch (new token 2) is `last`."""
+        return torch.stack([torch.zeros(4), torch.zeros(4), last])
 
     def score(ids):
         return torch.stack([torch.zeros(4)] * (len(ids) - 1) + [tie_row])
@@ -88,7 +91,8 @@ def test_every_proposer_and_k_reproduces_plain_decoding_on_a_tiny_model(tiny):
     assert summary["failures"] == summary["near_ties"] == []
     assert 0 <= summary["max_logit_gap"] < 1e-4 < summary["tolerance"]
     table = identity_table(records).splitlines()
-    columns = [f"{short} k={k}" for short in ("lookup", "suffix", "layerskip:2", "random", "draft") for k in ("4", "auto")]
+    shorts = ("lookup", "suffix", "layerskip:2", "random", "draft")
+    columns = [f"{short} k={k}" for short in shorts for k in ("4", "auto")]
     assert table[0].split() == ["prompt", HF_GENERATE, *" ".join(columns).split()]
     assert len(table) == 4 and table[1].startswith("summarization/1") and "FAIL" not in "\n".join(table)
 

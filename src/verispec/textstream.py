@@ -20,10 +20,16 @@ class TextStream:
         """Add one token; return the text it completes (possibly empty)."""
         self.ids.append(token)
         text = self.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""
-        new, self._released = text[self._released :], len(text)
-        return new
+        return "" if text.endswith("\ufffd") else self._release(text)
+
+    def flush(self) -> str:
+        """The text not released yet: at the end of an output, a character its last tokens
+        left unfinished (decoded as U+FFFD), so the stream adds up to `text()`."""
+        return self._release(self.decode(self.ids))
 
     def text(self) -> str:
         return self.decode(self.ids)
+
+    def _release(self, text: str) -> str:
+        new, self._released = text[self._released :], len(text)
+        return new

@@ -101,7 +101,11 @@ class Recorder:
 
 
 def verispec_run(
-    loaded: LoadedModel, proposer: Proposer | None, policy: int | KPolicy, prompt_ids: Sequence[int], max_new_tokens: int
+    loaded: LoadedModel,
+    proposer: Proposer | None,
+    policy: int | KPolicy,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
 ) -> Run:
     """The verispec engine at temperature 0; plain decoding with proposer None and policy 0."""
     recorder = Recorder(loaded.lm)
@@ -171,7 +175,9 @@ def identity_suite(
     return records
 
 
-def compare(loaded: LoadedModel, workload: Workload, ids: list[int], plain: Run, method: str, run: Run, dtype: str) -> dict:
+def compare(
+    loaded: LoadedModel, workload: Workload, ids: list[int], plain: Run, method: str, run: Run, dtype: str
+) -> dict:
     """One record: `run` against plain decoding's `plain` on the same prompt."""
     position = first_mismatch(plain.tokens, run.tokens)
     agree = min(len(plain.tokens), len(run.tokens)) if position is None else position
@@ -179,9 +185,8 @@ def compare(loaded: LoadedModel, workload: Workload, ids: list[int], plain: Run,
     passes = {PLAIN: plain.rows, method: run.rows}
     mismatch = diagnose(ids, plain.tokens, run.tokens, loaded.lm.score, dtype, passes)
     if mismatch is not None:
-        mismatch["forward_tokens"] = {
-            name: widths[position] for name, widths in ((PLAIN, plain.widths), (method, run.widths)) if position < len(widths)
-        }
+        pairs = ((PLAIN, plain.widths), (method, run.widths))
+        mismatch["forward_tokens"] = {name: widths[position] for name, widths in pairs if position < len(widths)}
     return {
         "prompt_id": workload.id,
         "category": workload.category,
@@ -216,9 +221,10 @@ def identity_table(records: Sequence[dict]) -> str:
     headers = ["prompt", *(short(m) for m in methods)]
     rows = [[f"{c}/{p}", *(cells.get((c, p, m), "") for m in methods)] for c, p in prompts]
     widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
-    lines = ["  ".join(text.ljust(width) if i == 0 else text.rjust(width) for i, (text, width) in enumerate(zip(row, widths)))
-             for row in [headers, *rows]]
-    return "\n".join(lines)
+    return "\n".join(
+        "  ".join(t.ljust(w) if i == 0 else t.rjust(w) for i, (t, w) in enumerate(zip(row, widths)))
+        for row in [headers, *rows]
+    )
 
 
 def cell(record: dict) -> str:

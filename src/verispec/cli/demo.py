@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from verispec.cli import app
-from verispec.cli.generate import timed_run, warm_up
+from verispec.cli.generate import check_k, timed_run, warm_up
 from verispec.engine import Decoding
 from verispec.models.load import DEFAULT_MODEL, load_model
 from verispec.policies import policy_from_spec
@@ -41,6 +41,7 @@ def demo(
     dtype: str = "auto",
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
+    check_k(k)
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
     loaded = load_model(model, dtype=dtype)

