@@ -21,6 +21,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+DEFAULT_METHODS = "verispec-plain,verispec-lookup-k4,verispec-lookup-auto,hf-generate,hf-lookup"
+
 PLAIN = "verispec-plain"
 HF_LOOKUP_TOKENS = 10  # HF's documented prompt_lookup_num_tokens example value
 POLICIES = ("auto", "heuristic")

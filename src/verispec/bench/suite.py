@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers.utils import logging as hf_logging
 
 from verispec.bench import machine, plots, quick
-from verispec.bench.methods import Method, parse_methods
+from verispec.bench.methods import DEFAULT_METHODS, Method, parse_methods
 from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
 from verispec.bench.runners import HFRunner, Runner, VerispecRunner
@@ -30,7 +30,6 @@ from verispec.models.load import DEFAULT_MODEL, LoadedModel, load_model
 from verispec.policies import policy_from_spec
 from verispec.proposers.spec import parse_proposer
 
-DEFAULT_METHODS = "verispec-plain,verispec-lookup-k4,verispec-lookup-auto,hf-generate,hf-lookup"
 QUICK_DRAFT = "quick-draft"
 
 

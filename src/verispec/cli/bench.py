@@ -5,13 +5,16 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from verispec.bench.suite import DEFAULT_METHODS, Settings, run
+from verispec.bench.methods import DEFAULT_METHODS
 from verispec.cli import app
-from verispec.models.load import DEFAULT_MODEL
+from verispec.models import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from verispec.bench.suite import Settings
 
 
 @app.command()
@@ -55,6 +58,8 @@ def bench(
     Every method runs on the same model object, dtype and thread count, interleaved per prompt
     with the order rotated; outputs are checked token for token against verispec-plain.
     """
+    from verispec.bench.suite import Settings, run  # transformers: imported when needed
+
     settings = Settings(
         out=out,
         prompts=prompts or [],

@@ -12,9 +12,8 @@ from rich.table import Table
 from verispec.cli import app
 from verispec.cli.generate import check_k, timed_run, warm_up
 from verispec.engine import Decoding
-from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.models import DEFAULT_MODEL
 from verispec.policies import policy_from_spec
-from verispec.proposers.spec import parse_proposer
 from verispec.sampling import SamplingParams
 
 ARTICLE = (
@@ -44,6 +43,9 @@ def demo(
     check_k(k)
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
+    from verispec.models.load import load_model  # transformers: imported when needed
+    from verispec.proposers.spec import parse_proposer
+
     loaded = load_model(model, dtype=dtype)
     greedy = SamplingParams(temperature=0)
     table = Table(title=f"{loaded.name} ({str(loaded.dtype).removeprefix('torch.')}), greedy, {max_new_tokens} new tokens")

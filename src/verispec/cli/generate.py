@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from verispec.cli import app
 from verispec.engine import Decoding
-from verispec.models.load import DEFAULT_MODEL, LoadedModel, load_model
+from verispec.models import DEFAULT_MODEL
 from verispec.policies import policy_from_spec
-from verispec.proposers.spec import parse_proposer
 from verispec.sampling import SamplingParams
 from verispec.textstream import TextStream
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
 
 
 @app.command()
@@ -43,6 +45,9 @@ def generate(
     check_k(k)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    from verispec.models.load import load_model  # transformers: imported when needed
+    from verispec.proposers.spec import parse_proposer
+
     loaded = load_model(model, dtype=dtype)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
     check_context(loaded, len(prompt_ids), max_new_tokens)

@@ -13,9 +13,8 @@ from rich.table import Table
 from verispec.cli import app
 from verispec.cost import optimal_k, speedup_by_k
 from verispec.engine import generate
-from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.models import DEFAULT_MODEL
 from verispec.profile import Profile, measure_profile
-from verispec.proposers.spec import parse_proposer
 from verispec.sampling import SamplingParams
 
 # A summarising request: the kind of prompt whose answer reuses its words, as many do.
@@ -68,6 +67,9 @@ def profile(
     if survival_tokens < 0:
         raise ValueError(f"--survival-tokens must be >= 0, got {survival_tokens}")
     sampling = SamplingParams(temperature=temperature)
+    from verispec.models.load import load_model  # transformers: imported when needed
+    from verispec.proposers.spec import parse_proposer
+
     loaded = load_model(model, dtype=dtype)
     prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
     context = prompt_ids if context_tokens is None else tiled(prompt_ids, context_tokens)

@@ -3,7 +3,9 @@
 from verispec.models.base import CausalLM
 from verispec.models.tables import TableLM, bigram, random_table, seed_pair
 
-__all__ = ["CausalLM", "HFCausalLM", "LoadedModel", "TableLM", "bigram", "load_model", "random_table", "seed_pair"]
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+__all__ = ["DEFAULT_MODEL", "CausalLM", "HFCausalLM", "LoadedModel", "TableLM", "bigram", "load_model", "random_table", "seed_pair"]
 
 # Loaded on first use: they import transformers, which takes seconds.
 _LAZY = {"HFCausalLM": "verispec.models.hf", "LoadedModel": "verispec.models.load", "load_model": "verispec.models.load"}

@@ -40,9 +40,9 @@ import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from verispec.models import DEFAULT_MODEL  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 @dataclass(frozen=True)
