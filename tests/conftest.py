@@ -10,25 +10,17 @@ from fractions import Fraction
 import pytest
 import torch
 
+from verispec.audit.exact_target import target_sequences
 from verispec.models.tables import TableLM
+from verispec.sampling import SamplingParams
 
 
 def target_joint(
     target: TableLM, prompt: Sequence[int], n: int, eos_token_id: int | None = None
 ) -> dict[tuple[int, ...], Fraction]:
-    """The exact probability of every output of plain sampling from `target`: n tokens, or
-    fewer when one of them is EOS (the output ends there)."""
-    joint: dict[tuple[int, ...], Fraction] = {}
-    stack = [((), Fraction(1))]
-    while stack:
-        tokens, prob = stack.pop()
-        if len(tokens) == n or (tokens and tokens[-1] == eos_token_id):
-            joint[tokens] = prob
-            continue
-        for token, p in enumerate(target.distribution([*prompt, *tokens])):
-            if p:
-                stack.append(((*tokens, token), prob * p))
-    return joint
+    """The exact probability of every output of plain sampling from `target` at temperature 1:
+    n tokens, or fewer when one of them is EOS (the output ends there)."""
+    return target_sequences(target, prompt, sampling=SamplingParams(), max_new_tokens=n, eos_token_id=eos_token_id)
 
 
 @pytest.fixture
