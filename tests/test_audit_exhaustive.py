@@ -128,14 +128,14 @@ def test_max_abs_difference_counts_missing_sequences():
 def test_scenarios_cover_the_required_ranges():
     sampled = [s for s in SCENARIOS if not s.sampling.greedy]
     assert {s.vocab for s in SCENARIOS} >= {2, 3, 4} and max(s.vocab for s in SCENARIOS) <= 4
-    assert {s.k for s in SCENARIOS if not s.heuristic_k} >= {1, 2, 3}
+    assert {s.k for s in SCENARIOS if s.k_policy == "constant"} >= {1, 2, 3}
     assert max(s.max_new_tokens for s in SCENARIOS) <= 4 and {3, 4} <= {s.max_new_tokens for s in SCENARIOS}
     assert {s.order for s in SCENARIOS} == {1, 2}
     for group in (sampled, [s for s in SCENARIOS if s.sampling.greedy]):
         assert {s.eos_token_id is None for s in group} == {True, False}
     assert {s.sampling.temperature for s in sampled} >= {1.0, 0.5}
     assert all(any(getattr(s.sampling, f) is not None for s in sampled) for f in ("top_k", "top_p", "min_p"))
-    assert any(s.heuristic_k for s in sampled) and any(s.heuristic_k for s in SCENARIOS if s.sampling.greedy)
+    assert any(s.k_policy == "heuristic" for s in sampled) and any(s.k_policy == "heuristic" for s in SCENARIOS if s.sampling.greedy)
     assert any(s.k >= s.max_new_tokens for s in SCENARIOS)  # k larger than the remaining budget
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Literal
 
 import torch
 
@@ -77,8 +78,9 @@ PROPOSERS: list[ProposerEntry] = [DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX_INDEX, RAND
 class Scenario:
     """A request on random rational tables (`random_table` with these seeds).
 
-    k: the constant speculation length, or the starting k of `HeuristicK` when heuristic_k, or
-       the largest k of `AutoK` when auto_k (fixed costs: drafts at 0.15 of a step, flat v, a
+    k_policy: "constant", "heuristic" or "auto".
+    k: the constant speculation length, the starting k of `HeuristicK` (heuristic), or the
+       largest k of `AutoK` (auto; fixed costs: drafts at 0.15 of a step, flat v, a
        probe after every plain round, so four tokens can visit speculating, plain and probing).
     zeros: whether table rows may hold exact zeros (zero support, and fewer branches).
     """
@@ -90,8 +92,7 @@ class Scenario:
     sampling: SamplingParams
     prompt: tuple[int, ...]
     eos_token_id: int | None = None
-    heuristic_k: bool = False
-    auto_k: bool = False
+    k_policy: Literal["constant", "heuristic", "auto"] = "constant"
     seed: int = 0
     zeros: bool = True
 
@@ -102,9 +103,8 @@ class Scenario:
 
     @property
     def k_label(self) -> str:
-        if self.auto_k:
-            return f"auto up to {self.k}"
-        return f"heuristic from {self.k}" if self.heuristic_k else str(self.k)
+        labels = {"constant": str(self.k), "heuristic": f"heuristic from {self.k}", "auto": f"auto up to {self.k}"}
+        return labels[self.k_policy]
 
     @property
     def sampling_label(self) -> str:
@@ -125,9 +125,9 @@ class Scenario:
         return Tables(table(self.seed), table(self.seed + 1))
 
     def policy(self) -> int | KPolicy:
-        if self.auto_k:
+        if self.k_policy == "auto":
             return AutoK(FixedCosts(c=0.15, v=[1.0] * (self.k + 1)), margin=0.1, probe_every=1)
-        return HeuristicK(self.k) if self.heuristic_k else self.k
+        return HeuristicK(self.k) if self.k_policy == "heuristic" else self.k
 
 
 def _sampled(temperature: float = 1.0, **filters) -> SamplingParams:
@@ -139,7 +139,7 @@ def _sampled(temperature: float = 1.0, **filters) -> SamplingParams:
 SCENARIOS: list[Scenario] = [
     Scenario(3, 2, 3, 4, GREEDY, (1, 2, 0, 1, 2)),
     Scenario(4, 1, 2, 4, GREEDY, (3, 1, 2, 3, 1), eos_token_id=0, seed=3),
-    Scenario(3, 2, 1, 4, GREEDY, (1, 2, 1, 2), eos_token_id=0, heuristic_k=True, seed=5),
+    Scenario(3, 2, 1, 4, GREEDY, (1, 2, 1, 2), eos_token_id=0, k_policy="heuristic", seed=5),
     Scenario(3, 2, 3, 4, _sampled(), (1, 2, 0, 1, 2), seed=22),
     Scenario(3, 2, 2, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, seed=26),
     Scenario(4, 1, 1, 3, _sampled(), (3, 1, 2, 3, 1), eos_token_id=0, seed=46, zeros=False),
@@ -151,8 +151,8 @@ SCENARIOS: list[Scenario] = [
     Scenario(3, 2, 2, 4, _sampled(top_p=0.7), (1, 2, 0, 1, 2), seed=10),
     Scenario(4, 1, 2, 3, _sampled(0.5, min_p=0.3), (3, 1, 2, 3, 1), eos_token_id=0, seed=26),
     Scenario(4, 2, 1, 3, _sampled(top_k=3, top_p=0.8, min_p=0.15), (3, 1, 2, 3, 1), seed=18),
-    Scenario(3, 2, 1, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, heuristic_k=True, seed=50),
-    Scenario(3, 2, 2, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, auto_k=True, seed=30),
+    Scenario(3, 2, 1, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, k_policy="heuristic", seed=50),
+    Scenario(3, 2, 2, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, k_policy="auto", seed=30),
 ]
 
 
