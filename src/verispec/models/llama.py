@@ -1,0 +1,246 @@
+"""`LlamaRuntime`: a lean Llama forward behind the `CausalLM` protocol.
+
+A forward of M new tokens on top of `start` cached positions, per layer:
+
+    h = rms_norm(x)                      x[M, H] the residual stream, in the model's dtype
+    q, k, v = qkv(h)                     one fused projection -> [M, Hq + 2 Hkv, D]
+    q, k = rope(q, k)                    both at once, from precomputed tables
+    K, V = cache.write(k, v)             in place at start..start+M-1; views [Hkv, start+M, D]
+    x = x + o(attention(q, K, V))        causal among the M rows; grouped-query heads
+    x = x + down(silu(gate) * up)        gate and up from one fused projection
+
+then only the last `keep` rows go through the final norm and the output head. That is about
+a dozen kernels a layer where transformers' eager Llama launches ~33 (separate q/k/v and
+gate/up, rotate_half by slicing and concatenation, masks and caches rebuilt every forward).
+
+Projections are modules from `verispec.models.linear.projection`, chosen by weight format,
+so quantized layouts drop in without touching this file. The runtime is built from a
+transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file): its
+weights are fused here and the transformers model's q/k/v and gate/up weights become views
+of the fused ones, so both share memory and either can run (HF generate in the benchmark).
+
+Features: `extend_features` also returns, for the kept rows, the residual stream after chosen
+layers (layer index i is the output of decoder layer i; index `layers` - 1 is the final
+hidden state, the input of the final norm), at no extra forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from verispec.models.base import check_extend, check_token_ids
+from verispec.models.kv_cache import KVCache
+from verispec.models.linear import projection
+from verispec.models.rope import RopeTables, rope_parameters
+
+
+@dataclass
+class LlamaLayer:
+    attn_norm: torch.Tensor  # [H]
+    qkv: nn.Module  # [M, H] -> [M, (Hq + 2 Hkv) D]
+    o: nn.Module  # [M, Hq D] -> [M, H]
+    mlp_norm: torch.Tensor  # [H]
+    gate_up: nn.Module  # [M, H] -> [M, 2 I]
+    down: nn.Module  # [M, I] -> [M, H]
+
+
+@dataclass
+class LlamaShape:
+    layers: int
+    hidden: int
+    heads: int  # query heads
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab_size: int
+    eps: float
+
+
+class LlamaRuntime:
+    """A Llama-architecture model with a preallocated, position-indexed KV cache.
+
+    >>> lm = LlamaRuntime.from_hf(model)   # model: a transformers LlamaForCausalLM
+    >>> lm.prefill(prompt[:-1])
+    >>> logits = lm.extend([prompt[-1], *drafted], keep=None)   # float32 [1 + k, V]
+    >>> lm.rollback(lm.length - 2)          # moves the cache's position; copies nothing
+    """
+
+    def __init__(
+        self,
+        shape: LlamaShape,
+        embed: torch.Tensor,
+        layers: list[LlamaLayer],
+        norm: torch.Tensor,
+        head: nn.Module,
+        rope: RopeTables,
+    ) -> None:
+        self.shape = shape
+        self.vocab_size = shape.vocab_size
+        self.embed = embed  # [V, H]
+        self.layers = layers
+        self.norm = norm  # [H]
+        self.head = head  # [M, H] -> [M, V]
+        self.rope = rope
+        self.dtype = embed.dtype
+        self.cache = self.new_cache()
+
+    @classmethod
+    def from_hf(cls, model: nn.Module, weight_format: str = "dense") -> LlamaRuntime:
+        """Build from a transformers `LlamaForCausalLM`, sharing its weights (see module doc)."""
+        config = model.config
+        if getattr(config, "model_type", None) != "llama":
+            raise ValueError(
+                f"the fast runtime runs Llama-architecture models; this is {getattr(config, 'model_type', '?')!r}, "
+                "so load it with runtime='hf'"
+            )
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"the fast runtime's MLP is SiLU-gated; this model uses {config.hidden_act!r}; use runtime='hf'")
+        inv_freq, scaling = rope_parameters(config)
+        base = model.model
+        attention = base.layers[0].self_attn
+        shape = LlamaShape(
+            layers=len(base.layers),
+            hidden=config.hidden_size,
+            heads=config.num_attention_heads,
+            kv_heads=config.num_key_value_heads,
+            head_dim=attention.head_dim,
+            intermediate=config.intermediate_size,
+            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+            eps=float(config.rms_norm_eps),
+        )
+        layers = []
+        with torch.no_grad():
+            for layer in base.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                layers.append(
+                    LlamaLayer(
+                        attn_norm=layer.input_layernorm.weight.detach(),
+                        qkv=_fused(weight_format, attn.q_proj, attn.k_proj, attn.v_proj),
+                        o=_fused(weight_format, attn.o_proj),
+                        mlp_norm=layer.post_attention_layernorm.weight.detach(),
+                        gate_up=_fused(weight_format, mlp.gate_proj, mlp.up_proj),
+                        down=_fused(weight_format, mlp.down_proj),
+                    )
+                )
+            embed = base.embed_tokens.weight.detach()
+            head = _fused(weight_format, model.get_output_embeddings())
+        model.eval()
+        rope = RopeTables(inv_freq, scaling, embed.dtype)
+        return cls(shape, embed, layers, base.norm.weight.detach(), head, rope)
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        s = self.shape
+        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity)
+
+    # --- CausalLM -------------------------------------------------------------------------
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def reset(self) -> None:
+        self.cache.length = 0
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int]) -> None:
+        self.reset()
+        if len(ids):
+            check_token_ids(ids, self.vocab_size)
+            self._forward(self.cache, ids, keep=0)
+
+    @torch.inference_mode()
+    def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        check_extend(tokens, keep, self.vocab_size)
+        return self._forward(self.cache, tokens, keep or len(tokens))[0]
+
+    @torch.inference_mode()
+    def extend_features(
+        self, tokens: Sequence[int], keep: int | None, layers: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`extend`, and the residual stream after each decoder layer in `layers` for the kept
+        rows: (logits[keep, V] float32, features[keep, len(layers), H] in the model's dtype)."""
+        check_extend(tokens, keep, self.vocab_size)
+        bad = [i for i in layers if not 0 <= i < self.shape.layers]
+        if bad or not layers:
+            raise ValueError(f"feature layers must be decoder layers 0..{self.shape.layers - 1}, got {list(layers)}")
+        return self._forward(self.cache, tokens, keep or len(tokens), tuple(layers))
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.cache.length:
+            raise ValueError(f"cannot roll back to {length}; {self.cache.length} tokens processed")
+        self.cache.length = length
+
+    @torch.inference_mode()
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        if not len(ids):
+            raise ValueError("score needs at least one token")
+        check_token_ids(ids, self.vocab_size)
+        return self._forward(self.new_cache(len(ids)), ids, keep=len(ids))[0]
+
+    # --- the forward ----------------------------------------------------------------------
+
+    def _forward(
+        self, cache: KVCache, tokens: Sequence[int], keep: int, feature_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Run `tokens` after `cache.length` cached positions and advance the cache; logits
+        of the last `keep` rows (float32 [keep, V]; None when keep = 0) and their features."""
+        s = self.shape
+        m, start = len(tokens), cache.length
+        end = start + m
+        cache.ensure(end)
+        self.rope.ensure(end)
+        ids = torch.tensor(tokens, dtype=torch.long)  # [M]
+        x = nn.functional.embedding(ids, self.embed)  # [M, H]
+        # Row i sees positions 0..start+i; a single row sees everything, so needs no mask.
+        mask = None if m == 1 else torch.arange(end) <= torch.arange(start, end)[:, None]  # [M, end] bool
+        captured = []
+        q_end, k_end = s.heads, s.heads + s.kv_heads
+        for index, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, s.eps)
+            qkv = layer.qkv(h).view(m, k_end + s.kv_heads, s.head_dim)  # [M, Hq + 2 Hkv, D]
+            qk = self.rope.rotate(qkv[:, :k_end], start)  # [M, Hq + Hkv, D]
+            keys, values = cache.write(index, start, qk[:, q_end:], qkv[:, k_end:])  # [Hkv, end, D]
+            q = qk[:, :q_end].transpose(0, 1)  # [Hq, M, D]
+            attended = nn.functional.scaled_dot_product_attention(
+                q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True
+            )  # [1, Hq, M, D]
+            x = x + layer.o(attended[0].transpose(0, 1).reshape(m, s.heads * s.head_dim))
+            gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [M, 2 I]
+            x = x + layer.down(nn.functional.silu(gate_up[:, : s.intermediate]) * gate_up[:, s.intermediate :])
+            if index in feature_layers:
+                captured.append(x[m - keep :])
+        cache.length = end
+        features = torch.stack([captured[feature_layers.index(i)] for i in feature_layers], 1) if feature_layers else None
+        if keep == 0:
+            return None, features
+        logits = self.head(rms_norm(x[m - keep :], self.norm, s.eps))  # [keep, V]
+        return logits.float(), features
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x[M, H] -> weight * x / sqrt(mean(x^2) + eps), computed in float32 as transformers'
+    LlamaRMSNorm does, then cast back to x's dtype before the weight."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def _fused(weight_format: str, *linears: nn.Linear) -> nn.Module:
+    """One projection computing every linear's output side by side; each linear's weight
+    becomes a view of the fused weight, so the transformers model shares its memory."""
+    weights = [linear.weight.detach() for linear in linears]
+    biases = [linear.bias for linear in linears]
+    fused = torch.cat(weights) if len(weights) > 1 else weights[0].contiguous()  # [sum out, in]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+    if len(linears) > 1 or not weights[0].is_contiguous():
+        row = 0
+        for linear, weight in zip(linears, weights):
+            linear.weight = nn.Parameter(fused[row : row + weight.shape[0]], requires_grad=False)
+            row += weight.shape[0]
+    return projection(fused, bias, weight_format)
