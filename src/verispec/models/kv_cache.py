@@ -1,9 +1,13 @@
 """`KVCache`: keys and values of every layer in preallocated buffers, written by position.
 
-One buffer per layer, [2, kv_heads, capacity, head_dim] (keys then values): a forward writes
-its new positions in place and attention reads the views [kv_heads, :length, head_dim].
+Per layer, keys [kv_heads, capacity, head_dim] and values [kv_heads, capacity, head_dim + extra]:
+a forward writes its new positions in place and attention reads views of the first `end`.
 Rolling back only moves `length`; nothing is copied or freed. The capacity doubles when a
 forward would pass it (one copy of the used prefix, amortised O(1) per token).
+
+`value_ones`: each value row carries a constant 1 after its head_dim entries, so that one
+product of attention weights with the values also yields the weights' sum (the softmax
+denominator) with the same reduction (see `InvariantAttention`).
 
 Buffers start zeroed: positions past `length` hold finite values (zeros or the keys of
 rolled-back tokens), never uninitialised memory that could be NaN.
@@ -15,34 +19,36 @@ import torch
 
 
 class KVCache:
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = 256) -> None:
-        self.shape = (2, kv_heads, capacity, head_dim)
-        self.dtype = dtype
-        self.buffers = [torch.zeros(self.shape, dtype=dtype) for _ in range(layers)]
+    def __init__(
+        self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = 256, value_ones: bool = False
+    ) -> None:
+        self.kv_heads, self.head_dim, self.dtype = kv_heads, head_dim, dtype
+        self.value_width = head_dim + int(value_ones)
+        self.capacity = capacity
+        self.keys = [self._zeros(head_dim) for _ in range(layers)]
+        self.values = [self._zeros(self.value_width) for _ in range(layers)]
         self.length = 0
 
-    @property
-    def capacity(self) -> int:
-        return self.shape[2]
+    def _zeros(self, width: int) -> torch.Tensor:
+        buffer = torch.zeros(self.kv_heads, self.capacity, width, dtype=self.dtype)
+        buffer[..., self.head_dim :] = 1
+        return buffer
 
     def ensure(self, length: int) -> None:
         """Make room for `length` positions, keeping the first `self.length`."""
         if length <= self.capacity:
             return
-        capacity = max(length, 2 * self.capacity)
-        self.shape = (*self.shape[:2], capacity, self.shape[3])
-        grown = []
-        for buffer in self.buffers:
-            new = torch.zeros(self.shape, dtype=self.dtype)
-            new[:, :, : self.length] = buffer[:, :, : self.length]
-            grown.append(new)
-        self.buffers = grown
+        self.capacity = max(length, 2 * self.capacity)
+        for buffers, width in ((self.keys, self.head_dim), (self.values, self.value_width)):
+            for layer, old in enumerate(buffers):
+                buffers[layer] = self._zeros(width)
+                buffers[layer][:, : self.length] = old[:, : self.length]
 
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store keys, values [M, kv_heads, D] at positions start..start+M-1 of `layer`;
-        returns that layer's keys and values [kv_heads, start+M, D] (views)."""
+        returns that layer's keys [kv_heads, start+M, D] and values [kv_heads, start+M,
+        D (+1 with value_ones)] (views)."""
         end = start + keys.shape[0]
-        buffer = self.buffers[layer]
-        buffer[0, :, start:end] = keys.transpose(0, 1)
-        buffer[1, :, start:end] = values.transpose(0, 1)
-        return buffer[0, :, :end], buffer[1, :, :end]
+        self.keys[layer][:, start:end] = keys.transpose(0, 1)
+        self.values[layer][:, start:end, : self.head_dim] = values.transpose(0, 1)
+        return self.keys[layer][:, :end], self.values[layer][:, :end]

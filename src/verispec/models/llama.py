@@ -15,9 +15,9 @@ gate/up, rotate_half by slicing and concatenation, masks and caches rebuilt ever
 
 Projections are modules from `verispec.models.linear.projection`, chosen by weight format,
 so quantized layouts drop in without touching this file. The runtime is built from a
-transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file): its
-weights are fused here and the transformers model's q/k/v and gate/up weights become views
-of the fused ones, so both share memory and either can run (HF generate in the benchmark).
+transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file), whose
+weights are fused and packed here; the transformers model is left as it was, so both can run
+(HF generate in the benchmark), at the cost of a second copy of the weights.
 
 Features: `extend_features` also returns, for the kept rows, the residual stream after chosen
 layers (layer index i is the output of decoder layer i; index `layers` - 1 is the final
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from verispec.models.attention import InvariantAttention, SdpaAttention
 from verispec.models.base import check_extend, check_token_ids
 from verispec.models.kv_cache import KVCache
 from verispec.models.linear import projection
@@ -77,6 +78,7 @@ class LlamaRuntime:
         norm: torch.Tensor,
         head: nn.Module,
         rope: RopeTables,
+        deterministic: bool = False,
     ) -> None:
         self.shape = shape
         self.vocab_size = shape.vocab_size
@@ -85,12 +87,15 @@ class LlamaRuntime:
         self.norm = norm  # [H]
         self.head = head  # [M, H] -> [M, V]
         self.rope = rope
+        self.deterministic = deterministic
+        kind = InvariantAttention if deterministic else SdpaAttention
+        self.attention = kind(shape.heads, shape.kv_heads, shape.head_dim)
         self.dtype = embed.dtype
         self.cache = self.new_cache()
 
     @classmethod
-    def from_hf(cls, model: nn.Module, weight_format: str = "dense") -> LlamaRuntime:
-        """Build from a transformers `LlamaForCausalLM`, sharing its weights (see module doc)."""
+    def from_hf(cls, model: nn.Module, weight_format: str = "float", deterministic: bool = False) -> LlamaRuntime:
+        """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc)."""
         config = model.config
         if getattr(config, "model_type", None) != "llama":
             raise ValueError(
@@ -130,11 +135,11 @@ class LlamaRuntime:
             head = _fused(weight_format, model.get_output_embeddings())
         model.eval()
         rope = RopeTables(inv_freq, scaling, embed.dtype)
-        return cls(shape, embed, layers, base.norm.weight.detach(), head, rope)
+        return cls(shape, embed, layers, base.norm.weight.detach(), head, rope, deterministic)
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         s = self.shape
-        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity)
+        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity, self.attention.value_ones)
 
     # --- CausalLM -------------------------------------------------------------------------
 
@@ -196,7 +201,7 @@ class LlamaRuntime:
         ids = torch.tensor(tokens, dtype=torch.long)  # [M]
         x = nn.functional.embedding(ids, self.embed)  # [M, H]
         # Row i sees positions 0..start+i; a single row sees everything, so needs no mask.
-        mask = None if m == 1 else torch.arange(end) <= torch.arange(start, end)[:, None]  # [M, end] bool
+        mask = self.attention.mask(start, m, self.dtype)
         captured = []
         q_end, k_end = s.heads, s.heads + s.kv_heads
         for index, layer in enumerate(self.layers):
@@ -204,11 +209,8 @@ class LlamaRuntime:
             qkv = layer.qkv(h).view(m, k_end + s.kv_heads, s.head_dim)  # [M, Hq + 2 Hkv, D]
             qk = self.rope.rotate(qkv[:, :k_end], start)  # [M, Hq + Hkv, D]
             keys, values = cache.write(index, start, qk[:, q_end:], qkv[:, k_end:])  # [Hkv, end, D]
-            q = qk[:, :q_end].transpose(0, 1)  # [Hq, M, D]
-            attended = nn.functional.scaled_dot_product_attention(
-                q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True
-            )  # [1, Hq, M, D]
-            x = x + layer.o(attended[0].transpose(0, 1).reshape(m, s.heads * s.head_dim))
+            attended = self.attention(qk[:, :q_end].transpose(0, 1), keys, values, mask)  # [M, Hq D]
+            x = x + layer.o(attended)
             gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [M, 2 I]
             x = x + layer.down(nn.functional.silu(gate_up[:, : s.intermediate]) * gate_up[:, s.intermediate :])
             if index in feature_layers:
@@ -222,25 +224,15 @@ class LlamaRuntime:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x[M, H] -> weight * x / sqrt(mean(x^2) + eps), computed in float32 as transformers'
-    LlamaRMSNorm does, then cast back to x's dtype before the weight."""
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.to(x.dtype)
+    """x[M, H] -> weight * x / sqrt(mean(x^2) + eps), the statistics in float32."""
+    return nn.functional.rms_norm(x, weight.shape, weight, eps)
 
 
 def _fused(weight_format: str, *linears: nn.Linear) -> nn.Module:
-    """One projection computing every linear's output side by side; each linear's weight
-    becomes a view of the fused weight, so the transformers model shares its memory."""
-    weights = [linear.weight.detach() for linear in linears]
+    """One projection computing every linear's output side by side ([M, sum of outs])."""
+    weights = [linear.weight.detach() for linear in linears]  # each [out, in]
     biases = [linear.bias for linear in linears]
-    fused = torch.cat(weights) if len(weights) > 1 else weights[0].contiguous()  # [sum out, in]
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
-    if len(linears) > 1 or not weights[0].is_contiguous():
-        row = 0
-        for linear, weight in zip(linears, weights):
-            linear.weight = nn.Parameter(fused[row : row + weight.shape[0]], requires_grad=False)
-            row += weight.shape[0]
-    return projection(fused, bias, weight_format)
+    return projection(torch.cat(weights), bias, weight_format)
