@@ -44,11 +44,13 @@ class KVCache:
                 buffers[layer] = self._zeros(width)
                 buffers[layer][:, : self.length] = old[:, : self.length]
 
-    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store keys, values [M, kv_heads, D] at positions start..start+M-1 of `layer`;
-        returns that layer's keys [kv_heads, start+M, D] and values [kv_heads, start+M,
-        D (+1 with value_ones)] (views)."""
+        returns views of that layer's first `width` positions (ensured beforehand): keys
+        [kv_heads, width, D] and values [kv_heads, width, D (+1 with value_ones)]."""
         end = start + keys.shape[0]
         self.keys[layer][:, start:end] = keys.transpose(0, 1)
         self.values[layer][:, start:end, : self.head_dim] = values.transpose(0, 1)
-        return self.keys[layer][:, :end], self.values[layer][:, :end]
+        return self.keys[layer][:, :width], self.values[layer][:, :width]

@@ -27,7 +27,7 @@ hidden state, the input of the final norm), at no extra forward.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -79,6 +79,7 @@ class LlamaRuntime:
         head: nn.Module,
         rope: RopeTables,
         deterministic: bool = False,
+        output_embeddings: nn.Linear | None = None,
     ) -> None:
         self.shape = shape
         self.vocab_size = shape.vocab_size
@@ -86,6 +87,7 @@ class LlamaRuntime:
         self.layers = layers
         self.norm = norm  # [H]
         self.head = head  # [M, H] -> [M, V]
+        self.output_embeddings = output_embeddings  # the dense head weight [V, H], for pruned heads
         self.rope = rope
         self.deterministic = deterministic
         kind = InvariantAttention if deterministic else SdpaAttention
@@ -96,14 +98,10 @@ class LlamaRuntime:
     @classmethod
     def from_hf(cls, model: nn.Module, weight_format: str = "float", deterministic: bool = False) -> LlamaRuntime:
         """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc)."""
+        refusal = fast_runtime_refusal(model)
+        if refusal:
+            raise ValueError(refusal)
         config = model.config
-        if getattr(config, "model_type", None) != "llama":
-            raise ValueError(
-                f"the fast runtime runs Llama-architecture models; this is {getattr(config, 'model_type', '?')!r}, "
-                "so load it with runtime='hf'"
-            )
-        if getattr(config, "hidden_act", "silu") != "silu":
-            raise ValueError(f"the fast runtime's MLP is SiLU-gated; this model uses {config.hidden_act!r}; use runtime='hf'")
         inv_freq, scaling = rope_parameters(config)
         base = model.model
         attention = base.layers[0].self_attn
@@ -135,7 +133,21 @@ class LlamaRuntime:
             head = _fused(weight_format, model.get_output_embeddings())
         model.eval()
         rope = RopeTables(inv_freq, scaling, embed.dtype)
-        return cls(shape, embed, layers, base.norm.weight.detach(), head, rope, deterministic)
+        return cls(
+            shape, embed, layers, base.norm.weight.detach(), head, rope, deterministic, model.get_output_embeddings()
+        )
+
+    def truncated(self, layers: int, head: nn.Module | None = None) -> LlamaRuntime:
+        """A runtime of the first `layers` layers, then the final norm and `head` (default: this
+        model's head), sharing every weight, with a cache of its own (layer skipping)."""
+        total = self.shape.layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= total:
+            raise ValueError(f"the draft needs 1 <= layers <= {total} (the target has {total} layers), got {layers!r}")
+        shape = replace(self.shape, layers=layers)
+        return LlamaRuntime(
+            shape, self.embed, self.layers[:layers], self.norm, head or self.head, self.rope,
+            self.deterministic, self.output_embeddings,
+        )
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         s = self.shape
@@ -196,7 +208,8 @@ class LlamaRuntime:
         s = self.shape
         m, start = len(tokens), cache.length
         end = start + m
-        cache.ensure(end)
+        width = self.attention.width(end)
+        cache.ensure(width)
         self.rope.ensure(end)
         ids = torch.tensor(tokens, dtype=torch.long)  # [M]
         x = nn.functional.embedding(ids, self.embed)  # [M, H]
@@ -208,7 +221,7 @@ class LlamaRuntime:
             h = rms_norm(x, layer.attn_norm, s.eps)
             qkv = layer.qkv(h).view(m, k_end + s.kv_heads, s.head_dim)  # [M, Hq + 2 Hkv, D]
             qk = self.rope.rotate(qkv[:, :k_end], start)  # [M, Hq + Hkv, D]
-            keys, values = cache.write(index, start, qk[:, q_end:], qkv[:, k_end:])  # [Hkv, end, D]
+            keys, values = cache.write(index, start, qk[:, q_end:], qkv[:, k_end:], width)  # [Hkv, width, D]
             attended = self.attention(qk[:, :q_end].transpose(0, 1), keys, values, mask)  # [M, Hq D]
             x = x + layer.o(attended)
             gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [M, 2 I]
@@ -221,6 +234,24 @@ class LlamaRuntime:
             return None, features
         logits = self.head(rms_norm(x[m - keep :], self.norm, s.eps))  # [keep, V]
         return logits.float(), features
+
+
+def fast_runtime_refusal(model: nn.Module) -> str | None:
+    """Why the fast runtime cannot run this transformers model (None: it can)."""
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind != "llama":
+        return f"the fast runtime runs Llama-architecture models and this is {kind!r}; use runtime 'hf'"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"the fast runtime's MLP is SiLU-gated and this model uses {config.hidden_act!r}; use runtime 'hf'"
+    dtype = model.get_output_embeddings().weight.dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"the fast runtime computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}; use runtime 'hf'"
+    try:
+        rope_parameters(config)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
