@@ -266,4 +266,4 @@ def _fused(weight_format: str, *linears: nn.Linear) -> nn.Module:
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
-    return projection(torch.cat(weights), bias, weight_format)
+    return projection(torch.cat(weights) if len(weights) > 1 else weights[0], bias, weight_format)
