@@ -215,7 +215,7 @@ class LlamaRuntime:
         x = nn.functional.embedding(ids, self.embed)  # [M, H]
         # Row i sees positions 0..start+i; a single row sees everything, so needs no mask.
         mask = self.attention.mask(start, m, self.dtype)
-        captured = []
+        captured = {}
         q_end, k_end = s.heads, s.heads + s.kv_heads
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, s.eps)
@@ -227,9 +227,9 @@ class LlamaRuntime:
             gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [M, 2 I]
             x = x + layer.down(nn.functional.silu(gate_up[:, : s.intermediate]) * gate_up[:, s.intermediate :])
             if index in feature_layers:
-                captured.append(x[m - keep :])
+                captured[index] = x[m - keep :]
         cache.length = end
-        features = torch.stack([captured[feature_layers.index(i)] for i in feature_layers], 1) if feature_layers else None
+        features = torch.stack([captured[i] for i in feature_layers], 1) if feature_layers else None
         if keep == 0:
             return None, features
         logits = self.head(rms_norm(x[m - keep :], self.norm, s.eps))  # [keep, V]
