@@ -24,7 +24,8 @@ from verispec import GREEDY, SamplingParams, TorchRandom, generate, stream
 from verispec.audit.enumerate import outcomes
 from verispec.models.tables import TableLM, bigram, random_table, seed_pair
 from verispec.policies import HeuristicK
-from verispec.proposers import Draft, DraftModel, PromptLookup
+from verispec.drafts import Draft
+from verispec.proposers import DraftModel, PromptLookup
 from verispec.reference import reference_generate
 
 V = 6

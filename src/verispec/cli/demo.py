@@ -13,7 +13,7 @@ from verispec.cli import app
 from verispec.cli.generate import check_k, timed_run, warm_up
 from verispec.engine import Decoding
 from verispec.models import DEFAULT_MODEL
-from verispec.policies import policy_from_spec
+from verispec.policy_spec import policy_from_spec
 from verispec.sampling import SamplingParams
 
 ARTICLE = (

@@ -12,7 +12,7 @@ import typer
 from verispec.cli import app
 from verispec.engine import Decoding
 from verispec.models import DEFAULT_MODEL
-from verispec.policies import policy_from_spec
+from verispec.policy_spec import policy_from_spec
 from verispec.sampling import SamplingParams
 from verispec.textstream import TextStream
 
