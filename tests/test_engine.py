@@ -168,6 +168,16 @@ def test_eos_as_the_bonus_token_ends_the_output(sampling):
 
 
 @BOTH
+@pytest.mark.parametrize("eos", [(4, 5), [5, 4], {4, 1}, range(4, 6)])
+def test_several_eos_ids_end_the_output_at_the_first_of_any(sampling, eos):
+    # From 2 the cycle runs 3, 4, 5: 4 is the first EOS; the draft after it is never scored.
+    proposer = Scripted()
+    out, target = run(proposer, prompt=[2], max_new_tokens=20, k=5, sampling=sampling, eos_token_id=eos)
+    assert out.tokens == [3, 4]
+    assert target.extended == [[2, 3, 4]]
+
+
+@BOTH
 def test_eos_in_the_prompt_does_not_end_the_request(sampling):
     out, _ = run(Scripted(), prompt=[EOS], max_new_tokens=4, k=2, sampling=sampling, eos_token_id=EOS)
     assert out.tokens == [0, 1, 2, 3]
@@ -315,7 +325,7 @@ def distribution(run_once) -> dict:
     ],
     ids=["draft-block", "draft-token", "draft-heuristic", "lookup-point-mass", "lookup-block"],
 )
-@pytest.mark.parametrize("eos", [None, 2])
+@pytest.mark.parametrize("eos", [None, 2, (2, 0)], ids=["no-eos", "eos-2", "eos-2-and-0"])
 def test_output_distribution_is_the_targets(exact_joint, proposer, k, verifier, eos):
     """Every random branch of whole generations (3 new tokens, seed tables), weighed exactly."""
     target, draft = seed_pair()
@@ -357,6 +367,8 @@ class Overdrafting:
         (dict(prompt=[0, V]), rf"prompt token id {V} is outside the vocabulary \[0, {V}\)"),
         (dict(prompt=[-1]), r"prompt token id -1 is outside"),
         (dict(eos_token_id=V), f"eos_token_id {V} is outside"),
+        (dict(eos_token_id=[EOS, V]), f"eos_token_id {V} is outside"),
+        (dict(eos_token_id=[EOS, "5"]), "eos_token_id must be a token id or a collection"),
         (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0, got -1"),
         (dict(proposer=None, k=2), "without a proposer, k must be 0"),
         (dict(proposer=None, k=HeuristicK()), "without a proposer, k must be 0"),

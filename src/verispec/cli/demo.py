@@ -55,7 +55,7 @@ def demo(
         prompt_ids = loaded.encode(text)
         drafter = parse_proposer(proposer, loaded)
         policy = policy_from_spec(k, loaded.lm, drafter, prompt_ids, greedy)
-        options = dict(max_new_tokens=max_new_tokens, sampling=greedy, eos_token_id=loaded.eos_token_id)
+        options = dict(max_new_tokens=max_new_tokens, sampling=greedy, eos_token_id=loaded.eos_token_ids)
         warm_up(loaded, prompt_ids)
         plain = timed_run(Decoding(loaded.lm, None, prompt_ids, k=0, **options), loaded, echo=False)
         spec = timed_run(Decoding(loaded.lm, drafter, prompt_ids, k=policy, **options), loaded, echo=False)
