@@ -116,3 +116,21 @@ def test_one_copy_to_the_host_per_round_and_per_sampled_draft_row(sampling):
                    k=3, sampling=sampling, rng=TorchRandom(2))
     q_rows = 0 if sampling.greedy else sum(out.stats.drafted)
     assert OnAccelerator.copies == out.stats.rounds + q_rows
+
+
+def test_a_transformers_model_without_data_fails_first_where_the_rows_cross_to_the_host():
+    """A tiny Llama on the meta device (shapes, no data): HFCausalLM's prefill and forwards run,
+    and the first number anything reads is in `rule_rows`, the crossing to the host; no read
+    of device data happens earlier, in the adapter or the engine."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from verispec.models.hf import HFCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    with pytest.raises(RuntimeError, match="meta tensors") as failure:
+        generate(HFCausalLM(model), PromptLookup(2), [1, 2, 3, 1, 2], max_new_tokens=4, k=2, sampling=GREEDY)
+    ours = [frame.name for frame in failure.traceback if "/verispec/" in str(frame.path)]
+    assert ours[-2:] == ["rule_rows", "check_logits"] and "_verify" in ours
