@@ -111,8 +111,8 @@ class Decoding:
 
     def _round(self) -> list[int]:
         draft = self._propose()
-        rows = self._score(draft)
-        verdict = self._verify(rows, draft)
+        logits = self._score(draft)
+        verdict = self._verify(logits, draft)
         return self._commit(draft, verdict)
 
     def _propose(self) -> Draft:

@@ -25,7 +25,9 @@ the same rows is at most P(E). For the token-level and point-mass rules, a zero 
 position i means p_i <= q_i entrywise, and P(E) <= sum_x max(q_i(x) - p_i(x), 0) = sum q_i -
 sum p_i: the rejection mass equals the residual mass (0) plus the rows' normalisation error,
 ~V * 1e-16 in float64. The block rule reaches E through the same rounding (h_i = 1 with
-w_i = 1 and Z_i = 0, or tau = 0 with Z_0 = 0), with the same order of probability.
+w_i = 1 and Z_i = 0, or tau = 0 with Z_0 = 0); E needs tau < k, so P(E) <= P(tau < k) <=
+E[1 - w_k] <= sum_i sum_x max(q_i(x) - p_i(x), 0) (w_k >= prod_i min(1, p_i(x_i) / q_i(x_i))),
+the same normalisation errors summed over the k positions.
 """
 
 from __future__ import annotations
