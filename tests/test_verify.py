@@ -333,6 +333,20 @@ def test_the_fallback_probability_is_the_rejection_mass(rule):
     assert rejection_mass == exact_sums  # the rows' normalisation error, summed exactly
 
 
+@pytest.mark.parametrize("rule", [token_level, block])
+def test_over_two_positions_the_fallback_is_at_most_the_summed_rejection_masses(rule):
+    p_row = row(".5", ".5")
+    q_row = one_ulp_above(row(".5", 0)) + row(0, ".5")
+
+    def run(rng) -> bool:  # x_1, x_2 ~ q, then the rule; True when it fell back
+        tokens = (rng.categorical(q_row), rng.categorical(q_row))
+        return rule(p_row.expand(3, 2), Draft(tokens, q_row.expand(2, 2)), rng).fallback
+
+    fallback = sum(prob for prob, fell in outcomes(run) if fell)
+    rejection_mass = float((q_row - p_row).clamp_min(0).sum())
+    assert 0 < fallback <= 2 * rejection_mass * (1 + 1e-6)
+
+
 def test_point_mass_falls_back_when_the_rest_of_p_is_empty():
     # p(x) = 1 - 1 ulp and nothing elsewhere: the rejection (probability 1 - sum p) leaves p
     # with x removed empty, so the repair token is x itself, drawn from p.
