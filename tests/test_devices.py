@@ -128,9 +128,10 @@ def test_a_transformers_model_without_data_fails_first_where_the_rows_cross_to_t
 
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+    lm = HFCausalLM(LlamaForCausalLM(config))
+    lm.model.to("meta")  # moved after wrapping: the adapter follows the model
+    assert lm.device.type == "meta"
     with pytest.raises(RuntimeError, match="meta tensors") as failure:
-        generate(HFCausalLM(model), PromptLookup(2), [1, 2, 3, 1, 2], max_new_tokens=4, k=2, sampling=GREEDY)
+        generate(lm, PromptLookup(2), [1, 2, 3, 1, 2], max_new_tokens=4, k=2, sampling=GREEDY)
     ours = [frame.name for frame in failure.traceback if "/verispec/" in str(frame.path)]
     assert ours[-2:] == ["rule_rows", "check_logits"] and "_verify" in ours
