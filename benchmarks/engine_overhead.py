@@ -19,7 +19,8 @@ import torch
 
 from verispec import GREEDY, SamplingParams, generate, load_model, verify
 from verispec.bench.workloads import read_workloads, select
-from verispec.proposers import Draft, PromptLookup
+from verispec.drafts import Draft
+from verispec.proposers import PromptLookup
 from verispec.randomness import TorchRandom
 from verispec.sampling import check_logits, probabilities
 

@@ -27,7 +27,7 @@ from verispec.bench.runners import HFRunner, Runner, VerispecRunner
 from verispec.bench.workloads import Workload, read_workloads, select
 from verispec.models.hf import HFCausalLM
 from verispec.models.load import DEFAULT_MODEL, LoadedModel, load_model
-from verispec.policies import policy_from_spec
+from verispec.policy_spec import policy_from_spec
 from verispec.proposers.spec import parse_proposer
 
 QUICK_DRAFT = "quick-draft"

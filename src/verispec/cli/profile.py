@@ -82,7 +82,7 @@ def profile(
     if survival_tokens:
         run = generate(
             loaded.lm, drafter, prompt_ids, max_new_tokens=survival_tokens, sampling=sampling,
-            eos_token_id=loaded.eos_token_id, k=k_max,
+            eos_token_id=loaded.eos_token_ids, k=k_max,
         )
         measured.survival = run.stats.survival() or None
     if out is not None:

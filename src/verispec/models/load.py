@@ -72,7 +72,8 @@ class LoadedModel:
     name: what it was loaded as (the embedded name or the path given).
     lm: the `CausalLM` adapter the engine drives. model: the transformers model it wraps.
     eos_token_ids: every id that ends a generation (generation config first, then the
-        tokenizer's); `eos_token_id` is the first, for the engine.
+        tokenizer's); the engine stops at any of them. `eos_token_id` is the first, for
+        callers that take a single id.
     source: the file or directory the weights came from.
     """
 
