@@ -97,13 +97,16 @@ def speedup_vs_k(summary: dict, sweeps: dict[str, list[Method]], path: Path) -> 
     plt.close(fig)
 
 
+NAMES = ("speedup_by_category.png", "accepted_length.png", "speedup_vs_k.png")
+
+
 def draw(summary: dict, records: Sequence[dict], methods: Sequence[Method], out: Path) -> list[str]:
-    """Write the plots into `out`; their file names."""
-    written = ["speedup_by_category.png", "accepted_length.png"]
-    speedup_by_category(summary, out / written[0])
-    accepted_length(records, methods, out / written[1])
+    """Write the plots into `out`; their file names (`NAMES`, the last only with a k sweep)."""
+    by_category, lengths, by_k = NAMES
+    speedup_by_category(summary, out / by_category)
+    accepted_length(records, methods, out / lengths)
     sweeps = k_sweeps(methods)
-    if sweeps:
-        written.append("speedup_vs_k.png")
-        speedup_vs_k(summary, sweeps, out / written[-1])
-    return written
+    if not sweeps:
+        return [by_category, lengths]
+    speedup_vs_k(summary, sweeps, out / by_k)
+    return [by_category, lengths, by_k]

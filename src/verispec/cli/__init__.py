@@ -1,7 +1,7 @@
 """The `verispec` command line.
 
 Each command lives in its own module of this package and registers itself on `app`;
-`outputs` holds the checks every command runs on the files it reads and writes. Bad input (a
+`paths` holds the checks commands run on the files they read and write. Bad input (a
 usage error, a ValueError, a missing file, an output that would be overwritten) is reported as
 one `error: ...` line on stderr with exit status 2, never a traceback.
 """

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from verispec.cli import app
+from verispec.cli.paths import FORCE_HELP, check_output_file
 from verispec.cost import optimal_k, speedup_by_k
 from verispec.engine import generate
 from verispec.models import DEFAULT_MODEL
@@ -58,10 +59,15 @@ def profile(
     out: Annotated[
         Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")
     ] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Draw v(n) against n to this PNG.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Draw v(n) against n to this .png file.")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Measure the target's scoring cost v(n) and the proposer's draft cost c at the request's
     context length: medians and spread over repeats, and the best k they predict."""
+    if out is not None:
+        check_output_file(out, "--out", force)
+    if plot is not None:
+        check_output_file(plot, "--plot", force, suffix=".png")
     if context_tokens is not None and context_tokens < 2:
         raise ValueError(f"--context-tokens must be >= 2, got {context_tokens}")
     if survival_tokens < 0:
