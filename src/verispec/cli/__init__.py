@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         print("aborted", file=sys.stderr)
         return 1
     except NoArgsIsHelpError as error:
-        print(error.format_message(), file=sys.stderr)
-        return fail(f"no command given; run `{PROG} COMMAND ...`, one of the commands above")
+        if error.format_message().strip():  # with rich installed, typer has printed the help itself
+            print(error.format_message(), file=sys.stderr)
+        return fail(f"no command given; run `{PROG} COMMAND ...` with a command from `{PROG} --help`")
     except UsageError as error:
         command = error.ctx.command_path if error.ctx is not None else PROG
         return fail(f"{error.format_message().rstrip('.')}; see `{command} --help`")
