@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from verispec.bench.identity_suite import KS, PROPOSERS, identity_suite, identity_summary, identity_table
-from verispec.bench.workloads import read_workloads, select
+from verispec.bench.workloads import data_file, read_workloads, select
 from verispec.models.load import DEFAULT_MODEL, load_model
 
-SPECBENCH = Path("/work/shared/data/specbench_dev.jsonl")
+SPECBENCH = data_file("specbench_dev.jsonl", Path(__file__).parents[1])
 
 
 def main() -> int:

@@ -19,12 +19,12 @@ import statistics
 from pathlib import Path
 
 from verispec import GREEDY, generate, load_model
-from verispec.bench.workloads import read_workloads, select
+from verispec.bench.workloads import data_file, read_workloads, select
 from verispec.cost import predicted_speedup
 from verispec.profile import measure_profile
 from verispec.proposers.spec import parse_proposer
 
-SPECBENCH = Path("/work/shared/data/specbench_dev.jsonl")
+SPECBENCH = data_file("specbench_dev.jsonl", Path(__file__).parents[1])
 
 
 def decode_rate(stats) -> float:

@@ -124,7 +124,7 @@ def test_summary_fields_and_baseline(quick_run):
         (["--methods", "vllm"], "unknown method"),
         (["--methods", "verispec-nonsense-k2"], "unknown proposer"),
         (["--methods", "hf-early-exit:9"], "exit layer"),
-        (["--prompts", "/nonexistent/prompts.jsonl"], "no such file"),
+        (["--prompts", "/nonexistent/prompts.jsonl"], "does not exist"),
         (["--categories", "poetry"], "no prompts in categories"),
         (["--repeats", "0"], "'--repeats': Input should be greater than or equal to 1"),
     ],

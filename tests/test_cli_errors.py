@@ -111,7 +111,7 @@ def test_bench_out_is_a_file(tmp_path, capsys):
 
 def test_bench_prompts_is_a_directory(tmp_path, capsys):
     line = error_line(capsys, ["bench", "--quick", "--out", str(tmp_path / "b"), "--prompts", str(tmp_path)])
-    assert "--prompts" in line and "is a directory; give a Spec-Bench or HumanEval .jsonl file" in line
+    assert f"prompt file {tmp_path} is a directory; give a Spec-Bench or HumanEval .jsonl file" in line
 
 
 @pytest.mark.parametrize(

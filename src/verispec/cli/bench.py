@@ -11,7 +11,7 @@ import typer
 
 from verispec.bench.methods import DEFAULT_METHODS
 from verispec.cli import app
-from verispec.cli.paths import FORCE_HELP, check_input_file, check_output_directory
+from verispec.cli.paths import FORCE_HELP, check_output_directory
 from verispec.models import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -79,8 +79,6 @@ def bench(
     from verispec.bench.suite import OUTPUTS, Settings, run  # transformers: imported when needed
 
     check_output_directory(out, "--out", OUTPUTS, force)
-    for path in prompts or []:
-        check_input_file(path, "--prompts", "a Spec-Bench or HumanEval .jsonl file")
 
     settings = Settings(
         out=out,
