@@ -148,6 +148,16 @@ def test_force_lets_profile_overwrite(tmp_path, capsys, no_model):
         main(["profile", "--out", str(tmp_path / "p.json"), "--force"])
 
 
+@pytest.mark.parametrize(
+    "option, value, least",
+    [("--k-max", "0", 1), ("--repeats", "0", 1), ("--warmup", "-1", 0), ("--context-tokens", "1", 2),
+     ("--survival-tokens", "-1", 0)],
+)
+def test_profile_counts_are_checked_before_measuring(capsys, no_model, option, value, least):
+    line = error_line(capsys, ["profile", option, value])
+    assert f"'{option}': Input should be greater than or equal to {least}" in line
+
+
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_demo_needs_at_least_one_new_token(capsys, no_model, value):
     line = error_line(capsys, ["demo", "--max-new-tokens", value])
