@@ -24,8 +24,8 @@ from verispec.profile import Profile
 
 PLOT_ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9)
 # The largest k (and --k-max) accepted. Even at alpha 0.99 and a free draft (c = 0) the
-# expected tokens per round stop growing long before: E(256) is within 8% of its limit
-# 1 / (1 - alpha), and the table costs O(k) per k.
+# expected tokens per round have nearly stopped growing: E(256) is within 8% of its limit
+# 1 / (1 - alpha). A larger bound would only let a typo such as --k 100000000 run for minutes.
 K_BOUND = 256
 
 
