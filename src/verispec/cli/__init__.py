@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def fail(message: str) -> int:
-    """Print `message` as one `error:` line on stderr; the exit status for bad input."""
-    print("error: " + " ".join(message.split()), file=sys.stderr)
+    """Print `message` after `error: ` on stderr; the exit status for bad input. (A report,
+    such as a tokenizer mismatch's, may list its items on lines of their own below.)"""
+    print(f"error: {message}", file=sys.stderr)
     return 2
