@@ -36,7 +36,7 @@ def demo(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N]")] = "lookup",
     k: Annotated[str, typer.Option("--k", help="An integer >= 1, auto or heuristic.")] = "auto",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 96,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 96,
     dtype: str = "auto",
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
