@@ -126,7 +126,7 @@ def test_summary_fields_and_baseline(quick_run):
         (["--methods", "hf-early-exit:9"], "exit layer"),
         (["--prompts", "/nonexistent/prompts.jsonl"], "does not exist"),
         (["--categories", "poetry"], "no prompts in categories"),
-        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--repeats", "0"], "'--repeats': Input should be greater than or equal to 1"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys, argv, message):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import shutil
 import subprocess
 import sys
 
@@ -146,6 +147,31 @@ def test_the_tiny_model_generates_and_compares(capsys, models):
                  "--compare", "--json", "Summarize: the cat sat on the mat."]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["new_tokens"] == 12 and report["identical"] is True
+
+
+def test_generate_stops_at_any_eos_the_generation_config_lists(capsys, models, tmp_path):
+    """A checkpoint whose generation config lists two EOS ids, the first never emitted, stops at
+    the second: the CLI passes every id, not only the first."""
+    from transformers import GenerationConfig
+
+    from verispec import GREEDY, generate
+
+    prompt = "Summarize: the cat sat on the mat."
+    loaded = load.load_model(models / "target", dtype="float32")
+    ids = loaded.encode(prompt)
+    plain = generate(loaded.lm, None, ids, max_new_tokens=12, k=0, sampling=GREEDY).tokens
+    stop_at = next(i for i in range(1, len(plain)) if plain[i] not in plain[:i])
+    never = min(set(range(loaded.lm.vocab_size)) - set(plain))
+    assert loaded.tokenizer.eos_token_id not in plain[: stop_at + 1]
+    checkpoint = tmp_path / "two-eos"
+    shutil.copytree(models / "target", checkpoint)
+    config = GenerationConfig.from_pretrained(checkpoint)
+    config.eos_token_id = [never, plain[stop_at]]
+    config.save_pretrained(checkpoint)
+    assert main(["generate", "--model", str(checkpoint), "--k", "4", "--max-new-tokens", "12",
+                 "--compare", "--json", prompt]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["new_tokens"] == stop_at + 1 and report["identical"] is True
 
 
 def default_model_or_skip() -> None:

@@ -9,11 +9,12 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from verispec.cost import FixedCosts, optimal_k, speedup_by_k, survival_from_alpha
+from verispec.drafts import Draft
 from verispec.engine import generate
 from verispec.models.tables import TableLM, random_table, seed_pair
-from verispec.policies import AutoK, ConstantK, HeuristicK, as_policy, policy_from_spec
+from verispec.policies import AutoK, ConstantK, HeuristicK, as_policy
+from verispec.policy_spec import policy_from_spec
 from verispec.profile import measure_profile
-from verispec.proposers.base import Draft
 from verispec.proposers.draft_model import DraftModel
 from verispec.proposers.prompt_lookup import PromptLookup
 from verispec.randomness import Random, TorchRandom

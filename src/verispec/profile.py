@@ -26,6 +26,7 @@ import torch
 
 from verispec.cost import check_survival, check_v_curve
 from verispec.models.base import CausalLM
+from verispec.policies import AutoK
 from verispec.proposers.base import Proposer
 from verispec.randomness import TorchRandom
 from verispec.sampling import SamplingParams
@@ -196,6 +197,22 @@ def measure_profile(
         repeats=repeats,
         machine=machine_notes(),
     )
+
+
+def measured_autok(
+    target: CausalLM,
+    proposer: Proposer,
+    prompt_ids: Sequence[int],
+    *,
+    k_max: int = 8,
+    sampling: SamplingParams | None = None,
+    **options,
+) -> AutoK:
+    """An AutoK from a brief profile of this target and proposer after this prompt (two
+    timed repeats after one warm-up: about a second on the default model); `options` go to
+    `AutoK`."""
+    profile = measure_profile(target, proposer, prompt_ids, k_max=k_max, repeats=2, warmup=1, sampling=sampling)
+    return AutoK(profile, **options)
 
 
 def synchronize() -> None:

@@ -22,12 +22,11 @@ from dataclasses import replace
 import torch
 
 from verispec.audit.exhaustive import DRAFT_MODEL, Configuration, ProposerEntry, Scenario
+from verispec.drafts import Draft, Verdict
 from verispec.models.tables import TableLM
 from verispec.proposers import DraftModel
-from verispec.proposers.base import Draft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities
-from verispec.verify import Verdict
 
 
 def resampling_p_verifier(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:

@@ -30,7 +30,8 @@ from verispec.bench.workloads import Workload
 from verispec.engine import Decoding
 from verispec.models.base import CausalLM
 from verispec.models.load import DEFAULT_MODEL, LoadedModel
-from verispec.policies import KPolicy, policy_from_spec
+from verispec.policies import KPolicy
+from verispec.policy_spec import policy_from_spec
 from verispec.proposers.base import Proposer
 from verispec.proposers.spec import parse_proposer
 from verispec.sampling import GREEDY

@@ -27,10 +27,13 @@ from verispec.bench.runners import HFRunner, Runner, VerispecRunner
 from verispec.bench.workloads import Workload, read_workloads, select
 from verispec.models.hf import HFCausalLM
 from verispec.models.load import DEFAULT_MODEL, LoadedModel, load_model
-from verispec.policies import policy_from_spec
+from verispec.policy_spec import policy_from_spec
 from verispec.proposers.spec import parse_proposer
 
 QUICK_DRAFT = "quick-draft"
+RUNS, SUMMARY, REPORT = "runs.jsonl", "summary.json", "report.md"
+# Everything `run` may write into its output directory.
+OUTPUTS = (RUNS, SUMMARY, REPORT, *plots.NAMES, QUICK_DRAFT)
 
 
 def quick_methods(out: Path) -> str:
@@ -181,10 +184,10 @@ def measure(settings: Settings, console: Console) -> dict:
         "command": settings.command,
     }
     summary = summarize(records, methods, header)
-    with (out / "runs.jsonl").open("w", encoding="utf-8") as lines:
+    with (out / RUNS).open("w", encoding="utf-8") as lines:
         for record in records:
             lines.write(json.dumps(record) + "\n")
     summary["plots"] = plots.draw(summary, records, methods, out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(render(summary, summary["plots"]), encoding="utf-8")
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / REPORT).write_text(render(summary, summary["plots"]), encoding="utf-8")
     return summary

@@ -11,6 +11,7 @@ import typer
 
 from verispec.bench.methods import DEFAULT_METHODS
 from verispec.cli import app
+from verispec.cli.paths import FORCE_HELP, check_output_directory
 from verispec.models import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -19,46 +20,65 @@ if TYPE_CHECKING:
 
 @app.command()
 def bench(
-    out: Annotated[Path, typer.Option(help="Directory for runs.jsonl, summary.json, report.md and the plots.")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="A new or empty directory for runs.jsonl, summary.json, report.md and the plots; one that "
+            "already holds results is refused unless --force."
+        ),
+    ],
     prompts: Annotated[
         Optional[list[Path]],
-        typer.Option(help="A Spec-Bench or HumanEval .jsonl file, read in place; repeat for several."),
+        typer.Option(
+            help="A Spec-Bench or HumanEval .jsonl file, read in place; repeat for several.",
+            show_default="none; --quick: built-in prompts",
+        ),
     ] = None,
     categories: Annotated[
-        Optional[str], typer.Option(help="Comma-separated categories to keep (HumanEval rows: humaneval).")
+        Optional[str],
+        typer.Option(help="Comma-separated categories to keep (HumanEval rows: humaneval).", show_default="all"),
     ] = None,
     limit_per_category: Annotated[
-        Optional[int], typer.Option("--limit-per-category", help="The first N prompts of each category.")
+        Optional[int],
+        typer.Option("--limit-per-category", min=1, help="The first N prompts of each category.", show_default="all"),
     ] = None,
     methods: Annotated[
         Optional[str],
         typer.Option(
             help="Comma-separated: verispec-plain, verispec-<lookup|suffix|draft:PATH|layerskip:L[:N]|random>-"
-            f"<kN|auto|heuristic>, hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN]. "
-            f"Default: {DEFAULT_METHODS} (--quick: every kind)."
+            "<kN|auto|heuristic>, hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN].",
+            show_default=f"{DEFAULT_METHODS.replace(',', ', ')}; --quick: every kind",
         ),
     ] = None,
     max_new_tokens: Annotated[
-        Optional[int], typer.Option("--max-new-tokens", help="New tokens per request at most [default: 128; --quick 16].")
+        Optional[int],
+        typer.Option("--max-new-tokens", min=1, help="New tokens per request at most.", show_default="128; --quick: 16"),
     ] = None,
     repeats: Annotated[
-        Optional[int], typer.Option(help="Measured runs of every method on every prompt [default: 3; --quick 1].")
+        Optional[int],
+        typer.Option(min=1, help="Measured runs of every method on every prompt.", show_default="3; --quick: 1"),
     ] = None,
-    warmup: Annotated[int, typer.Option(help="Discarded runs of every method before measuring.")] = 1,
+    warmup: Annotated[int, typer.Option(min=0, help="Discarded runs of every method before measuring.")] = 1,
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32 or bfloat16.")] = "auto",
-    threads: Annotated[Optional[int], typer.Option(help="torch threads for every method (default: torch's).")] = None,
+    threads: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="torch threads for every method.", show_default="torch's; --quick: 1"),
+    ] = None,
     quick: Annotated[
         bool,
         typer.Option("--quick", help="A tiny random model built in code: every code path in seconds, no real numbers."),
     ] = False,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Benchmark speculative decoding against plain decoding and HF transformers (greedy).
 
     Every method runs on the same model object, dtype and thread count, interleaved per prompt
     with the order rotated; outputs are checked token for token against verispec-plain.
     """
-    from verispec.bench.suite import Settings, run  # transformers: imported when needed
+    from verispec.bench.suite import OUTPUTS, Settings, run  # transformers: imported when needed
+
+    check_output_directory(out, "--out", OUTPUTS, force)
 
     settings = Settings(
         out=out,

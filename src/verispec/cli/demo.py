@@ -13,7 +13,7 @@ from verispec.cli import app
 from verispec.cli.generate import check_k, timed_run, warm_up
 from verispec.engine import Decoding
 from verispec.models import DEFAULT_MODEL
-from verispec.policies import policy_from_spec
+from verispec.policy_spec import policy_from_spec
 from verispec.sampling import SamplingParams
 
 ARTICLE = (
@@ -36,7 +36,7 @@ def demo(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N]")] = "lookup",
     k: Annotated[str, typer.Option("--k", help="An integer >= 1, auto or heuristic.")] = "auto",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 96,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 96,
     dtype: str = "auto",
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
@@ -55,7 +55,7 @@ def demo(
         prompt_ids = loaded.encode(text)
         drafter = parse_proposer(proposer, loaded)
         policy = policy_from_spec(k, loaded.lm, drafter, prompt_ids, greedy)
-        options = dict(max_new_tokens=max_new_tokens, sampling=greedy, eos_token_id=loaded.eos_token_id)
+        options = dict(max_new_tokens=max_new_tokens, sampling=greedy, eos_token_id=loaded.eos_token_ids)
         warm_up(loaded, prompt_ids)
         plain = timed_run(Decoding(loaded.lm, None, prompt_ids, k=0, **options), loaded, echo=False)
         spec = timed_run(Decoding(loaded.lm, drafter, prompt_ids, k=policy, **options), loaded, echo=False)

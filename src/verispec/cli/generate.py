@@ -12,7 +12,7 @@ import typer
 from verispec.cli import app
 from verispec.engine import Decoding
 from verispec.models import DEFAULT_MODEL
-from verispec.policies import policy_from_spec
+from verispec.policy_spec import policy_from_spec
 from verispec.sampling import SamplingParams
 from verispec.textstream import TextStream
 
@@ -53,7 +53,7 @@ def generate(
     check_context(loaded, len(prompt_ids), max_new_tokens)
     drafter = parse_proposer(proposer, loaded)
     policy = policy_from_spec(k, loaded.lm, drafter, prompt_ids, sampling)
-    options = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=loaded.eos_token_id, seed=seed)
+    options = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=loaded.eos_token_ids, seed=seed)
 
     warm_up(loaded, prompt_ids)
     spec = timed_run(Decoding(loaded.lm, drafter, prompt_ids, k=policy, **options), loaded, echo=not as_json)

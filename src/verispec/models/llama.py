@@ -244,7 +244,10 @@ def fast_runtime_refusal(model: nn.Module) -> str | None:
         return f"the fast runtime runs Llama-architecture models and this is {kind!r}; use runtime 'hf'"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"the fast runtime's MLP is SiLU-gated and this model uses {config.hidden_act!r}; use runtime 'hf'"
-    dtype = model.get_output_embeddings().weight.dtype
+    weight = model.get_output_embeddings().weight
+    if weight.device.type != "cpu":
+        return f"the fast runtime runs on the CPU and this model is on {weight.device}; use runtime 'hf'"
+    dtype = weight.dtype
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the fast runtime computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}; use runtime 'hf'"
     try:

@@ -82,7 +82,8 @@ class LoadedModel:
     lm: the `CausalLM` the engine drives: `LlamaRuntime` (runtime "fast") or `HFCausalLM`
         ("hf"). model: the transformers model (the weights `lm` was built from).
     eos_token_ids: every id that ends a generation (generation config first, then the
-        tokenizer's); `eos_token_id` is the first, for the engine.
+        tokenizer's); the engine stops at any of them. `eos_token_id` is the first, for
+        callers that take a single id.
     source: the file or directory the weights came from.
     """
 
@@ -156,7 +157,7 @@ def load_model(
         model = _from_directory(
             AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=trust_remote_code
         )
-        tokenizer = _from_directory(AutoTokenizer, source, trust_remote_code=trust_remote_code)
+        tokenizer = _directory_tokenizer(source, trust_remote_code)
     refusal = fast_runtime_refusal(model)
     if runtime == "fast" and refusal:
         raise ValueError(f"{source}: {refusal}")
@@ -180,11 +181,29 @@ def load_tokenizer(name_or_path: str | os.PathLike, trust_remote_code: bool = Fa
     """Only the tokenizer of what `load_model` accepts, or of a tokenizer directory."""
     source = locate(name_or_path)
     if source.is_dir():
-        return _from_directory(AutoTokenizer, source, trust_remote_code=trust_remote_code)
+        return _directory_tokenizer(source, trust_remote_code)
     converted = converted_dir(source)
     if (converted / "config.json").is_file():
         return _from_directory(AutoTokenizer, converted)
     return AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name, local_files_only=True)
+
+
+# A directory with a tokenizer holds at least one of these: a fast tokenizer, its config, a
+# sentencepiece model, BPE or WordPiece vocabularies.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt",
+)
+
+
+def _directory_tokenizer(directory: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in `directory`; an error that says so when it holds none (transformers
+    would instead advise installing sentencepiece or tiktoken)."""
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"{directory} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); give a model or "
+            "tokenizer directory that has one, a .gguf file or an embedded model name"
+        )
+    return _from_directory(AutoTokenizer, directory, trust_remote_code=trust_remote_code)
 
 
 def locate(name_or_path: str | os.PathLike) -> Path:
