@@ -126,7 +126,8 @@ def render(summary: dict, plots: Sequence[str]) -> str:
         f"{h['logical_cpus']} logical CPUs, {h['torch_threads']} torch threads; {h['platform']}",
         f"- Software: Python {h['python']}, torch {h['torch']}, transformers {h['transformers']}, "
         f"verispec {h['verispec']}",
-        f"- Model: {h['model']} ({h['dtype']}); greedy decoding; {h['max_new_tokens']} new tokens at most; "
+        f"- Model: {h['model']} ({h['dtype']}, runtime {h.get('runtime', 'hf')}); greedy decoding; "
+        f"{h['max_new_tokens']} new tokens at most; "
         f"{h['prompts']} prompts; {h['repeats']} repeat(s) after {h['warmup']} warm-up run(s) per method",
         f"- Command: `{h['command']}`",
         "",

@@ -11,6 +11,7 @@ import typer
 
 from verispec.bench.methods import DEFAULT_METHODS
 from verispec.cli import app
+from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_directory
 from verispec.models import DEFAULT_MODEL
 
@@ -61,6 +62,8 @@ def bench(
     warmup: Annotated[int, typer.Option(min=0, help="Discarded runs of every method before measuring.")] = 1,
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32 or bfloat16.")] = "auto",
+    runtime: RuntimeOption = "auto",
+    deterministic: DeterministicOption = False,
     threads: Annotated[
         Optional[int],
         typer.Option(min=1, help="torch threads for every method.", show_default="torch's; --quick: 1"),
@@ -91,6 +94,8 @@ def bench(
         warmup=warmup,
         model=model,
         dtype=dtype,
+        runtime=runtime,
+        deterministic=deterministic,
         threads=threads,
         quick=quick,
     )
@@ -115,7 +120,9 @@ def command_line(settings: Settings) -> str:
     if settings.quick:
         words.append("--quick")
     else:
-        words += ["--model", settings.model, "--dtype", settings.dtype]
+        words += ["--model", settings.model, "--dtype", settings.dtype, "--runtime", settings.runtime]
+        if settings.deterministic:
+            words.append("--deterministic")
     if settings.threads is not None:
         words += ["--threads", str(settings.threads)]
     return shlex.join([*words, "--out", str(settings.out)])

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from verispec.cli import app
+from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.cli.generate import check_k, timed_run, warm_up
 from verispec.engine import Decoding
 from verispec.models import DEFAULT_MODEL
@@ -38,6 +39,8 @@ def demo(
     k: Annotated[str, typer.Option("--k", help="An integer >= 1, auto or heuristic.")] = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 96,
     dtype: str = "auto",
+    runtime: RuntimeOption = "auto",
+    deterministic: DeterministicOption = False,
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     check_k(k)
@@ -46,7 +49,7 @@ def demo(
     from verispec.models.load import load_model  # transformers: imported when needed
     from verispec.proposers.spec import parse_proposer
 
-    loaded = load_model(model, dtype=dtype)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
     greedy = SamplingParams(temperature=0)
     table = Table(title=f"{loaded.name} ({str(loaded.dtype).removeprefix('torch.')}), greedy, {max_new_tokens} new tokens")
     for column in ("prompt", "plain tok/s", f"{proposer} k={k} tok/s", "speedup", "tokens/round", "identical"):

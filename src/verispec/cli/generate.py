@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from verispec.cli import app
+from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.engine import Decoding
 from verispec.models import DEFAULT_MODEL
 from verispec.policy_spec import policy_from_spec
@@ -34,6 +35,8 @@ def generate(
     seed: int = 0,
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="Wrap the prompt in the chat template.")] = True,
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16.")] = "auto",
+    runtime: RuntimeOption = "auto",
+    deterministic: DeterministicOption = False,
     compare: Annotated[bool, typer.Option("--compare", help="Also decode plainly; report speedup and identity.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
@@ -48,7 +51,7 @@ def generate(
     from verispec.models.load import load_model  # transformers: imported when needed
     from verispec.proposers.spec import parse_proposer
 
-    loaded = load_model(model, dtype=dtype)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
     check_context(loaded, len(prompt_ids), max_new_tokens)
     drafter = parse_proposer(proposer, loaded)
@@ -67,6 +70,7 @@ def generate(
         "seconds": spec["seconds"],
         "model": loaded.name,
         "dtype": str(loaded.dtype).removeprefix("torch."),
+        "runtime": loaded.runtime,
         "proposer": proposer,
         "k": k,
     }
