@@ -20,6 +20,7 @@ from test_hf_adapter import FP32_ATOL, VOCAB, check_random_history, tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from verispec import GREEDY, SamplingParams, generate
+from verispec.models.base import FINAL, FeatureChannel
 from verispec.models.hf import HFCausalLM
 from verispec.models.linear import single_row_matches
 from verispec.models.llama import LlamaRuntime, fast_runtime_refusal
@@ -104,7 +105,7 @@ def test_prefill_resets_and_rollback_to_zero_forgets_everything(target: LlamaRun
         (lambda lm: lm.extend([VOCAB]), f"token id {VOCAB} is outside"),
         (lambda lm: lm.rollback(3), "cannot roll back to 3; 2 tokens processed"),
         (lambda lm: lm.score([]), "at least one token"),
-        (lambda lm: lm.extend_features([1], None, [2]), "feature layers must be decoder layers 0..1"),
+        (lambda lm: lm.record_features([3]), "feature tap 3 is neither 'final' nor a layer number in 1..2"),
     ],
 )
 def test_bad_calls_raise_and_leave_the_cache_intact(target: LlamaRuntime, call, message: str) -> None:
@@ -115,17 +116,32 @@ def test_bad_calls_raise_and_leave_the_cache_intact(target: LlamaRuntime, call, 
     torch.testing.assert_close(target.extend([5]), target.score([3, 4, 5])[-1:], atol=FP32_ATOL, rtol=0)
 
 
-def test_features_are_the_residual_stream_after_each_chosen_layer(model, target: LlamaRuntime) -> None:
-    ids = [5, 9, 14, 5, 9, 30, 31]
-    target.prefill(ids[:4])
-    logits, features = target.extend_features(ids[4:], keep=2, layers=[1, 0])
-    assert features.shape == (2, 2, 32)
+def test_feature_channel_follows_the_cache_and_matches_transformers(model) -> None:
+    lm = LlamaRuntime.from_hf(model)
+    assert isinstance(lm, FeatureChannel) and (lm.hidden_size, lm.num_layers) == (32, 2)
+    taps = [FINAL, 1]
+    lm.record_features(taps)
+    rng = random.Random(3)
+    context = [rng.randrange(VOCAB) for _ in range(6)]
+    lm.prefill(context)
+    for _ in range(12):  # accepted and rejected drafts: extend, then roll back some
+        tokens = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 5))]
+        lm.extend(tokens, keep=1)
+        context += tokens
+        keep = rng.randint(len(context) - len(tokens), len(context))
+        lm.rollback(keep)
+        del context[keep:]
+    kept = lm.features(taps, 0, lm.length)  # [T, 2 H]
+    torch.testing.assert_close(kept, lm.score_features(context, taps), atol=FP32_ATOL, rtol=0)
     with torch.inference_mode():
-        hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states  # embeddings, then each layer
-    # transformers' last entry is after the final norm; the layer before it is not.
-    torch.testing.assert_close(features[:, 1], hidden[1][0, -2:], atol=FP32_ATOL, rtol=0)
-    torch.testing.assert_close(logits, target.score(ids)[-2:], atol=FP32_ATOL, rtol=0)
-    assert target.length == len(ids)
+        hidden = model(torch.tensor([context]), output_hidden_states=True).hidden_states
+    # transformers' entries: the embeddings, then each layer's output, the last one after the norm.
+    torch.testing.assert_close(kept[:, :32], hidden[-1][0], atol=FP32_ATOL, rtol=0)
+    torch.testing.assert_close(kept[:, 32:], hidden[1][0], atol=FP32_ATOL, rtol=0)
+    logits = lm.extend([5])
+    torch.testing.assert_close(logits, lm.features([FINAL], lm.length - 1, lm.length) @ lm.output_embeddings().T,
+                               atol=FP32_ATOL, rtol=0)
+    assert torch.equal(lm.input_embeddings(), model.model.embed_tokens.weight)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

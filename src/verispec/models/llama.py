@@ -19,9 +19,11 @@ transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file
 weights are fused and packed here; the transformers model is left as it was, so both can run
 (HF generate in the benchmark), at the cost of a second copy of the weights.
 
-Features: `extend_features` also returns, for the kept rows, the residual stream after chosen
-layers (layer index i is the output of decoder layer i; index `layers` - 1 is the final
-hidden state, the input of the final norm), at no extra forward.
+Feature channel (`FeatureChannel`): after `record_features(taps)`, every forward also keeps,
+for all its rows, the residual stream after the tapped decoder layers (layer taps 1..L) and
+the final norm's output (FINAL), in a `FeatureStore` that rolls back with the cache. They are
+tensors the forward computes anyway (FINAL only widens the final norm from the kept rows to
+all rows), so no extra forward runs.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import torch
 from torch import nn
 
 from verispec.models.attention import InvariantAttention, SdpaAttention
-from verispec.models.base import check_extend, check_token_ids
+from verispec.models.base import FINAL, Tap, check_extend, check_taps, check_token_ids
+from verispec.models.features import FeatureStore
 from verispec.models.kv_cache import KVCache
 from verispec.models.linear import projection
 from verispec.models.rope import RopeTables, rope_parameters
@@ -79,7 +82,7 @@ class LlamaRuntime:
         head: nn.Module,
         rope: RopeTables,
         deterministic: bool = False,
-        output_embeddings: nn.Linear | None = None,
+        head_linear: nn.Linear | None = None,
     ) -> None:
         self.shape = shape
         self.vocab_size = shape.vocab_size
@@ -87,13 +90,15 @@ class LlamaRuntime:
         self.layers = layers
         self.norm = norm  # [H]
         self.head = head  # [M, H] -> [M, V]
-        self.output_embeddings = output_embeddings  # the dense head weight [V, H], for pruned heads
+        self.head_linear = head_linear  # the dense head (weight [V, H]), for pruned heads
+        self.hidden_size, self.num_layers = shape.hidden, shape.layers
         self.rope = rope
         self.deterministic = deterministic
         kind = InvariantAttention if deterministic else SdpaAttention
         self.attention = kind(shape.heads, shape.kv_heads, shape.head_dim)
         self.dtype = embed.dtype
         self.cache = self.new_cache()
+        self._features = FeatureStore(shape.hidden)
 
     @classmethod
     def from_hf(cls, model: nn.Module, weight_format: str = "float", deterministic: bool = False) -> LlamaRuntime:
@@ -146,7 +151,7 @@ class LlamaRuntime:
         shape = replace(self.shape, layers=layers)
         return LlamaRuntime(
             shape, self.embed, self.layers[:layers], self.norm, head or self.head, self.rope,
-            self.deterministic, self.output_embeddings,
+            self.deterministic, self.head_linear,
         )
 
     def new_cache(self, capacity: int = 256) -> KVCache:
@@ -161,35 +166,25 @@ class LlamaRuntime:
 
     def reset(self) -> None:
         self.cache.length = 0
+        self._features.reset()
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int]) -> None:
         self.reset()
         if len(ids):
             check_token_ids(ids, self.vocab_size)
-            self._forward(self.cache, ids, keep=0)
+            self._live_forward(ids, keep=0)
 
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
-        return self._forward(self.cache, tokens, keep or len(tokens))[0]
-
-    @torch.inference_mode()
-    def extend_features(
-        self, tokens: Sequence[int], keep: int | None, layers: Sequence[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`extend`, and the residual stream after each decoder layer in `layers` for the kept
-        rows: (logits[keep, V] float32, features[keep, len(layers), H] in the model's dtype)."""
-        check_extend(tokens, keep, self.vocab_size)
-        bad = [i for i in layers if not 0 <= i < self.shape.layers]
-        if bad or not layers:
-            raise ValueError(f"feature layers must be decoder layers 0..{self.shape.layers - 1}, got {list(layers)}")
-        return self._forward(self.cache, tokens, keep or len(tokens), tuple(layers))
+        return self._live_forward(tokens, keep or len(tokens))
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.cache.length:
             raise ValueError(f"cannot roll back to {length}; {self.cache.length} tokens processed")
         self.cache.length = length
+        self._features.truncate(length)
 
     @torch.inference_mode()
     def score(self, ids: Sequence[int]) -> torch.Tensor:
@@ -198,13 +193,47 @@ class LlamaRuntime:
         check_token_ids(ids, self.vocab_size)
         return self._forward(self.new_cache(len(ids)), ids, keep=len(ids))[0]
 
+    # --- FeatureChannel -------------------------------------------------------------------
+
+    def record_features(self, taps: Sequence[Tap]) -> None:
+        for tap in check_taps(taps, self.num_layers):
+            self._features.add(tap, self.length)
+
+    def features(self, taps: Sequence[Tap], start: int, end: int) -> torch.Tensor:
+        return self._features.read(taps, start, end)
+
+    @torch.no_grad()  # not inference mode: a trainer may feed these rows to modules it trains
+    def score_features(self, ids: Sequence[int], taps: Sequence[Tap]) -> torch.Tensor:
+        if not len(ids):
+            raise ValueError("score_features needs at least one token")
+        missing = [tap for tap in taps if tap not in self._features.taps]
+        if missing:
+            raise ValueError(f"feature tap {missing[0]!r} is not recorded; call record_features first")
+        check_token_ids(ids, self.vocab_size)
+        captured = self._forward(self.new_cache(len(ids)), ids, keep=0, taps=tuple(taps))[1]
+        return torch.cat([captured[tap].float() for tap in taps], dim=-1)  # [T, len(taps) H]
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.embed
+
+    def output_embeddings(self) -> torch.Tensor:
+        return self.head_linear.weight
+
     # --- the forward ----------------------------------------------------------------------
 
+    def _live_forward(self, tokens: Sequence[int], keep: int) -> torch.Tensor | None:
+        """A forward on the live cache; the recorded taps' rows go to the feature store."""
+        logits, captured = self._forward(self.cache, tokens, keep, self._features.taps)
+        if captured:
+            self._features.append(captured)
+        return logits
+
     def _forward(
-        self, cache: KVCache, tokens: Sequence[int], keep: int, feature_layers: tuple[int, ...] = ()
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        self, cache: KVCache, tokens: Sequence[int], keep: int, taps: tuple[Tap, ...] = ()
+    ) -> tuple[torch.Tensor | None, dict[Tap, torch.Tensor]]:
         """Run `tokens` after `cache.length` cached positions and advance the cache; logits
-        of the last `keep` rows (float32 [keep, V]; None when keep = 0) and their features."""
+        of the last `keep` rows (float32 [keep, V]; None when keep = 0) and the features of
+        all M rows at `taps` ({tap: [M, H]} in the model's dtype)."""
         s = self.shape
         m, start = len(tokens), cache.length
         end = start + m
@@ -226,14 +255,17 @@ class LlamaRuntime:
             x = x + layer.o(attended)
             gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [M, 2 I]
             x = x + layer.down(nn.functional.silu(gate_up[:, : s.intermediate]) * gate_up[:, s.intermediate :])
-            if index in feature_layers:
-                captured[index] = x[m - keep :]
+            if index + 1 in taps:
+                captured[index + 1] = x
         cache.length = end
-        features = torch.stack([captured[i] for i in feature_layers], 1) if feature_layers else None
+        if FINAL in taps:
+            captured[FINAL] = normed = rms_norm(x, self.norm, s.eps)  # [M, H]
+            normed = normed[m - keep :]
+        elif keep:
+            normed = rms_norm(x[m - keep :], self.norm, s.eps)  # [keep, H]
         if keep == 0:
-            return None, features
-        logits = self.head(rms_norm(x[m - keep :], self.norm, s.eps))  # [keep, V]
-        return logits.float(), features
+            return None, captured
+        return self.head(normed).float(), captured  # [keep, V]
 
 
 def fast_runtime_refusal(model: nn.Module) -> str | None:
