@@ -37,7 +37,8 @@ def main() -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--runtime", default="auto", choices=["auto", "fast", "hf"])
-    parser.add_argument("--deterministic", action="store_true", help="the fast runtime's shape-invariant scoring")
+    parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
+                        help="the fast runtime's shape-invariant scoring (default: on in bfloat16)")
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=Path, default=SPECBENCH)
@@ -58,7 +59,7 @@ def main() -> int:
     proposers = args.proposers.split(",") if args.proposers else default
     ks = args.ks.split(",")
     workloads = select(read_workloads(args.prompts), limit_per_category=args.per_category)
-    print(f"{args.model} ({args.dtype}, runtime {loaded.runtime}{' deterministic' * args.deterministic}), {len(workloads)} prompts, {args.max_new_tokens} new tokens, "
+    print(f"{args.model} ({args.dtype}, runtime {loaded.runtime}{' deterministic' * bool(getattr(loaded.lm, 'deterministic', False))}), {len(workloads)} prompts, {args.max_new_tokens} new tokens, "
           f"proposers {', '.join(proposers)}, k {', '.join(ks)}; {torch.get_num_threads()} torch threads",
           file=sys.stderr)
     records = identity_suite(loaded, workloads, proposers, ks, args.max_new_tokens,
@@ -84,7 +85,7 @@ def main() -> int:
 
     if args.json:
         header = {"model": args.model, "dtype": args.dtype, "runtime": loaded.runtime,
-                  "deterministic": args.deterministic, "max_new_tokens"": args.max_new_tokens,
+                  "deterministic": args.deterministic, "max_new_tokens": args.max_new_tokens,
                   "prompts": str(args.prompts), "per_category": args.per_category, "proposers": proposers, "ks": ks,
                   "torch_threads": torch.get_num_threads()}
         counts = {key: summary[key] for key in ("runs", "identical", "top_logit_gap", "tolerance")}

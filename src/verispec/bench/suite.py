@@ -61,7 +61,7 @@ class Settings:
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
     runtime: str = "auto"
-    deterministic: bool = False
+    deterministic: bool | None = None
     threads: int | None = None
     quick: bool = False
     command: str = ""
@@ -179,7 +179,7 @@ def measure(settings: Settings, console: Console) -> dict:
     header = {
         **machine.describe(dtype),
         "model": target.name,
-        "runtime": target.runtime + (" (deterministic)" if settings.deterministic else ""),
+        "runtime": target.runtime + (" (deterministic)" if getattr(target.lm, "deterministic", False) else ""),
         "max_new_tokens": protocol.max_new_tokens,
         "repeats": protocol.repeats,
         "warmup": protocol.warmup,

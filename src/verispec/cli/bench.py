@@ -63,7 +63,7 @@ def bench(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32 or bfloat16.")] = "auto",
     runtime: RuntimeOption = "auto",
-    deterministic: DeterministicOption = False,
+    deterministic: DeterministicOption = None,
     threads: Annotated[
         Optional[int],
         typer.Option(min=1, help="torch threads for every method.", show_default="torch's; --quick: 1"),
@@ -121,8 +121,8 @@ def command_line(settings: Settings) -> str:
         words.append("--quick")
     else:
         words += ["--model", settings.model, "--dtype", settings.dtype, "--runtime", settings.runtime]
-        if settings.deterministic:
-            words.append("--deterministic")
+        if settings.deterministic is not None:
+            words.append("--deterministic" if settings.deterministic else "--no-deterministic")
     if settings.threads is not None:
         words += ["--threads", str(settings.threads)]
     return shlex.join([*words, "--out", str(settings.out)])

@@ -40,7 +40,7 @@ def demo(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 96,
     dtype: str = "auto",
     runtime: RuntimeOption = "auto",
-    deterministic: DeterministicOption = False,
+    deterministic: DeterministicOption = None,
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     check_k(k)

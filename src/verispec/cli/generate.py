@@ -36,7 +36,7 @@ def generate(
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="Wrap the prompt in the chat template.")] = True,
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16.")] = "auto",
     runtime: RuntimeOption = "auto",
-    deterministic: DeterministicOption = False,
+    deterministic: DeterministicOption = None,
     compare: Annotated[bool, typer.Option("--compare", help="Also decode plainly; report speedup and identity.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:

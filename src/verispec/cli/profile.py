@@ -60,7 +60,7 @@ def profile(
     ] = 0.0,
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16.")] = "auto",
     runtime: RuntimeOption = "auto",
-    deterministic: DeterministicOption = False,
+    deterministic: DeterministicOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of tables.")] = False,
     out: Annotated[
         Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")
@@ -87,7 +87,7 @@ def profile(
     )
     measured.target, measured.proposer = loaded.name, proposer
     measured.machine["dtype"] = str(loaded.dtype).removeprefix("torch.")
-    measured.machine["runtime"] = loaded.runtime + (" (deterministic)" if deterministic else "")
+    measured.machine["runtime"] = loaded.runtime + (" (deterministic)" if getattr(loaded.lm, "deterministic", False) else "")
     if survival_tokens:
         run = generate(
             loaded.lm, drafter, prompt_ids, max_new_tokens=survival_tokens, sampling=sampling,

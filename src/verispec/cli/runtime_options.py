@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -11,10 +11,12 @@ RuntimeOption = Annotated[
     typer.Option(help="auto (the fast Llama runtime where it supports the model, else transformers), fast or hf."),
 ]
 DeterministicOption = Annotated[
-    bool,
+    Optional[bool],
     typer.Option(
-        "--deterministic",
+        "--deterministic/--no-deterministic",
         help="Fast runtime: a row's logits do not depend on how many rows are scored with it, so greedy "
-        "speculative output is plain greedy output bit for bit (same weights and target).",
+        "speculative output is plain greedy output bit for bit (same weights, same target) "
+        "[default: on in bfloat16, where it is also faster; off in float32, where it costs time].",
+        show_default=False,
     ),
 ]
