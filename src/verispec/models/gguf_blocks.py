@@ -117,7 +117,7 @@ def _weight(tensor) -> GGUFWeight:
     data = np.asarray(tensor.data)
     if kind in CODED:
         return decode_blocks(kind, data)
-    return GGUFWeight(kind, values=torch.from_numpy(np.ascontiguousarray(dequantize(data, tensor.tensor_type))))
+    return GGUFWeight(kind, values=torch.from_numpy(np.array(dequantize(data, tensor.tensor_type))))
 
 
 def _processor(model: PreTrainedModel) -> TensorProcessor:
