@@ -41,7 +41,9 @@ class HFCausalLM:
         model.eval()
         self.model = model
         self.device = model.device
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()
+        # A quantized head (`models.quant`) has no float weight, only its output size.
+        self.vocab_size = int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
         self.cache = self._new_cache()
         self._length = 0
 
