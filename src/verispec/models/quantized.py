@@ -24,10 +24,11 @@ from verispec.models.quant import linear_for
 
 
 def quantized_model(
-    model: PreTrainedModel, fmt: str, blocks: Mapping[str, GGUFWeight] | None = None
+    model: PreTrainedModel, fmt: str, blocks: Mapping[str, GGUFWeight] | None = None, exact: bool = True
 ) -> PreTrainedModel:
     """A copy of `model` with its linear layers in `fmt` ("q4", "int8", "bfloat16",
     "float32"), sharing all other tensors; `.exact` tells whether its weights are unchanged.
+    exact=False: q4's cheaper single plane (`quant.linear_for`), for drafts.
 
     >>> draft = quantized_model(loaded.model, "q4", gguf_weights(loaded.source, loaded.model))
     >>> draft.exact   # True for the default model's Q4_1/Q8_0 file
@@ -47,7 +48,7 @@ def quantized_model(
                 f"{name} has a bias; quantized formats support bias-free linear layers (Llama-style models)"
             )
         stored = [blocks[alias] for alias in aliases[id(module.weight)] if blocks is not None and alias in blocks]
-        layer = linear_for(stored[0] if stored else module.weight.detach(), fmt)
+        layer = linear_for(stored[0] if stored else module.weight.detach(), fmt, exact=exact)
         view.set_submodule(name, layer)
         exact = exact and layer.exact
     view.exact = exact

@@ -1,16 +1,18 @@
 """The target's own weights, quantized, as its draft model (a quantized self-draft).
 
 The draft is the same network with its linear layers in int4 ("q4") or int8 on torch's CPU
-weight-only kernels (`models.quant`): for a GGUF target the file's own blocks, for a Hugging
-Face checkpoint its weights quantized on load. It needs no training and no second model, and,
+weight-only kernels (`models.quant`): for a GGUF target the file's own 4-bit blocks, for a
+Hugging Face checkpoint its weights quantized on load. A draft need not be exact, so q4 takes
+the kernel's cheaper single plane: a Q4 block's codes with d and m + 8 d rounded to bfloat16
+(half the work of the exact two planes), and the Q8_0 head requantized to 4 bits. It needs no training and no second model, and,
 being the same network, it agrees with the target on most tokens. Embedding, norms and rotary
 tables are shared with the target by reference; the draft runs behind `HFCausalLM` with its
 OWN cache and drafts through `DraftModel`: q sampled with the request's transforms (argmax at
 temperature 0), every token verified exactly against the target.
 
-For a Q4 GGUF target, q4 holds exactly the target's weights (the draft differs from the target
-only by bfloat16 activations); decoding with `--dtype q4` plainly is then the same target up
-to that rounding, and faster than drafting with it. The self-draft pays off where the target
+For a Q4 GGUF target the draft's weights are the target's up to that rounding of the scales;
+decoding plainly with the exact q4 format is then the same target (up to bfloat16
+activations), and faster than drafting with its near-copy. The self-draft pays off where the target
 must stay in float32 or bfloat16 arithmetic, or its weights are not 4-bit already (an HF
 checkpoint, where q4 plainly would be a different model).
 """
@@ -36,8 +38,6 @@ class SelfDraft(DraftModel):
     target was loaded from, whose blocks q4 then holds as they are (None: quantize on load).
 
     >>> proposer = SelfDraft(loaded.lm, "q4", gguf=loaded.source)
-    >>> proposer.exact_weights   # the draft's weights are the target's, bit for bit
-    True
     >>> generate(loaded.lm, proposer, prompt_ids, max_new_tokens=64, k=4)
     """
 
@@ -46,7 +46,7 @@ class SelfDraft(DraftModel):
             raise ValueError(f"a self-draft runs in {' or '.join(FORMATS)}, got {fmt!r}")
         model = target if isinstance(target, PreTrainedModel) else target.model
         blocks = gguf_weights(gguf, model) if gguf is not None else None
-        draft = quantized_model(model, fmt, blocks)
+        draft = quantized_model(model, fmt, blocks, exact=False)
         super().__init__(HFCausalLM(draft))
         self.fmt = fmt
         self.exact_weights = draft.exact
