@@ -27,6 +27,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from verispec.models.base import check_extend, check_token_ids
+
 
 class HFCausalLM:
     """A transformers causal LM (e.g. `LlamaForCausalLM`) with a rollback-able KV cache.
@@ -75,11 +77,7 @@ class HFCausalLM:
 
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("extend needs at least one token")
-        if keep is not None and not 1 <= keep <= n:
-            raise ValueError(f"keep must lie in [1, {n}] for {n} tokens, got {keep}")
+        check_extend(tokens, keep, self.vocab_size)
         return self._forward(tokens, keep=keep or 0)[0].float()  # [keep or n, V]
 
     def rollback(self, length: int) -> None:
@@ -96,26 +94,18 @@ class HFCausalLM:
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         if not len(ids):
             raise ValueError("score needs at least one token")
-        self._check_ids(ids)
+        check_token_ids(ids, self.vocab_size)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         return self.model(input_ids=input_ids, use_cache=False).logits[0].float()  # [T, V]
 
     def _forward(self, tokens: Sequence[int], keep: int) -> torch.Tensor:
         """Run `tokens` through the model on top of the cache; logits[1, keep or n, V] in the
         model's dtype (keep = 0 keeps every row, as transformers reads `logits_to_keep`)."""
-        self._check_ids(tokens)
+        check_token_ids(tokens, self.vocab_size)
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
         self._length += len(tokens)
         return out.logits
-
-    def _check_ids(self, ids: Sequence[int]) -> None:
-        # Checked before the forward: an embedding lookup failing half-way through the layers
-        # would leave the cache longer in some layers than in others.
-        low, high = min(ids), max(ids)
-        if low < 0 or high >= self.vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {self.vocab_size})")
 
 
 def _full_attention(layer: object) -> bool:

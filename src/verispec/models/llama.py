@@ -1,0 +1,269 @@
+"""`LlamaRuntime`: a lean Llama forward behind the `CausalLM` protocol.
+
+A forward of M new tokens on top of `start` cached positions, per layer:
+
+    h = rms_norm(x)                      x[M, H] the residual stream, in the model's dtype
+    q, k, v = qkv(h)                     one fused projection -> [M, Hq + 2 Hkv, D]
+    q, k = rope(q, k)                    both at once, from precomputed tables
+    K, V = cache.write(k, v)             in place at start..start+M-1; views [Hkv, start+M, D]
+    x = x + o(attention(q, K, V))        causal among the M rows; grouped-query heads
+    x = x + down(silu(gate) * up)        gate and up from one fused projection
+
+then only the last `keep` rows go through the final norm and the output head. That is about
+a dozen kernels a layer where transformers' eager Llama launches ~33 (separate q/k/v and
+gate/up, rotate_half by slicing and concatenation, masks and caches rebuilt every forward).
+
+Projections are modules from `verispec.models.linear.projection`, chosen by weight format,
+so quantized layouts drop in without touching this file. The runtime is built from a
+transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file), whose
+weights are fused and packed here; the transformers model is left as it was, so both can run
+(HF generate in the benchmark), at the cost of a second copy of the weights.
+
+Features: `extend_features` also returns, for the kept rows, the residual stream after chosen
+layers (layer index i is the output of decoder layer i; index `layers` - 1 is the final
+hidden state, the input of the final norm), at no extra forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from verispec.models.attention import InvariantAttention, SdpaAttention
+from verispec.models.base import check_extend, check_token_ids
+from verispec.models.kv_cache import KVCache
+from verispec.models.linear import projection
+from verispec.models.rope import RopeTables, rope_parameters
+
+
+@dataclass
+class LlamaLayer:
+    attn_norm: torch.Tensor  # [H]
+    qkv: nn.Module  # [M, H] -> [M, (Hq + 2 Hkv) D]
+    o: nn.Module  # [M, Hq D] -> [M, H]
+    mlp_norm: torch.Tensor  # [H]
+    gate_up: nn.Module  # [M, H] -> [M, 2 I]
+    down: nn.Module  # [M, I] -> [M, H]
+
+
+@dataclass
+class LlamaShape:
+    layers: int
+    hidden: int
+    heads: int  # query heads
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab_size: int
+    eps: float
+
+
+class LlamaRuntime:
+    """A Llama-architecture model with a preallocated, position-indexed KV cache.
+
+    >>> lm = LlamaRuntime.from_hf(model)   # model: a transformers LlamaForCausalLM
+    >>> lm.prefill(prompt[:-1])
+    >>> logits = lm.extend([prompt[-1], *drafted], keep=None)   # float32 [1 + k, V]
+    >>> lm.rollback(lm.length - 2)          # moves the cache's position; copies nothing
+    """
+
+    def __init__(
+        self,
+        shape: LlamaShape,
+        embed: torch.Tensor,
+        layers: list[LlamaLayer],
+        norm: torch.Tensor,
+        head: nn.Module,
+        rope: RopeTables,
+        deterministic: bool = False,
+        output_embeddings: nn.Linear | None = None,
+    ) -> None:
+        self.shape = shape
+        self.vocab_size = shape.vocab_size
+        self.embed = embed  # [V, H]
+        self.layers = layers
+        self.norm = norm  # [H]
+        self.head = head  # [M, H] -> [M, V]
+        self.output_embeddings = output_embeddings  # the dense head weight [V, H], for pruned heads
+        self.rope = rope
+        self.deterministic = deterministic
+        kind = InvariantAttention if deterministic else SdpaAttention
+        self.attention = kind(shape.heads, shape.kv_heads, shape.head_dim)
+        self.dtype = embed.dtype
+        self.cache = self.new_cache()
+
+    @classmethod
+    def from_hf(cls, model: nn.Module, weight_format: str = "float", deterministic: bool = False) -> LlamaRuntime:
+        """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc)."""
+        refusal = fast_runtime_refusal(model)
+        if refusal:
+            raise ValueError(refusal)
+        config = model.config
+        inv_freq, scaling = rope_parameters(config)
+        base = model.model
+        attention = base.layers[0].self_attn
+        shape = LlamaShape(
+            layers=len(base.layers),
+            hidden=config.hidden_size,
+            heads=config.num_attention_heads,
+            kv_heads=config.num_key_value_heads,
+            head_dim=attention.head_dim,
+            intermediate=config.intermediate_size,
+            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+            eps=float(config.rms_norm_eps),
+        )
+        layers = []
+        with torch.no_grad():
+            for layer in base.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                layers.append(
+                    LlamaLayer(
+                        attn_norm=layer.input_layernorm.weight.detach(),
+                        qkv=_fused(weight_format, attn.q_proj, attn.k_proj, attn.v_proj),
+                        o=_fused(weight_format, attn.o_proj),
+                        mlp_norm=layer.post_attention_layernorm.weight.detach(),
+                        gate_up=_fused(weight_format, mlp.gate_proj, mlp.up_proj),
+                        down=_fused(weight_format, mlp.down_proj),
+                    )
+                )
+            embed = base.embed_tokens.weight.detach()
+            head = _fused(weight_format, model.get_output_embeddings())
+        model.eval()
+        rope = RopeTables(inv_freq, scaling, embed.dtype)
+        return cls(
+            shape, embed, layers, base.norm.weight.detach(), head, rope, deterministic, model.get_output_embeddings()
+        )
+
+    def truncated(self, layers: int, head: nn.Module | None = None) -> LlamaRuntime:
+        """A runtime of the first `layers` layers, then the final norm and `head` (default: this
+        model's head), sharing every weight, with a cache of its own (layer skipping)."""
+        total = self.shape.layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= total:
+            raise ValueError(f"the draft needs 1 <= layers <= {total} (the target has {total} layers), got {layers!r}")
+        shape = replace(self.shape, layers=layers)
+        return LlamaRuntime(
+            shape, self.embed, self.layers[:layers], self.norm, head or self.head, self.rope,
+            self.deterministic, self.output_embeddings,
+        )
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        s = self.shape
+        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity, self.attention.value_ones)
+
+    # --- CausalLM -------------------------------------------------------------------------
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def reset(self) -> None:
+        self.cache.length = 0
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int]) -> None:
+        self.reset()
+        if len(ids):
+            check_token_ids(ids, self.vocab_size)
+            self._forward(self.cache, ids, keep=0)
+
+    @torch.inference_mode()
+    def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        check_extend(tokens, keep, self.vocab_size)
+        return self._forward(self.cache, tokens, keep or len(tokens))[0]
+
+    @torch.inference_mode()
+    def extend_features(
+        self, tokens: Sequence[int], keep: int | None, layers: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`extend`, and the residual stream after each decoder layer in `layers` for the kept
+        rows: (logits[keep, V] float32, features[keep, len(layers), H] in the model's dtype)."""
+        check_extend(tokens, keep, self.vocab_size)
+        bad = [i for i in layers if not 0 <= i < self.shape.layers]
+        if bad or not layers:
+            raise ValueError(f"feature layers must be decoder layers 0..{self.shape.layers - 1}, got {list(layers)}")
+        return self._forward(self.cache, tokens, keep or len(tokens), tuple(layers))
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.cache.length:
+            raise ValueError(f"cannot roll back to {length}; {self.cache.length} tokens processed")
+        self.cache.length = length
+
+    @torch.inference_mode()
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        if not len(ids):
+            raise ValueError("score needs at least one token")
+        check_token_ids(ids, self.vocab_size)
+        return self._forward(self.new_cache(len(ids)), ids, keep=len(ids))[0]
+
+    # --- the forward ----------------------------------------------------------------------
+
+    def _forward(
+        self, cache: KVCache, tokens: Sequence[int], keep: int, feature_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Run `tokens` after `cache.length` cached positions and advance the cache; logits
+        of the last `keep` rows (float32 [keep, V]; None when keep = 0) and their features."""
+        s = self.shape
+        m, start = len(tokens), cache.length
+        end = start + m
+        width = self.attention.width(end)
+        cache.ensure(width)
+        self.rope.ensure(end)
+        ids = torch.tensor(tokens, dtype=torch.long)  # [M]
+        x = nn.functional.embedding(ids, self.embed)  # [M, H]
+        # Row i sees positions 0..start+i; a single row sees everything, so needs no mask.
+        mask = self.attention.mask(start, m, self.dtype)
+        captured = []
+        q_end, k_end = s.heads, s.heads + s.kv_heads
+        for index, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, s.eps)
+            qkv = layer.qkv(h).view(m, k_end + s.kv_heads, s.head_dim)  # [M, Hq + 2 Hkv, D]
+            qk = self.rope.rotate(qkv[:, :k_end], start)  # [M, Hq + Hkv, D]
+            keys, values = cache.write(index, start, qk[:, q_end:], qkv[:, k_end:], width)  # [Hkv, width, D]
+            attended = self.attention(qk[:, :q_end].transpose(0, 1), keys, values, mask)  # [M, Hq D]
+            x = x + layer.o(attended)
+            gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [M, 2 I]
+            x = x + layer.down(nn.functional.silu(gate_up[:, : s.intermediate]) * gate_up[:, s.intermediate :])
+            if index in feature_layers:
+                captured.append(x[m - keep :])
+        cache.length = end
+        features = torch.stack([captured[feature_layers.index(i)] for i in feature_layers], 1) if feature_layers else None
+        if keep == 0:
+            return None, features
+        logits = self.head(rms_norm(x[m - keep :], self.norm, s.eps))  # [keep, V]
+        return logits.float(), features
+
+
+def fast_runtime_refusal(model: nn.Module) -> str | None:
+    """Why the fast runtime cannot run this transformers model (None: it can)."""
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind != "llama":
+        return f"the fast runtime runs Llama-architecture models and this is {kind!r}; use runtime 'hf'"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"the fast runtime's MLP is SiLU-gated and this model uses {config.hidden_act!r}; use runtime 'hf'"
+    dtype = model.get_output_embeddings().weight.dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"the fast runtime computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}; use runtime 'hf'"
+    try:
+        rope_parameters(config)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x[M, H] -> weight * x / sqrt(mean(x^2) + eps), the statistics in float32."""
+    return nn.functional.rms_norm(x, weight.shape, weight, eps)
+
+
+def _fused(weight_format: str, *linears: nn.Linear) -> nn.Module:
+    """One projection computing every linear's output side by side ([M, sum of outs])."""
+    weights = [linear.weight.detach() for linear in linears]  # each [out, in]
+    biases = [linear.bias for linear in linears]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+    return projection(torch.cat(weights), bias, weight_format)
