@@ -22,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
 from verispec.models.hf import HFCausalLM
+from verispec.models.llama import LlamaRuntime
 from verispec.models.load import LoadedModel
 from verispec.models.quant import Int4Linear, Int8Linear
 from verispec.proposers.self_draft import SelfDraft
@@ -44,7 +45,7 @@ def target() -> HFCausalLM:
 
 @pytest.mark.parametrize(("fmt", "kind"), [("q4", Int4Linear), ("int8", Int8Linear)])
 def test_only_the_linear_layers_are_replaced(target, fmt, kind):
-    proposer = SelfDraft(target, fmt)
+    proposer = SelfDraft(target, fmt, runtime="hf")
     draft = proposer.model.model
     assert proposer.fmt == fmt and not proposer.exact_weights  # float weights: quantized on load
     assert isinstance(draft.lm_head, kind) and isinstance(draft.model.layers[2].mlp.down_proj, kind)
@@ -54,8 +55,18 @@ def test_only_the_linear_layers_are_replaced(target, fmt, kind):
     assert proposer.model.cache is not target.cache and proposer.vocab_size == VOCAB
 
 
-def test_draft_cache_follows_any_history(target):
-    draft = SelfDraft(target, "q4").model
+@pytest.mark.parametrize(("fmt", "kind"), [("q4", Int4Linear), ("int8", Int8Linear)])
+def test_on_the_fast_runtime_the_projections_are_quantized(target, fmt, kind):
+    proposer = SelfDraft(target, fmt)
+    draft = proposer.model
+    assert isinstance(draft, LlamaRuntime) and proposer.runtime == "fast" and not proposer.exact_weights
+    assert isinstance(draft.head, kind) and all(isinstance(layer.qkv, kind) for layer in draft.layers)
+    assert draft.embed.data_ptr() == target.model.model.embed_tokens.weight.data_ptr()  # shared
+
+
+@pytest.mark.parametrize("runtime", ["fast", "hf"])
+def test_draft_cache_follows_any_history(target, runtime):
+    draft = SelfDraft(target, "q4", runtime=runtime).model
     rng = random.Random(0)
     context = [rng.randrange(VOCAB) for _ in range(5)]
     draft.prefill(context)
@@ -74,20 +85,21 @@ def test_draft_cache_follows_any_history(target):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=20)])
-@pytest.mark.parametrize("fmt", ["q4", "int8"])
-def test_engine_equals_reference(target, seed, sampling, fmt):
+@pytest.mark.parametrize(("fmt", "runtime"), [("q4", "fast"), ("q4", "hf"), ("int8", "fast")])
+def test_engine_equals_reference(target, seed, sampling, fmt, runtime):
     prompt = [1, 17, 33, 49, 65]
     options = dict(max_new_tokens=16, sampling=sampling, k=3)
-    engine = generate(target, SelfDraft(target, fmt), prompt, rng=TorchRandom(seed), **options)
-    reference = reference_generate(target, SelfDraft(target, fmt), prompt, rng=TorchRandom(seed), **options)
+    engine = generate(target, SelfDraft(target, fmt, runtime=runtime), prompt, rng=TorchRandom(seed), **options)
+    fresh = SelfDraft(target, fmt, runtime=runtime)
+    reference = reference_generate(target, fresh, prompt, rng=TorchRandom(seed), **options)
     assert engine.tokens == reference
 
 
-@pytest.mark.parametrize("fmt", ["q4", "int8"])
-def test_greedy_speculative_equals_greedy_plain(target, fmt):
+@pytest.mark.parametrize(("fmt", "runtime"), [("q4", "fast"), ("q4", "hf"), ("int8", "fast")])
+def test_greedy_speculative_equals_greedy_plain(target, fmt, runtime):
     prompt = [4, 8, 15, 16, 23, 42]
     plain = generate(target, None, prompt, max_new_tokens=24, sampling=GREEDY, k=0)
-    fast = generate(target, SelfDraft(target, fmt), prompt, max_new_tokens=24, sampling=GREEDY, k=4)
+    fast = generate(target, SelfDraft(target, fmt, runtime=runtime), prompt, max_new_tokens=24, sampling=GREEDY, k=4)
     assert fast.tokens == plain.tokens
     assert sum(fast.stats.accepted) > 0
 
@@ -96,12 +108,15 @@ def test_spec_builds_it(target):
     loaded = LoadedModel(name="tiny", lm=target, model=target.model, tokenizer=None, eos_token_ids=(),
                          dtype=torch.float32, source=Path("tiny"))
     assert parse_proposer("selfdraft", loaded).fmt == "q4"
-    assert parse_proposer("selfdraft:int8", loaded).fmt == "int8"
+    int8 = parse_proposer("selfdraft:int8", loaded)
+    assert int8.fmt == "int8" and int8.runtime == "hf"  # the target's runtime
 
 
 def test_bad_format_is_refused(target):
     with pytest.raises(ValueError, match="a self-draft runs in q4 or int8, got 'q2'"):
         SelfDraft(target, "q2")
+    with pytest.raises(ValueError, match="unknown runtime 'gpu'"):
+        SelfDraft(target, "q4", runtime="gpu")
 
 
 @pytest.mark.slow

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+import torch
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -34,9 +35,7 @@ def quantized_model(
     >>> draft.exact   # True for the default model's Q4_1/Q8_0 file
     True
     """
-    aliases: dict[int, list[str]] = {}  # a tied head's weight is the embedding's
-    for name, param in model.named_parameters(remove_duplicate=False):
-        aliases.setdefault(id(param), []).append(name)
+    stored = stored_weights(model, blocks)
     shared = {id(tensor): tensor for tensor in itertools.chain(model.parameters(), model.buffers())}
     view = copy.deepcopy(model, memo=shared)  # new modules, the same tensors
     exact = True
@@ -47,9 +46,26 @@ def quantized_model(
             raise ValueError(
                 f"{name} has a bias; quantized formats support bias-free linear layers (Llama-style models)"
             )
-        stored = [blocks[alias] for alias in aliases[id(module.weight)] if blocks is not None and alias in blocks]
-        layer = linear_for(stored[0] if stored else module.weight.detach(), fmt, exact=exact)
+        layer = linear_for(stored(module), fmt, exact=exact)
         view.set_submodule(name, layer)
         exact = exact and layer.exact
     view.exact = exact
     return view.eval()
+
+
+def stored_weights(
+    model: PreTrainedModel, blocks: Mapping[str, GGUFWeight] | None
+) -> Callable[[nn.Linear], GGUFWeight | torch.Tensor]:
+    """A lookup: linear layer of `model` -> its weight as the GGUF file stores it (in `blocks`,
+    by parameter name; a tied head finds the embedding's blocks), else its float weight."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+
+    def stored(linear: nn.Linear) -> GGUFWeight | torch.Tensor:
+        for name in names.get(id(linear.weight), []):
+            if blocks is not None and name in blocks:
+                return blocks[name]
+        return linear.weight.detach()
+
+    return stored

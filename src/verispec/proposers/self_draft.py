@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 
 from verispec.models.gguf_blocks import gguf_weights
 from verispec.models.hf import HFCausalLM
+from verispec.models.llama import LlamaRuntime, fast_runtime_refusal
 from verispec.models.quantized import quantized_model
 from verispec.proposers.draft_model import DraftModel
 
@@ -34,19 +35,38 @@ FORMATS = ("q4", "int8")
 class SelfDraft(DraftModel):
     """Draft with the target's own weights in `fmt` ("q4" or "int8"), on its own cache.
 
-    target: the target as `HFCausalLM` or its transformers model. gguf: the GGUF file the
-    target was loaded from, whose blocks q4 then holds as they are (None: quantize on load).
+    target: the target's transformers model (or `HFCausalLM` around it). gguf: the GGUF file
+    it was loaded from, whose blocks q4 then uses (None: quantize on load). runtime: "fast"
+    (a `LlamaRuntime` over the quantized projections), "hf" (a view of the transformers
+    model with quantized linears, behind `HFCausalLM`) or "auto" (fast where it supports the
+    model).
 
-    >>> proposer = SelfDraft(loaded.lm, "q4", gguf=loaded.source)
+    >>> proposer = SelfDraft(loaded.model, "q4", gguf=loaded.source)
     >>> generate(loaded.lm, proposer, prompt_ids, max_new_tokens=64, k=4)
     """
 
-    def __init__(self, target: HFCausalLM | PreTrainedModel, fmt: str = "q4", gguf: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        target: HFCausalLM | PreTrainedModel,
+        fmt: str = "q4",
+        gguf: str | os.PathLike | None = None,
+        runtime: str = "auto",
+    ):
         if fmt not in FORMATS:
             raise ValueError(f"a self-draft runs in {' or '.join(FORMATS)}, got {fmt!r}")
+        if runtime not in ("auto", "fast", "hf"):
+            raise ValueError(f"unknown runtime {runtime!r}; choose auto, fast or hf")
         model = target if isinstance(target, PreTrainedModel) else target.model
         blocks = gguf_weights(gguf, model) if gguf is not None else None
-        draft = quantized_model(model, fmt, blocks, exact=False)
-        super().__init__(HFCausalLM(draft))
+        refusal = fast_runtime_refusal(model)
+        if runtime == "fast" and refusal:
+            raise ValueError(refusal)
+        if runtime == "hf" or refusal:
+            draft = quantized_model(model, fmt, blocks, exact=False)
+            lm, self.exact_weights = HFCausalLM(draft), draft.exact
+        else:
+            lm = LlamaRuntime.from_hf(model, fmt, blocks=blocks, exact=False)
+            self.exact_weights = lm.exact_weights
+        super().__init__(lm)
         self.fmt = fmt
-        self.exact_weights = draft.exact
+        self.runtime = "hf" if isinstance(lm, HFCausalLM) else "fast"

@@ -83,7 +83,7 @@ def _self_draft(fmt: str, target: LoadedModel) -> SelfDraft:
     if fmt not in SELF_DRAFT_FORMATS:
         raise ValueError(f"selfdraft takes q4 or int8, got 'selfdraft:{fmt}'")
     gguf = target.source if fmt == "q4" and target.source.is_file() else None
-    return SelfDraft(target.lm, fmt, gguf=gguf)
+    return SelfDraft(target.model, fmt, gguf=gguf, runtime=target.runtime)
 
 
 def _integer(text: str, message: str) -> int:
