@@ -19,6 +19,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, dequantize
 
+from verispec.models import quant
 from verispec.models.gguf_blocks import BLOCK, GGUFWeight, decode_blocks
 from verispec.models.quant import DenseLinear, Int4Linear, Int8Linear, exact_planes, linear_for, planes_weight
 
@@ -105,6 +106,13 @@ def test_fused_projection_holds_every_part():
     assert layer.exact and layer.out_features == 128 and layer.planes == 4
     target = torch.cat([q.dequantize(), k.dequantize(), head.dequantize()])
     assert torch.equal(bits(kernel_float32_weights(layer)), bits(target))
+
+
+def test_packing_in_row_chunks_equals_packing_at_once(monkeypatch):
+    weight = decode_blocks("Q4_1", raw_blocks("Q4_1", 208, 64, seed=10))  # 3 full chunks and 16 rows
+    whole = linear_for(weight, "q4")
+    monkeypatch.setattr(quant, "PACK_CHUNK_ROWS", 64)
+    assert torch.equal(linear_for(weight, "q4").packed, whole.packed)
 
 
 def test_rows_do_not_depend_on_how_many_are_computed():

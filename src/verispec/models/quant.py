@@ -47,6 +47,8 @@ from verispec.models.gguf_blocks import BLOCK, GGUFWeight
 Weight = GGUFWeight | torch.Tensor
 FORMATS = ("float32", "bfloat16", "q4", "int8")
 MAX_PIECES = 3  # bfloat16 pieces a scale or zero may be split into before falling back
+CODES = torch.arange(16, dtype=torch.float64) - 8  # u - 8 for every 4-bit code u
+PACK_CHUNK_ROWS = 4096  # a multiple of the kernel's 64-row blocks
 
 
 class DenseLinear(nn.Module):
@@ -75,7 +77,10 @@ class Int4Linear(nn.Module):
         rows, width = codes.shape
         if width % (BLOCK * planes):
             raise ValueError(f"int4 layers need K a multiple of {BLOCK}, got {width // planes}")
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 2)
+        # Packed in row chunks (the packing keeps each 64 rows apart), so the int32 copy of the
+        # codes the packing op wants stays small even for a 49k-row head.
+        chunks = codes.split(PACK_CHUNK_ROWS)
+        packed = torch.cat([_pack_int4(chunk.to(torch.int32).contiguous()) for chunk in chunks])
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=2).contiguous())
         self.planes = planes
@@ -145,7 +150,15 @@ Plane = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 def exact_planes(weight: Weight) -> list[Plane] | None:
     """bfloat16-exact planes that sum to the GGUF weight bit for bit, or None when it has no
-    such form (float weights, other GGUF types, or blocks whose scales need too many pieces)."""
+    such form (float weights, other GGUF types, or blocks whose scales need too many pieces).
+
+    Checked per block for all 16 codes (so whatever codes a block holds), in float64, which
+    holds these sums exactly: every plane's (u - 8) s_p + z_p is exact in float32, and each
+    affine form (u - 8) S + Z (S = sum s_p, Z = sum z_p exactly) is exact in float32. For
+    Q4_0/Q4_1 that form is d u (+ m) itself, so its float32 value is gguf's float32 result.
+    For Q8_0 the two forms are 16 d h and d l, and their sum d q is exact in float32 for any
+    float16 d and int8 q (11 + 8 significant bits).
+    """
     if isinstance(weight, torch.Tensor) or weight.values is not None:
         return None
     d = weight.d.double()  # [N, G]
@@ -159,13 +172,15 @@ def exact_planes(weight: Weight) -> list[Plane] | None:
     planes = []
     for codes, scale, zero in affine:
         scales, zeros = _bf16_pieces(scale), _bf16_pieces(zero)
-        if scales is None or zeros is None:
+        if scales is None or zeros is None or not _exact_in_float32(scale, zero):
             return None
         count = max(len(scales), len(zeros))
         scales += [torch.zeros_like(scale)] * (count - len(scales))
         zeros += [torch.zeros_like(zero)] * (count - len(zeros))
+        if not all(_exact_in_float32(s, z) for s, z in zip(scales, zeros)):
+            return None
         planes += [(codes.to(torch.uint8), s, z) for s, z in zip(scales, zeros)]
-    return planes if _sums_exactly(planes, weight.dequantize()) else None
+    return planes
 
 
 def _draft_planes(weight: Weight) -> list[Plane]:
@@ -229,16 +244,15 @@ def _bf16_pieces(value: torch.Tensor) -> list[torch.Tensor] | None:
     return None
 
 
-def _sums_exactly(planes: Sequence[Plane], target: torch.Tensor) -> bool:
-    """Whether every plane term (u - 8) s + z is exact in float32 and the terms sum to
-    `target` (float32[N, K]) exactly, for the codes the weight holds."""
-    total = 0
-    for codes, scale, zero in planes:
-        term = (codes.double() - 8) * scale.repeat_interleave(BLOCK, 1) + zero.repeat_interleave(BLOCK, 1)
-        if not torch.equal(term.float().double(), term):
-            return False
-        total = total + term
-    return torch.equal(total, target.double())
+def _exact_in_float32(scale: torch.Tensor, zero: torch.Tensor) -> bool:
+    """Whether (u - 8) * scale + zero (float64[N, G] each) is exact in float32 for u = 0..15."""
+    values = CODES * scale[..., None] + zero[..., None]  # [N, G, 16]
+    return torch.equal(values.float().double(), values)
+
+
+def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """The CPU int4 kernel's layout of codes int32[N, K] in 0..15."""
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
 
 
 def _floats(weight: Weight) -> torch.Tensor:
