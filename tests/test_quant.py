@@ -51,7 +51,8 @@ def kernel_float32_weights(layer: Int4Linear) -> torch.Tensor:
     float32 path with an identity matrix per plane (x' = [I, I, ...])."""
     eye = torch.eye(layer.in_features).repeat(1, layer.planes)  # [K, P K]
     scales_and_zeros = layer.scales_and_zeros.float()  # bfloat16 -> float32 is exact
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.packed, BLOCK, scales_and_zeros).t()
+    padded = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, layer.packed, BLOCK, scales_and_zeros).t()
+    return padded[: layer.out_features]
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
@@ -113,6 +114,13 @@ def test_packing_in_row_chunks_equals_packing_at_once(monkeypatch):
     whole = linear_for(weight, "q4")
     monkeypatch.setattr(quant, "PACK_CHUNK_ROWS", 64)
     assert torch.equal(linear_for(weight, "q4").packed, whole.packed)
+
+
+def test_any_number_of_rows():
+    weight = decode_blocks("Q4_0", raw_blocks("Q4_0", 37, 64, seed=11))
+    layer = linear_for(weight, "q4")
+    assert layer.out_features == 37 and layer(torch.zeros(2, 64)).shape == (2, 37)
+    assert torch.equal(bits(kernel_float32_weights(layer)), bits(weight.dequantize()))
 
 
 def test_rows_do_not_depend_on_how_many_are_computed():

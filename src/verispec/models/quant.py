@@ -77,6 +77,8 @@ class Int4Linear(nn.Module):
         rows, width = codes.shape
         if width % (BLOCK * planes):
             raise ValueError(f"int4 layers need K a multiple of {BLOCK}, got {width // planes}")
+        pad = -rows % 16  # the kernel takes N in multiples of 16: extra rows of weight 0, cut off
+        codes, scales, zeros = (F.pad(t, (0, 0, 0, pad)) for t in (codes, scales, zeros))
         # Packed in row chunks (the packing keeps each 64 rows apart), so the int32 copy of the
         # codes the packing op wants stays small even for a 49k-row head.
         chunks = codes.split(PACK_CHUNK_ROWS)
@@ -91,7 +93,7 @@ class Int4Linear(nn.Module):
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]
         rows = rows.repeat(1, self.planes) if self.planes > 1 else rows.contiguous()  # [M, P K]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, BLOCK, self.scales_and_zeros)
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
 class Int8Linear(nn.Module):
