@@ -63,7 +63,7 @@ def test_named_dtypes(dtype, expected) -> None:
 
 @pytest.mark.parametrize("dtype", ["float64", "int8", "", torch.float64, None])
 def test_bad_dtype(dtype) -> None:
-    with pytest.raises(ValueError, match="unknown dtype .*choose auto, float32, bfloat16 or float16"):
+    with pytest.raises(ValueError, match="unknown dtype .*choose auto, float32, bfloat16, float16 or q4"):
         load_model(load.DEFAULT_MODEL, dtype=dtype)
 
 
@@ -153,6 +153,16 @@ def test_local_checkpoint_in_bfloat16(tmp_path) -> None:
     loaded = load_model(tmp_path, dtype="bfloat16")
     assert loaded.model.dtype == torch.bfloat16 == loaded.dtype
     assert loaded.lm.extend([5, 6]).dtype == torch.float32
+
+
+@pytest.mark.parametrize("runtime", ["fast", "hf"])
+def test_q4_on_a_float_checkpoint_is_a_different_model_and_says_so(tmp_path, runtime) -> None:
+    save_checkpoint(tmp_path)
+    loaded = load_model(tmp_path, dtype="q4", runtime=runtime)
+    assert loaded.weight_format == "q4" and not loaded.exact_weights and loaded.runtime == runtime
+    assert "quantized to 4 bits on load, so this is a different model" in loaded.target_note
+    assert loaded.lm.vocab_size == 300 and loaded.lm.extend([5, 6]).shape == (2, 300)
+    assert load_model(tmp_path, dtype="float32").target_note is None
 
 
 def test_chat_without_a_template(tmp_path) -> None:

@@ -68,6 +68,8 @@ def test_each_spec_builds_its_proposer(target):
         ("layerskip:1:", "layerskip:L:N needs an integer number of head tokens N, got ''"),
         ("layerskip:1:0", r"layerskip:L:N needs 1 <= N <= 64 \(the vocabulary size\), got 0"),
         ("layerskip:1:65", r"1 <= N <= 64"),
+        ("selfdraft:q8", "selfdraft takes q4 or int8, got 'selfdraft:q8'"),
+        ("selfdraft", "int4 layers need K a multiple of 32, got 16"),
     ],
 )
 def test_malformed_specs_are_refused(target, spec, message):

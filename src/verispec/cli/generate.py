@@ -34,7 +34,11 @@ def generate(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 128,
     seed: int = 0,
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="Wrap the prompt in the chat template.")] = True,
-    dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16.")] = "auto",
+    dtype: Annotated[
+        str,
+        typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16, or q4 (int4 kernels: "
+                     "exact for a Q4 GGUF, a different model otherwise)."),
+    ] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
     compare: Annotated[bool, typer.Option("--compare", help="Also decode plainly; report speedup and identity.")] = False,
@@ -52,6 +56,8 @@ def generate(
     from verispec.proposers.spec import parse_proposer
 
     loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    if loaded.target_note:
+        print(f"note: {loaded.target_note}", file=sys.stderr)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
     check_context(loaded, len(prompt_ids), max_new_tokens)
     drafter = parse_proposer(proposer, loaded)
@@ -71,6 +77,8 @@ def generate(
         "model": loaded.name,
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "runtime": loaded.runtime,
+        "weight_format": loaded.weight_format,
+        "exact_weights": loaded.exact_weights,
         "proposer": proposer,
         "k": k,
     }

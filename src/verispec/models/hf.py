@@ -42,7 +42,9 @@ class HFCausalLM:
     def __init__(self, model: PreTrainedModel) -> None:
         model.eval()
         self.model = model
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()
+        # A quantized head (`models.quant`) has no float weight, only its output size.
+        self.vocab_size = int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
         self.cache = self._new_cache()
         self._length = 0
 

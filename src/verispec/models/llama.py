@@ -28,7 +28,7 @@ all rows), so no extra forward runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -38,8 +38,13 @@ from verispec.models.attention import InvariantAttention, SdpaAttention
 from verispec.models.base import FINAL, Tap, check_extend, check_taps, check_token_ids
 from verispec.models.features import FeatureStore
 from verispec.models.kv_cache import KVCache
+from verispec.models.gguf_blocks import GGUFWeight
 from verispec.models.linear import projection
+from verispec.models.quant import linear_for
+from verispec.models.quantized import stored_weights
 from verispec.models.rope import RopeTables, rope_parameters
+
+QUANTIZED = ("q4", "int8")  # weight formats built by `models.quant`
 
 
 @dataclass
@@ -97,12 +102,27 @@ class LlamaRuntime:
         kind = InvariantAttention if deterministic else SdpaAttention
         self.attention = kind(shape.heads, shape.kv_heads, shape.head_dim)
         self.dtype = embed.dtype
+        # Float projections hold the model's weights in its dtype: exact in float32 only.
+        self.exact_weights = self.dtype == torch.float32
         self.cache = self.new_cache()
         self._features = FeatureStore(shape.hidden)
 
     @classmethod
-    def from_hf(cls, model: nn.Module, weight_format: str = "float", deterministic: bool = False) -> LlamaRuntime:
-        """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc)."""
+    def from_hf(
+        cls,
+        model: nn.Module,
+        weight_format: str = "float",
+        deterministic: bool = False,
+        blocks: Mapping[str, GGUFWeight] | None = None,
+        exact: bool = True,
+    ) -> LlamaRuntime:
+        """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc).
+
+        weight_format "q4" or "int8": projections from `models.quant.linear_for`, on `blocks`
+        (the GGUF file's own codes, `gguf_blocks.gguf_weights`) where given, else quantized on
+        load; `exact` as there (False: q4's cheaper single plane, for drafts). The runtime's
+        `exact_weights` then says whether every projection holds its float32 weight bit for bit.
+        """
         refusal = fast_runtime_refusal(model)
         if refusal:
             raise ValueError(refusal)
@@ -120,6 +140,13 @@ class LlamaRuntime:
             vocab_size=int(model.get_output_embeddings().weight.shape[0]),
             eps=float(config.rms_norm_eps),
         )
+        stored = stored_weights(model, blocks)
+
+        def _fused(*linears: nn.Linear) -> nn.Module:
+            if weight_format in QUANTIZED:
+                return linear_for([stored(linear) for linear in linears], weight_format, exact)
+            return _fused_float(weight_format, *linears)
+
         layers = []
         with torch.no_grad():
             for layer in base.layers:
@@ -127,20 +154,24 @@ class LlamaRuntime:
                 layers.append(
                     LlamaLayer(
                         attn_norm=layer.input_layernorm.weight.detach(),
-                        qkv=_fused(weight_format, attn.q_proj, attn.k_proj, attn.v_proj),
-                        o=_fused(weight_format, attn.o_proj),
+                        qkv=_fused(attn.q_proj, attn.k_proj, attn.v_proj),
+                        o=_fused(attn.o_proj),
                         mlp_norm=layer.post_attention_layernorm.weight.detach(),
-                        gate_up=_fused(weight_format, mlp.gate_proj, mlp.up_proj),
-                        down=_fused(weight_format, mlp.down_proj),
+                        gate_up=_fused(mlp.gate_proj, mlp.up_proj),
+                        down=_fused(mlp.down_proj),
                     )
                 )
             embed = base.embed_tokens.weight.detach()
-            head = _fused(weight_format, model.get_output_embeddings())
+            head = _fused(model.get_output_embeddings())
         model.eval()
         rope = RopeTables(inv_freq, scaling, embed.dtype)
-        return cls(
+        runtime = cls(
             shape, embed, layers, base.norm.weight.detach(), head, rope, deterministic, model.get_output_embeddings()
         )
+        if weight_format in QUANTIZED:
+            projections = [head, *(p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))]
+            runtime.exact_weights = all(p.exact for p in projections)
+        return runtime
 
     def truncated(self, layers: int, head: nn.Module | None = None) -> LlamaRuntime:
         """A runtime of the first `layers` layers, then the final norm and `head` (default: this
@@ -294,7 +325,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return nn.functional.rms_norm(x, weight.shape, weight, eps)
 
 
-def _fused(weight_format: str, *linears: nn.Linear) -> nn.Module:
+def _fused_float(weight_format: str, *linears: nn.Linear) -> nn.Module:
     """One projection computing every linear's output side by side ([M, sum of outs])."""
     weights = [linear.weight.detach() for linear in linears]  # each [out, in]
     biases = [linear.bias for linear in linears]

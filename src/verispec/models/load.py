@@ -48,7 +48,9 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from verispec.models import DEFAULT_MODEL  # noqa: E402
 from verispec.models.base import CausalLM  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
+from verispec.models.gguf_blocks import gguf_weights  # noqa: E402
 from verispec.models.llama import LlamaRuntime, fast_runtime_refusal  # noqa: E402
+from verispec.models.quantized import quantized_model  # noqa: E402
 
 
 
@@ -95,6 +97,23 @@ class LoadedModel:
     dtype: torch.dtype
     source: Path
     runtime: str = "hf"
+    weight_format: str = "float"  # "float" (weights in `dtype`) or "q4"
+    exact_weights: bool = True  # every weight equals the source's float32 weight, bit for bit
+
+    @property
+    def target_note(self) -> str | None:
+        """What a quantized format did to the model, for wherever it is chosen; None for float."""
+        if self.weight_format == "float":
+            return None
+        if self.exact_weights:
+            return (
+                f"{self.weight_format}: the GGUF file's own 4-bit blocks, held exactly (the same weights as "
+                "float32); projections compute in bfloat16 with float32 accumulation"
+            )
+        return (
+            f"{self.weight_format}: weights quantized to 4 bits on load, so this is a different model from "
+            f"{self.name} in float32 (its outputs are not that model's)"
+        )
 
     @property
     def eos_token_id(self) -> int | None:
@@ -134,7 +153,11 @@ def load_model(
     """Load a causal LM from local files (see the module docstring for accepted names).
 
     dtype: "auto" (bfloat16 where the CPU computes bf16 natively, else float32), "float32",
-    "bfloat16" or "float16". trust_remote_code: run modelling code shipped in a checkpoint
+    "bfloat16", "float16" or "q4". q4: projections on torch's int4 kernel (`models.quant`);
+    for a GGUF file of Q4_0/Q4_1/Q8_0 blocks they hold the file's own blocks exactly (the
+    same target as float32, activations rounded to bfloat16); otherwise the weights are
+    quantized on load, a DIFFERENT target: `exact_weights` and `target_note` say which.
+    trust_remote_code: run modelling code shipped in a checkpoint
     directory; off unless asked for. runtime: "auto" (the fast runtime where it supports the
     model, else transformers), "fast" or "hf". deterministic: the fast runtime's
     shape-invariant attention (a row's logits do not depend on how many rows are scored
@@ -145,7 +168,8 @@ def load_model(
         raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
     if deterministic and runtime == "hf":
         raise ValueError("deterministic scoring is a fast-runtime mode; drop it or choose runtime 'fast' or 'auto'")
-    torch_dtype = resolve_dtype(dtype)
+    weight_format = "q4" if dtype == "q4" else "float"
+    torch_dtype = torch.float32 if weight_format == "q4" else resolve_dtype(dtype)
     source = locate(name_or_path)
     if source.is_file():
         model, tokenizer = _gguf_model(source, torch_dtype)
@@ -167,7 +191,17 @@ def load_model(
     chosen = "hf" if runtime == "hf" or refusal else "fast"
     if deterministic is None:
         deterministic = chosen == "fast" and torch_dtype == torch.bfloat16
-    lm = HFCausalLM(model) if chosen == "hf" else LlamaRuntime.from_hf(model, deterministic=deterministic)
+    exact = True
+    if weight_format == "float":
+        lm = HFCausalLM(model) if chosen == "hf" else LlamaRuntime.from_hf(model, deterministic=deterministic)
+    else:
+        blocks = gguf_weights(source, model) if source.is_file() else None
+        if chosen == "hf":
+            quantized = quantized_model(model, weight_format, blocks)
+            lm, exact = HFCausalLM(quantized), quantized.exact
+        else:
+            lm = LlamaRuntime.from_hf(model, weight_format, deterministic=deterministic, blocks=blocks)
+            exact = lm.exact_weights
     return LoadedModel(
         name=str(name_or_path),
         lm=lm,
@@ -177,6 +211,8 @@ def load_model(
         dtype=torch_dtype,
         source=source,
         runtime=chosen,
+        weight_format=weight_format,
+        exact_weights=exact,
     )
 
 
@@ -245,7 +281,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return dtype
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
-    raise ValueError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
+    raise ValueError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16, float16 or q4")
 
 
 @functools.cache

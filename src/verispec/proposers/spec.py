@@ -7,6 +7,8 @@ Specs:
   directory or an embedded name); refused unless its tokenizer is the target's;
 - `layerskip:L[:N]`: the target's first L layers, with a head pruned to N tokens when N is
   given (`LayerSkip`; the N tokens: those of `corpus` by count, then the smallest ids);
+- `selfdraft[:q4|int8]`: the target's own weights in int4 (default) or int8 (`SelfDraft`);
+  q4 on a GGUF target holds the file's own blocks;
 - `random`: uniform random drafts (`RandomTokens`), the baseline an adaptive k must turn off.
 """
 
@@ -20,9 +22,11 @@ from verispec.proposers.draft_model import DraftModel
 from verispec.proposers.layer_skip import LayerSkip
 from verispec.proposers.prompt_lookup import PromptLookup
 from verispec.proposers.random_tokens import RandomTokens
+from verispec.proposers.self_draft import FORMATS as SELF_DRAFT_FORMATS
+from verispec.proposers.self_draft import SelfDraft
 from verispec.proposers.suffix_index import SuffixIndex
 
-SPECS = "lookup, suffix, draft:PATH, layerskip:L[:N] or random"
+SPECS = "lookup, suffix, draft:PATH, layerskip:L[:N], selfdraft[:q4|int8] or random"
 
 
 def parse_proposer(spec: str, target: LoadedModel, corpus: Iterable[Sequence[int]] = ()) -> Proposer:
@@ -46,6 +50,8 @@ def parse_proposer(spec: str, target: LoadedModel, corpus: Iterable[Sequence[int
         return _draft_model(argument, target)
     if kind == "layerskip":
         return _layer_skip(argument, target, corpus)
+    if kind == "selfdraft":
+        return _self_draft(argument or "q4", target)
     raise ValueError(f"unknown proposer {spec!r}; choose {SPECS}")
 
 
@@ -71,6 +77,13 @@ def _layer_skip(argument: str, target: LoadedModel, corpus: Iterable[Sequence[in
                 f"layerskip:L:N needs 1 <= N <= {vocab_size} (the vocabulary size), got {head_tokens}"
             )
     return LayerSkip(target.lm, layers, head_tokens, corpus)
+
+
+def _self_draft(fmt: str, target: LoadedModel) -> SelfDraft:
+    if fmt not in SELF_DRAFT_FORMATS:
+        raise ValueError(f"selfdraft takes q4 or int8, got 'selfdraft:{fmt}'")
+    gguf = target.source if fmt == "q4" and target.source.is_file() else None
+    return SelfDraft(target.model, fmt, gguf=gguf, runtime=target.runtime)
 
 
 def _integer(text: str, message: str) -> int:
