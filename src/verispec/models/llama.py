@@ -5,13 +5,16 @@ A forward of M new tokens on top of `start` cached positions, per layer:
     h = rms_norm(x)                      x[M, H] the residual stream, in the model's dtype
     q, k, v = qkv(h)                     one fused projection -> [M, Hq + 2 Hkv, D]
     q, k = rope(q, k)                    both at once, from precomputed tables
-    K, V = cache.write(k, v)             in place at start..start+M-1; views [Hkv, start+M, D]
+    K, V = cache.write(k, v)             in place at start..start+M-1; views [Hkv, width, D]
     x = x + o(attention(q, K, V))        causal among the M rows; grouped-query heads
     x = x + down(silu(gate) * up)        gate and up from one fused projection
 
-then only the last `keep` rows go through the final norm and the output head. That is about
-a dozen kernels a layer where transformers' eager Llama launches ~33 (separate q/k/v and
-gate/up, rotate_half by slicing and concatenation, masks and caches rebuilt every forward).
+then only the last `keep` rows go through the final norm and the output head. Against
+transformers' eager Llama: 121 prepacked projections instead of 211 matrix products, RoPE in
+three kernels instead of rotate_half's slicing and concatenation, no mask or cache rebuilt
+per forward (measured per one-token forward, float32: ~4,450 op calls against ~6,200).
+`deterministic` selects the attention whose rows do not depend on M
+(`verispec.models.attention`).
 
 Projections are modules from `verispec.models.linear.projection`, chosen by weight format,
 so quantized layouts drop in without touching this file. The runtime is built from a
