@@ -60,8 +60,10 @@ class HeadConfig:
         object.__setattr__(self, "feature_layers", check_taps(self.feature_layers, self.target.num_layers))
         if not 1 <= self.vocab_size <= self.target.vocab_size:
             raise ValueError(f"head vocabulary N must lie in [1, {self.target.vocab_size}], got {self.vocab_size}")
-        if self.kind == "medusa" and self.heads < 1:
-            raise ValueError(f"a Medusa head needs heads K >= 1, got {self.heads}")
+        if self.kind == "medusa" and (self.heads < 1 or self.layer):
+            raise ValueError(f"a Medusa head needs heads K >= 1 and no decoder layer, got K = {self.heads}, layer {self.layer}")
+        if self.kind == "eagle" and (self.heads or not self.layer):
+            raise ValueError(f"an EAGLE head needs a decoder layer and no Medusa heads, got layer {self.layer}, K = {self.heads}")
 
     @property
     def hidden_size(self) -> int:

@@ -95,7 +95,10 @@ class EagleHead(nn.Module):
         if d2t.numel() != config.vocab_size:
             raise ValueError(f"d2t holds {d2t.numel()} token ids, the config says N = {config.vocab_size}")
         self.config = config
-        self.layer_config = LlamaConfig(hidden_size=H, num_hidden_layers=1, vocab_size=V, **config.layer)
+        self.layer_config = LlamaConfig(
+            hidden_size=H, num_hidden_layers=1, vocab_size=V, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+            **config.layer,
+        )
         self.layer_config._attn_implementation = "sdpa"
         self.embedding = embedding.detach()  # [V, H], the target's: not a parameter, not saved
         self.register_buffer("d2t", d2t)  # [N]

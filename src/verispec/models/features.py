@@ -29,8 +29,10 @@ class FeatureStore:
     def taps(self) -> tuple[Tap, ...]:
         return tuple(self._first)
 
-    def add(self, tap: Tap) -> None:
-        """Record `tap` from the current length on."""
+    def add(self, tap: Tap, length: int) -> None:
+        """Record `tap` from position `length` on (the model's current length)."""
+        if not self._first:
+            self.length = length  # nothing was stored so far: catch up with the model
         if tap not in self._first:
             self._first[tap] = self.length
 

@@ -117,7 +117,7 @@ class HFCausalLM:
         for tap in check_taps(taps, self.num_layers):
             if tap not in self._features.taps:
                 self._tapped_module(tap).register_forward_hook(self._hook(tap))
-                self._features.add(tap)
+                self._features.add(tap, self._length)
 
     def features(self, taps: Sequence[Tap], start: int, end: int) -> torch.Tensor:
         return self._features.read(taps, start, end)
