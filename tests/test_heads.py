@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
-from verispec.audit.exhaustive import TINY_LAYER, tiny_head
+from verispec.heads.untrained import TINY_LAYER, tiny_head
 from verispec.heads import HeadConfig, HeadVocab, load_head, new_head, read_config, save_head, target_info
 from verispec.heads.config import FINAL, eagle3_layers
 from verispec.models.features import FeatureStore
@@ -303,3 +303,49 @@ def test_specs_load_head_directories(tmp_path):
         parse_proposer(f"eagle:{tmp_path / 'medusa'}", target)
     with pytest.raises(ValueError, match="eagle:DIR needs a head directory"):
         parse_proposer(f"eagle:{tmp_path / 'nowhere'}", target)
+
+
+# --- greedy identity with plain decoding ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "taps"), [("eagle", (FINAL,)), ("eagle", (1, 2, 3)), ("medusa", (FINAL,))])
+def test_greedy_heads_reproduce_plain_decoding_on_a_tiny_llama(kind, taps):
+    lm = HFCausalLM(tiny_llama(seed=5))
+    head = hf_head(kind, lm, taps=taps)  # float32, untrained: drafts are often rejected
+    proposer = (EagleProposer if kind == "eagle" else MedusaProposer)(head, lm)
+    for prompt in ([7], [1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2]):
+        plain = generate(lm, None, prompt, max_new_tokens=24, sampling=GREEDY, k=0).tokens
+        for k in (1, 3, 5):
+            run = generate(lm, proposer, prompt, max_new_tokens=24, sampling=GREEDY, k=k)
+            assert run.tokens == plain, (prompt, k)
+            assert sum(run.stats.drafted) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_on_the_default_model_greedy_heads_equal_greedy_plain(kind):
+    """The shipped head when this installation has one, else an untrained head of the same
+    shape (greedy identity holds for any head)."""
+    from verispec import load_model
+    from verispec.heads.config import default_layer
+    from verispec.proposers.trained import default_head
+
+    loaded = load_model("smollm2-135m-instruct", dtype="float32")
+    lm = loaded.lm
+    if default_head(kind).is_dir():
+        head = load_head(default_head(kind), lm)
+    else:
+        config = HeadConfig(kind, target_info(lm, loaded.name), (FINAL,), vocab_size=8192,
+                            layer=default_layer(loaded.model.config) if kind == "eagle" else {},
+                            heads=4 if kind == "medusa" else 0)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            head = new_head(config, torch.arange(8192), lm).eval()
+    proposer = (EagleProposer if kind == "eagle" else MedusaProposer)(head, lm)
+    options = dict(max_new_tokens=24, sampling=GREEDY, eos_token_id=loaded.eos_token_id)
+    for text in ("List three primary colours.", "Write a Python function that reverses a string."):
+        prompt = loaded.encode(text)
+        plain = generate(lm, None, prompt, k=0, **options)
+        fast = generate(lm, proposer, prompt, k=4, **options)
+        assert fast.tokens == plain.tokens
+        assert sum(fast.stats.drafted) > 0
