@@ -181,6 +181,26 @@ def test_eagle_head_shapes_and_cache_equal_full_recompute():
     assert head(batch[:, 1:], head.fuse(feats[:, :-1]))[0].shape == (2, 5, 40)
 
 
+def test_eagle_head_takes_an_unroll_mask_and_positions():
+    """A training-time-test unroll: step 1 sits at positions t + 1 and sees step 0's causal
+    prefix plus its own diagonal."""
+    table = random_table(5, 2, seed=1)
+    head = tiny_head("eagle", table)
+    ids = torch.tensor([[1, 2, 3, 4, 0, 1]])
+    hidden = head.fuse(table.score_features(ids[0].tolist(), head.config.feature_layers)[None, :-1])  # [1, 5, H]
+    T = 5
+    cache = head.new_cache()
+    with torch.no_grad():
+        default, predicted = head(ids[:, 1:], hidden)
+        step0, _ = head(ids[:, 1:], hidden, cache, positions=torch.arange(T)[None],
+                        allowed=torch.ones(T, T, dtype=torch.bool).tril())
+        allowed = torch.cat([torch.ones(T, T, dtype=torch.bool).tril(), torch.eye(T, dtype=torch.bool)], dim=1)
+        step1, _ = head(torch.tensor([[2, 3, 4, 0, 0]]), predicted, cache, positions=torch.arange(1, T + 1)[None],
+                        allowed=allowed)
+    torch.testing.assert_close(step0, default)
+    assert step1.shape == (1, T, 4) and cache.get_seq_length() == 2 * T
+
+
 def test_frozen_output_rows_are_the_targets_and_untrained_medusa_starts_as_the_target():
     lm = HFCausalLM(tiny_llama())
     lm.record_features([FINAL])
