@@ -1,10 +1,11 @@
 """The cost c of a head's draft step against one target step, on the default model.
 
-    .venv/bin/python benchmarks/head_cost.py [--dtype auto] [--head-dtype float32] [--repeats 15] [--context 200] [--threads 1]
+    .venv/bin/python benchmarks/head_cost.py [--dtype auto] [--head-dtypes float32,bfloat16] [--vocab 8192,49152] [--repeats 15] [--context 200] [--threads 1]
 
 Builds heads of the shipped shapes with untrained weights (time does not depend on the
 weights): EAGLE on the FINAL feature (EAGLE-1), EAGLE on three fused layers (EAGLE-3), and
-Medusa with K = 4 heads, each with a head vocabulary of N = 8192 and of the full 49152. At one
+Medusa with K = 4 heads, each with a head vocabulary of N = 8192 and of the full 49152, in
+float32 and bfloat16. At one
 context length it interleaves, per repeat: one target step (extend 1 token + rollback), and
 each proposer's `propose(context, k = 4)` after its state has caught up with the context (the
 drafting alone), then one round's catch-up (the new true pairs EAGLE reads after 2 accepted
@@ -44,7 +45,8 @@ def build(loaded, kind: str, taps, n: int, dtype: torch.dtype):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--head-dtype", default="float32")
+    parser.add_argument("--head-dtypes", default="float32,bfloat16", help="comma-separated, interleaved")
+    parser.add_argument("--vocab", default="8192,49152", help="head vocabulary sizes N, comma-separated")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -52,15 +54,17 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model("smollm2-135m-instruct", dtype=args.dtype)
-    head_dtype = getattr(torch, args.head_dtype)
+    head_dtypes = [getattr(torch, name) for name in args.head_dtypes.split(",")]
     lm = loaded.lm
     ids = loaded.encode(TEXT * 20)[: args.context]
     L = loaded.model.config.num_hidden_layers
     proposers = {}
-    for n in (8192, 49152):
-        proposers[f"eagle-1 N={n}"] = build(loaded, "eagle", (FINAL,), n, head_dtype)
-        proposers[f"eagle-3 N={n}"] = build(loaded, "eagle", eagle3_layers(L), n, head_dtype)
-        proposers[f"medusa K={K} N={n}"] = build(loaded, "medusa", (FINAL,), n, head_dtype)
+    for n in map(int, args.vocab.split(",")):
+        for dtype in head_dtypes:
+            short = str(dtype).removeprefix("torch.")
+            proposers[f"eagle-1 N={n} {short}"] = build(loaded, "eagle", (FINAL,), n, dtype)
+            proposers[f"eagle-3 N={n} {short}"] = build(loaded, "eagle", eagle3_layers(L), n, dtype)
+            proposers[f"medusa K={K} N={n} {short}"] = build(loaded, "medusa", (FINAL,), n, dtype)
     times: dict[str, list[float]] = {"target step": [], **{f"{name} {mode}": [] for name in proposers
                                                           for mode in ("greedy", "T=1")}}
     catchup: dict[str, list[float]] = {name: [] for name in proposers if name.startswith("eagle")}
@@ -91,17 +95,17 @@ def main() -> None:
                         catchup[name].append(time.perf_counter() - start)
                         proposer.commit(ids)
     step = statistics.median(times["target step"][2:])
-    print(f"default model {loaded.dtype}, heads {head_dtype}, context {len(ids)} tokens, "
+    print(f"default model {loaded.dtype}, heads {args.head_dtypes}, context {len(ids)} tokens, "
           f"{torch.get_num_threads()} threads, {args.repeats} repeats (2 warm-ups dropped)")
-    print(f"{'what':32s} {'median ms':>10s} {'IQR ms':>14s} {'c':>7s}")
+    print(f"{'what':40s} {'median ms':>10s} {'IQR ms':>14s} {'c':>7s}")
     for name, values in times.items():
         v = values[2:]
         q = statistics.quantiles(v, n=4)
-        print(f"{name:32s} {statistics.median(v) * 1e3:10.3f} {q[0] * 1e3:6.3f}-{q[2] * 1e3:6.3f} "
+        print(f"{name:40s} {statistics.median(v) * 1e3:10.3f} {q[0] * 1e3:6.3f}-{q[2] * 1e3:6.3f} "
               f"{statistics.median(v) / step:7.3f}")
     for name, values in catchup.items():
         v = values[2:]
-        print(f"{name + ' round (2 pairs + 4 drafts)':32s} {statistics.median(v) * 1e3:10.3f} "
+        print(f"{name + ' round (2 pairs + 4 drafts)':40s} {statistics.median(v) * 1e3:10.3f} "
               f"{'':14s} {statistics.median(v) / step:7.3f}")
 
 

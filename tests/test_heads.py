@@ -235,6 +235,11 @@ def test_save_and_load_round_trip(tmp_path, kind, trained_output):
         assert torch.equal(loaded.state_dict()[name], tensor), name
     assert ("output.weight" in loaded.state_dict()) == trained_output  # frozen rows are not saved
     assert read_config(directory) == head.config
+    halved = load_head(save_head(head, tmp_path / "bf16", dtype=torch.bfloat16), lm)  # stored in bf16, runs in fp32
+    assert (tmp_path / "bf16" / "model.safetensors").stat().st_size < (directory / "model.safetensors").stat().st_size
+    for name, tensor in head.state_dict().items():
+        expected = tensor.to(torch.bfloat16).to(tensor.dtype) if tensor.is_floating_point() else tensor
+        assert torch.equal(halved.state_dict()[name], expected), name
 
 
 def test_a_head_refuses_another_target(tmp_path):
