@@ -61,10 +61,10 @@ def main() -> None:
     proposers = {}
     for n in map(int, args.vocab.split(",")):
         for dtype in head_dtypes:
-            short = str(dtype).removeprefix("torch.")
-            proposers[f"eagle-1 N={n} {short}"] = build(loaded, "eagle", (FINAL,), n, dtype)
-            proposers[f"eagle-3 N={n} {short}"] = build(loaded, "eagle", eagle3_layers(L), n, dtype)
-            proposers[f"medusa K={K} N={n} {short}"] = build(loaded, "medusa", (FINAL,), n, dtype)
+            label = str(dtype).removeprefix("torch.")
+            proposers[f"eagle-1 N={n} {label}"] = build(loaded, "eagle", (FINAL,), n, dtype)
+            proposers[f"eagle-3 N={n} {label}"] = build(loaded, "eagle", eagle3_layers(L), n, dtype)
+            proposers[f"medusa K={K} N={n} {label}"] = build(loaded, "medusa", (FINAL,), n, dtype)
     times: dict[str, list[float]] = {"target step": [], **{f"{name} {mode}": [] for name in proposers
                                                           for mode in ("greedy", "T=1")}}
     catchup: dict[str, list[float]] = {name: [] for name in proposers if name.startswith("eagle")}

@@ -374,3 +374,13 @@ def test_on_the_default_model_greedy_heads_equal_greedy_plain(kind):
         fast = generate(lm, proposer, prompt, k=4, **options)
         assert fast.tokens == plain.tokens
         assert sum(fast.stats.drafted) > 0
+
+
+def test_a_draw_over_the_head_vocabulary_is_the_draw_over_q():
+    """Drawing a head index from q on the N tokens picks, for the same random stream, the
+    token a draw from q over the full vocabulary would."""
+    vocab = HeadVocab([0, 3, 4, 9], vocab_size=12)
+    logits = torch.tensor([0.1, 1.2, -0.4, 0.9], dtype=torch.float64)
+    for seed in range(200):
+        token, q = vocab.draw(logits, SamplingParams(), TorchRandom(seed))
+        assert token == TorchRandom(seed).categorical(q)
