@@ -51,7 +51,7 @@ def parse_proposer(spec: str, target: LoadedModel, corpus: Iterable[Sequence[int
     if kind == "layerskip":
         return _layer_skip(argument, target, corpus)
     if kind in HEAD_KINDS:
-        return head_proposer(kind, argument or None, target.lm)
+        return head_proposer(kind, argument or None, target.lm, target.dtype)
     raise ValueError(f"unknown proposer {spec!r}; choose {SPECS}")
 
 

