@@ -119,7 +119,7 @@ def test_summary_fields_and_baseline(quick_run):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--methods", "verispec-lookup-k0"], "k must be >= 1"),
+        (["--methods", "verispec-lookup-k0"], "k must be an integer >= 1"),
         (["--methods", "verispec-lookup-fast"], "not kN, auto or heuristic"),
         (["--methods", "vllm"], "unknown method"),
         (["--methods", "verispec-nonsense-k2"], "unknown proposer"),

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from verispec.cost import Costs, check_costs, check_v_curve, speedup, speedup_by_k
 from verispec.models.base import CausalLM
-from verispec.profile import Profile, measure_profile
+from verispec.profile import measure_profile
 from verispec.proposers.base import Proposer
 from verispec.sampling import SamplingParams
 from verispec.stats import Stats
@@ -218,30 +218,6 @@ def _growth(now: list[int], before: list[int], length: int) -> list[float]:
         return counters[i] if i < len(counters) else 0
 
     return [float(at(now, i) - at(before, i)) for i in range(length)]
-
-
-def policy_from_spec(
-    spec: str,
-    target: CausalLM,
-    proposer: Proposer | None,
-    prompt_ids: Sequence[int],
-    sampling: SamplingParams | None = None,
-) -> KPolicy:
-    """The policy a command line names: an integer k >= 0, `heuristic` (HF's schedule),
-    `auto` (AutoK on a brief profile measured now, after this prompt) or `auto:PROFILE.json`
-    (AutoK on a profile written by `verispec profile --out`)."""
-    text = spec.strip()
-    if text.isdigit():
-        return ConstantK(int(text))
-    if text == "heuristic":
-        return HeuristicK()
-    if text.startswith("auto:"):
-        return AutoK(Profile.load(text.removeprefix("auto:")))
-    if text == "auto":
-        if proposer is None:
-            raise ValueError("k = auto measures the proposer's cost; give a proposer or an integer k")
-        return AutoK.measured(target, proposer, prompt_ids, sampling=sampling)
-    raise ValueError(f"unknown k {spec!r}; give an integer >= 0, heuristic, auto or auto:PROFILE.json")
 
 
 def as_policy(k: int | KPolicy) -> KPolicy:

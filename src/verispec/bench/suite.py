@@ -27,8 +27,7 @@ from verispec.bench.runners import HFRunner, Runner, VerispecRunner
 from verispec.bench.workloads import Workload, read_workloads, select
 from verispec.models.hf import HFCausalLM
 from verispec.models.load import DEFAULT_MODEL, LoadedModel, load_model
-from verispec.policies import policy_from_spec
-from verispec.proposers.spec import parse_proposer
+from verispec.registry import build_policy, build_proposer
 
 QUICK_DRAFT = "quick-draft"
 
@@ -94,9 +93,8 @@ def make_runner(method: Method, target: LoadedModel, first_prompt: Sequence[int]
     if method.family == "verispec":
         if method.proposer is None:
             return VerispecRunner(target.lm, None, 0, eos)
-        proposer = parse_proposer(method.proposer, target)
-        k = str(method.k) if method.k is not None else method.policy
-        return VerispecRunner(target.lm, proposer, policy_from_spec(k, target.lm, proposer, first_prompt), eos)
+        proposer = build_proposer(method.proposer, target)
+        return VerispecRunner(target.lm, proposer, build_policy(method.k_spec, target.lm, proposer, first_prompt), eos)
     if method.hf_mode == "generate":
         return HFRunner(target.model, eos)
     if method.hf_mode == "lookup":

@@ -13,13 +13,13 @@ from verispec.cli import app
 from verispec.cost import (
     FixedCosts,
     check_costs,
-    check_k,
     expected_tokens_by_k,
     optimal_k,
     speedup_by_k,
     survival_from_alpha,
 )
 from verispec.profile import Profile
+from verispec.registry import check_k
 
 PLOT_ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9)
 
@@ -71,7 +71,7 @@ def _costs(
 ) -> tuple[FixedCosts, Profile | None]:
     """c and the curve v(1..K + 1), from the options or from a profile."""
     if k is not None:
-        check_k(k)
+        check_k(k, minimum=0, name="--k")
     if k_max is not None and (k_max < 1):
         raise ValueError(f"--k-max must be >= 1, got {k_max}")
     if profile is not None:

@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from verispec.cli import app
-from verispec.cli.generate import check_k, timed_run, warm_up
+from verispec.cli.generate import timed_run, warm_up
 from verispec.engine import Decoding
 from verispec.models import DEFAULT_MODEL
-from verispec.policies import policy_from_spec
+from verispec.registry import K_HELP, build_policy, build_proposer, parse_k, proposer_help
 from verispec.sampling import SamplingParams
 
 ARTICLE = (
@@ -34,17 +34,16 @@ PROMPTS = {
 @app.command()
 def demo(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
-    proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N]")] = "lookup",
-    k: Annotated[str, typer.Option("--k", help="An integer >= 1, auto or heuristic.")] = "auto",
+    proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
+    k: Annotated[str, typer.Option("--k", help=K_HELP)] = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 96,
     dtype: str = "auto",
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
-    check_k(k)
+    parse_k(k)
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
     from verispec.models.load import load_model  # transformers: imported when needed
-    from verispec.proposers.spec import parse_proposer
 
     loaded = load_model(model, dtype=dtype)
     greedy = SamplingParams(temperature=0)
@@ -53,8 +52,8 @@ def demo(
         table.add_column(column, justify="left" if column == "prompt" else "right")
     for name, text in PROMPTS.items():
         prompt_ids = loaded.encode(text)
-        drafter = parse_proposer(proposer, loaded)
-        policy = policy_from_spec(k, loaded.lm, drafter, prompt_ids, greedy)
+        drafter = build_proposer(proposer, loaded)
+        policy = build_policy(k, loaded.lm, drafter, prompt_ids, greedy)
         options = dict(max_new_tokens=max_new_tokens, sampling=greedy, eos_token_id=loaded.eos_token_id)
         warm_up(loaded, prompt_ids)
         plain = timed_run(Decoding(loaded.lm, None, prompt_ids, k=0, **options), loaded, echo=False)

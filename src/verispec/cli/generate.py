@@ -12,7 +12,7 @@ import typer
 from verispec.cli import app
 from verispec.engine import Decoding
 from verispec.models import DEFAULT_MODEL
-from verispec.policies import policy_from_spec
+from verispec.registry import K_HELP, build_policy, build_proposer, parse_k, proposer_help
 from verispec.sampling import SamplingParams
 from verispec.textstream import TextStream
 
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when omitted.")] = None,
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
-    proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N] | random")] = "lookup",
-    k: Annotated[str, typer.Option("--k", help="Tokens drafted per round: an integer >= 1, auto or heuristic.")] = "auto",
+    proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
+    k: Annotated[str, typer.Option("--k", help=K_HELP)] = "auto",
     temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
     top_k: Annotated[Optional[int], typer.Option("--top-k")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p")] = None,
@@ -42,17 +42,16 @@ def generate(
     if not text.strip():
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    check_k(k)
+    parse_k(k)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     from verispec.models.load import load_model  # transformers: imported when needed
-    from verispec.proposers.spec import parse_proposer
 
     loaded = load_model(model, dtype=dtype)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
     check_context(loaded, len(prompt_ids), max_new_tokens)
-    drafter = parse_proposer(proposer, loaded)
-    policy = policy_from_spec(k, loaded.lm, drafter, prompt_ids, sampling)
+    drafter = build_proposer(proposer, loaded)
+    policy = build_policy(k, loaded.lm, drafter, prompt_ids, sampling)
     options = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=loaded.eos_token_id, seed=seed)
 
     warm_up(loaded, prompt_ids)
@@ -93,19 +92,6 @@ def generate(
             f"output {same} plain decoding"
         )
     print(line, file=sys.stderr)
-
-
-def check_k(k: str) -> None:
-    """Refuse k < 1 in any spelling ("0", "00", "+0", "-1"): k = 0 would decode plainly while
-    reporting itself as speculative."""
-    try:
-        number = int(k)
-    except ValueError:
-        return  # a policy name; policy_from_spec says what it accepts
-    if number < 1:
-        raise ValueError(
-            f"--k must be an integer >= 1, auto or heuristic, got {k!r}; plain decoding is --compare's baseline"
-        )
 
 
 def check_context(loaded: LoadedModel, prompt_tokens: int, max_new_tokens: int) -> None:

@@ -1,5 +1,6 @@
-"""parse_proposer: every command-line spec builds its proposer, malformed specs say what to
-write instead, and a draft model with another tokenizer is refused."""
+"""The registry: every proposer spec builds its proposer, malformed specs say what to write
+instead, a draft model with another tokenizer is refused, k specs parse once, and a proposer
+registered by a test is found by every part that lists proposers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from verispec.models.hf import HFCausalLM
 from verispec.models.load import LoadedModel, load_tokenizer
 from verispec.proposers import DraftModel, PromptLookup, RandomTokens, SuffixIndex
 from verispec.proposers.layer_skip import LayerSkip
-from verispec.proposers.spec import parse_proposer
+from verispec.registry import build_proposer as parse_proposer
 
 VOCAB = 64
 
@@ -58,9 +59,9 @@ def test_each_spec_builds_its_proposer(target):
         ("medusa", "unknown proposer 'medusa'"),
         ("lookup:3", "lookup takes no argument"),
         ("random:7", "random takes no argument"),
-        ("draft", "draft:PATH needs the draft model's path"),
-        ("draft:", "draft:PATH needs the draft model's path"),
-        ("layerskip", r"layerskip needs layerskip:L or layerskip:L:N"),
+        ("draft", "draft needs an argument: write draft:PATH, got 'draft'"),
+        ("draft:", "draft needs an argument: write draft:PATH"),
+        ("layerskip", r"layerskip needs an argument: write layerskip:L\[:N\]"),
         ("layerskip:1:2:3", r"layerskip needs layerskip:L or layerskip:L:N, got 'layerskip:1:2:3'"),
         ("layerskip:two", "layerskip:L needs an integer number of layers L, got 'two'"),
         ("layerskip:0", r"layerskip:L needs 1 <= L < 3 \(the target has 3 layers\), got 0"),
