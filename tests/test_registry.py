@@ -4,17 +4,25 @@ registered by a test is found by every part that lists proposers."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from verispec.audit.exhaustive import audited_proposers, default_configurations
+from verispec.bench.identity_suite import identity_proposers, identity_suite
+from verispec.bench.methods import parse_method
+from verispec.bench.quick import quick_workloads
+from verispec.bench.suite import QUICK_DRAFT, make_runner, quick_target
+from verispec.cli import main
 from verispec.models.hf import HFCausalLM
 from verispec.models.load import LoadedModel, load_tokenizer
 from verispec.proposers import DraftModel, PromptLookup, RandomTokens, SuffixIndex
+from verispec.proposers.base import Draft
 from verispec.proposers.layer_skip import LayerSkip
-from verispec.registry import build_proposer as parse_proposer
+from verispec.registry import PROPOSERS, KSpec, ProposerKind, build_proposer, check_k, parse_k, register
 
 VOCAB = 64
 
@@ -41,14 +49,14 @@ def target() -> LoadedModel:
 
 
 def test_each_spec_builds_its_proposer(target):
-    assert isinstance(parse_proposer("lookup", target), PromptLookup)
-    assert isinstance(parse_proposer(" random ", target), RandomTokens)
-    assert parse_proposer("random", target).vocab_size == VOCAB
-    suffix = parse_proposer("suffix", target, corpus=[[1, 2, 3]])
+    assert isinstance(build_proposer("lookup", target), PromptLookup)
+    assert isinstance(build_proposer(" random ", target), RandomTokens)
+    assert build_proposer("random", target).vocab_size == VOCAB
+    suffix = build_proposer("suffix", target, corpus=[[1, 2, 3]])
     assert isinstance(suffix, SuffixIndex) and suffix.corpus == [(1, 2, 3)]
-    skip = parse_proposer("layerskip:2", target)
+    skip = build_proposer("layerskip:2", target)
     assert isinstance(skip, LayerSkip) and skip.layers == 2 and skip.head_tokens is None
-    pruned = parse_proposer("layerskip:1:5", target, corpus=[[9, 9, 7]])
+    pruned = build_proposer("layerskip:1:5", target, corpus=[[9, 9, 7]])
     assert pruned.layers == 1 and pruned.head_tokens.tolist() == [0, 1, 2, 7, 9]
 
 
@@ -73,12 +81,12 @@ def test_each_spec_builds_its_proposer(target):
 )
 def test_malformed_specs_are_refused(target, spec, message):
     with pytest.raises(ValueError, match=message):
-        parse_proposer(spec, target)
+        build_proposer(spec, target)
 
 
 def test_a_missing_draft_model_is_a_missing_file(target, tmp_path):
     with pytest.raises(FileNotFoundError, match="verispec never downloads models"):
-        parse_proposer(f"draft:{tmp_path / 'absent'}", target)
+        build_proposer(f"draft:{tmp_path / 'absent'}", target)
 
 
 @pytest.mark.slow
@@ -91,7 +99,7 @@ def test_a_draft_must_share_the_targets_tokenizer(tmp_path):
     same = tmp_path / "same"
     tiny_llama(vocab, 1).save_pretrained(same)
     tokenizer.save_pretrained(same)
-    draft = parse_proposer(f"draft:{same}", target)
+    draft = build_proposer(f"draft:{same}", target)
     assert isinstance(draft, DraftModel) and draft.vocab_size == vocab
     other = tmp_path / "other"
     tiny_llama(vocab, 1).save_pretrained(other)
@@ -99,4 +107,135 @@ def test_a_draft_must_share_the_targets_tokenizer(tmp_path):
     changed.add_tokens(["<verispec-extra>"])
     changed.save_pretrained(other)
     with pytest.raises(ValueError, match="tokenizers do not match"):
-        parse_proposer(f"draft:{other}", target)
+        build_proposer(f"draft:{other}", target)
+
+
+# --- k specs -------------------------------------------------------------------------------
+
+
+def test_k_specs_parse_once():
+    assert parse_k(" 4 ") == KSpec("constant", k=4)
+    assert parse_k("auto") == KSpec("auto") and parse_k("heuristic") == KSpec("heuristic")
+    assert parse_k("auto:p.json") == KSpec("auto", profile="p.json")
+    with pytest.raises(ValueError, match="auto:PROFILE.json needs the profile's path"):
+        parse_k("auto:")
+    for bad in ("abc", "", "4.5"):
+        with pytest.raises(ValueError, match=r"--k must be an integer >= 1, auto, auto:PROFILE.json or heuristic") as error:
+            parse_k(bad)
+        assert "k = 0" not in str(error.value) and ">= 0" not in str(error.value)
+    for zero in ("0", "-1", "+0"):
+        with pytest.raises(ValueError, match="k = 0 would decode plainly"):
+            parse_k(zero)
+    assert check_k(0, minimum=0) == 0 and check_k(3) == 3
+    for bad in (0, True, 1.0, "1"):
+        with pytest.raises(ValueError, match="must be an integer >= 1"):
+            check_k(bad)
+
+
+def test_an_entry_must_be_complete():
+    with pytest.raises(ValueError, match="drafts must be 'chosen' or 'sampled'"):
+        ProposerKind("x", "x", "guessed", lambda a, t, c: None, "x", not_audited="no tables")
+    with pytest.raises(ValueError, match="either an audit builder or the reason"):
+        ProposerKind("x", "x", "chosen", lambda a, t, c: None, "x")
+    with pytest.raises(ValueError, match="grammar 'y:N' starts with it"):
+        ProposerKind("x", "y:N", "chosen", lambda a, t, c: None, "x", not_audited="no tables")
+    with pytest.raises(ValueError, match="already registered"):
+        register(PROPOSERS["lookup"])
+
+
+# --- a proposer registered by a test is found everywhere --------------------------------------
+
+
+class RepeatLast:
+    """Drafts the context's last token k times (chosen, q None): a toy proposer."""
+
+    def begin(self, prompt_ids, sampling) -> None:
+        pass
+
+    def commit(self, context) -> None:
+        pass
+
+    def propose(self, context, k, rng) -> Draft:
+        return Draft((context[-1],) * k)
+
+    def propose_stateless(self, context, k, rng) -> Draft:
+        return self.propose(context, k, rng)
+
+
+REPEAT = ProposerKind(
+    "repeat", "repeat", "chosen", lambda argument, target, corpus: RepeatLast(),
+    "repeats the last token", audit=lambda tables: RepeatLast(), example="repeat",
+)
+
+
+@pytest.fixture
+def repeat_registered():
+    register(REPEAT)
+    try:
+        yield REPEAT
+    finally:
+        del PROPOSERS["repeat"]
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """The benchmark's quick target and the directory of its saved 2-layer draft (a model the
+    CLI can load by path)."""
+    out = tmp_path_factory.mktemp("quick")
+    return quick_target(out), out / QUICK_DRAFT
+
+
+def test_a_registered_proposer_is_listed(repeat_registered, capsys):
+    assert main(["proposers", "--json"]) == 0
+    listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)["proposers"]}
+    assert set(listed) == {"lookup", "suffix", "draft", "layerskip", "random", "repeat"}
+    assert listed["repeat"] == {
+        "name": "repeat", "grammar": "repeat", "drafts": "chosen", "rules": ["greedy", "point-mass", "token", "block"],
+        "audited": True, "not_audited": None, "description": "repeats the last token",
+    }
+    assert main(["proposers"]) == 0
+    text = capsys.readouterr().out
+    assert "repeat  " in text and "audited: verispec audit --proposer repeat" in text
+    assert "not audited: it needs a transformer's layers" in text
+
+
+def test_a_registered_proposer_generates_from_the_cli(repeat_registered, quick, capsys):
+    _, model_dir = quick
+    argv = ["generate", "--model", str(model_dir), "--proposer", "repeat", "--k", "2", "--no-chat",
+            "--max-new-tokens", "6", "--json", "--compare", "abab"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["proposer"] == "repeat" and report["new_tokens"] == 6 and report["identical"]
+    assert main(argv[:4] + ["repeat:2"] + argv[5:]) == 2
+    assert "repeat takes no argument" in capsys.readouterr().err
+
+
+def test_a_registered_proposer_is_a_bench_method(repeat_registered, quick):
+    loaded, _ = quick
+    method = parse_method("verispec-repeat-k3")
+    assert (method.proposer, method.k, method.k_spec) == ("repeat", 3, KSpec("constant", k=3))
+    prompt = quick_workloads()[0].token_ids(loaded)
+    runner = make_runner(method, loaded, prompt)
+    assert isinstance(runner.proposer, RepeatLast)
+    outcome = runner(prompt, 8)
+    plain = make_runner(parse_method("verispec-plain"), loaded, prompt)(prompt, 8)
+    assert outcome.tokens == plain.tokens and outcome.stats.rounds > 0 and sum(outcome.stats.drafted) > 0
+
+
+def test_a_registered_proposer_is_audited(repeat_registered, capsys):
+    assert [kind.name for kind in audited_proposers()][-1] == "repeat"
+    configurations = default_configurations([REPEAT])
+    assert {c.rule for c in configurations} == {"greedy", "point-mass", "token", "block"}
+    assert main(["audit", "--json", "--proposer", "repeat"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = [r["name"] for r in report["results"]]
+    assert len(names) == len(configurations) and all(name.startswith("repeat | ") for name in names)
+    assert report["passed"]
+
+
+def test_a_registered_proposer_joins_the_identity_suite(repeat_registered, quick):
+    loaded, _ = quick
+    assert identity_proposers()[-1] == "repeat" and "layerskip:8" in identity_proposers()
+    records = identity_suite(loaded, quick_workloads()[:1], ["repeat"], ["2"], 8)
+    assert [r["method"] for r in records] == ["hf-generate", "repeat k=2"]
+    assert all(r["identical"] for r in records)

@@ -153,10 +153,10 @@ def build_proposer(spec: str, target: LoadedModel, corpus: Corpus = ()) -> Propo
 # ---- k policies -------------------------------------------------------------------------
 
 K_POLICIES: dict[str, str] = {
-    "N": "constant k = N drafted tokens per round (an integer >= 1)",
-    "auto": "AutoK: the cost model's fastest k each round, on a brief profile measured now",
-    "auto:PROFILE.json": "AutoK on a profile written by `verispec profile --out`",
-    "heuristic": "HF's assisted-generation schedule: k + 2 after a fully accepted round, else k - 1",
+    "N": "constant: N drafted tokens per round (an integer >= 1)",
+    "auto": "AutoK: the cost model's best k per round (profiles first)",
+    "auto:PROFILE.json": "AutoK on a profile from `verispec profile --out`",
+    "heuristic": "HF's schedule: k + 2 after a full accept, else k - 1",
 }
 K_GRAMMAR = "an integer >= 1, auto, auto:PROFILE.json or heuristic"
 K_HELP = f"Tokens drafted per round: {K_GRAMMAR}."
