@@ -239,3 +239,14 @@ def test_a_registered_proposer_joins_the_identity_suite(repeat_registered, quick
     records = identity_suite(loaded, quick_workloads()[:1], ["repeat"], ["2"], 8)
     assert [r["method"] for r in records] == ["hf-generate", "repeat k=2"]
     assert all(r["identical"] for r in records)
+
+
+def test_the_readme_table_matches_the_registry():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Proposers (`verispec.registry`)") :]
+    rows = [line.split(" | ")[:4] for line in section.splitlines() if line.startswith("| `")][1:]  # after the header
+    expected = [
+        [f"| `{kind.grammar}`", kind.drafts, ", ".join(kind.rules), "yes" if kind.audit else "no"]
+        for kind in PROPOSERS.values()
+    ]
+    assert rows == expected
