@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.bench.identity import diagnose
-from verispec.bench.machine import peak_rss_mb
+from verispec.machine import peak_rss_mb
 from verispec.bench.methods import PLAIN
 from verispec.bench.runners import Outcome, Runner
 from verispec.bench.workloads import Workload

@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers.utils import logging as hf_logging
 
-from verispec.bench import machine, plots, quick
+from verispec import machine
+from verispec.bench import plots, quick
 from verispec.bench.methods import DEFAULT_METHODS, Method, parse_methods
 from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
