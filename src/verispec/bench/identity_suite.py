@@ -25,9 +25,8 @@ import torch
 
 from verispec.bench.identity import NEAR_TIE, diagnose, first_mismatch
 from verispec.bench.methods import PLAIN
-from verispec.bench.runners import HFRunner
+from verispec.bench.runners import HFRunner, VerispecRunner
 from verispec.bench.workloads import Workload
-from verispec.engine import Decoding
 from verispec.models.base import CausalLM
 from verispec.models.load import LoadedModel
 from verispec.policies import KPolicy
@@ -108,27 +107,16 @@ def verispec_run(
 ) -> Run:
     """The verispec engine at temperature 0; plain decoding with proposer None and policy 0."""
     recorder = Recorder(loaded.lm)
-    decoding = Decoding(
-        recorder, proposer, prompt_ids, max_new_tokens=max_new_tokens, sampling=GREEDY,
-        eos_token_id=loaded.eos_token_id, k=policy,
-    )
-    for _ in decoding:
-        pass
-    return recorder.run(prompt_ids, list(decoding.tokens), decoding.stats.mean_accepted)
+    outcome = VerispecRunner(recorder, proposer, policy, loaded.eos_token_id)(prompt_ids, max_new_tokens)
+    return recorder.run(prompt_ids, outcome.tokens, outcome.stats.mean_accepted)
 
 
 def hf_run(loaded: LoadedModel, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
     """HF `generate(do_sample=False)` with the benchmark's neutral generation config and its
     raw per-step logits."""
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, T]
-    config = HFRunner(loaded.model, loaded.eos_token_id).config(max_new_tokens)
-    config.output_logits = config.return_dict_in_generate = True
-    with torch.inference_mode():
-        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
-    tokens = [int(t) for t in out.sequences[0, ids.shape[1] :]]
-    rows = torch.cat(out.logits).float()  # [n, V]
+    outcome = HFRunner(loaded.model, loaded.eos_token_id, keep_logits=True)(prompt_ids, max_new_tokens)
     # The first token comes from the prompt's forward, every later one from a one-token forward.
-    return Run(tokens, rows, [len(prompt_ids)] + [1] * (len(tokens) - 1))
+    return Run(outcome.tokens, outcome.logits, [len(prompt_ids)] + [1] * (len(outcome.tokens) - 1))
 
 
 def identity_proposers() -> list[str]:
