@@ -51,9 +51,7 @@ def generate(
     check_context(loaded, len(prompt_ids), max_new_tokens)
     drafter = build_proposer(proposer, loaded)
     policy = build_policy(k, loaded.lm, drafter, prompt_ids, sampling)
-    options = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=loaded.eos_token_id, seed=seed)
-
-    from verispec.bench.runners import VerispecRunner, warm_up  # transformers: imported when needed
+    from verispec.bench.runners import VerispecRunner, warm_up
 
     warm_up(loaded.lm, prompt_ids)
     stream = TextStream(loaded.decode)
