@@ -142,7 +142,8 @@ def test_every_proposer_meets_every_valid_rule():
     assert DRAFT.rules_for(GREEDY) == LOOKUP.rules_for(GREEDY) == ("greedy",)
     assert DRAFT.rules_for(SamplingParams()) == ("token", "block")
     assert LOOKUP.rules_for(SamplingParams()) == ("point-mass", "token", "block")
-    assert [kind.name for kind in audited_proposers()] == ["lookup", "suffix", "draft", "random"]
+    audited = [kind.name for kind in audited_proposers()]
+    assert {"lookup", "suffix", "draft", "random"} <= set(audited) and "layerskip" not in audited
     for kind in audited_proposers():
         for scenario in SCENARIOS:
             rules = {c.verifier for c in CONFIGURATIONS if c.proposer is kind and c.scenario is scenario}
