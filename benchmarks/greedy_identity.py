@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.bench.identity_suite import KS, PROPOSERS, identity_suite, identity_summary, identity_table
+from verispec.bench.identity_suite import KS, identity_proposers, identity_suite, identity_summary, identity_table
 from verispec.bench.workloads import data_file, read_workloads, select
 from verispec.cli import BadInput
 from verispec.cli.paths import check_output_file
@@ -42,7 +42,7 @@ def main() -> int:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=Path, default=SPECBENCH)
-    parser.add_argument("--proposers", default=None, help=f"comma-separated (default: {','.join(PROPOSERS)})")
+    parser.add_argument("--proposers", default=None, help=f"comma-separated (default: {','.join(identity_proposers())})")
     parser.add_argument("--ks", default=",".join(KS), help="comma-separated k policies")
     parser.add_argument("--json", type=Path, default=None, help="write the header, records and summary here")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --json file")
@@ -55,7 +55,7 @@ def main() -> int:
 
     start = time.perf_counter()
     loaded = load_model(args.model, dtype=args.dtype, runtime=args.runtime, deterministic=args.deterministic)
-    default = [p.replace(DEFAULT_MODEL, args.model) for p in PROPOSERS]  # the draft is the target's own model
+    default = [p.replace(DEFAULT_MODEL, args.model) for p in identity_proposers()]  # the draft is the target's own model
     proposers = args.proposers.split(",") if args.proposers else default
     ks = args.ks.split(",")
     workloads = select(read_workloads(args.prompts), limit_per_category=args.per_category)

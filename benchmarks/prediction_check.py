@@ -24,7 +24,7 @@ from verispec.cli import BadInput
 from verispec.cli.paths import check_output_file
 from verispec.cost import predicted_speedup
 from verispec.profile import measure_profile
-from verispec.proposers.spec import parse_proposer
+from verispec.registry import build_proposer
 
 SPECBENCH = data_file("specbench_dev.jsonl", Path(__file__).parents[1])
 
@@ -40,7 +40,7 @@ def check(loaded, workloads, proposers: list[str], k: int, max_new_tokens: int) 
         options = dict(max_new_tokens=max_new_tokens, sampling=GREEDY, eos_token_id=loaded.eos_token_id)
         plain = generate(loaded.lm, None, ids, k=0, **options).stats
         for spec in proposers:
-            proposer = parse_proposer(spec, loaded, corpus=[ids])
+            proposer = build_proposer(spec, loaded, corpus=[ids])
             profile = measure_profile(loaded.lm, proposer, ids, k_max=k, repeats=5, warmup=1)
             run = generate(loaded.lm, proposer, ids, k=k, **options).stats
             rows.append({

@@ -42,7 +42,9 @@ def test_method_grammar():
     ("name", "message"),
     [
         ("verispec-lookup", "verispec-<proposer>-<kN|auto|heuristic>"),
-        ("verispec-lookup-k0", "k must be >= 1"),
+        ("verispec-lookup-k0", "k must be an integer >= 1, got 0"),
+        ("verispec-hydra-k4", "method 'verispec-hydra-k4': unknown proposer 'hydra'"),
+        ("verispec-lookup:3-k4", "lookup takes no argument"),
         ("verispec-lookup-4", "not kN, auto or heuristic"),
         ("hf-lookup-4", "hf-lookup or hf-lookup-kN"),
         ("hf-early-exit", "layer L >= 1"),

@@ -14,6 +14,8 @@ from verispec.cli import app
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_directory
 from verispec.models import DEFAULT_MODEL
+from verispec.registry import proposer_grammar
+from verispec.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from verispec.bench.suite import Settings
@@ -46,7 +48,7 @@ def bench(
     methods: Annotated[
         Optional[str],
         typer.Option(
-            help="Comma-separated: verispec-plain, verispec-<lookup|suffix|draft:PATH|layerskip:L[:N]|random>-"
+            help=f"Comma-separated: verispec-plain, verispec-<{proposer_grammar('|')}>-"
             "<kN|auto|heuristic>, hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN].",
             show_default=f"{DEFAULT_METHODS.replace(',', ', ')}; --quick: every kind",
         ),
@@ -73,15 +75,30 @@ def bench(
         typer.Option("--quick", help="A tiny random model built in code: every code path in seconds, no real numbers."),
     ] = False,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    temperature: Annotated[
+        float, typer.Option(help="0 is greedy; above 0 every method samples (HF with do_sample) with the same transforms.")
+    ] = 0.0,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (T > 0).")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus: keep this much mass (T > 0).")] = None,
+    min_p: Annotated[
+        Optional[float], typer.Option("--min-p", help="Keep tokens at least this times the top one (T > 0).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="The random stream of every sampled request.")] = 0,
 ) -> None:
-    """Benchmark speculative decoding against plain decoding and HF transformers (greedy).
+    """Benchmark speculative decoding against plain decoding and HF transformers.
 
-    Every method runs on the same model object, dtype and thread count, interleaved per prompt
-    with the order rotated; outputs are checked token for token against verispec-plain.
+    Every method runs on the same model object, dtype, thread count and sampling transforms,
+    interleaved per prompt with the order rotated. Greedy outputs are checked token for token
+    against verispec-plain; sampled runs report acceptance and tokens per round instead (their
+    exactness is the audit's and the statistical test's).
     """
     from verispec.bench.suite import OUTPUTS, Settings, run  # transformers: imported when needed
 
     check_output_directory(out, "--out", OUTPUTS, force)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    if sampling.greedy and any(f is not None for f in (top_k, top_p, min_p)):
+        raise ValueError("--top-k, --top-p and --min-p filter sampled tokens; give a --temperature above 0")
+    from verispec.bench.suite import Settings, run  # transformers: imported when needed
 
     settings = Settings(
         out=out,
@@ -98,6 +115,8 @@ def bench(
         deterministic=deterministic,
         threads=threads,
         quick=quick,
+        sampling=sampling,
+        seed=seed,
     )
     settings.command = command_line(settings)
     summary = run(settings)
@@ -125,4 +144,11 @@ def command_line(settings: Settings) -> str:
             words.append("--deterministic" if settings.deterministic else "--no-deterministic")
     if settings.threads is not None:
         words += ["--threads", str(settings.threads)]
+    s = settings.sampling
+    if not s.greedy:
+        words += ["--temperature", f"{s.temperature:g}"]
+        for option, value in (("--top-k", s.top_k), ("--top-p", s.top_p), ("--min-p", s.min_p)):
+            if value is not None:
+                words += [option, f"{value:g}"]
+        words += ["--seed", str(settings.seed)]
     return shlex.join([*words, "--out", str(settings.out)])

@@ -14,7 +14,6 @@ from verispec.cli.paths import FORCE_HELP, check_input_file, check_output_file
 from verispec.cost import (
     FixedCosts,
     check_costs,
-    check_k,
     expected_tokens_by_k,
     optimal_k,
     speedup_by_k,
@@ -84,8 +83,6 @@ def _costs(
     c: float | None, v: float | None, profile: Path | None, k_max: int | None, k: int | None
 ) -> tuple[FixedCosts, Profile | None]:
     """c and the curve v(1..K + 1), from the options or from a profile."""
-    if k is not None:
-        check_k(k)
     if profile is not None:
         if c is not None or v is not None:
             raise ValueError("give --c and --v, or --profile with measured ones, not both")

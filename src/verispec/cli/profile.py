@@ -16,6 +16,7 @@ from verispec.cli.paths import FORCE_HELP, check_output_file
 from verispec.cost import optimal_k, speedup_by_k
 from verispec.engine import generate
 from verispec.models import DEFAULT_MODEL
+from verispec.registry import build_proposer, proposer_help
 from verispec.profile import Profile, measure_profile
 from verispec.sampling import SamplingParams
 
@@ -38,7 +39,7 @@ DEFAULT_PROMPT = (
 @app.command()
 def profile(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
-    proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N]")] = "lookup",
+    proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
     k_max: Annotated[int, typer.Option("--k-max", min=1, help="Measure v(n) for n = 1..k_max + 1.")] = 8,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats of every measurement.")] = 7,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed repeats first.")] = 2,
@@ -76,12 +77,11 @@ def profile(
         check_output_file(plot, "--plot", force, suffix=".png")
     sampling = SamplingParams(temperature=temperature)
     from verispec.models.load import load_model  # transformers: imported when needed
-    from verispec.proposers.spec import parse_proposer
 
     loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
     prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
     context = prompt_ids if context_tokens is None else tiled(prompt_ids, context_tokens)
-    drafter = parse_proposer(proposer, loaded)
+    drafter = build_proposer(proposer, loaded)
     measured = measure_profile(
         loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling
     )

@@ -30,10 +30,8 @@ import os
 # Before transformers (and huggingface_hub) read it at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import functools  # noqa: E402
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
 import warnings  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -45,6 +43,7 @@ import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from verispec.machine import native_bf16  # noqa: E402
 from verispec.models import DEFAULT_MODEL  # noqa: E402
 from verispec.models.base import CausalLM  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
@@ -282,27 +281,6 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
     raise ValueError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16, float16 or q4")
-
-
-@functools.cache
-def native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively; elsewhere bf16 is emulated and slower
-    than float32 (measured: 82 vs 50 ms to score 5 tokens on an AVX-512 CPU without it)."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return cpu_has_bf16(cpuinfo, platform.machine())
-
-
-def cpu_has_bf16(cpuinfo: str, machine: str) -> bool:
-    """From /proc/cpuinfo: AVX512-BF16 or AMX-BF16 on x86, the BF16 extension on Arm."""
-    wanted = {"avx512_bf16", "amx_bf16"} if machine in ("x86_64", "AMD64", "i686") else {"bf16"}
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features") and wanted & set(value.split()):
-            return True
-    return False
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
