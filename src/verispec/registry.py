@@ -371,8 +371,8 @@ register(ProposerKind(
     example="layerskip:8",
 ))
 register(ProposerKind(
-    "selfdraft", "selfdraft[:q4|int8]", "sampled", _selfdraft,
-    "the target's own weights in int4 (default; a Q4 GGUF's own blocks) or int8, with its own cache",
+    "selfdraft", "selfdraft[:FORMAT]", "sampled", _selfdraft,
+    "the target's own weights, FORMAT q4 (default; a Q4 GGUF's own blocks) or int8, with its own cache",
     not_audited="it needs a transformer's weights, which the audit's rational tables lack; its "
     "drafts are sampled with their q like draft's, whose rules the audit covers",
 ))
