@@ -22,6 +22,7 @@ from verispec import check_tokenizers, load_model
 from verispec import machine as machine_info
 from verispec.models import load
 from verispec.models.hf import HFCausalLM
+from verispec.models.llama import LlamaRuntime
 
 ATOL = {torch.float32: 1e-3, torch.bfloat16: 2.0}
 
@@ -63,7 +64,7 @@ def test_named_dtypes(dtype, expected) -> None:
 
 @pytest.mark.parametrize("dtype", ["float64", "int8", "", torch.float64, None])
 def test_bad_dtype(dtype) -> None:
-    with pytest.raises(ValueError, match="unknown dtype .*choose auto, float32, bfloat16 or float16"):
+    with pytest.raises(ValueError, match="unknown dtype .*choose auto, float32, bfloat16, float16 or q4"):
         load_model(load.DEFAULT_MODEL, dtype=dtype)
 
 
@@ -117,7 +118,7 @@ def save_checkpoint(path, seed: int = 0):
 def test_local_checkpoint_directory(tmp_path) -> None:
     original = save_checkpoint(tmp_path)
     loaded = load_model(tmp_path, dtype="float32")
-    assert isinstance(loaded.lm, HFCausalLM) and loaded.lm.model is loaded.model
+    assert isinstance(loaded.lm, LlamaRuntime) and loaded.runtime == "fast"
     assert loaded.name == str(tmp_path) and loaded.source == tmp_path
     assert loaded.dtype == torch.float32 and loaded.lm.vocab_size == 300
     assert loaded.eos_token_ids == (2, 0) and loaded.eos_token_id == 2
@@ -129,7 +130,23 @@ def test_local_checkpoint_directory(tmp_path) -> None:
     assert loaded.decode(ids) == "the cat"
     with torch.inference_mode():
         expected = original(torch.tensor([ids])).logits[0]
-    torch.testing.assert_close(loaded.lm.score(ids), expected, atol=0, rtol=0)
+    torch.testing.assert_close(loaded.lm.score(ids), expected, atol=1e-4, rtol=0)
+    on_hf = load_model(tmp_path, dtype="float32", runtime="hf")
+    assert isinstance(on_hf.lm, HFCausalLM) and on_hf.lm.model is on_hf.model and on_hf.runtime == "hf"
+    torch.testing.assert_close(on_hf.lm.score(ids), expected, atol=0, rtol=0)
+
+
+def test_runtime_choice(tmp_path) -> None:
+    save_checkpoint(tmp_path)
+    assert isinstance(load_model(tmp_path, runtime="fast", deterministic=True).lm, LlamaRuntime)
+    with pytest.raises(ValueError, match="unknown runtime 'fastest'; choose auto, fast, hf"):
+        load_model(tmp_path, runtime="fastest")
+    with pytest.raises(ValueError, match="deterministic scoring is a fast-runtime mode"):
+        load_model(tmp_path, runtime="hf", deterministic=True)
+    float16 = load_model(tmp_path, dtype="float16")  # the fast runtime computes in fp32/bf16 only
+    assert float16.runtime == "hf" and isinstance(float16.lm, HFCausalLM)
+    with pytest.raises(ValueError, match="not float16; use runtime 'hf'"):
+        load_model(tmp_path, dtype="float16", runtime="fast")
 
 
 def test_local_checkpoint_in_bfloat16(tmp_path) -> None:
@@ -137,6 +154,16 @@ def test_local_checkpoint_in_bfloat16(tmp_path) -> None:
     loaded = load_model(tmp_path, dtype="bfloat16")
     assert loaded.model.dtype == torch.bfloat16 == loaded.dtype
     assert loaded.lm.extend([5, 6]).dtype == torch.float32
+
+
+@pytest.mark.parametrize("runtime", ["fast", "hf"])
+def test_q4_on_a_float_checkpoint_is_a_different_model_and_says_so(tmp_path, runtime) -> None:
+    save_checkpoint(tmp_path)
+    loaded = load_model(tmp_path, dtype="q4", runtime=runtime)
+    assert loaded.weight_format == "q4" and not loaded.exact_weights and loaded.runtime == runtime
+    assert "quantized to 4 bits on load, so this is a different model" in loaded.target_note
+    assert loaded.lm.vocab_size == 300 and loaded.lm.extend([5, 6]).shape == (2, 300)
+    assert load_model(tmp_path, dtype="float32").target_note is None
 
 
 def test_chat_without_a_template(tmp_path) -> None:

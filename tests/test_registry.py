@@ -188,7 +188,7 @@ def quick(tmp_path_factory):
 def test_a_registered_proposer_is_listed(repeat_registered, capsys):
     assert main(["proposers", "--json"]) == 0
     listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)["proposers"]}
-    assert set(listed) == {"lookup", "suffix", "draft", "layerskip", "random", "eagle", "medusa", "repeat"}
+    assert set(listed) == {"lookup", "suffix", "draft", "layerskip", "selfdraft", "random", "eagle", "medusa", "repeat"}
     assert listed["repeat"] == {
         "name": "repeat", "grammar": "repeat", "drafts": "chosen", "rules": ["greedy", "point-mass", "token", "block"],
         "audited": True, "not_audited": None, "description": "repeats the last token",

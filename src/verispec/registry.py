@@ -7,7 +7,7 @@ its drafts are chosen or sampled (and so which verification rules are exact for 
 audit builds it on rational tables (or why it cannot), and a one-line description.
 
     >>> sorted(PROPOSERS)
-    ['draft', 'eagle', 'layerskip', 'lookup', 'medusa', 'random', 'suffix']
+    ['draft', 'eagle', 'layerskip', 'lookup', 'medusa', 'random', 'selfdraft', 'suffix']
     >>> PROPOSERS["lookup"].rules
     ('greedy', 'point-mass', 'token', 'block')
     >>> parse_k("auto:fast.json")
@@ -263,6 +263,16 @@ def _layerskip(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
     return LayerSkip(target.lm, layers, head_tokens, corpus)
 
 
+def _selfdraft(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+    from verispec.proposers.self_draft import FORMATS, SelfDraft
+
+    fmt = argument or "q4"
+    if fmt not in FORMATS:
+        raise ValueError(f"selfdraft takes q4 or int8, got 'selfdraft:{fmt}'")
+    gguf = target.source if fmt == "q4" and target.source.is_file() else None
+    return SelfDraft(target.model, fmt, gguf=gguf, runtime=target.runtime)
+
+
 def _random(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
     from verispec.proposers.random_tokens import RandomTokens
 
@@ -359,6 +369,12 @@ register(ProposerKind(
     not_audited="it needs a transformer's layers, which the audit's rational tables lack; its "
     "drafts are sampled with their q like draft's, whose rules the audit covers",
     example="layerskip:8",
+))
+register(ProposerKind(
+    "selfdraft", "selfdraft[:FORMAT]", "sampled", _selfdraft,
+    "the target's own weights, FORMAT q4 (default; a Q4 GGUF's own blocks) or int8, with its own cache",
+    not_audited="it needs a transformer's weights, which the audit's rational tables lack; its "
+    "drafts are sampled with their q like draft's, whose rules the audit covers",
 ))
 register(ProposerKind(
     "random", "random", "sampled", _random,

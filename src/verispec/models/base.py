@@ -115,3 +115,22 @@ def check_taps(taps: Sequence[Tap], num_layers: int) -> tuple[Tap, ...]:
     if len(set(taps)) != len(taps):
         raise ValueError(f"feature taps repeat: {list(taps)}")
     return taps
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
+    """Refuse ids outside [0, vocab_size). Models check before a forward: an embedding lookup
+    failing half-way through the layers would leave the cache longer in some than in others."""
+    low, high = min(ids), max(ids)
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {vocab_size})")
+
+
+def check_extend(tokens: Sequence[int], keep: int | None, vocab_size: int) -> None:
+    """Refuse what `CausalLM.extend` does not accept: no tokens, keep outside [1, n], bad ids."""
+    n = len(tokens)
+    if n == 0:
+        raise ValueError("extend needs at least one token")
+    if keep is not None and not 1 <= keep <= n:
+        raise ValueError(f"keep must lie in [1, {n}] for {n} tokens, got {keep}")
+    check_token_ids(tokens, vocab_size)

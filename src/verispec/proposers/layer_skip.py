@@ -2,10 +2,11 @@
 decoding: LayerSkip, Elhoushi et al. 2404.16710; Draft & Verify, Zhang et al. 2309.08168),
 optionally with a pruned output head (FR-Spec, Zhao et al. 2502.14856).
 
-The draft is a truncated-depth view of the target's Hugging Face model: the same embedding,
-its first L decoder layers, the same final norm and output head, all shared by reference (no
-weight is copied but the pruned head's rows). It runs behind `HFCausalLM` with its OWN cache
-of L layers, so it never touches the target's cache and rolls back on its own, and it drafts
+The draft is a truncated-depth view of the target: the same embedding, its first L decoder
+layers, the same final norm and output head, all shared by reference (no weight is copied but
+the pruned head's rows). On the fast runtime it is a `LlamaRuntime` over the target's first L
+layers; on a Hugging Face model, a view of it behind `HFCausalLM`. Either way it has its OWN
+cache of L layers, so it never touches the target's cache and rolls back on its own, and it drafts
 through `DraftModel`: q is sampled with the request's transforms, argmax at temperature 0.
 
 Pruned head: the draft scores only N frequent tokens and gives every other token the logit
@@ -26,6 +27,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from verispec.models.hf import HFCausalLM
+from verispec.models.llama import LlamaRuntime
 from verispec.proposers.draft_model import DraftModel
 
 
@@ -114,7 +116,8 @@ def truncated_model(model: PreTrainedModel, layers: int, head: nn.Module | None 
 class LayerSkip(DraftModel):
     """Draft with the target's first `layers` layers (its own cache), optionally a pruned head.
 
-    target: the target as `HFCausalLM` or its transformers model.
+    target: the target as `LlamaRuntime` (the draft is then a `LlamaRuntime` too, sharing its
+        layers), as `HFCausalLM`, or its transformers model.
     head_tokens: None (full head), N (the N most frequent tokens of `corpus`, see
         `frequent_tokens`), or the token ids to keep (LongTensor[N] or a sequence).
 
@@ -124,22 +127,24 @@ class LayerSkip(DraftModel):
 
     def __init__(
         self,
-        target: HFCausalLM | PreTrainedModel,
+        target: LlamaRuntime | HFCausalLM | PreTrainedModel,
         layers: int,
         head_tokens: int | torch.Tensor | Sequence[int] | None = None,
         corpus: Iterable[Sequence[int]] = (),
     ) -> None:
-        model = target if isinstance(target, PreTrainedModel) else target.model
+        fast = isinstance(target, LlamaRuntime)
+        model = target if isinstance(target, PreTrainedModel) else None if fast else target.model
         head = None
         if head_tokens is not None:
-            full = model.get_output_embeddings()
+            full = target.head_linear if fast else model.get_output_embeddings()
             vocab_size = full.weight.shape[0]
             if isinstance(head_tokens, int):
                 ids = frequent_tokens(corpus, head_tokens, vocab_size)
             else:
                 ids = _token_ids(head_tokens, vocab_size)
             head = PrunedHead(full, ids)
-        super().__init__(HFCausalLM(truncated_model(model, layers, head)))
+        draft = target.truncated(layers, head) if fast else HFCausalLM(truncated_model(model, layers, head))
+        super().__init__(draft)
         self.layers = layers
         self.head_tokens = None if head is None else head.token_ids
 

@@ -1,0 +1,97 @@
+"""Projections of the fast runtime: one module per weight format, built by `projection`.
+
+Every projection maps activations x[M, in] to y[M, out] in the runtime's activation dtype.
+The runtime never looks inside one, so a new weight format (a quantized layout, say) is a new
+module here and a new branch in `projection`, and nothing else changes.
+
+Float weights go to oneDNN prepacked once (`PackedLinear`). Measured on a 2-core AMD EPYC
+(torch 2.13, one thread, the 30 layers' projections of SmolLM2-135M, machine loaded): float32
+61 ms at M = 1 against 85-96 ms for `F.linear` (MKL), bfloat16 36 against 58 ms (`F.linear`
+reorders the weight on every call). Packed with a batch hint of 2, a row's output is also the
+same bits whatever the number of rows M, except at M = 1 for some shapes (K = 1536, float32
+and bfloat16: another kernel); `PackedLinear` probes that once per shape and then scores a
+single row as two.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+# oneDNN picks its kernel by this expected row count; 2 keeps single rows on the gemm path.
+PACK_ROWS = 2
+
+
+class DenseLinear(nn.Module):
+    """y = x W^T (+ b) with W[out, in] kept as given (float32 or bfloat16), through `F.linear`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.weight = weight  # [out, in]
+        self.bias = bias  # [out] or None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x[M, in] -> y[M, out]."""
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class PackedLinear(nn.Module):
+    """y = x W^T (+ b) through oneDNN with W[out, in] prepacked (float32 or bfloat16).
+
+    Rows are shape-invariant: row i of the output depends only on row i of x, whatever M,
+    bit for bit (checked at construction; a single row is padded to two where the kernel for
+    one row rounds differently).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.in_features = weight.shape[1]
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)  # opaque oneDNN layout
+        self.bias = bias  # [out] or None
+        self.pad_single_row = not single_row_matches(*weight.shape, weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x[M, in] -> y[M, out]."""
+        if self.pad_single_row and x.shape[0] == 1:
+            return self._linear(x.expand(2, -1).contiguous())[:1]
+        return self._linear(x)
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+@functools.cache
+def single_row_matches(out_features: int, in_features: int, dtype: torch.dtype) -> bool:
+    """Whether a prepacked linear of this shape gives one row the same bits alone as among
+    seven others. Probed once per shape (the kernel depends on the shape, not the values)
+    on rows whose exact products cancel to zero (x = (a, a permuted), w = (b, -b permuted)):
+    the output is then pure rounding residue, which differs under any other summation
+    order, even after a bfloat16 output rounding that hides the differences of random data.
+    """
+    generator = torch.Generator().manual_seed(0)
+    half = in_features // 2
+    a = torch.randn(8, half, generator=generator)
+    b = torch.randn(out_features, half, generator=generator)
+    order = torch.randperm(half, generator=generator)
+    tail = in_features - 2 * half  # an odd width: one zero column
+    x = torch.cat((a, a[:, order], a.new_zeros(8, tail)), 1).to(dtype)  # [8, in]
+    weight = torch.cat((b, -b[:, order], b.new_zeros(out_features, tail)), 1).to(dtype)  # [out, in]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
+    rows = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return torch.equal(torch.ops.mkldnn._linear_pointwise(x[:1], packed, None, "none", [], ""), rows[:1])
+
+
+def projection(weight: torch.Tensor, bias: torch.Tensor | None = None, weight_format: str = "float") -> nn.Module:
+    """The projection module for `weight` [out, in] (and `bias` [out]) in `weight_format`.
+
+    "float": the weight's own dtype (float32 or bfloat16), prepacked for oneDNN where torch
+    has it, else through `F.linear`.
+    """
+    bias = None if bias is None else bias.contiguous()
+    if weight_format == "float":
+        if torch.backends.mkldnn.is_available() and weight.dtype in (torch.float32, torch.bfloat16):
+            return PackedLinear(weight.contiguous(), bias)
+        return DenseLinear(weight.contiguous(), bias)
+    raise ValueError(f"unknown weight format {weight_format!r}; the fast runtime knows: float")

@@ -1,0 +1,338 @@
+"""`LlamaRuntime`: a lean Llama forward behind the `CausalLM` protocol.
+
+A forward of M new tokens on top of `start` cached positions, per layer:
+
+    h = rms_norm(x)                      x[M, H] the residual stream, in the model's dtype
+    q, k, v = qkv(h)                     one fused projection -> [M, Hq + 2 Hkv, D]
+    q, k = rope(q, k)                    both at once, from precomputed tables
+    K, V = cache.write(k, v)             in place at start..start+M-1; views [Hkv, width, D]
+    x = x + o(attention(q, K, V))        causal among the M rows; grouped-query heads
+    x = x + down(silu(gate) * up)        gate and up from one fused projection
+
+then only the last `keep` rows go through the final norm and the output head. Against
+transformers' eager Llama: 121 prepacked projections instead of 211 matrix products, RoPE in
+three kernels instead of rotate_half's slicing and concatenation, no mask or cache rebuilt
+per forward (measured per one-token forward, float32: ~4,450 op calls against ~6,200).
+`deterministic` selects the attention whose rows do not depend on M
+(`verispec.models.attention`).
+
+Projections are modules from `verispec.models.linear.projection`, chosen by weight format,
+so quantized layouts drop in without touching this file. The runtime is built from a
+transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file), whose
+weights are fused and packed here; the transformers model is left as it was, so both can run
+(HF generate in the benchmark), at the cost of a second copy of the weights.
+
+Feature channel (`FeatureChannel`): after `record_features(taps)`, every forward also keeps,
+for all its rows, the residual stream after the tapped decoder layers (layer taps 1..L) and
+the final norm's output (FINAL), in a `FeatureStore` that rolls back with the cache. They are
+tensors the forward computes anyway (FINAL only widens the final norm from the kept rows to
+all rows), so no extra forward runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from verispec.models.attention import InvariantAttention, SdpaAttention
+from verispec.models.base import FINAL, Tap, check_extend, check_taps, check_token_ids
+from verispec.models.features import FeatureStore
+from verispec.models.kv_cache import KVCache
+from verispec.models.gguf_blocks import GGUFWeight
+from verispec.models.linear import projection
+from verispec.models.quant import linear_for
+from verispec.models.quantized import stored_weights
+from verispec.models.rope import RopeTables, rope_parameters
+
+QUANTIZED = ("q4", "int8")  # weight formats built by `models.quant`
+
+
+@dataclass
+class LlamaLayer:
+    attn_norm: torch.Tensor  # [H]
+    qkv: nn.Module  # [M, H] -> [M, (Hq + 2 Hkv) D]
+    o: nn.Module  # [M, Hq D] -> [M, H]
+    mlp_norm: torch.Tensor  # [H]
+    gate_up: nn.Module  # [M, H] -> [M, 2 I]
+    down: nn.Module  # [M, I] -> [M, H]
+
+
+@dataclass
+class LlamaShape:
+    layers: int
+    hidden: int
+    heads: int  # query heads
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab_size: int
+    eps: float
+
+
+class LlamaRuntime:
+    """A Llama-architecture model with a preallocated, position-indexed KV cache.
+
+    >>> lm = LlamaRuntime.from_hf(model)   # model: a transformers LlamaForCausalLM
+    >>> lm.prefill(prompt[:-1])
+    >>> logits = lm.extend([prompt[-1], *drafted], keep=None)   # float32 [1 + k, V]
+    >>> lm.rollback(lm.length - 2)          # moves the cache's position; copies nothing
+    """
+
+    def __init__(
+        self,
+        shape: LlamaShape,
+        embed: torch.Tensor,
+        layers: list[LlamaLayer],
+        norm: torch.Tensor,
+        head: nn.Module,
+        rope: RopeTables,
+        deterministic: bool = False,
+        head_linear: nn.Linear | None = None,
+    ) -> None:
+        self.shape = shape
+        self.vocab_size = shape.vocab_size
+        self.embed = embed  # [V, H]
+        self.layers = layers
+        self.norm = norm  # [H]
+        self.head = head  # [M, H] -> [M, V]
+        self.head_linear = head_linear  # the dense head (weight [V, H]), for pruned heads
+        self.hidden_size, self.num_layers = shape.hidden, shape.layers
+        self.rope = rope
+        self.deterministic = deterministic
+        kind = InvariantAttention if deterministic else SdpaAttention
+        self.attention = kind(shape.heads, shape.kv_heads, shape.head_dim)
+        self.dtype = embed.dtype
+        # Float projections hold the model's weights in its dtype: exact in float32 only.
+        self.exact_weights = self.dtype == torch.float32
+        self.cache = self.new_cache()
+        self._features = FeatureStore(shape.hidden)
+
+    @classmethod
+    def from_hf(
+        cls,
+        model: nn.Module,
+        weight_format: str = "float",
+        deterministic: bool = False,
+        blocks: Mapping[str, GGUFWeight] | None = None,
+        exact: bool = True,
+    ) -> LlamaRuntime:
+        """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc).
+
+        weight_format "q4" or "int8": projections from `models.quant.linear_for`, on `blocks`
+        (the GGUF file's own codes, `gguf_blocks.gguf_weights`) where given, else quantized on
+        load; `exact` as there (False: q4's cheaper single plane, for drafts). The runtime's
+        `exact_weights` then says whether every projection holds its float32 weight bit for bit.
+        """
+        refusal = fast_runtime_refusal(model)
+        if refusal:
+            raise ValueError(refusal)
+        config = model.config
+        inv_freq, scaling = rope_parameters(config)
+        base = model.model
+        attention = base.layers[0].self_attn
+        shape = LlamaShape(
+            layers=len(base.layers),
+            hidden=config.hidden_size,
+            heads=config.num_attention_heads,
+            kv_heads=config.num_key_value_heads,
+            head_dim=attention.head_dim,
+            intermediate=config.intermediate_size,
+            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+            eps=float(config.rms_norm_eps),
+        )
+        stored = stored_weights(model, blocks)
+
+        def _fused(*linears: nn.Linear) -> nn.Module:
+            if weight_format in QUANTIZED:
+                return linear_for([stored(linear) for linear in linears], weight_format, exact)
+            return _fused_float(weight_format, *linears)
+
+        layers = []
+        with torch.no_grad():
+            for layer in base.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                layers.append(
+                    LlamaLayer(
+                        attn_norm=layer.input_layernorm.weight.detach(),
+                        qkv=_fused(attn.q_proj, attn.k_proj, attn.v_proj),
+                        o=_fused(attn.o_proj),
+                        mlp_norm=layer.post_attention_layernorm.weight.detach(),
+                        gate_up=_fused(mlp.gate_proj, mlp.up_proj),
+                        down=_fused(mlp.down_proj),
+                    )
+                )
+            embed = base.embed_tokens.weight.detach()
+            head = _fused(model.get_output_embeddings())
+        model.eval()
+        rope = RopeTables(inv_freq, scaling, embed.dtype)
+        runtime = cls(
+            shape, embed, layers, base.norm.weight.detach(), head, rope, deterministic, model.get_output_embeddings()
+        )
+        if weight_format in QUANTIZED:
+            projections = [head, *(p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))]
+            runtime.exact_weights = all(p.exact for p in projections)
+        return runtime
+
+    def truncated(self, layers: int, head: nn.Module | None = None) -> LlamaRuntime:
+        """A runtime of the first `layers` layers, then the final norm and `head` (default: this
+        model's head), sharing every weight, with a cache of its own (layer skipping)."""
+        total = self.shape.layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= total:
+            raise ValueError(f"the draft needs 1 <= layers <= {total} (the target has {total} layers), got {layers!r}")
+        shape = replace(self.shape, layers=layers)
+        return LlamaRuntime(
+            shape, self.embed, self.layers[:layers], self.norm, head or self.head, self.rope,
+            self.deterministic, self.head_linear,
+        )
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        s = self.shape
+        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity, self.attention.value_ones)
+
+    # --- CausalLM -------------------------------------------------------------------------
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def reset(self) -> None:
+        self.cache.length = 0
+        self._features.reset()
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int]) -> None:
+        self.reset()
+        if len(ids):
+            check_token_ids(ids, self.vocab_size)
+            self._live_forward(ids, keep=0)
+
+    @torch.inference_mode()
+    def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        check_extend(tokens, keep, self.vocab_size)
+        return self._live_forward(tokens, keep or len(tokens))
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.cache.length:
+            raise ValueError(f"cannot roll back to {length}; {self.cache.length} tokens processed")
+        self.cache.length = length
+        self._features.truncate(length)
+
+    @torch.inference_mode()
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        if not len(ids):
+            raise ValueError("score needs at least one token")
+        check_token_ids(ids, self.vocab_size)
+        return self._forward(self.new_cache(len(ids)), ids, keep=len(ids))[0]
+
+    # --- FeatureChannel -------------------------------------------------------------------
+
+    def record_features(self, taps: Sequence[Tap]) -> None:
+        for tap in check_taps(taps, self.num_layers):
+            self._features.add(tap, self.length)
+
+    def features(self, taps: Sequence[Tap], start: int, end: int) -> torch.Tensor:
+        return self._features.read(taps, start, end)
+
+    @torch.no_grad()  # not inference mode: a trainer may feed these rows to modules it trains
+    def score_features(self, ids: Sequence[int], taps: Sequence[Tap]) -> torch.Tensor:
+        if not len(ids):
+            raise ValueError("score_features needs at least one token")
+        missing = [tap for tap in taps if tap not in self._features.taps]
+        if missing:
+            raise ValueError(f"feature tap {missing[0]!r} is not recorded; call record_features first")
+        check_token_ids(ids, self.vocab_size)
+        captured = self._forward(self.new_cache(len(ids)), ids, keep=0, taps=tuple(taps))[1]
+        return torch.cat([captured[tap].float() for tap in taps], dim=-1)  # [T, len(taps) H]
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.embed
+
+    def output_embeddings(self) -> torch.Tensor:
+        return self.head_linear.weight
+
+    # --- the forward ----------------------------------------------------------------------
+
+    def _live_forward(self, tokens: Sequence[int], keep: int) -> torch.Tensor | None:
+        """A forward on the live cache; the recorded taps' rows go to the feature store."""
+        logits, captured = self._forward(self.cache, tokens, keep, self._features.taps)
+        if captured:
+            self._features.append(captured)
+        return logits
+
+    def _forward(
+        self, cache: KVCache, tokens: Sequence[int], keep: int, taps: tuple[Tap, ...] = ()
+    ) -> tuple[torch.Tensor | None, dict[Tap, torch.Tensor]]:
+        """Run `tokens` after `cache.length` cached positions and advance the cache; logits
+        of the last `keep` rows (float32 [keep, V]; None when keep = 0) and the features of
+        all M rows at `taps` ({tap: [M, H]} in the model's dtype)."""
+        s = self.shape
+        m, start = len(tokens), cache.length
+        end = start + m
+        width = self.attention.width(end)
+        cache.ensure(width)
+        self.rope.ensure(end)
+        ids = torch.tensor(tokens, dtype=torch.long)  # [M]
+        x = nn.functional.embedding(ids, self.embed)  # [M, H]
+        # Row i sees positions 0..start+i; a single row sees everything, so needs no mask.
+        mask = self.attention.mask(start, m, self.dtype)
+        captured = {}
+        q_end, k_end = s.heads, s.heads + s.kv_heads
+        for index, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, s.eps)
+            qkv = layer.qkv(h).view(m, k_end + s.kv_heads, s.head_dim)  # [M, Hq + 2 Hkv, D]
+            qk = self.rope.rotate(qkv[:, :k_end], start)  # [M, Hq + Hkv, D]
+            keys, values = cache.write(index, start, qk[:, q_end:], qkv[:, k_end:], width)  # [Hkv, width, D]
+            attended = self.attention(qk[:, :q_end].transpose(0, 1), keys, values, mask)  # [M, Hq D]
+            x = x + layer.o(attended)
+            gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [M, 2 I]
+            x = x + layer.down(nn.functional.silu(gate_up[:, : s.intermediate]) * gate_up[:, s.intermediate :])
+            if index + 1 in taps:
+                captured[index + 1] = x
+        cache.length = end
+        if FINAL in taps:
+            captured[FINAL] = normed = rms_norm(x, self.norm, s.eps)  # [M, H]
+            normed = normed[m - keep :]
+        elif keep:
+            normed = rms_norm(x[m - keep :], self.norm, s.eps)  # [keep, H]
+        if keep == 0:
+            return None, captured
+        return self.head(normed).float(), captured  # [keep, V]
+
+
+def fast_runtime_refusal(model: nn.Module) -> str | None:
+    """Why the fast runtime cannot run this transformers model (None: it can)."""
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind != "llama":
+        return f"the fast runtime runs Llama-architecture models and this is {kind!r}; use runtime 'hf'"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"the fast runtime's MLP is SiLU-gated and this model uses {config.hidden_act!r}; use runtime 'hf'"
+    weight = model.get_output_embeddings().weight
+    if weight.device.type != "cpu":
+        return f"the fast runtime runs on the CPU and this model is on {weight.device}; use runtime 'hf'"
+    dtype = weight.dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"the fast runtime computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}; use runtime 'hf'"
+    try:
+        rope_parameters(config)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x[M, H] -> weight * x / sqrt(mean(x^2) + eps), the statistics in float32."""
+    return nn.functional.rms_norm(x, weight.shape, weight, eps)
+
+
+def _fused_float(weight_format: str, *linears: nn.Linear) -> nn.Module:
+    """One projection computing every linear's output side by side ([M, sum of outs])."""
+    weights = [linear.weight.detach() for linear in linears]  # each [out, in]
+    biases = [linear.bias for linear in linears]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+    return projection(torch.cat(weights) if len(weights) > 1 else weights[0], bias, weight_format)
