@@ -39,6 +39,9 @@ class Outcome:
     emitted token(s); first_tokens: how many arrived then (a speculative round emits several).
     tokens_per_round: new tokens emitted by each target forward after the prompt's.
     stats: the verispec engine's counters (None for HF methods).
+    peer: None when the tokens come from the target itself (verispec's engine, HF on the same
+    model object), so greedy identity with plain decoding is required; else what other
+    computation produced them (a peer runtime), whose output is compared but may differ.
     """
 
     tokens: list[int]
@@ -47,6 +50,7 @@ class Outcome:
     first_tokens: int
     tokens_per_round: list[int]
     stats: Stats | None = None
+    peer: str | None = None
 
 
 @dataclass

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers.utils import logging as hf_logging
 
-from verispec.bench import machine, plots, quick
+from verispec.bench import llamacpp, machine, plots, quick
 from verispec.bench.methods import DEFAULT_METHODS, Method, parse_methods
 from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
@@ -91,6 +91,8 @@ def make_runner(method: Method, target: LoadedModel, first_prompt: Sequence[int]
     """The runner for `method` on `target`; `first_prompt` is the context an `auto` policy
     profiles its costs after."""
     eos = target.eos_token_id
+    if method.family == "llamacpp":
+        return llamacpp.make_runner(method, target)
     if method.family == "verispec":
         if method.proposer is None:
             return VerispecRunner(target.lm, None, 0, eos)
@@ -153,6 +155,7 @@ def measure(settings: Settings, console: Console) -> dict:
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
     methods = parse_methods(settings.methods or (quick_methods(out) if settings.quick else DEFAULT_METHODS))
+    llamacpp.require([m.name for m in methods if m.family == "llamacpp"])
     with console.status("loading the model"):
         target = quick_target(out) if settings.quick else load_model(settings.model, dtype=settings.dtype)
     prompts = [(w, w.token_ids(target)) for w in workloads]

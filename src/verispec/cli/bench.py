@@ -34,7 +34,8 @@ def bench(
         Optional[str],
         typer.Option(
             help="Comma-separated: verispec-plain, verispec-<lookup|suffix|draft:PATH|layerskip:L[:N]|random>-"
-            f"<kN|auto|heuristic>, hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN]. "
+            f"<kN|auto|heuristic>, hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], "
+            "llamacpp-plain, llamacpp-lookup[-kN] (pip install -e '.[llamacpp]'). "
             f"Default: {DEFAULT_METHODS} (--quick: every kind)."
         ),
     ] = None,
