@@ -108,9 +108,10 @@ class LlamaCppRunner:
         lookup_tokens: int | None = None,
     ) -> None:
         import llama_cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self.rounds = (
-            Rounds(llama_cpp.LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens)) if lookup_tokens else None
+            Rounds(LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens)) if lookup_tokens else None
         )
         # n_ctx = 0: the model's trained context. A draft model makes llama-cpp-python keep
         # every row's logits (it verifies all drafts from one forward); plain decoding keeps
