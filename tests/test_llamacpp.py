@@ -34,7 +34,7 @@ def test_method_grammar():
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("llamacpp-lookup-2", "llamacpp-lookup or llamacpp-lookup-kN"), ("llamacpp-lookup-k0", "k must be >= 1"),
+    [("llamacpp-lookup-2", "llamacpp-lookup or llamacpp-lookup-kN"), ("llamacpp-lookup-k0", "k must be an integer >= 1"),
      ("llamacpp-draft", "unknown method")],
 )
 def test_bad_method_names(name, message):
@@ -52,6 +52,13 @@ def test_bench_without_llama_cpp_python_says_how_to_install_it(monkeypatch, tmp_
         f"verispec's optional extra with `{llamacpp.INSTALL}` (it builds llama.cpp from source, about 5 minutes)"
     ]
     assert not (tmp_path / "runs.jsonl").exists()
+
+
+def test_bench_refuses_llama_cpp_under_sampling(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(llamacpp, "installed", lambda: True)
+    status = main(["bench", "--quick", "--methods", "llamacpp-plain", "--temperature", "0.7", "--out", str(tmp_path)])
+    assert status == 2
+    assert capsys.readouterr().err.startswith("error: llamacpp-plain decode greedily only")
 
 
 def test_a_target_without_a_gguf_file_is_refused():
@@ -103,7 +110,8 @@ def test_a_peer_difference_is_described_not_counted_as_a_failure():
     assert summary["methods"]["llamacpp-plain"]["peer"] == peer and summary["methods"][PLAIN]["peer"] is None
     header = {"cpu": "c", "native_bf16": False, "logical_cpus": 2, "torch_threads": 2, "platform": "p",
               "python": "3", "torch": "t", "transformers": "t", "verispec": "v", "model": "m", "dtype": "float32",
-              "max_new_tokens": 3, "prompts": 1, "repeats": 1, "warmup": 0, "command": "x"}
+              "max_new_tokens": 3, "prompts": 1, "repeats": 1, "warmup": 0, "command": "x",
+              "sampling": {"temperature": 0}, "seed": 0}
     report = render(summary | {"header": header}, [])
     assert "| llamacpp-plain | 0/1 (a peer: not required to be equal) |" in report
     assert "Differences of peer runtimes" in report and "Mismatches (" not in report
@@ -144,7 +152,7 @@ def test_runner_on_the_default_gguf(default_target):
     runs = {name: [runner(ids, 40) for _ in range(2)] for name, runner in [("plain", plain), ("lookup", lookup)]}
     for name, (first, again) in runs.items():
         assert first.tokens == again.tokens, name
-        assert 1 <= len(first.tokens) <= 40 and target.eos_token_id not in first.tokens[:-1]
+        assert 1 <= len(first.tokens) <= 40 and not set(target.eos_token_ids) & set(first.tokens[:-1])
         assert sum(first.tokens_per_round) == len(first.tokens) and first.first_tokens == 1
         assert 0 < first.first_token_seconds <= first.wall_seconds and first.peer.startswith("llama.cpp")
     assert set(runs["plain"][0].tokens_per_round) == {1}

@@ -4,7 +4,9 @@
 is llama-cpp-python's own prompt-lookup decoding (`LlamaPromptLookupDecoding`: n-grams up to
 2, N drafted tokens, 10 by default), which `Llama.generate` verifies greedily. Both are timed by
 the same `Clock` as every other runner, on the same prompt token ids (fed as ids, so no second
-tokenizer is involved), with the same thread count, the same budget and the same single EOS id.
+tokenizer is involved), with the same thread count, the same budget and the same EOS ids. They
+decode greedily only: llama.cpp's sampler chain applies top-k, top-p and min-p before the
+temperature, verispec after it, so a sampled run would draw from a different distribution.
 
 They are a peer, not a verispec method: llama.cpp computes with the GGUF's quantized blocks
 (Q4_1 weights times Q8-quantized activations, its own kernels), while verispec's target is the
@@ -27,6 +29,7 @@ import torch
 from verispec.bench.methods import Method
 from verispec.bench.runners import Clock, Outcome
 from verispec.models.load import LoadedModel
+from verispec.sampling import SamplingParams
 
 INSTALL = "pip install -e '.[llamacpp]'"
 
@@ -49,13 +52,20 @@ def installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def require(names: Sequence[str]) -> None:
+def require(names: Sequence[str], sampling: SamplingParams) -> None:
     """Refuse llamacpp methods up front (before any model loads) when llama-cpp-python is
-    missing; the message says how to install it."""
-    if names and not installed():
+    missing (the message says how to install it) or the benchmark samples."""
+    if not names:
+        return
+    if not installed():
         raise ValueError(
             f"{', '.join(names)} need llama-cpp-python, which is not installed; install verispec's "
             f"optional extra with `{INSTALL}` (it builds llama.cpp from source, about 5 minutes)"
+        )
+    if not sampling.greedy:
+        raise ValueError(
+            f"{', '.join(names)} decode greedily only (llama.cpp filters before the temperature, verispec "
+            "after it, so they would sample another distribution); drop --temperature or these methods"
         )
 
 
@@ -93,8 +103,8 @@ class LlamaCppRunner:
     """llama-cpp-python's `Llama.generate` on a GGUF file, greedy; with prompt lookup when
     `lookup_tokens` is given (its `num_pred_tokens`).
 
-    threads: llama.cpp's threads for decoding and for the prompt (the benchmark passes torch's
-    count). vocab_size: the target's, checked against the file's. The context is the model's
+    eos_token_ids: the ids that end a request (the engine's). threads: llama.cpp's threads for
+    decoding and for the prompt (the benchmark passes torch's count). vocab_size: the target's, checked against the file's. The context is the model's
     trained length; every request starts from an empty cache (no reuse of the previous
     request's prompt), as the other runners do.
     """
@@ -102,7 +112,7 @@ class LlamaCppRunner:
     def __init__(
         self,
         gguf: Path,
-        eos_token_id: int | None,
+        eos_token_ids: Sequence[int],
         threads: int,
         vocab_size: int,
         lookup_tokens: int | None = None,
@@ -128,7 +138,7 @@ class LlamaCppRunner:
             raise ValueError(
                 f"llama.cpp reads a vocabulary of {self.llama.n_vocab()} from {gguf}, the target has {vocab_size}"
             )
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.peer = (
             f"llama.cpp (llama-cpp-python {llama_cpp.__version__}) on the GGUF's quantized blocks, not verispec's "
             "dequantized weights"
@@ -154,7 +164,7 @@ class LlamaCppRunner:
                     clock.emitted(1)
                 else:
                     self.rounds.token()
-                if tokens[-1] == self.eos_token_id or len(tokens) == max_new_tokens:
+                if tokens[-1] in self.eos_token_ids or len(tokens) == max_new_tokens:
                     break
         finally:
             stream.close()
@@ -173,4 +183,4 @@ def make_runner(method: Method, target: LoadedModel) -> LlamaCppRunner:
             f"{method.name} decodes the target's own GGUF file, but {target.name} was not loaded from a .gguf "
             f"file ({target.source}); give --model a .gguf file or an embedded name"
         )
-    return LlamaCppRunner(target.source, target.eos_token_id, torch.get_num_threads(), target.lm.vocab_size, method.k)
+    return LlamaCppRunner(target.source, target.eos_token_ids, torch.get_num_threads(), target.lm.vocab_size, method.k)
