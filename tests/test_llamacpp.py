@@ -138,7 +138,8 @@ COPY_PROMPT = (
 @NEEDS_LLAMACPP
 def test_runner_on_the_default_gguf(default_target):
     """Plain and lookup runs: the budget, EOS last, rounds that add up, a fresh cache per request
-    (the same output twice), llama.cpp's tokenizer giving the target's ids, and every emitted
+    (the same output twice), a lookup context longer than llama-cpp-python's 512-row batch,
+    llama.cpp's tokenizer giving the target's ids, and every emitted
     token within a small logit gap of the float32 target's maximum (it is the same model,
     rounded differently)."""
     target = default_target
@@ -157,6 +158,8 @@ def test_runner_on_the_default_gguf(default_target):
         assert 0 < first.first_token_seconds <= first.wall_seconds and first.peer.startswith("llama.cpp")
     assert set(runs["plain"][0].tokens_per_round) == {1}
     assert max(runs["lookup"][0].tokens_per_round) > 1
+    # Past 512 tokens of context: llama-cpp-python's own logits buffer would overflow here.
+    assert 1 <= len(lookup((ids * (600 // len(ids) + 1))[:600], 3).tokens) <= 3
     with torch.inference_mode():
         for name, (outcome, _) in runs.items():
             logits = target.lm.score([*ids, *outcome.tokens])[len(ids) - 1 : -1]  # [n, V]

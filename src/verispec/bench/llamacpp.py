@@ -123,14 +123,15 @@ class LlamaCppRunner:
         self.rounds = (
             Rounds(LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens)) if lookup_tokens else None
         )
-        # n_ctx = 0: the model's trained context. A draft model makes llama-cpp-python keep
-        # every row's logits (it verifies all drafts from one forward); plain decoding keeps
-        # only the last row's.
+        # n_ctx = 0: the model's trained context. Verifying drafts needs every row's logits;
+        # llama-cpp-python switches that on by itself for a draft model, but sizes its logits
+        # buffer from the argument (n_batch rows), which overflows past 512 tokens of context.
         self.llama = llama_cpp.Llama(
             model_path=str(gguf),
             n_ctx=0,
             n_threads=threads,
             n_threads_batch=threads,
+            logits_all=self.rounds is not None,
             draft_model=self.rounds,
             verbose=False,
         )
