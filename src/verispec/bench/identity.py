@@ -71,8 +71,8 @@ def diagnose(
     margins_text = ", ".join(f"{gap:.3g} ({name})" for name, (_, gap) in margins.items())
     if peer is not None:
         diagnosis = (
-            f"{peer}: a different computation, not expected to equal plain decoding; the target's top-2 "
-            f"margin there {margin:.3g} ({'a near tie' if near_tie else 'not a near tie'} for the target)"
+            f"a peer ({peer}), not required to equal plain decoding; the target's top-2 margin there "
+            f"{margin:.3g} ({'a near tie' if near_tie else 'not a near tie'} for the target)"
         )
     elif behind is None:
         diagnosis = f"lengths differ ({len(reference)} vs {len(tokens)}) with equal tokens up to there"

@@ -140,10 +140,7 @@ class LlamaCppRunner:
                 f"llama.cpp reads a vocabulary of {self.llama.n_vocab()} from {gguf}, the target has {vocab_size}"
             )
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.peer = (
-            f"llama.cpp (llama-cpp-python {llama_cpp.__version__}) on the GGUF's quantized blocks, not verispec's "
-            "dequantized weights"
-        )
+        self.peer = f"llama-cpp-python {llama_cpp.__version__} on the GGUF's quantized blocks"
 
     def __call__(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Outcome:
         context = self.llama.n_ctx()
