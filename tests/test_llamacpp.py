@@ -155,7 +155,7 @@ def test_runner_on_the_default_gguf(default_target):
         assert first.tokens == again.tokens, name
         assert 1 <= len(first.tokens) <= 40 and not set(target.eos_token_ids) & set(first.tokens[:-1])
         assert sum(first.tokens_per_round) == len(first.tokens) and first.first_tokens == 1
-        assert 0 < first.first_token_seconds <= first.wall_seconds and first.peer.startswith("llama.cpp")
+        assert 0 < first.first_token_seconds <= first.wall_seconds and first.peer.startswith("llama-cpp-python")
     assert set(runs["plain"][0].tokens_per_round) == {1}
     assert max(runs["lookup"][0].tokens_per_round) > 1
     # Past 512 tokens of context: llama-cpp-python's own logits buffer would overflow here.
