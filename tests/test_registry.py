@@ -64,7 +64,7 @@ def test_each_spec_builds_its_proposer(target):
     ("spec", "message"),
     [
         ("", "unknown proposer ''; choose lookup, suffix, draft:PATH, layerskip:L"),
-        ("medusa", "unknown proposer 'medusa'"),
+        ("hydra", "unknown proposer 'hydra'"),
         ("lookup:3", "lookup takes no argument"),
         ("random:7", "random takes no argument"),
         ("draft", "draft needs an argument: write draft:PATH, got 'draft'"),
@@ -188,7 +188,7 @@ def quick(tmp_path_factory):
 def test_a_registered_proposer_is_listed(repeat_registered, capsys):
     assert main(["proposers", "--json"]) == 0
     listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)["proposers"]}
-    assert set(listed) == {"lookup", "suffix", "draft", "layerskip", "random", "repeat"}
+    assert set(listed) == {"lookup", "suffix", "draft", "layerskip", "random", "eagle", "medusa", "repeat"}
     assert listed["repeat"] == {
         "name": "repeat", "grammar": "repeat", "drafts": "chosen", "rules": ["greedy", "point-mass", "token", "block"],
         "audited": True, "not_audited": None, "description": "repeats the last token",
