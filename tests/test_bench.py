@@ -14,7 +14,8 @@ from verispec.cli import main
 RECORD_FIELDS = {
     "method", "prompt_id", "category", "repeat", "order", "prompt_tokens", "new_tokens", "wall_seconds",
     "tokens_per_second", "first_token_seconds", "decode_seconds", "decode_tokens_per_second", "rounds",
-    "tokens_per_round", "mean_tokens_per_round", "engine", "peak_rss_mb", "matches_plain", "mismatch", "tokens",
+    "tokens_per_round", "mean_tokens_per_round", "engine", "peak_rss_mb", "matches_plain", "mismatch", "peer",
+    "tokens",
 }
 HEADER_FIELDS = {
     "cpu", "native_bf16", "logical_cpus", "torch_threads", "torch", "transformers", "verispec", "dtype",

@@ -147,7 +147,7 @@ def run_record(method, prompt, repeat, seconds, tokens=8, rounds=8, category="c"
     return {"method": method, "prompt_id": prompt, "category": category, "repeat": repeat, "new_tokens": tokens,
             "wall_seconds": seconds, "tokens_per_second": tokens / seconds, "first_token_seconds": 0.1,
             "decode_tokens_per_second": None, "rounds": rounds, "engine": None, "peak_rss_mb": 1.0,
-            "matches_plain": True, "mismatch": None}
+            "matches_plain": True, "mismatch": None, "peer": None}
 
 
 def test_speedup_is_paired_per_repeat_then_median_and_quartiles_across_prompts():

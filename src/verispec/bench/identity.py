@@ -42,12 +42,15 @@ def diagnose(
     score: Callable[[list[int]], torch.Tensor],
     dtype: str,
     passes: Mapping[str, torch.Tensor] | None = None,
+    peer: str | None = None,
 ) -> dict | None:
     """None when `tokens` equals `reference` (plain decoding's output); else what differs.
 
     score(ids) -> logits[len(ids), V]: the target's stateless full forward.
     passes: name -> logits[n, V], the rows a run itself chose its new tokens from (row i: new
     token i); a pass with no row at the mismatch is left out.
+    peer: what computed `tokens` when it was not the target itself (`Outcome.peer`); such a
+    difference is described, with the target's margin there, but is no exactness failure.
     """
     position = first_mismatch(reference, tokens)
     if position is None:
@@ -66,7 +69,12 @@ def diagnose(
     }
     near_tie = behind is not None and max(behind.values()) <= tolerance
     margins_text = ", ".join(f"{gap:.3g} ({name})" for name, (_, gap) in margins.items())
-    if behind is None:
+    if peer is not None:
+        diagnosis = (
+            f"a peer ({peer}), not required to equal plain decoding; the target's top-2 margin there "
+            f"{margin:.3g} ({'a near tie' if near_tie else 'not a near tie'} for the target)"
+        )
+    elif behind is None:
         diagnosis = f"lengths differ ({len(reference)} vs {len(tokens)}) with equal tokens up to there"
     elif near_tie:
         diagnosis = (
@@ -90,6 +98,7 @@ def diagnose(
         "pass_margins": {name: gap for name, (_, gap) in margins.items()},
         "behind_max": behind,
         "near_tie": near_tie,
+        "peer": peer,
         "diagnosis": diagnosis,
     }
 

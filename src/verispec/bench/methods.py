@@ -12,6 +12,9 @@ Grammar (names are comma-separated):
     hf-early-exit:L[-kN]                HF `assistant_early_exit=L`; kN fixes the draft length
     hf-assisted[:PATH][-kN]             HF `assistant_model=PATH` (bare: the one draft PATH of
                                         the verispec-draft:PATH methods)
+    llamacpp-plain                      llama.cpp's greedy decoding of the target's GGUF file (a
+                                        peer: its arithmetic differs, see bench.llamacpp)
+    llamacpp-lookup[-kN]                llama-cpp-python's prompt lookup, num_pred_tokens = N (10)
 
 The policy is split off at the LAST '-', so a draft PATH may itself contain '-'.
 """
@@ -28,6 +31,7 @@ DEFAULT_METHODS = "verispec-plain,verispec-lookup-k4,verispec-lookup-auto,hf-gen
 
 PLAIN = "verispec-plain"
 HF_LOOKUP_TOKENS = 10  # HF's documented prompt_lookup_num_tokens example value
+LLAMACPP_LOOKUP_TOKENS = 10  # LlamaPromptLookupDecoding's default num_pred_tokens
 POLICIES = ("auto", "heuristic")
 _K = re.compile(r"k(\d+)")
 
@@ -36,7 +40,8 @@ _K = re.compile(r"k(\d+)")
 class Method:
     """One benchmarked method.
 
-    family: "verispec" or "hf". proposer: the verispec proposer spec (None: plain decoding).
+    family: "verispec", "hf" or "llamacpp". proposer: the verispec proposer spec, or "lookup"
+    for llamacpp-lookup (None: plain decoding).
     policy: "kN", "auto" or "heuristic" for verispec; None for HF. hf_mode: "generate",
     "lookup", "early-exit" or "assisted". hf_arg: the exit layer or the assistant's path.
     k: the fixed draft length (verispec kN, HF -kN), None when a policy or HF's default
@@ -53,8 +58,8 @@ class Method:
 
     @property
     def k_spec(self) -> KSpec | None:
-        """The verispec k policy (None for plain decoding and HF)."""
-        if self.proposer is None:
+        """The verispec k policy (None for plain decoding, HF and llama.cpp)."""
+        if self.family != "verispec" or self.proposer is None:
             return None
         return parse_k(str(self.k) if self.k is not None else self.policy)
 
@@ -114,9 +119,17 @@ def parse_method(name: str) -> Method:
         if head != "hf-assisted" and not head.startswith("hf-assisted:"):
             raise ValueError(f"method {name!r}: write hf-assisted[:PATH][-kN]")
         return Method(name, "hf", hf_mode="assisted", hf_arg=path or None, k=k)
+    if name == "llamacpp-plain":
+        return Method(name, "llamacpp")
+    if name.startswith("llamacpp-lookup"):
+        head, k = split_k(name)
+        if head != "llamacpp-lookup":
+            raise ValueError(f"method {name!r}: write llamacpp-lookup or llamacpp-lookup-kN")
+        return Method(name, "llamacpp", proposer="lookup", k=k or LLAMACPP_LOOKUP_TOKENS)
     raise ValueError(
         f"unknown method {name!r}; choose verispec-plain, verispec-<proposer>-<kN|auto|heuristic>, "
-        "hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN] or hf-assisted[:PATH][-kN]"
+        "hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain "
+        "or llamacpp-lookup[-kN]"
     )
 
 

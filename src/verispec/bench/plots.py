@@ -80,7 +80,7 @@ def k_sweeps(methods: Sequence[Method]) -> dict[str, list[Method]]:
     sweeps: dict[str, list[Method]] = defaultdict(list)
     for m in methods:
         if m.k is not None:
-            label = f"verispec {m.proposer}" if m.family == "verispec" else f"hf {m.hf_mode} {m.hf_arg or ''}".strip()
+            label = f"hf {m.hf_mode} {m.hf_arg or ''}".strip() if m.family == "hf" else f"{m.family} {m.proposer}"
             sweeps[label].append(m)
     return {label: sorted(ms, key=lambda m: m.k) for label, ms in sweeps.items() if len({m.k for m in ms}) >= 2}
 

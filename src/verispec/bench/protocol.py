@@ -7,7 +7,9 @@
   whole sweep after another's). The order rotates by one position per prompt and per repeat,
   so no method always runs first (right after a switch of prompt) or last.
 - Each run is checked against verispec-plain's output for the same prompt and repeat; a
-  mismatch carries its diagnosis (`identity.diagnose`).
+  mismatch carries its diagnosis (`identity.diagnose`). A peer runtime's run (`Outcome.peer`,
+  e.g. llama.cpp on the GGUF's quantized blocks) is checked too, but its differences are its
+  own arithmetic, not exactness failures.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def run_benchmark(
             reference = outcomes[PLAIN][1].tokens
             for name in names:
                 position, outcome, rss = outcomes[name]
-                mismatch = diagnose(ids, reference, outcome.tokens, score, dtype) if identity else None
+                mismatch = diagnose(ids, reference, outcome.tokens, score, dtype, peer=outcome.peer) if identity else None
                 records.append(
                     record(name, workload, ids, repeat, position, outcome, rss, mismatch, identity)
                 )
@@ -113,7 +115,8 @@ def record(
     decode_tokens_per_second: the tokens after those / the time after them. tokens_per_round:
     new tokens per target forward after the prompt's (accepted + 1). The verispec engine's own
     counters and time split are in `engine` (None for HF methods). matches_plain: None when
-    the output was not compared (sampled decoding).
+    the output was not compared (sampled decoding). peer: `Outcome.peer` (None: the run must
+    equal plain decoding).
     """
     new = len(outcome.tokens)
     decode_seconds = outcome.wall_seconds - outcome.first_token_seconds
@@ -138,6 +141,7 @@ def record(
         "peak_rss_mb": peak_rss,
         "matches_plain": mismatch is None if compared else None,
         "mismatch": mismatch,
+        "peer": outcome.peer,
         "tokens": outcome.tokens,
     }
 

@@ -72,7 +72,12 @@ def group_summary(records: Sequence[dict], plain: dict[tuple[str, int], dict]) -
 
 
 def summarize(records: Sequence[dict], methods: Sequence[Method], header: dict) -> dict:
-    """summary.json: the header, each method's numbers per category and overall, mismatches."""
+    """summary.json: the header, each method's numbers per category and overall, mismatches.
+
+    mismatches: runs of the target itself that differ from plain decoding (exactness failures
+    unless diagnosed near ties); peer_differences: runs of a peer runtime that differ, which
+    its own arithmetic allows.
+    """
     plain = {(r["prompt_id"], r["repeat"]): r for r in records if r["method"] == PLAIN}
     categories = sorted({r["category"] for r in records})
     results = {}
@@ -83,18 +88,21 @@ def summarize(records: Sequence[dict], methods: Sequence[Method], header: dict) 
             **{c: group_summary(rs, plain) for c, rs in groups.items() if rs},
             OVERALL: group_summary(mine, plain),
         }
-    mismatches = [
+    differences = [
         {k: r[k] for k in ("method", "prompt_id", "category", "repeat")} | r["mismatch"]
         for r in records
         if r["mismatch"] is not None
     ]
+    peers = {r["method"]: r["peer"] for r in records if r["peer"] is not None}
     return {
         "header": header,
         "categories": categories,
         "methods": {m.name: {"family": m.family, "proposer": m.proposer, "policy": m.policy,
-                             "hf_mode": m.hf_mode, "hf_arg": m.hf_arg, "k": m.k} for m in methods},
+                             "hf_mode": m.hf_mode, "hf_arg": m.hf_arg, "k": m.k, "peer": peers.get(m.name)}
+                    for m in methods},
         "results": results,
-        "mismatches": mismatches,
+        "mismatches": [d for d in differences if d["peer"] is None],
+        "peer_differences": [d for d in differences if d["peer"] is not None],
     }
 
 
@@ -130,15 +138,23 @@ def identity_section(summary: dict, others: Sequence[str]) -> list[str]:
     lines = ["", "## Greedy identity with verispec-plain", ""]
     lines += table(
         ["method", "runs equal to plain"],
-        [[n, f"{results[n][OVERALL]['matching_runs']}/{results[n][OVERALL]['runs']}"] for n in others],
+        [[n, f"{results[n][OVERALL]['matching_runs']}/{results[n][OVERALL]['runs']}"
+             + (" (a peer: not required to be equal)" if summary["methods"][n]["peer"] else "")]
+         for n in others],
     )
-    if summary["mismatches"]:
-        lines += ["", "Mismatches (first differing position; target top-2 logit margin there, fresh forward):", ""]
-        lines += [
-            f"- {m['method']} on {m['category']}/{m['prompt_id']} (repeat {m['repeat']}): position "
-            f"{m['position']}, plain {m['expected']} vs {m['got']}; {m['diagnosis']}"
-            for m in summary["mismatches"]
-        ]
+    sections = [
+        ("mismatches", "Mismatches (first differing position; target top-2 logit margin there, fresh forward):"),
+        ("peer_differences", "Differences of peer runtimes, which compute the model differently (not exactness "
+                             "failures; first differing position, the target's margin there):"),
+    ]
+    for key, title in sections:
+        if summary[key]:
+            lines += ["", title, ""]
+            lines += [
+                f"- {m['method']} on {m['category']}/{m['prompt_id']} (repeat {m['repeat']}): position "
+                f"{m['position']}, plain {m['expected']} vs {m['got']}; {m['diagnosis']}"
+                for m in summary[key]
+            ]
     return lines
 
 
@@ -250,7 +266,13 @@ def render(summary: dict, plots: Sequence[str]) -> str:
         "the temperature is above 0) and the same single EOS id as verispec, pad = EOS, "
         "no length or repetition processors and an all-ones attention mask; otherwise HF's own "
         "defaults (hf-lookup: 10 tokens, n-grams up to 2; hf-early-exit and hf-assisted without "
-        "-kN: HF's assistant schedule). Raw runs: runs.jsonl; numbers: summary.json.",
+        "-kN: HF's assistant schedule)." + (
+            " The llamacpp methods run llama-cpp-python on the GGUF file the target was loaded from, with "
+            "the same prompt ids, thread count, budget and EOS id, greedy (temperature 0, no penalties), "
+            "each request from an empty cache; llama.cpp computes with the file's quantized blocks, so it "
+            "is a peer whose output may differ."
+            if any(m["family"] == "llamacpp" for m in summary["methods"].values()) else ""
+        ) + " Raw runs: runs.jsonl; numbers: summary.json.",
         "",
     ]
     return "\n".join(lines)

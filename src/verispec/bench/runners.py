@@ -48,6 +48,9 @@ class Outcome:
     stats: the verispec engine's counters (None for HF methods).
     logits: float32 [len(tokens), V], row i the logits new token i was chosen from (HF with
     keep_logits only).
+    peer: None when the tokens come from the target itself (verispec's engine, HF on the same
+    model object), so greedy identity with plain decoding is required; else what other
+    computation produced them (a peer runtime), whose output is compared but may differ.
     """
 
     tokens: list[int]
@@ -57,6 +60,7 @@ class Outcome:
     tokens_per_round: list[int]
     stats: Stats | None = None
     logits: torch.Tensor | None = None
+    peer: str | None = None
 
     @property
     def tokens_per_s(self) -> float:

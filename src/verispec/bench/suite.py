@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers.utils import logging as hf_logging
 
 from verispec import machine
-from verispec.bench import plots, quick
+from verispec.bench import llamacpp, plots, quick
 from verispec.bench.methods import DEFAULT_METHODS, Method, parse_methods
 from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
@@ -107,6 +107,8 @@ def make_runner(
     """The runner for `method` on `target` under `sampling` and `seed` (the same for every
     method); `first_prompt` is the context an `auto` policy profiles its costs after."""
     eos = target.eos_token_ids
+    if method.family == "llamacpp":
+        return llamacpp.make_runner(method, target)
     if method.family == "verispec":
         if method.proposer is None:
             return VerispecRunner(target.lm, None, 0, eos, sampling, seed)
@@ -170,6 +172,7 @@ def measure(settings: Settings, console: Console) -> dict:
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
     methods = parse_methods(settings.methods or (quick_methods(out) if settings.quick else DEFAULT_METHODS))
+    llamacpp.require([m.name for m in methods if m.family == "llamacpp"], settings.sampling)
     with console.status("loading the model"):
         target = quick_target(out) if settings.quick else load_model(
             settings.model, dtype=settings.dtype, runtime=settings.runtime, deterministic=settings.deterministic

@@ -1,0 +1,184 @@
+"""llama.cpp as a benchmark peer: llama-cpp-python decoding the target's own GGUF file.
+
+`llamacpp-plain` is llama.cpp's greedy decoding, one token per forward; `llamacpp-lookup[-kN]`
+is llama-cpp-python's own prompt-lookup decoding (`LlamaPromptLookupDecoding`: n-grams up to
+2, N drafted tokens, 10 by default), which `Llama.generate` verifies greedily. Both are timed by
+the same `Clock` as every other runner, on the same prompt token ids (fed as ids, so no second
+tokenizer is involved), with the same thread count, the same budget and the same EOS ids. They
+decode greedily only: llama.cpp's sampler chain applies top-k, top-p and min-p before the
+temperature, verispec after it, so a sampled run would draw from a different distribution.
+
+They are a peer, not a verispec method: llama.cpp computes with the GGUF's quantized blocks
+(Q4_1 weights times Q8-quantized activations, its own kernels), while verispec's target is the
+same weights dequantized to float32 (or cast to bfloat16). So their greedy output may part from
+verispec-plain's where the two computations round a close choice differently; each `Outcome`
+says so (`peer`), and the benchmark reports those differences apart from verispec's own.
+
+llama-cpp-python is an optional extra (`pip install -e '.[llamacpp]'`, a source build of
+llama.cpp); everything else in verispec runs without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from verispec.bench.methods import Method
+from verispec.bench.runners import Clock, Outcome
+from verispec.models.load import LoadedModel
+from verispec.sampling import SamplingParams
+
+INSTALL = "pip install -e '.[llamacpp]'"
+
+# With temp == 0 llama-cpp-python builds only its penalties sampler (a no-op at these values)
+# and the greedy sampler; top-k, top-p, min-p and typical-p are added only when temp > 0, and
+# are given their neutral values here all the same.
+GREEDY = {
+    "temp": 0.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "repeat_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+}
+
+
+def installed() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def require(names: Sequence[str], sampling: SamplingParams) -> None:
+    """Refuse llamacpp methods up front (before any model loads) when llama-cpp-python is
+    missing (the message says how to install it) or the benchmark samples."""
+    if not names:
+        return
+    if not installed():
+        raise ValueError(
+            f"{', '.join(names)} need llama-cpp-python, which is not installed; install verispec's "
+            f"optional extra with `{INSTALL}` (it builds llama.cpp from source, about 5 minutes)"
+        )
+    if not sampling.greedy:
+        raise ValueError(
+            f"{', '.join(names)} decode greedily only (llama.cpp filters before the temperature, verispec "
+            "after it, so they would sample another distribution); drop --temperature or these methods"
+        )
+
+
+class Rounds:
+    """A draft model for `Llama.generate` that also marks where each round ends.
+
+    `generate` asks its draft model for the next drafts exactly once per target forward, right
+    after it yielded that forward's tokens, so the tokens yielded between two calls are one
+    round's: accepted drafts + 1.
+    """
+
+    def __init__(self, draft) -> None:
+        self.draft = draft
+        self.clock: Clock | None = None
+        self.pending = 0
+
+    def start(self, clock: Clock) -> None:
+        self.clock, self.pending = clock, 0
+
+    def token(self) -> None:
+        self.clock.arrived()
+        self.pending += 1
+
+    def close(self) -> None:
+        if self.pending:
+            self.clock.emitted(self.pending)
+            self.pending = 0
+
+    def __call__(self, input_ids, /, **kwargs):
+        self.close()
+        return self.draft(input_ids, **kwargs)
+
+
+class LlamaCppRunner:
+    """llama-cpp-python's `Llama.generate` on a GGUF file, greedy; with prompt lookup when
+    `lookup_tokens` is given (its `num_pred_tokens`).
+
+    eos_token_ids: the ids that end a request (the engine's). threads: llama.cpp's threads for
+    decoding and for the prompt (the benchmark passes torch's count). vocab_size: the target's, checked against the file's. The context is the model's
+    trained length; every request starts from an empty cache (no reuse of the previous
+    request's prompt), as the other runners do.
+    """
+
+    def __init__(
+        self,
+        gguf: Path,
+        eos_token_ids: Sequence[int],
+        threads: int,
+        vocab_size: int,
+        lookup_tokens: int | None = None,
+    ) -> None:
+        import llama_cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.rounds = (
+            Rounds(LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens)) if lookup_tokens else None
+        )
+        # n_ctx = 0: the model's trained context. Verifying drafts needs every row's logits;
+        # llama-cpp-python switches that on by itself for a draft model, but sizes its logits
+        # buffer from the argument (n_batch rows), which overflows past 512 tokens of context.
+        self.llama = llama_cpp.Llama(
+            model_path=str(gguf),
+            n_ctx=0,
+            n_threads=threads,
+            n_threads_batch=threads,
+            logits_all=self.rounds is not None,
+            draft_model=self.rounds,
+            verbose=False,
+        )
+        if self.llama.n_vocab() != vocab_size:
+            raise ValueError(
+                f"llama.cpp reads a vocabulary of {self.llama.n_vocab()} from {gguf}, the target has {vocab_size}"
+            )
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.peer = f"llama-cpp-python {llama_cpp.__version__} on the GGUF's quantized blocks"
+
+    def __call__(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Outcome:
+        context = self.llama.n_ctx()
+        if len(prompt_ids) + max_new_tokens > context:
+            raise ValueError(
+                f"a {len(prompt_ids)}-token prompt and {max_new_tokens} new tokens exceed llama.cpp's context "
+                f"of {context} tokens for this model"
+            )
+        clock = Clock()
+        self.llama.reset()  # otherwise generate reuses the cached prefix of the last request
+        if self.rounds is not None:
+            self.rounds.start(clock)
+        tokens: list[int] = []
+        stream = self.llama.generate(list(prompt_ids), **GREEDY)
+        try:
+            for token in stream:
+                tokens.append(int(token))
+                if self.rounds is None:
+                    clock.emitted(1)
+                else:
+                    self.rounds.token()
+                if tokens[-1] in self.eos_token_ids or len(tokens) == max_new_tokens:
+                    break
+        finally:
+            stream.close()
+        if self.rounds is not None:
+            self.rounds.close()
+        outcome = clock.outcome(tokens)
+        outcome.peer = self.peer
+        return outcome
+
+
+def make_runner(method: Method, target: LoadedModel) -> LlamaCppRunner:
+    """The runner of a llamacpp method on the file `target` was loaded from, with torch's
+    current thread count."""
+    if not (target.source.is_file() and target.source.suffix == ".gguf"):
+        raise ValueError(
+            f"{method.name} decodes the target's own GGUF file, but {target.name} was not loaded from a .gguf "
+            f"file ({target.source}); give --model a .gguf file or an embedded name"
+        )
+    return LlamaCppRunner(target.source, target.eos_token_ids, torch.get_num_threads(), target.lm.vocab_size, method.k)

