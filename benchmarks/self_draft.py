@@ -24,7 +24,7 @@ import torch
 from verispec import load_model
 from verispec.bench.runners import HFRunner, VerispecRunner
 from verispec.bench.workloads import read_workloads, select
-from verispec.proposers.spec import parse_proposer
+from verispec.registry import build_proposer
 
 SPECBENCH = Path(__file__).resolve().parents[1] / "../shared/data/specbench_dev.jsonl"
 
@@ -45,12 +45,12 @@ def main() -> None:
         print(f"{name}: loaded in {time.perf_counter() - start:.1f} s, runtime {loads[name].runtime}, "
               f"exact weights {loads[name].exact_weights}")
     fp32 = loads["fp32"]
-    eos = fp32.eos_token_id
+    eos = fp32.eos_token_ids
     methods = {"HF generate fp32": (HFRunner(fp32.model, eos), "fp32 plain")}
     for name in ("fp32", "bf16"):
         lm = loads[name].lm
         methods[f"{name} plain"] = (VerispecRunner(lm, None, 0, eos), f"{name} plain")
-        draft = parse_proposer("selfdraft:q4", loads[name])
+        draft = build_proposer("selfdraft:q4", loads[name])
         for k in args.ks:
             methods[f"{name} selfdraft:q4 k={k}"] = (VerispecRunner(lm, draft, k, eos), f"{name} plain")
     methods["q4 plain"] = (VerispecRunner(loads["q4"].lm, None, 0, eos), "fp32 plain")

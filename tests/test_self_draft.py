@@ -26,7 +26,7 @@ from verispec.models.llama import LlamaRuntime
 from verispec.models.load import LoadedModel
 from verispec.models.quant import Int4Linear, Int8Linear
 from verispec.proposers.self_draft import SelfDraft
-from verispec.proposers.spec import parse_proposer
+from verispec.registry import build_proposer
 from verispec.reference import reference_generate
 
 VOCAB = 96
@@ -107,9 +107,11 @@ def test_greedy_speculative_equals_greedy_plain(target, fmt, runtime):
 def test_spec_builds_it(target):
     loaded = LoadedModel(name="tiny", lm=target, model=target.model, tokenizer=None, eos_token_ids=(),
                          dtype=torch.float32, source=Path("tiny"))
-    assert parse_proposer("selfdraft", loaded).fmt == "q4"
-    int8 = parse_proposer("selfdraft:int8", loaded)
+    assert build_proposer("selfdraft", loaded).fmt == "q4"
+    int8 = build_proposer("selfdraft:int8", loaded)
     assert int8.fmt == "int8" and int8.runtime == "hf"  # the target's runtime
+    with pytest.raises(ValueError, match="selfdraft:FORMAT takes q4 or int8, got 'selfdraft:q8'"):
+        build_proposer("selfdraft:q8", loaded)
 
 
 def test_bad_format_is_refused(target):
@@ -127,7 +129,7 @@ def test_default_model_self_draft_agrees_with_its_target():
     torch.set_num_threads(1)
     try:
         loaded = load_model("smollm2-135m-instruct", dtype="float32")
-        proposer = parse_proposer("selfdraft:q4", loaded)
+        proposer = build_proposer("selfdraft:q4", loaded)
         assert not proposer.exact_weights  # one plane: block scales rounded to bfloat16
         prompt = loaded.encode("List three primary colours.")
         options = dict(max_new_tokens=24, sampling=GREEDY, eos_token_id=loaded.eos_token_id)

@@ -22,9 +22,10 @@ import torch
 from scipy.stats import power_divergence
 
 from verispec import TorchRandom, generate
+from verispec.drafts import Verdict
 from verispec.models.tables import random_table
 from verispec.proposers import DraftModel
-from verispec.verify import Verdict, token_level
+from verispec.verify import token_level
 
 VOCAB = 64
 RUNS = 3000

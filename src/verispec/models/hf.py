@@ -42,7 +42,6 @@ class HFCausalLM:
     def __init__(self, model: PreTrainedModel) -> None:
         model.eval()
         self.model = model
-        self.device = model.device
         head = model.get_output_embeddings()
         # A quantized head (`models.quant`) has no float weight, only its output size.
         self.vocab_size = int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
@@ -60,6 +59,12 @@ class HFCausalLM:
             )
         cache.layers = [BufferedLayer() for _ in cache.layers]
         return cache
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model is now (read each time, so `model.to(device)` after wrapping works);
+        token ids are built there, and the logits come back there."""
+        return self.model.device
 
     @property
     def length(self) -> int:
