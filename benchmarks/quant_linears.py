@@ -23,7 +23,7 @@ import time
 import torch
 
 from verispec import load_model
-from verispec.models.gguf_blocks import gguf_weights
+from verispec.models.load import gguf_blocks
 from verispec.models.linear import projection
 from verispec.models.quant import Int4Linear, exact_planes, linear_for
 
@@ -84,7 +84,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     loaded = load_model(dtype="float32")
-    blocks = gguf_weights(loaded.source, loaded.model)
+    blocks = gguf_blocks(loaded.source, loaded.model)
     layers = loaded.model.config.num_hidden_layers
     built = {fmt: build(blocks, layers, fmt) for fmt in args.formats}
     for fmt, (groups, head) in built.items():
