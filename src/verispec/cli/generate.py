@@ -66,9 +66,7 @@ def generate(
     spec = VerispecRunner(loaded.lm, drafter, policy, eos, sampling, seed)(prompt_ids, max_new_tokens, echo)
     if not as_json:
         print(stream.flush(), end="")
-    dtype_name = str(loaded.dtype).removeprefix("torch.")
-    # q4's projections compute in bfloat16: near ties are judged at bfloat16's tolerance.
-    rounding = "bfloat16" if loaded.weight_format == "q4" else dtype_name
+    dtype_name = loaded.dtype_name
     report = {
         "text": loaded.decode(spec.tokens),
         "new_tokens": len(spec.tokens),
@@ -92,7 +90,7 @@ def generate(
         # Greedy output must equal plain decoding's; a difference is diagnosed as the benchmark
         # does. Sampled outputs differ by design (exactness there is the audit's).
         report["mismatch"] = (
-            diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, rounding) if sampling.greedy else None
+            diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, dtype_name) if sampling.greedy else None
         )
     if as_json:
         print(json.dumps(report))

@@ -58,7 +58,7 @@ def profile(
     temperature: Annotated[
         float, typer.Option(help="Sampling temperature of drafts and survival run; 0 is greedy.")
     ] = 0.0,
-    dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of tables.")] = False,
     out: Annotated[
         Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")
@@ -83,7 +83,7 @@ def profile(
         loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling
     )
     measured.target, measured.proposer = loaded.name, proposer
-    measured.machine["dtype"] = str(loaded.dtype).removeprefix("torch.")
+    measured.machine["dtype"] = loaded.dtype_name
     if survival_tokens:
         run = generate(
             loaded.lm, drafter, prompt_ids, max_new_tokens=survival_tokens, sampling=sampling,

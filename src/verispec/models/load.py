@@ -102,6 +102,11 @@ class LoadedModel:
     exact_weights: bool = True  # every weight equals the source's float32 weight, bit for bit
 
     @property
+    def dtype_name(self) -> str:
+        """How reports name what this model computes in: "q4", else the dtype ("float32")."""
+        return self.weight_format if self.weight_format != "float" else str(self.dtype).removeprefix("torch.")
+
+    @property
     def target_note(self) -> str | None:
         """What a quantized format did to the model, for wherever it is chosen; None for float."""
         if self.weight_format == "float":
