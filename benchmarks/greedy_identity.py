@@ -1,7 +1,8 @@
 """Greedy identity on real text: every proposer, at k = 4 and k = auto, and HF generate produce
 verispec's plain greedy output token for token on the default model.
 
-    .venv/bin/python benchmarks/greedy_identity.py [--dtype float32|bfloat16] [--per-category 2]
+    .venv/bin/python benchmarks/greedy_identity.py [--dtype float32|bfloat16] [--runtime auto|fast|hf]
+        [--deterministic] [--per-category 2]
         [--max-new-tokens 64] [--prompts FILE] [--proposers lookup,suffix,...] [--ks 4,auto]
         [--json OUT [--force]]
 
@@ -35,6 +36,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--runtime", default="auto", choices=["auto", "fast", "hf"])
+    parser.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
+                        help="the fast runtime's shape-invariant scoring (default: on in bfloat16)")
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=Path, default=SPECBENCH)
@@ -50,12 +54,12 @@ def main() -> int:
             parser.error(str(error))
 
     start = time.perf_counter()
-    loaded = load_model(args.model, dtype=args.dtype)
+    loaded = load_model(args.model, dtype=args.dtype, runtime=args.runtime, deterministic=args.deterministic)
     default = [p.replace(DEFAULT_MODEL, args.model) for p in identity_proposers()]  # the draft is the target's own model
     proposers = args.proposers.split(",") if args.proposers else default
     ks = args.ks.split(",")
     workloads = select(read_workloads(args.prompts), limit_per_category=args.per_category)
-    print(f"{args.model} ({args.dtype}), {len(workloads)} prompts, {args.max_new_tokens} new tokens, "
+    print(f"{args.model} ({args.dtype}, runtime {loaded.runtime}{' deterministic' * bool(getattr(loaded.lm, 'deterministic', False))}), {len(workloads)} prompts, {args.max_new_tokens} new tokens, "
           f"proposers {', '.join(proposers)}, k {', '.join(ks)}; {torch.get_num_threads()} torch threads",
           file=sys.stderr)
     records = identity_suite(loaded, workloads, proposers, ks, args.max_new_tokens,
@@ -80,7 +84,8 @@ def main() -> int:
           f"{time.perf_counter() - start:.0f} s")
 
     if args.json:
-        header = {"model": args.model, "dtype": args.dtype, "max_new_tokens": args.max_new_tokens,
+        header = {"model": args.model, "dtype": args.dtype, "runtime": loaded.runtime,
+                  "deterministic": args.deterministic, "max_new_tokens": args.max_new_tokens,
                   "prompts": str(args.prompts), "per_category": args.per_category, "proposers": proposers, "ks": ks,
                   "torch_threads": torch.get_num_threads()}
         counts = {key: summary[key] for key in ("runs", "identical", "top_logit_gap", "tolerance")}

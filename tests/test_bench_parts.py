@@ -43,7 +43,7 @@ def test_method_grammar():
     [
         ("verispec-lookup", "verispec-<proposer>-<kN|auto|heuristic>"),
         ("verispec-lookup-k0", "k must be an integer >= 1, got 0"),
-        ("verispec-medusa-k4", "method 'verispec-medusa-k4': unknown proposer 'medusa'"),
+        ("verispec-hydra-k4", "method 'verispec-hydra-k4': unknown proposer 'hydra'"),
         ("verispec-lookup:3-k4", "lookup takes no argument"),
         ("verispec-lookup-4", "not kN, auto or heuristic"),
         ("hf-lookup-4", "hf-lookup or hf-lookup-kN"),

@@ -159,7 +159,7 @@ def test_on_the_default_model_greedy_speculative_equals_greedy_plain(one_thread)
     loaded = load_model("smollm2-135m-instruct", dtype="float32")
     prompt = loaded.encode("List three primary colours.")
     proposer = LayerSkip(loaded.lm, 2, 8192, corpus=[prompt])
-    assert len(proposer.model.cache.layers) == 2 and proposer.head_tokens.numel() == 8192
+    assert len(proposer.model.layers) == 2 and proposer.head_tokens.numel() == 8192  # on the fast runtime
     options = dict(max_new_tokens=16, sampling=GREEDY, eos_token_id=loaded.eos_token_id)
     plain = generate(loaded.lm, None, prompt, k=0, **options)
     fast = generate(loaded.lm, proposer, prompt, k=3, **options)

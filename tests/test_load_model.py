@@ -22,6 +22,7 @@ from verispec import check_tokenizers, load_model
 from verispec import machine as machine_info
 from verispec.models import load
 from verispec.models.hf import HFCausalLM
+from verispec.models.llama import LlamaRuntime
 
 ATOL = {torch.float32: 1e-3, torch.bfloat16: 2.0}
 
@@ -117,7 +118,7 @@ def save_checkpoint(path, seed: int = 0):
 def test_local_checkpoint_directory(tmp_path) -> None:
     original = save_checkpoint(tmp_path)
     loaded = load_model(tmp_path, dtype="float32")
-    assert isinstance(loaded.lm, HFCausalLM) and loaded.lm.model is loaded.model
+    assert isinstance(loaded.lm, LlamaRuntime) and loaded.runtime == "fast"
     assert loaded.name == str(tmp_path) and loaded.source == tmp_path
     assert loaded.dtype == torch.float32 and loaded.lm.vocab_size == 300
     assert loaded.eos_token_ids == (2, 0) and loaded.eos_token_id == 2
@@ -129,7 +130,23 @@ def test_local_checkpoint_directory(tmp_path) -> None:
     assert loaded.decode(ids) == "the cat"
     with torch.inference_mode():
         expected = original(torch.tensor([ids])).logits[0]
-    torch.testing.assert_close(loaded.lm.score(ids), expected, atol=0, rtol=0)
+    torch.testing.assert_close(loaded.lm.score(ids), expected, atol=1e-4, rtol=0)
+    on_hf = load_model(tmp_path, dtype="float32", runtime="hf")
+    assert isinstance(on_hf.lm, HFCausalLM) and on_hf.lm.model is on_hf.model and on_hf.runtime == "hf"
+    torch.testing.assert_close(on_hf.lm.score(ids), expected, atol=0, rtol=0)
+
+
+def test_runtime_choice(tmp_path) -> None:
+    save_checkpoint(tmp_path)
+    assert isinstance(load_model(tmp_path, runtime="fast", deterministic=True).lm, LlamaRuntime)
+    with pytest.raises(ValueError, match="unknown runtime 'fastest'; choose auto, fast, hf"):
+        load_model(tmp_path, runtime="fastest")
+    with pytest.raises(ValueError, match="deterministic scoring is a fast-runtime mode"):
+        load_model(tmp_path, runtime="hf", deterministic=True)
+    float16 = load_model(tmp_path, dtype="float16")  # the fast runtime computes in fp32/bf16 only
+    assert float16.runtime == "hf" and isinstance(float16.lm, HFCausalLM)
+    with pytest.raises(ValueError, match="not float16; use runtime 'hf'"):
+        load_model(tmp_path, dtype="float16", runtime="fast")
 
 
 def test_local_checkpoint_in_bfloat16(tmp_path) -> None:

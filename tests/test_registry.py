@@ -64,7 +64,7 @@ def test_each_spec_builds_its_proposer(target):
     ("spec", "message"),
     [
         ("", "unknown proposer ''; choose lookup, suffix, draft:PATH, layerskip:L"),
-        ("medusa", "unknown proposer 'medusa'"),
+        ("hydra", "unknown proposer 'hydra'"),
         ("lookup:3", "lookup takes no argument"),
         ("random:7", "random takes no argument"),
         ("draft", "draft needs an argument: write draft:PATH, got 'draft'"),
@@ -190,7 +190,7 @@ def quick(tmp_path_factory):
 def test_a_registered_proposer_is_listed(repeat_registered, capsys):
     assert main(["proposers", "--json"]) == 0
     listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)["proposers"]}
-    assert set(listed) == {"lookup", "suffix", "draft", "layerskip", "selfdraft", "random", "repeat"}
+    assert set(listed) == {"lookup", "suffix", "draft", "layerskip", "selfdraft", "random", "eagle", "medusa", "repeat"}
     assert listed["repeat"] == {
         "name": "repeat", "grammar": "repeat", "drafts": "chosen", "rules": ["greedy", "point-mass", "token", "block"],
         "audited": True, "not_audited": None, "description": "repeats the last token",
@@ -245,7 +245,8 @@ def test_a_registered_proposer_joins_the_identity_suite(repeat_registered, quick
 
 def test_the_readme_table_matches_the_registry():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Proposers (`verispec.registry`)") :]
+    start = readme.index("## Proposers (`verispec.registry`)")
+    section = readme[start : readme.index("\n## ", start)]  # this section only, not later tables
     rows = [line.split(" | ")[:4] for line in section.splitlines() if line.startswith("| `")][1:]  # after the header
     expected = [
         [f"| `{kind.grammar}`", kind.drafts, ", ".join(kind.rules), "yes" if kind.audit else "no"]

@@ -7,7 +7,7 @@ its drafts are chosen or sampled (and so which verification rules are exact for 
 audit builds it on rational tables (or why it cannot), and a one-line description.
 
     >>> sorted(PROPOSERS)
-    ['draft', 'layerskip', 'lookup', 'random', 'selfdraft', 'suffix']
+    ['draft', 'eagle', 'layerskip', 'lookup', 'medusa', 'random', 'selfdraft', 'suffix']
     >>> PROPOSERS["lookup"].rules
     ('greedy', 'point-mass', 'token', 'block')
     >>> parse_k("auto:fast.json")
@@ -312,6 +312,36 @@ def _audit_random(tables: Tables) -> Proposer:
     return RandomTokens(tables.target.vocab_size)
 
 
+def _head(kind: str) -> Callable[[str, LoadedModel, Corpus], Proposer]:
+    def build(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+        from verispec.proposers.trained import head_proposer
+
+        return head_proposer(kind, argument or None, target.lm, target.dtype)
+
+    return build
+
+
+def _audit_head(kind: str) -> Callable[[Tables], Proposer]:
+    def build(tables: Tables) -> Proposer:
+        from verispec.heads.untrained import tiny_head
+        from verispec.proposers.eagle import EagleProposer
+        from verispec.proposers.medusa import MedusaProposer
+
+        # An untrained float64 head on the table's deterministic features: exactness must not
+        # depend on the weights, and an untrained q rejects often (every repair path).
+        proposer = EagleProposer if kind == "eagle" else MedusaProposer
+        return proposer(tiny_head(kind, tables.target), tables.target)
+
+    return build
+
+
+def _shipped(kind: str) -> str | None:
+    """`kind` when a head is shipped for the default model (the identity suite runs it)."""
+    from verispec.proposers.trained import default_head
+
+    return kind if default_head(kind).is_dir() else None
+
+
 def _default_draft() -> str:
     from verispec.models import DEFAULT_MODEL
 
@@ -351,4 +381,16 @@ register(ProposerKind(
     "random", "random", "sampled", _random,
     "uniform random tokens: the baseline an adaptive k must learn to turn off",
     audit=_audit_random, example="random",
+))
+register(ProposerKind(
+    "eagle", "eagle[:DIR]", "sampled", _head("eagle"),
+    "a trained EAGLE-style head drafting in the target's feature space (DIR: from verispec train; "
+    "none: the head shipped for the default model)",
+    audit=_audit_head("eagle"), example=_shipped("eagle"),
+))
+register(ProposerKind(
+    "medusa", "medusa[:DIR]", "sampled", _head("medusa"),
+    "K trained residual heads on the target's last feature (DIR: from verispec train; none: the "
+    "shipped head)",
+    audit=_audit_head("medusa"), example=_shipped("medusa"),
 ))

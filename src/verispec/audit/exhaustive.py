@@ -12,6 +12,10 @@ builder on rational tables) crossed with the scenarios (`SCENARIOS`) and every v
 rule that is exact for the kind's drafts (`ProposerKind.rules_for`): greedy at temperature 0;
 token and block for sampled drafts (q given); point-mass, token and block for chosen drafts
 (q None). A proposer joins the audit through its registry entry.
+
+Trained heads (eagle, medusa) join with untrained tiny float64 heads reading the table
+target's deterministic features (`verispec.heads.untrained`): exactness must hold whatever
+the weights, and an untrained q is far from p (many rejections, every repair path).
 """
 
 from __future__ import annotations

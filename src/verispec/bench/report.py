@@ -181,7 +181,8 @@ def render(summary: dict, plots: Sequence[str]) -> str:
         f"{h['logical_cpus']} logical CPUs, {h['torch_threads']} torch threads; {h['platform']}",
         f"- Software: Python {h['python']}, torch {h['torch']}, transformers {h['transformers']}, "
         f"verispec {h['verispec']}",
-        f"- Model: {h['model']} ({h['dtype']}); {sampling_text(h['sampling'], h['seed'])}; "
+        f"- Model: {h['model']} ({h['dtype']}, runtime {h.get('runtime', 'hf')}); "
+        f"{sampling_text(h['sampling'], h['seed'])}; "
         f"{h['max_new_tokens']} new tokens at most; "
         f"{h['prompts']} prompts; {h['repeats']} repeat(s) after {h['warmup']} warm-up run(s) per method",
         f"- Command: `{h['command']}`",

@@ -63,6 +63,8 @@ class Settings:
     warmup: int = 1
     model: str = DEFAULT_MODEL
     dtype: str = "auto"
+    runtime: str = "auto"
+    deterministic: bool | None = None
     threads: int | None = None
     quick: bool = False
     command: str = ""
@@ -169,7 +171,9 @@ def measure(settings: Settings, console: Console) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     methods = parse_methods(settings.methods or (quick_methods(out) if settings.quick else DEFAULT_METHODS))
     with console.status("loading the model"):
-        target = quick_target(out) if settings.quick else load_model(settings.model, dtype=settings.dtype)
+        target = quick_target(out) if settings.quick else load_model(
+            settings.model, dtype=settings.dtype, runtime=settings.runtime, deterministic=settings.deterministic
+        )
     prompts = [(w, w.token_ids(target)) for w in workloads]
     with console.status("building the methods (an auto k profiles its costs first)"):
         runners = {m.name: make_runner(m, target, prompts[0][1], settings.sampling, settings.seed) for m in methods}
@@ -188,6 +192,7 @@ def measure(settings: Settings, console: Console) -> dict:
     header = {
         **machine.describe(dtype),
         "model": target.name,
+        "runtime": target.runtime + (" (deterministic)" if getattr(target.lm, "deterministic", False) else ""),
         "max_new_tokens": protocol.max_new_tokens,
         "repeats": protocol.repeats,
         "warmup": protocol.warmup,

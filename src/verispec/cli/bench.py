@@ -11,6 +11,7 @@ import typer
 
 from verispec.bench.methods import DEFAULT_METHODS
 from verispec.cli import app
+from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_directory
 from verispec.models import DEFAULT_MODEL
 from verispec.registry import proposer_grammar
@@ -63,6 +64,8 @@ def bench(
     warmup: Annotated[int, typer.Option(min=0, help="Discarded runs of every method before measuring.")] = 1,
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
+    runtime: RuntimeOption = "auto",
+    deterministic: DeterministicOption = None,
     threads: Annotated[
         Optional[int],
         typer.Option(min=1, help="torch threads for every method.", show_default="torch's; --quick: 1"),
@@ -108,6 +111,8 @@ def bench(
         warmup=warmup,
         model=model,
         dtype=dtype,
+        runtime=runtime,
+        deterministic=deterministic,
         threads=threads,
         quick=quick,
         sampling=sampling,
@@ -134,7 +139,9 @@ def command_line(settings: Settings) -> str:
     if settings.quick:
         words.append("--quick")
     else:
-        words += ["--model", settings.model, "--dtype", settings.dtype]
+        words += ["--model", settings.model, "--dtype", settings.dtype, "--runtime", settings.runtime]
+        if settings.deterministic is not None:
+            words.append("--deterministic" if settings.deterministic else "--no-deterministic")
     if settings.threads is not None:
         words += ["--threads", str(settings.threads)]
     s = settings.sampling

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from verispec.bench.identity import diagnose, explain, verdict
 from verispec.cli import app
+from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.registry import K_HELP, build_policy, build_proposer, parse_k, proposer_help
 from verispec.sampling import GREEDY
@@ -40,6 +41,8 @@ def demo(
     k: Annotated[str, typer.Option("--k", help=K_HELP)] = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 96,
     dtype: str = "auto",
+    runtime: RuntimeOption = "auto",
+    deterministic: DeterministicOption = None,
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     parse_k(k)
@@ -48,7 +51,7 @@ def demo(
     from verispec.bench.runners import VerispecRunner, warm_up  # transformers: imported when needed
     from verispec.models.load import load_model
 
-    loaded = load_model(model, dtype=dtype)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
     dtype_name = loaded.dtype_name
     rows: list[DemoRow] = []
     for name, text in PROMPTS.items():

@@ -10,6 +10,7 @@ import typer
 
 from verispec.cli import app
 from verispec.bench.identity import diagnose, explain
+from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.registry import K_HELP, build_policy, build_proposer, parse_k, proposer_help
 from verispec.sampling import SamplingParams
@@ -37,6 +38,8 @@ def generate(
         typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16, or q4 (int4 kernels: "
                      "exact for a Q4 GGUF, a different model otherwise)."),
     ] = "auto",
+    runtime: RuntimeOption = "auto",
+    deterministic: DeterministicOption = None,
     compare: Annotated[bool, typer.Option("--compare", help="Also decode plainly; report speedup and identity.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
@@ -50,7 +53,7 @@ def generate(
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     from verispec.models.load import load_model  # transformers: imported when needed
 
-    loaded = load_model(model, dtype=dtype)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
@@ -77,6 +80,7 @@ def generate(
         "seconds": spec.wall_seconds,
         "model": loaded.name,
         "dtype": dtype_name,
+        "runtime": loaded.runtime,
         "weight_format": loaded.weight_format,
         "exact_weights": loaded.exact_weights,
         "proposer": proposer,

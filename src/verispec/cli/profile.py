@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from verispec.cli import app
+from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_file
 from verispec.cost import optimal_k, speedup_by_k
 from verispec.engine import generate
@@ -59,6 +60,8 @@ def profile(
         float, typer.Option(help="Sampling temperature of drafts and survival run; 0 is greedy.")
     ] = 0.0,
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
+    runtime: RuntimeOption = "auto",
+    deterministic: DeterministicOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of tables.")] = False,
     out: Annotated[
         Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")
@@ -75,7 +78,7 @@ def profile(
     sampling = SamplingParams(temperature=temperature)
     from verispec.models.load import load_model  # transformers: imported when needed
 
-    loaded = load_model(model, dtype=dtype)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
     prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
     context = prompt_ids if context_tokens is None else tiled(prompt_ids, context_tokens)
     drafter = build_proposer(proposer, loaded)
@@ -84,6 +87,7 @@ def profile(
     )
     measured.target, measured.proposer = loaded.name, proposer
     measured.machine["dtype"] = loaded.dtype_name
+    measured.machine["runtime"] = loaded.runtime + (" (deterministic)" if getattr(loaded.lm, "deterministic", False) else "")
     if survival_tokens:
         run = generate(
             loaded.lm, drafter, prompt_ids, max_new_tokens=survival_tokens, sampling=sampling,

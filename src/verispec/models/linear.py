@@ -8,11 +8,14 @@ Float weights go to oneDNN prepacked once (`PackedLinear`). Measured on a 2-core
 (torch 2.13, one thread, the 30 layers' projections of SmolLM2-135M, machine loaded): float32
 61 ms at M = 1 against 85-96 ms for `F.linear` (MKL), bfloat16 36 against 58 ms (`F.linear`
 reorders the weight on every call). Packed with a batch hint of 2, a row's output is also the
-same bits whatever the number of rows M, except at M = 1 for some shapes (float32, K = 1536:
-a gemv kernel); `PackedLinear` probes that once and then scores a single row as two.
+same bits whatever the number of rows M, except at M = 1 for some shapes (K = 1536, float32
+and bfloat16: another kernel); `PackedLinear` probes that once per shape and then scores a
+single row as two.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -47,8 +50,7 @@ class PackedLinear(nn.Module):
         self.in_features = weight.shape[1]
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)  # opaque oneDNN layout
         self.bias = bias  # [out] or None
-        self.pad_single_row = False
-        self.pad_single_row = not self._single_row_matches(weight.dtype)
+        self.pad_single_row = not single_row_matches(*weight.shape, weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x[M, in] -> y[M, out]."""
@@ -59,10 +61,26 @@ class PackedLinear(nn.Module):
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
-    def _single_row_matches(self, dtype: torch.dtype) -> bool:
-        x = torch.randn(3, self.in_features, generator=torch.Generator().manual_seed(0)).to(dtype)  # [3, in]
-        rows = self._linear(x)
-        return torch.equal(self._linear(x[:1]), rows[:1])
+
+@functools.cache
+def single_row_matches(out_features: int, in_features: int, dtype: torch.dtype) -> bool:
+    """Whether a prepacked linear of this shape gives one row the same bits alone as among
+    seven others. Probed once per shape (the kernel depends on the shape, not the values)
+    on rows whose exact products cancel to zero (x = (a, a permuted), w = (b, -b permuted)):
+    the output is then pure rounding residue, which differs under any other summation
+    order, even after a bfloat16 output rounding that hides the differences of random data.
+    """
+    generator = torch.Generator().manual_seed(0)
+    half = in_features // 2
+    a = torch.randn(8, half, generator=generator)
+    b = torch.randn(out_features, half, generator=generator)
+    order = torch.randperm(half, generator=generator)
+    tail = in_features - 2 * half  # an odd width: one zero column
+    x = torch.cat((a, a[:, order], a.new_zeros(8, tail)), 1).to(dtype)  # [8, in]
+    weight = torch.cat((b, -b[:, order], b.new_zeros(out_features, tail)), 1).to(dtype)  # [out, in]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
+    rows = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return torch.equal(torch.ops.mkldnn._linear_pointwise(x[:1], packed, None, "none", [], ""), rows[:1])
 
 
 def projection(weight: torch.Tensor, bias: torch.Tensor | None = None, weight_format: str = "float") -> nn.Module:

@@ -136,7 +136,7 @@ class LayerSkip(DraftModel):
         model = target if isinstance(target, PreTrainedModel) else None if fast else target.model
         head = None
         if head_tokens is not None:
-            full = target.output_embeddings if fast else model.get_output_embeddings()
+            full = target.head_linear if fast else model.get_output_embeddings()
             vocab_size = full.weight.shape[0]
             if isinstance(head_tokens, int):
                 ids = frequent_tokens(corpus, head_tokens, vocab_size)
