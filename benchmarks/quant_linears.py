@@ -7,7 +7,8 @@ output head from the default GGUF file's blocks, in each format of `models.quant
 one pass over all of them (the head separately) for M = 1..9 rows. Methods are interleaved
 within each repeat; medians and the spread between the 25th and 75th percentiles are reported.
 
-Formats: float32 and bfloat16 `F.linear` (bfloat16 rounds the weights); q4, exact (the GGUF
+Formats: float32 and bfloat16 `F.linear` (bfloat16 rounds the weights); packed-float32 and
+packed-bfloat16, the fast runtime's oneDNN-prepacked float projections; q4, exact (the GGUF
 blocks as bfloat16-exact planes: 2 for Q4_1, 4 for the Q8_0 head); q4-1plane, what a single
 plane with bfloat16-rounded scales would cost (NOT exact, shown for the price of exactness);
 q4-f32act, the exact planes through the kernel's float32 path (a scalar loop); int8 per channel.
@@ -22,7 +23,8 @@ import time
 import torch
 
 from verispec import load_model
-from verispec.models.gguf_blocks import gguf_weights
+from verispec.models.load import gguf_blocks
+from verispec.models.linear import projection
 from verispec.models.quant import Int4Linear, exact_planes, linear_for
 
 
@@ -48,12 +50,19 @@ def build(blocks, layers: int, fmt: str) -> tuple[list, object]:
     head = [blocks["model.embed_tokens.weight"]]
     if fmt == "q4-1plane":
         return [one_plane(g) for g in groups], one_plane(head)
+    if fmt.startswith("packed-"):  # the fast runtime's float projections (oneDNN prepacked)
+        dtype = torch.float32 if fmt == "packed-float32" else torch.bfloat16
+
+        def packed(parts):
+            return projection(torch.cat([part.dequantize() for part in parts]).to(dtype))
+
+        return [packed(g) for g in groups], packed(head)
     base = {"q4-f32act": "q4"}.get(fmt, fmt)
     return [linear_for(g, base) for g in groups], linear_for(head, base)
 
 
 def activation_dtype(fmt: str) -> torch.dtype:
-    return torch.float32 if fmt in ("float32", "q4-f32act") else torch.bfloat16
+    return torch.float32 if fmt in ("float32", "packed-float32", "q4-f32act") else torch.bfloat16
 
 
 def timed(modules, x: torch.Tensor) -> float:
@@ -69,14 +78,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rows", type=int, nargs="+", default=list(range(1, 10)))
-    parser.add_argument("--formats", nargs="+", default=["float32", "bfloat16", "q4", "q4-1plane", "int8"])
+    parser.add_argument(
+        "--formats", nargs="+",
+        default=["float32", "packed-float32", "bfloat16", "packed-bfloat16", "q4", "q4-1plane", "int8"],
+    )
     args = parser.parse_args()
     loaded = load_model(dtype="float32")
-    blocks = gguf_weights(loaded.source, loaded.model)
+    blocks = gguf_blocks(loaded.source, loaded.model)
     layers = loaded.model.config.num_hidden_layers
     built = {fmt: build(blocks, layers, fmt) for fmt in args.formats}
     for fmt, (groups, head) in built.items():
-        exact = all(m.exact for m in groups) and head.exact
+        exact = all(getattr(m, "exact", fmt == "packed-float32") for m in [*groups, head])
         planes = {getattr(m, "planes", None) for m in groups}
         print(f"{fmt}: exact={exact} layer planes={planes} head={type(head).__name__}"
               f"{' planes=' + str(head.planes) if isinstance(head, Int4Linear) else ''}")
@@ -85,7 +97,7 @@ def main() -> None:
         for threads in args.threads:
             torch.set_num_threads(threads)
             print(f"\nthreads={threads}  ms per pass, median [p25, p75]")
-            print(f"{'M':>2} " + " ".join(f"{fmt + ' layers':>24} {fmt + ' head':>22}" for fmt in args.formats))
+            print(f"{'M':>2} " + " ".join(f"{fmt + ' ' + part:>30}" for fmt in args.formats for part in ("layers", "head")))
             base = {}
             for m in args.rows:
                 x = torch.randn(m, widest)
@@ -106,7 +118,7 @@ def main() -> None:
                         base.setdefault((fmt, part), median)
                         q1, q3 = values[len(values) // 4] * 1e3, values[(3 * len(values)) // 4] * 1e3
                         cells.append(f"{median:7.2f} [{q1:6.2f},{q3:6.2f}] v={median / base[(fmt, part)]:4.2f}")
-                print(f"{m:>2} " + " ".join(f"{c:>24}" for c in cells))
+                print(f"{m:>2} " + " ".join(f"{c:>30}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -87,16 +87,16 @@ def test_the_recorder_keeps_the_row_each_token_was_chosen_from(tiny):
 
 def test_every_proposer_and_k_reproduces_plain_decoding_on_a_tiny_model(tiny):
     loaded, draft = tiny
-    proposers = ["lookup", "suffix", "layerskip:2", "random", f"draft:{draft}"]
+    proposers = ["lookup", "suffix", "layerskip:2", "selfdraft:q4", "random", f"draft:{draft}"]
     lines = []
     records = identity_suite(loaded, quick_workloads()[:3], proposers, ["4", "auto"], 16, progress=lines.append)
-    assert len(records) == 3 * 11 and len(lines) == 3
+    assert len(records) == 3 * 13 and len(lines) == 3
     summary = identity_summary(records, "float32")
-    assert summary["identical"] == summary["runs"] == 33, [r["mismatch"] for r in records if r["mismatch"]]
+    assert summary["identical"] == summary["runs"] == 39, [r["mismatch"] for r in records if r["mismatch"]]
     assert summary["failures"] == summary["near_ties"] == []
     assert 0 <= summary["top_logit_gap"] < 1e-4 < summary["tolerance"]
     table = identity_table(records).splitlines()
-    shorts = ("lookup", "suffix", "layerskip:2", "random", "draft")
+    shorts = ("lookup", "suffix", "layerskip:2", "selfdraft:q4", "random", "draft")
     columns = [f"{short} k={k}" for short in shorts for k in ("4", "auto")]
     assert table[0].split() == ["prompt", HF_GENERATE, *" ".join(columns).split()]
     assert len(table) == 4 and table[1].startswith("summarization/1") and "FAIL" not in "\n".join(table)

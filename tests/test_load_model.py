@@ -160,7 +160,7 @@ def test_local_checkpoint_in_bfloat16(tmp_path) -> None:
 def test_q4_on_a_float_checkpoint_is_a_different_model_and_says_so(tmp_path, runtime) -> None:
     save_checkpoint(tmp_path)
     loaded = load_model(tmp_path, dtype="q4", runtime=runtime)
-    assert loaded.weight_format == "q4" and not loaded.exact_weights and loaded.runtime == runtime
+    assert loaded.weight_format == loaded.dtype_name == "q4" and not loaded.exact_weights and loaded.runtime == runtime
     assert "quantized to 4 bits on load, so this is a different model" in loaded.target_note
     assert loaded.lm.vocab_size == 300 and loaded.lm.extend([5, 6]).shape == (2, 300)
     assert load_model(tmp_path, dtype="float32").target_note is None

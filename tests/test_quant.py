@@ -218,3 +218,23 @@ def test_inexact_q4_keeps_one_plane_of_the_blocks():
     assert torch.equal(kernel_float32_weights(layer).double(), planes_weight([(codes, scale, zero)]))
     head = linear_for(decode_blocks("Q8_0", raw_blocks("Q8_0", 64, 64, seed=9)), "q4", exact=False)
     assert head.planes == 1 and not head.exact
+
+
+@pytest.mark.slow
+def test_default_model_in_q4_is_the_float32_model_up_to_bfloat16_activations():
+    from verispec import load_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        q4 = load_model(dtype="q4")
+        fp32 = load_model(dtype="float32")
+    finally:
+        torch.set_num_threads(threads)
+    assert q4.weight_format == "q4" and q4.exact_weights and q4.runtime == "fast"
+    assert "held exactly" in q4.target_note
+    ids = q4.encode("List three primary colours, then explain why the sky is blue.")
+    p, expected = q4.lm.score(ids), fp32.lm.score(ids)  # float32 [T, V]
+    # bfloat16 activations: logits of magnitude ~30 move by up to ~1 (measured 0.6 here).
+    assert (p - expected).abs().max() < 1.5
+    assert (p.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9

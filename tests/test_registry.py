@@ -76,6 +76,8 @@ def test_each_spec_builds_its_proposer(target):
         ("layerskip:3", r"1 <= L < 3 \(the target has 3 layers\), got 3"),
         ("layerskip:1:", "layerskip:L:N needs an integer number of head tokens N, got ''"),
         ("layerskip:1:0", r"layerskip:L:N needs 1 <= N <= 64 \(the vocabulary size\), got 0"),
+        ("selfdraft:q8", "selfdraft:FORMAT takes q4 or int8, got 'selfdraft:q8'"),
+        ("selfdraft", "int4 layers need K a multiple of 32, got 16"),
         ("layerskip:1:65", r"1 <= N <= 64"),
     ],
 )
@@ -243,7 +245,8 @@ def test_a_registered_proposer_joins_the_identity_suite(repeat_registered, quick
 
 def test_the_readme_table_matches_the_registry():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Proposers (`verispec.registry`)") :]
+    start = readme.index("## Proposers (`verispec.registry`)")
+    section = readme[start : readme.index("\n## ", start)]  # this section only, not later tables
     rows = [line.split(" | ")[:4] for line in section.splitlines() if line.startswith("| `")][1:]  # after the header
     expected = [
         [f"| `{kind.grammar}`", kind.drafts, ", ".join(kind.rules), "yes" if kind.audit else "no"]

@@ -14,6 +14,7 @@ seeds below pass).
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,8 @@ def test_spec_builds_it(target):
     assert build_proposer("selfdraft", loaded).fmt == "q4"
     int8 = build_proposer("selfdraft:int8", loaded)
     assert int8.fmt == "int8" and int8.runtime == "hf"  # the target's runtime
+    with pytest.raises(ValueError, match="selfdraft:FORMAT takes q4 or int8, got 'selfdraft:q8'"):
+        build_proposer("selfdraft:q8", loaded)
 
 
 def test_bad_format_is_refused(target):
@@ -137,3 +140,31 @@ def test_default_model_self_draft_agrees_with_its_target():
         assert sum(fast.stats.accepted) >= 0.6 * sum(fast.stats.drafted)  # measured 12 of 16 here
     finally:
         torch.set_num_threads(threads)
+
+
+def test_first_two_tokens_follow_the_target_at_temperature_1(target):
+    """G-tests as in test_statistical (alpha 1e-7 each, two tests: a correct engine fails with
+    probability at most 2e-7 for a fresh seed list; the list is fixed, so the outcome is
+    deterministic) of the first two tokens of 1500 seeded runs (k = 2, so the first round
+    drafts two tokens from the q4 self-draft) against the target's exact marginals, computed
+    from its float32 logits in float64."""
+    from test_statistical import ALPHA, g_test_p_value
+
+    prompt = [3, 14, 15]
+    sampling = SamplingParams(temperature=1.0)
+
+    def p_after(ids):
+        return torch.softmax(target.score(ids)[-1].double(), -1)  # [V]
+
+    first = p_after(prompt)
+    second = sum(first[a] * p_after([*prompt, a]) for a in range(VOCAB))
+    proposer = SelfDraft(target, "q4")
+    counts = {"first": Counter(), "second": Counter()}
+    runs = 1500
+    for seed in range(runs):
+        a, b, *_ = generate(target, proposer, prompt, max_new_tokens=3, k=2, sampling=sampling, rng=TorchRandom(seed)).tokens
+        counts["first"][a] += 1
+        counts["second"][b] += 1
+    exact = {"first": dict(enumerate(first.tolist())), "second": dict(enumerate(second.tolist()))}
+    for name in counts:
+        assert g_test_p_value(counts[name], exact[name], runs) > ALPHA, name

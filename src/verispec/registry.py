@@ -268,7 +268,7 @@ def _selfdraft(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
 
     fmt = argument or "q4"
     if fmt not in FORMATS:
-        raise ValueError(f"selfdraft takes q4 or int8, got 'selfdraft:{fmt}'")
+        raise ValueError(f"selfdraft:FORMAT takes q4 or int8, got 'selfdraft:{argument}'")
     gguf = target.source if fmt == "q4" and target.source.is_file() else None
     return SelfDraft(target.model, fmt, gguf=gguf, runtime=target.runtime)
 
@@ -372,9 +372,10 @@ register(ProposerKind(
 ))
 register(ProposerKind(
     "selfdraft", "selfdraft[:FORMAT]", "sampled", _selfdraft,
-    "the target's own weights, FORMAT q4 (default; a Q4 GGUF's own blocks) or int8, with its own cache",
-    not_audited="it needs a transformer's weights, which the audit's rational tables lack; its "
-    "drafts are sampled with their q like draft's, whose rules the audit covers",
+    "the target's own weights on int4 kernels (FORMAT q4, the default; a GGUF's own 4-bit blocks) or int8",
+    not_audited="it needs a transformer's weights to quantize, which the audit's rational tables "
+    "lack; its drafts are sampled with their q like draft's, whose rules the audit covers",
+    example="selfdraft:q4",
 ))
 register(ProposerKind(
     "random", "random", "sampled", _random,

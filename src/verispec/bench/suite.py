@@ -180,7 +180,7 @@ def measure(settings: Settings, console: Console) -> dict:
     prompts = [(w, w.token_ids(target)) for w in workloads]
     with console.status("building the methods (an auto k profiles its costs first)"):
         runners = {m.name: make_runner(m, target, prompts[0][1], settings.sampling, settings.seed) for m in methods}
-    dtype = str(target.dtype).removeprefix("torch.")
+    dtype = target.dtype_name
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TimeRemainingColumn(), console=console, transient=True,

@@ -64,7 +64,7 @@ def bench(
     ] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Discarded runs of every method before measuring.")] = 1,
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
-    dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32 or bfloat16.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
     threads: Annotated[

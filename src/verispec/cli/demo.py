@@ -52,7 +52,7 @@ def demo(
     from verispec.models.load import load_model
 
     loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
-    dtype_name = str(loaded.dtype).removeprefix("torch.")
+    dtype_name = loaded.dtype_name
     rows: list[DemoRow] = []
     for name, text in PROMPTS.items():
         prompt_ids = loaded.encode(text)

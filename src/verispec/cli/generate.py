@@ -69,7 +69,7 @@ def generate(
     spec = VerispecRunner(loaded.lm, drafter, policy, eos, sampling, seed)(prompt_ids, max_new_tokens, echo)
     if not as_json:
         print(stream.flush(), end="")
-    dtype_name = str(loaded.dtype).removeprefix("torch.")
+    dtype_name = loaded.dtype_name
     report = {
         "text": loaded.decode(spec.tokens),
         "new_tokens": len(spec.tokens),

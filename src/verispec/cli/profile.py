@@ -59,7 +59,7 @@ def profile(
     temperature: Annotated[
         float, typer.Option(help="Sampling temperature of drafts and survival run; 0 is greedy.")
     ] = 0.0,
-    dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of tables.")] = False,
@@ -86,7 +86,7 @@ def profile(
         loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling
     )
     measured.target, measured.proposer = loaded.name, proposer
-    measured.machine["dtype"] = str(loaded.dtype).removeprefix("torch.")
+    measured.machine["dtype"] = loaded.dtype_name
     measured.machine["runtime"] = loaded.runtime + (" (deterministic)" if getattr(loaded.lm, "deterministic", False) else "")
     if survival_tokens:
         run = generate(
