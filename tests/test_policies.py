@@ -165,8 +165,11 @@ def greedy_table() -> TableLM:
 def test_engine_with_autok_goes_plain_on_garbage_and_returns_on_good_drafts():
     target = greedy_table()
     proposer = SwitchingProposer(target, good_from=3 + 60)
+    # A stopped clock: no timings, so the costs stay FLAT's (a table model's microseconds, where
+    # drafting scores the table too, are not the costs under test).
     run = generate(
-        target, proposer, [0, 1, 2], max_new_tokens=200, sampling=SamplingParams(temperature=0), k=AutoK(FLAT)
+        target, proposer, [0, 1, 2], max_new_tokens=200, sampling=SamplingParams(temperature=0), k=AutoK(FLAT),
+        clock=lambda: 0.0,
     )
     plain = generate(target, None, [0, 1, 2], max_new_tokens=200, sampling=SamplingParams(temperature=0), k=0)
     assert run.tokens == plain.tokens  # greedy speculation is greedy decoding
