@@ -163,15 +163,16 @@ class OnlineCosts:
     its proposer spent d seconds on k' drafted tokens. Per n, the log seconds of the rounds
     that scored n positions are averaged with weights that decay by `memory` per round (each
     clipped to within a factor `CLIP` of the current estimate), and blended with a prior worth
-    `prior_weight` rounds:
+    `prior_weight` rounds observed before the first, which decays with them (w = prior_weight
+    memory^rounds):
 
         log t(1) = (w a + sum_1) / (w + W_1),                  a = log of the prior's plain step
         log t(n) = (w (log t(1) + log v0(n)) + sum_n) / (w + W_n)
 
     with v0, c0 the prior's curve and draft cost, W_n and sum_n the decayed count and sum for n.
-    So evidence overrides the prior after a few rounds, and a v(n) that no round has scored
-    lately is the prior's, scaled by the current plain step t(1): a machine that got slower
-    or faster as a whole moves every t(n) with it. (The measured n's do not rescale the others:
+    So evidence overrides the prior after a round or two, and a v(n) that no round has scored
+    is the prior's, scaled by the current plain step t(1): a machine that got slower or faster
+    as a whole moves every t(n) with it. (The measured n's do not rescale the others:
     a jagged v(n), such as fp32 MKL's v(2) = 1.64, v(3) = 2.0, v(4) = 1.42 on an AMD EPYC, is
     jagged n by n, and a prior the evidence has not contradicted is what lets a policy try
     another k.) Then
@@ -190,7 +191,7 @@ class OnlineCosts:
         1.265
     """
 
-    def __init__(self, prior: Costs, *, prior_weight: float = 2.0, memory: float = 0.98) -> None:
+    def __init__(self, prior: Costs, *, prior_weight: float = 1.0, memory: float = 0.995) -> None:
         check_v_curve(prior.v)
         check_costs(prior.c, prior.v[0])
         if not (isinstance(prior_weight, (int, float)) and prior_weight > 0 and math.isfinite(prior_weight)):
@@ -212,6 +213,8 @@ class OnlineCosts:
         self._drafted = 0.0  # decayed drafted tokens
         self._draft_seconds = 0.0  # ... and the proposer's decayed seconds
         self._anchor = None if self.prior_step is None else math.log(self.prior_step)
+        self._prior_now = self.prior_weight  # the prior's weight, decayed like a round's
+        self._timed = False  # has any round come with timings
         self.c, self.v = self.prior_c, list(self.prior_v)
 
     def observe(self, scored: int, target_seconds: float, drafted: int, draft_seconds: float) -> None:
@@ -225,6 +228,8 @@ class OnlineCosts:
         clip = math.log(CLIP)
         x = min(max(math.log(target_seconds), estimate - clip), estimate + clip)
         m = self.memory
+        self._timed = True
+        self._prior_now *= m
         self._weight = [m * w for w in self._weight]
         self._log_sum = [m * s for s in self._log_sum]
         self._weight[scored - 1] += 1.0
@@ -233,18 +238,18 @@ class OnlineCosts:
         self._draft_seconds = m * self._draft_seconds + max(draft_seconds, 0.0)
         log_t = self._log_seconds()
         self.v = [1.0] + [math.exp(x - log_t[0]) for x in log_t[1:]]
-        w = self.prior_weight
+        w = self._prior_now
         seconds_per_draft = (w * self.prior_c * math.exp(self._anchor) + self._draft_seconds) / (w + self._drafted)
         self.c = seconds_per_draft / math.exp(log_t[0])
 
     @property
     def stale(self) -> bool:
         """Timed rounds have come in, but hardly any plain step lately: t(1) needs measuring."""
-        return self._anchor is not None and self._weight[0] < FRESH
+        return self._timed and self._weight[0] < FRESH
 
     def _log_seconds(self) -> list[float]:
         """log t(n) for n = 1..len(v), as in the class docstring."""
-        w, weight, total = self.prior_weight, self._weight, self._log_sum
+        w, weight, total = self._prior_now, self._weight, self._log_sum
         log_v0 = [math.log(x) for x in self.prior_v]
         base = (w * self._anchor + total[0]) / (w + weight[0])
         return [base] + [(w * (base + log_v0[i]) + total[i]) / (w + weight[i]) for i in range(1, len(weight))]

@@ -103,7 +103,7 @@ class AutoK:
         margin: float = 0.05,
         probe_every: int = 4,
         probe_cap: int = 32,
-        cost_prior_weight: float = 2.0,
+        cost_prior_weight: float = 1.0,
         cost_memory: float = 0.995,
     ) -> None:
         check_v_curve(costs.v)
