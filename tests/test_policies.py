@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from clocks import TickClock
+from verispec.clocks import TickClock
 from verispec.cost import FixedCosts, optimal_k, speedup_by_k, survival_from_alpha
 from verispec.drafts import Draft
 from verispec.engine import generate

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clocks import TickClock
+from verispec.clocks import TickClock
 from verispec import SamplingParams, TorchRandom, generate
 from verispec.models.tables import random_table
 from verispec.cost import FixedCosts
