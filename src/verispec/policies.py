@@ -77,12 +77,14 @@ class AutoK:
 
     When no k beats plain decoding by `margin`, the policy decodes plainly and probes: one
     speculative round, at the k the current estimates favour, after `probe_every` plain
-    rounds, the wait doubling (up to `probe_cap`) while probes lose. A probe that pays off in its own round, (accepted + 1) / (k c +
-    v(k + 1)) > 1 + margin, means the acceptance has changed: the old evidence is dropped, the
-    wait is reset and speculation resumes if the fresh estimate says so.
+    rounds, the wait doubling (up to `probe_cap`) while probes lose. A probe that pays off in
+    its own round, (accepted + 1) / (k c + v(k + 1)) > 1 + margin, means the acceptance has
+    changed: the old evidence is dropped, the wait is reset and speculation resumes if the
+    fresh estimate says so.
 
     It reads only past rounds, so the verifier's exactness is untouched; it is deterministic
-    given the sequence of `Stats` it sees, so the engine and the reference decoder agree.
+    given the sequence of `Stats` it sees (counts and seconds), so the engine and the reference
+    decoder agree when both time their rounds on the same fake clock (`verispec.clocks`).
     `verispec.profile.measured_autok` builds one from a brief profile measured on the spot.
 
         >>> from verispec.cost import FixedCosts
