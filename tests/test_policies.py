@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from verispec.clocks import TickClock
 from verispec.cost import FixedCosts, optimal_k, speedup_by_k, survival_from_alpha
 from verispec.drafts import Draft
 from verispec.engine import generate
@@ -165,8 +166,11 @@ def greedy_table() -> TableLM:
 def test_engine_with_autok_goes_plain_on_garbage_and_returns_on_good_drafts():
     target = greedy_table()
     proposer = SwitchingProposer(target, good_from=3 + 60)
+    # A stopped clock: no timings, so the costs stay FLAT's (a table model's microseconds, where
+    # drafting scores the table too, are not the costs under test).
     run = generate(
-        target, proposer, [0, 1, 2], max_new_tokens=200, sampling=SamplingParams(temperature=0), k=AutoK(FLAT)
+        target, proposer, [0, 1, 2], max_new_tokens=200, sampling=SamplingParams(temperature=0), k=AutoK(FLAT),
+        clock=lambda: 0.0,
     )
     plain = generate(target, None, [0, 1, 2], max_new_tokens=200, sampling=SamplingParams(temperature=0), k=0)
     assert run.tokens == plain.tokens  # greedy speculation is greedy decoding
@@ -183,9 +187,12 @@ def test_engine_with_autok_equals_the_reference(seed):
     target, draft = seed_pair()
     sampling = SamplingParams(temperature=1.0)
     options = dict(max_new_tokens=40, sampling=sampling, eos_token_id=None)
-    run = generate(target, DraftModel(draft), [0], k=AutoK(MEASURED_LIKE), rng=TorchRandom(seed), **options)
+    # AutoK learns from round timings: on tick clocks both sides record the same ones.
+    run = generate(
+        target, DraftModel(draft), [0], k=AutoK(MEASURED_LIKE), rng=TorchRandom(seed), clock=TickClock(), **options
+    )
     again = reference_generate(
-        target, DraftModel(draft), [0], k=AutoK(MEASURED_LIKE), rng=TorchRandom(seed), **options
+        target, DraftModel(draft), [0], k=AutoK(MEASURED_LIKE), rng=TorchRandom(seed), clock=TickClock(), **options
     )
     assert run.tokens == again
     assert len(set(run.stats.drafted)) > 1  # the policy did vary k
@@ -197,8 +204,10 @@ def test_engine_with_autok_and_prompt_lookup_equals_the_reference(seed):
     prompt = [0, 1, 0, 1, 1, 0, 1]
     options = dict(max_new_tokens=30, sampling=SamplingParams(temperature=0.7), eos_token_id=2)
     policy = AutoK(FLAT)
-    run = generate(target, PromptLookup(), prompt, k=policy, rng=TorchRandom(seed), **options)
-    again = reference_generate(target, PromptLookup(), prompt, k=policy, rng=TorchRandom(seed), **options)
+    run = generate(target, PromptLookup(), prompt, k=policy, rng=TorchRandom(seed), clock=TickClock(), **options)
+    again = reference_generate(
+        target, PromptLookup(), prompt, k=policy, rng=TorchRandom(seed), clock=TickClock(), **options
+    )
     assert run.tokens == again
 
 

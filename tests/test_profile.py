@@ -11,20 +11,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from clocks import FakeClock
 from verispec.models.hf import HFCausalLM
 from verispec.models.tables import random_table
 from verispec.profile import Profile, Timing, measure_profile, measured_autok
 from verispec.proposers.draft_model import DraftModel
 from verispec.proposers.prompt_lookup import PromptLookup
 from verispec.randomness import Random
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class TimedTable:

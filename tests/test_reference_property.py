@@ -9,10 +9,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verispec.clocks import TickClock
 from verispec import SamplingParams, TorchRandom, generate
 from verispec.heads.untrained import tiny_head
 from verispec.models.tables import random_table
-from verispec.policies import HeuristicK
+from verispec.cost import FixedCosts
+from verispec.policies import AutoK, HeuristicK
 from verispec.proposers import DraftModel, PromptLookup
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
@@ -58,12 +60,20 @@ def requests(draw):
     else:
         ngrams = draw(st.tuples(st.integers(1, 3), st.integers(1, 3)).map(sorted))
         make_proposer = lambda: PromptLookup(max_ngram=ngrams[1], min_ngram=ngrams[0])  # noqa: E731
-    start = draw(st.none() | st.integers(1, 4))
-    k = draw(st.integers(0, 5))
+    policy = draw(st.sampled_from(["constant", "heuristic", "auto"]))
+    k = draw(st.integers(0, 5) if policy == "constant" else st.integers(1, 5))
+    # AutoK's costs: a profile it learns away from, the rounds timed on a tick clock (below)
+    v = draw(st.lists(st.sampled_from([1.0, 1.2, 1.6, 2.0]), min_size=k, max_size=k))
+    costs = FixedCosts(c=draw(st.sampled_from([0.0, 0.1, 0.5])), v=[1.0, *v], step_seconds=0.001)
+    make_k = {
+        "constant": lambda: k,
+        "heuristic": lambda: HeuristicK(k),
+        "auto": lambda: AutoK(costs, probe_every=1),
+    }[policy]
     return dict(
         target=target,
         make_proposer=make_proposer,
-        make_k=(lambda: k) if start is None else (lambda: HeuristicK(start)),
+        make_k=make_k,
         prompt=draw(st.lists(token, min_size=1, max_size=8)),
         max_new_tokens=draw(st.integers(0, 10)),
         sampling=sampling,
@@ -78,10 +88,12 @@ def requests(draw):
 def test_engine_equals_the_full_recompute_reference(request):
     options = {key: request[key] for key in ("max_new_tokens", "sampling", "eos_token_id", "verifier")}
     target, prompt, seed = request["target"], request["prompt"], request["seed"]
-    # Fresh proposers and policies for each side, so no state is shared between them.
-    engine = generate(target, request["make_proposer"](), prompt, k=request["make_k"](), seed=seed, **options)
+    # Fresh proposers, policies and clocks for each side, so no state is shared between them;
+    # on tick clocks both record the same round timings, which AutoK learns its costs from.
+    engine = generate(target, request["make_proposer"](), prompt, k=request["make_k"](), seed=seed,
+                      clock=TickClock(), **options)
     reference = reference_generate(target, request["make_proposer"](), prompt, k=request["make_k"](),
-                                   rng=TorchRandom(seed), **options)
+                                   rng=TorchRandom(seed), clock=TickClock(), **options)
     assert engine.tokens == reference
     eos = options["eos_token_id"]
     eos_ids = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)

@@ -131,6 +131,7 @@ class Costs(Protocol):
 
     c: float  # one drafted token / one target step
     v: Sequence[float]  # v[n - 1] = v(n): scoring n new tokens / one target step
+    step_seconds: float | None  # one plain target step in seconds, None when not measured
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,119 @@ class FixedCosts:
 
     c: float
     v: Sequence[float]
+    step_seconds: float | None = None
 
     def __post_init__(self) -> None:
         check_v_curve(self.v)
         check_costs(self.c, self.v[0])
+        if self.step_seconds is not None:
+            check_costs(0.0, self.step_seconds)
+
+
+# A round's forward more than this factor away from its current estimate counts as this factor
+# away: one stall of a loaded machine moves an estimate by at most log(2) / its weight.
+CLIP = 2.0
+# t(1), the unit of c and v(n), is stale below this much recent evidence (in rounds).
+FRESH = 0.5
+
+
+class OnlineCosts:
+    """c and v(n) learned from a request's own rounds, with measured costs as the prior.
+
+    Each round is a measurement: its target forward scored n = k' + 1 positions in t seconds,
+    its proposer spent d seconds on k' drafted tokens. Per n, the log seconds of the rounds
+    that scored n positions are averaged with weights that decay by `memory` per round (each
+    clipped to within a factor `CLIP` of the current estimate), and blended with a prior worth
+    `prior_weight` rounds observed before the first, which decays with them (w = prior_weight
+    memory^rounds):
+
+        log t(1) = (w a + sum_1) / (w + W_1),                  a = log of the prior's plain step
+        log t(n) = (w (log t(1) + log v0(n)) + sum_n) / (w + W_n)
+
+    with v0, c0 the prior's curve and draft cost, W_n and sum_n the decayed count and sum for n.
+    So evidence overrides the prior after a round or two, and a v(n) that no round has scored
+    is the prior's, scaled by the current plain step t(1): a machine that got slower or faster
+    as a whole moves every t(n) with it. (The measured n's do not rescale the others:
+    a jagged v(n), such as fp32 MKL's v(2) = 1.64, v(3) = 2.0, v(4) = 1.42 on an AMD EPYC, is
+    jagged n by n, and a prior the evidence has not contradicted is what lets a policy try
+    another k.) Then
+
+        v(n) = t(n) / t(1),    c = (w c0 e^a + sum of d) / (w + sum of k') / t(1).
+
+    a is the prior's `step_seconds`, or for costs given without seconds the first round's
+    log t - log v0(n). Only plain steps measure t(1), which every v(n) is relative to, so
+    `stale` says when they have gone unmeasured for long (a policy then takes one plain step).
+    Rounds without timings (seconds <= 0: no clock) teach nothing; before any timed round,
+    c and v are the prior's own.
+
+        >>> costs = OnlineCosts(FixedCosts(c=0.0, v=[1.0, 1.0]), prior_weight=1.0, memory=1.0)
+        >>> costs.observe(1, 0.010, 0, 0.0); costs.observe(2, 0.016, 1, 0.0)
+        >>> round(costs.v[1], 3)  # half way, in logs, from the prior's 1.0 to the measured 1.6
+        1.265
+    """
+
+    def __init__(self, prior: Costs, *, prior_weight: float = 1.0, memory: float = 0.995) -> None:
+        check_v_curve(prior.v)
+        check_costs(prior.c, prior.v[0])
+        if not (isinstance(prior_weight, (int, float)) and prior_weight > 0 and math.isfinite(prior_weight)):
+            raise ValueError(f"cost_prior_weight (rounds the profile is worth) must be > 0, got {prior_weight!r}")
+        if not (isinstance(memory, (int, float)) and 0 < memory <= 1):
+            raise ValueError(f"cost_memory (the decay per round) must be in (0, 1], got {memory!r}")
+        self.prior_c = float(prior.c)
+        self.prior_v = [float(x) for x in prior.v]
+        self.prior_step = getattr(prior, "step_seconds", None)
+        self.prior_weight = float(prior_weight)
+        self.memory = float(memory)
+        self.begin()
+
+    def begin(self) -> None:
+        """A new request: forget the rounds, keep the prior."""
+        n = len(self.prior_v)
+        self._weight = [0.0] * n  # [n - 1]: decayed count of rounds that scored n positions
+        self._log_sum = [0.0] * n  # [n - 1]: ... their decayed sum of (clipped) log seconds
+        self._drafted = 0.0  # decayed drafted tokens
+        self._draft_seconds = 0.0  # ... and the proposer's decayed seconds
+        self._anchor = None if self.prior_step is None else math.log(self.prior_step)
+        self._prior_now = self.prior_weight  # the prior's weight, decayed like a round's
+        self._timed = False  # has any round come with timings
+        self.c, self.v = self.prior_c, list(self.prior_v)
+
+    def observe(self, scored: int, target_seconds: float, drafted: int, draft_seconds: float) -> None:
+        """One round: its forward scored `scored` positions in `target_seconds`; the proposer
+        drafted `drafted` tokens in `draft_seconds`."""
+        if not target_seconds > 0 or not 1 <= scored <= len(self.prior_v):
+            return
+        if self._anchor is None:
+            self._anchor = math.log(target_seconds) - math.log(self.prior_v[scored - 1])
+        estimate = self._log_seconds()[scored - 1]
+        clip = math.log(CLIP)
+        x = min(max(math.log(target_seconds), estimate - clip), estimate + clip)
+        m = self.memory
+        self._timed = True
+        self._prior_now *= m
+        self._weight = [m * w for w in self._weight]
+        self._log_sum = [m * s for s in self._log_sum]
+        self._weight[scored - 1] += 1.0
+        self._log_sum[scored - 1] += x
+        self._drafted = m * self._drafted + drafted
+        self._draft_seconds = m * self._draft_seconds + max(draft_seconds, 0.0)
+        log_t = self._log_seconds()
+        self.v = [1.0] + [math.exp(x - log_t[0]) for x in log_t[1:]]
+        w = self._prior_now
+        seconds_per_draft = (w * self.prior_c * math.exp(self._anchor) + self._draft_seconds) / (w + self._drafted)
+        self.c = seconds_per_draft / math.exp(log_t[0])
+
+    @property
+    def stale(self) -> bool:
+        """Timed rounds have come in, but hardly any plain step lately: t(1) needs measuring."""
+        return self._timed and self._weight[0] < FRESH
+
+    def _log_seconds(self) -> list[float]:
+        """log t(n) for n = 1..len(v), as in the class docstring."""
+        w, weight, total = self._prior_now, self._weight, self._log_sum
+        log_v0 = [math.log(x) for x in self.prior_v]
+        base = (w * self._anchor + total[0]) / (w + weight[0])
+        return [base] + [(w * (base + log_v0[i]) + total[i]) / (w + weight[i]) for i in range(1, len(weight))]
 
 
 def predicted_speedup(stats: Stats, costs: Costs) -> float:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +49,8 @@ class Decoding:
     hold what has been emitted so far.
 
     eos_token_id: an id, a collection of ids (the output ends at the first of any), or None.
+    clock: reads seconds for `stats` (a fake clock makes the timings, and so the choices of a
+        policy that reads them, reproducible).
     """
 
     def __init__(
@@ -64,8 +66,10 @@ class Decoding:
         seed: int = 0,
         k: int | KPolicy = 4,
         verifier: str | verify.Verifier = "auto",
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.target = target
+        self.clock = clock
         self.sampling = sampling or SamplingParams()
         self.prompt, self.eos_ids = check_request(target.vocab_size, prompt_ids, max_new_tokens, eos_token_id)
         if proposer is None and k != 0:
@@ -78,6 +82,8 @@ class Decoding:
         self.tokens: list[int] = []
         self.stats = Stats()
         self._context: list[int] = []  # prompt + emitted; its last token is the pending token
+        self._draft_seconds = 0.0  # this round's proposer and target seconds, for its commit
+        self._target_seconds = 0.0
 
     @property
     def _pending(self) -> int:
@@ -102,9 +108,9 @@ class Decoding:
 
     def _begin(self) -> None:
         self._context = list(self.prompt)
-        start = time.perf_counter()
+        start = self.clock()
         self.target.prefill(self._context[: self._processed])
-        self.stats.prefill_seconds = time.perf_counter() - start
+        self.stats.prefill_seconds = self.clock() - start
         if self.proposer is not None:
             self.proposer.begin(self.prompt, self.sampling)
         self.policy.begin()
@@ -119,11 +125,12 @@ class Decoding:
         """Stage 1: ask the policy for k, then the proposer for up to k tokens (cut after EOS)."""
         remaining = self.max_new_tokens - len(self.tokens)
         k = min(self.policy.choose(self.stats), remaining - 1)
+        self._draft_seconds = 0.0
         if k <= 0:
             return EMPTY_DRAFT
-        start = time.perf_counter()
+        start = self.clock()
         draft = self.proposer.propose(self._context, k, self.rng)
-        self.stats.draft_seconds += time.perf_counter() - start
+        self._draft_seconds = self.clock() - start
         check_draft(draft, k, self.target.vocab_size)
         return cut_after_eos(draft, self.eos_ids)
 
@@ -135,32 +142,38 @@ class Decoding:
                 f"target cache holds {self.target.length} tokens, expected "
                 f"{self._processed}: the model's rollback broke the cache contract"
             )
-        start = time.perf_counter()
+        start = self.clock()
         logits = self.target.extend([self._pending, *draft.tokens])
-        self.stats.target_seconds += time.perf_counter() - start
+        self._target_seconds = self.clock() - start
         return logits
 
     def _verify(self, logits: torch.Tensor, draft: Draft) -> Verdict:
         """Stage 3: build the rule's rows on the host (p with the request's transforms, or the
         checked logits when greedy) and apply the rule chosen for this draft."""
-        start = time.perf_counter()
+        start = self.clock()
         verdict = self.choose_rule(draft)(rule_rows(logits, self.sampling), draft, self.rng)
-        self.stats.verify_seconds += time.perf_counter() - start
+        self.stats.verify_seconds += self.clock() - start
         return verdict
 
     def _commit(self, draft: Draft, verdict: Verdict) -> list[int]:
         """Stage 4: emit accepted + next (cut at EOS), crop the caches to the emitted prefix
         but the new pending token."""
-        start = time.perf_counter()
+        start = self.clock()
         emitted = emitted_tokens(draft, verdict, self.eos_ids)
         self._context.extend(emitted)
         self.target.rollback(self._processed)
         self.tokens.extend(emitted)
         if self.proposer is not None:
             self.proposer.commit(self._context)
-        self.stats.record_round(len(draft), verdict.n_accepted, verdict.fallback)
+        self.stats.record_round(
+            len(draft),
+            verdict.n_accepted,
+            verdict.fallback,
+            draft_seconds=self._draft_seconds,
+            target_seconds=self._target_seconds,
+        )
         self.stats.new_tokens = len(self.tokens)
-        self.stats.commit_seconds += time.perf_counter() - start
+        self.stats.commit_seconds += self.clock() - start
         return emitted
 
 

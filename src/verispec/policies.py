@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from verispec.cost import Costs, check_costs, check_v_curve, speedup, speedup_by_k
+from verispec.cost import Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
 from verispec.stats import Stats
 
 
@@ -59,8 +59,13 @@ class AutoK:
     """Each round, the k that the cost model predicts to be fastest, or 0 when none pays.
 
     The predicted speedup of k drafts is E(k) / (k c + v(k + 1)) (`verispec.cost`), with c and
-    v(n) measured (a `Profile`) and E(k) = 1 + s_1 + ... + s_k from this request's own
-    acceptance so far. The conditional acceptance at position i is estimated as
+    v(n) learned from this request's own round timings (`OnlineCosts`, with the measured
+    `costs`, a `Profile`, as the prior: `cost_prior_weight` rounds' worth, decaying by
+    `cost_memory` per round) and E(k) = 1 + s_1 + ... + s_k from this request's own acceptance
+    so far. So a noisy or wrong profile cannot hold it on a losing k: the rounds of that k
+    measure what it costs. Every v(n) is relative to a plain step, so when the rounds have not
+    measured one lately (`OnlineCosts.stale`) it takes one plain step instead of speculating.
+    The conditional acceptance at position i is estimated as
 
         r_i = (accepts_i + w m_i) / (attempts_i + w),   m_1 = prior_rate, m_i = r_{i-1},
 
@@ -71,13 +76,15 @@ class AutoK:
     reached yet inherit the evidence of its neighbours, so k can grow when drafts keep landing.
 
     When no k beats plain decoding by `margin`, the policy decodes plainly and probes: one
-    speculative round after `probe_every` plain rounds, the wait doubling (up to `probe_cap`)
-    while probes lose. A probe that pays off in its own round, (accepted + 1) / (k c +
-    v(k + 1)) > 1 + margin, means the acceptance has changed: the old evidence is dropped, the
-    wait is reset and speculation resumes if the fresh estimate says so.
+    speculative round, at the k the current estimates favour, after `probe_every` plain
+    rounds, the wait doubling (up to `probe_cap`) while probes lose. A probe that pays off in
+    its own round, (accepted + 1) / (k c + v(k + 1)) > 1 + margin, means the acceptance has
+    changed: the old evidence is dropped, the wait is reset and speculation resumes if the
+    fresh estimate says so.
 
     It reads only past rounds, so the verifier's exactness is untouched; it is deterministic
-    given the sequence of `Stats` it sees, so the engine and the reference decoder agree.
+    given the sequence of `Stats` it sees (counts and seconds), so the engine and the reference
+    decoder agree when both time their rounds on the same fake clock (`verispec.clocks`).
     `verispec.profile.measured_autok` builds one from a brief profile measured on the spot.
 
         >>> from verispec.cost import FixedCosts
@@ -98,6 +105,8 @@ class AutoK:
         margin: float = 0.05,
         probe_every: int = 4,
         probe_cap: int = 32,
+        cost_prior_weight: float = 1.0,
+        cost_memory: float = 0.995,
     ) -> None:
         check_v_curve(costs.v)
         check_costs(costs.c, costs.v[0])
@@ -118,8 +127,8 @@ class AutoK:
             raise ValueError(f"margin must be >= 0, got {margin!r}")
         if not (isinstance(probe_every, int) and isinstance(probe_cap, int) and 1 <= probe_every <= probe_cap):
             raise ValueError(f"need integers 1 <= probe_every <= probe_cap, got {probe_every}, {probe_cap}")
-        self.c = float(costs.c)
-        self.v = [float(x) for x in costs.v[: k_max + 1]]
+        prior = FixedCosts(costs.c, list(costs.v[: k_max + 1]), getattr(costs, "step_seconds", None))
+        self.costs = OnlineCosts(prior, prior_weight=cost_prior_weight, memory=cost_memory)
         self.k_max = k_max
         self.prior_rate = prior_rate
         self.prior_weight = prior_weight
@@ -129,7 +138,19 @@ class AutoK:
         self.probe_cap = probe_cap
         self.begin()
 
+    @property
+    def c(self) -> float:
+        """The current estimate of c (the profile's before any timed round)."""
+        return self.costs.c
+
+    @property
+    def v(self) -> list[float]:
+        """The current estimate of v(1..k_max + 1)."""
+        return self.costs.v
+
     def begin(self) -> None:
+        self.costs.begin()
+        self._seen_rounds = 0  # rounds whose timings `costs` has absorbed
         self._attempts = [0.0] * self.k_max  # decayed rounds that reached position i + 1
         self._accepts = [0.0] * self.k_max  # ... and accepted it
         self._seen_attempts: list[int] = []  # the Stats counters already absorbed
@@ -153,6 +174,8 @@ class AutoK:
                 self._wait = min(2 * self._wait, self.probe_cap)
         k, predicted = self._best()
         if predicted > 1 + self.margin:
+            if self.costs.stale:
+                return 0  # measure a plain step: the unit every v(n) is relative to
             self._plain = 0
             self._wait = self.probe_every
             return k
@@ -179,8 +202,12 @@ class AutoK:
         return k, ratios[k]
 
     def _absorb(self, stats: Stats) -> tuple[list[float], list[float]]:
-        """Fold the rounds recorded since the last call into the decayed counts; return the
-        last round's own counts (a probe's fresh evidence)."""
+        """Fold the rounds recorded since the last call into the decayed counts and the cost
+        estimates; return the last round's own counts (a probe's fresh evidence)."""
+        for r in range(self._seen_rounds, stats.rounds):
+            drafted = stats.drafted[r]
+            self.costs.observe(drafted + 1, stats.round_target_seconds[r], drafted, stats.round_draft_seconds[r])
+        self._seen_rounds = stats.rounds
         new_attempts = _growth(stats.position_attempts, self._seen_attempts, self.k_max)
         new_accepts = _growth(stats.position_accepts, self._seen_accepts, self.k_max)
         self._seen_attempts = list(stats.position_attempts)

@@ -209,7 +209,7 @@ def measured_autok(
 ) -> AutoK:
     """An AutoK from a brief profile of this target and proposer after this prompt (two
     timed repeats after one warm-up: about a second on the default model); `options` go to
-    `AutoK`."""
+    `AutoK`. The profile is its prior: AutoK goes on measuring c and v(n) from its rounds."""
     profile = measure_profile(target, proposer, prompt_ids, k_max=k_max, repeats=2, warmup=1, sampling=sampling)
     return AutoK(profile, **options)
 

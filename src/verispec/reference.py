@@ -5,11 +5,16 @@ verifier's), so for the same random stream the engine must emit identical tokens
 with the engine only pure pieces (proposers' stateless drafts, the verification rules, the EOS
 cut), so any disagreement is a fault of the engine's incremental state: cache rollback, the
 pending token, a proposer's index or cache, the budget.
+
+It times each round's drafting and scoring on `clock` as the engine does (two reads around
+each), so a policy that learns from round timings (`AutoK`) sees the same seconds in both when
+both run on the same fake clock (one that advances by a fixed tick per read).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from verispec import verify
 from verispec.drafts import EMPTY_DRAFT
@@ -33,6 +38,7 @@ def reference_generate(
     eos_token_id: EosIds = None,
     k: int | KPolicy = 4,
     verifier: str | verify.Verifier = "auto",
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[int]:
     sampling = sampling or SamplingParams()
     context, eos_ids = check_request(target.vocab_size, prompt_ids, max_new_tokens, eos_token_id)
@@ -46,12 +52,24 @@ def reference_generate(
     out: list[int] = []
     while len(out) < max_new_tokens and (not out or out[-1] not in eos_ids):
         k_round = min(policy.choose(stats), max_new_tokens - len(out) - 1)
-        draft = proposer.propose_stateless(context, k_round, rng) if k_round > 0 else EMPTY_DRAFT
+        draft, draft_seconds = EMPTY_DRAFT, 0.0
+        if k_round > 0:
+            start = clock()
+            draft = proposer.propose_stateless(context, k_round, rng)
+            draft_seconds = clock() - start
         draft = cut_after_eos(draft, eos_ids)
+        start = clock()
         logits = target.score(context + list(draft.tokens))[len(context) - 1 :]
+        target_seconds = clock() - start
         verdict = choose_rule(draft)(rule_rows(logits, sampling), draft, rng)
         emitted = emitted_tokens(draft, verdict, eos_ids)
-        stats.record_round(len(draft), verdict.n_accepted, verdict.fallback)
+        stats.record_round(
+            len(draft),
+            verdict.n_accepted,
+            verdict.fallback,
+            draft_seconds=draft_seconds,
+            target_seconds=target_seconds,
+        )
         context += emitted
         out += emitted
     return out

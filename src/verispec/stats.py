@@ -17,6 +17,9 @@ class Stats:
     Seconds: prefill (the prompt), draft (the proposer), target (the target's scoring
     forwards), verify (sampling transforms and the rule), commit (cache rollback, proposer
     bookkeeping). verify + commit is the engine's own per-round overhead.
+    round_draft_seconds[r], round_target_seconds[r]: round r's proposer time (0 when it drafted
+        nothing) and its one target forward, which scored drafted[r] + 1 positions; what an
+        adaptive policy learns the cost model's c and v(n) from (`verispec.cost.OnlineCosts`).
     fallbacks: rounds whose repair token came from p because rounding left a zero residual
         (`verispec.verify`); each adds at most its rejection mass, ~1e-16, to the distance
         from the exact law.
@@ -27,6 +30,8 @@ class Stats:
     accepted: list[int] = field(default_factory=list)
     position_attempts: list[int] = field(default_factory=list)
     position_accepts: list[int] = field(default_factory=list)
+    round_draft_seconds: list[float] = field(default_factory=list)
+    round_target_seconds: list[float] = field(default_factory=list)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
@@ -34,10 +39,23 @@ class Stats:
     commit_seconds: float = 0.0
     fallbacks: int = 0
 
-    def record_round(self, drafted: int, accepted: int, fallback: bool = False) -> None:
+    def record_round(
+        self,
+        drafted: int,
+        accepted: int,
+        fallback: bool = False,
+        *,
+        draft_seconds: float = 0.0,
+        target_seconds: float = 0.0,
+    ) -> None:
+        """Round r's counts and seconds (added to the totals too)."""
         self.fallbacks += fallback
         self.drafted.append(drafted)
         self.accepted.append(accepted)
+        self.round_draft_seconds.append(draft_seconds)
+        self.round_target_seconds.append(target_seconds)
+        self.draft_seconds += draft_seconds
+        self.target_seconds += target_seconds
         while len(self.position_attempts) < drafted:
             self.position_attempts.append(0)
             self.position_accepts.append(0)

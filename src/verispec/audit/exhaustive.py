@@ -32,6 +32,7 @@ import torch
 from verispec import verify
 from verispec.audit.enumerate import outcomes
 from verispec.audit.exact_target import target_sequences
+from verispec.clocks import TickClock
 from verispec.engine import generate
 from verispec.models.base import CausalLM
 from verispec.models.tables import TableLM, random_table
@@ -217,9 +218,11 @@ def engine_sequences(config: Configuration, tables: Tables) -> tuple[dict[tuple[
     policy = s.policy()
 
     def run(rng) -> tuple[tuple[int, ...], int]:
+        # Every replay must choose the same k's: AutoK learns from round timings, so they
+        # come from a tick clock, not the machine's.
         generation = generate(
             target, proposer, s.prompt, max_new_tokens=s.max_new_tokens, sampling=s.sampling,
-            eos_token_id=s.eos_token_id, rng=rng, k=policy, verifier=config.verifier,
+            eos_token_id=s.eos_token_id, rng=rng, k=policy, verifier=config.verifier, clock=TickClock(),
         )
         return tuple(generation.tokens), sum(generation.stats.drafted)
 
