@@ -336,6 +336,11 @@ def _audit_head(kind: str) -> Callable[[Tables], Proposer]:
     return build
 
 
+# The shortest n-gram match whose continuation `lookup+HEAD` copies instead of asking the head:
+# a single recurring token predicts little.
+COPY_MIN_MATCH = 2
+
+
 def _copy_or_head(kind: str) -> Callable[[str, LoadedModel, Corpus], Proposer]:
     def build(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
         from verispec.proposers.copy_or_head import CopyOrHead
@@ -356,16 +361,12 @@ def _audit_copy_or_head(kind: str) -> Callable[[Tables], Proposer]:
     return build
 
 
-# The shortest n-gram match whose continuation `lookup+HEAD` copies instead of asking the head:
-# a single recurring token predicts little.
-COPY_MIN_MATCH = 2
-
-
-def _shipped(kind: str) -> str | None:
-    """`kind` when a head is shipped for the default model (the identity suite runs it)."""
+def _shipped(kind: str, spec: str | None = None) -> str | None:
+    """`spec` (default: `kind`) when a `kind` head is shipped for the default model, so the
+    identity suite runs it; None when none is."""
     from verispec.proposers.trained import default_head
 
-    return kind if default_head(kind).is_dir() else None
+    return (spec or kind) if default_head(kind).is_dir() else None
 
 
 def _default_draft() -> str:
@@ -417,11 +418,11 @@ register(ProposerKind(
     "lookup+eagle", "lookup+eagle[:DIR]", "mixed", _copy_or_head("eagle"),
     f"prompt lookup's continuation when the context's last {COPY_MIN_MATCH}+ tokens recur in it, else "
     "the EAGLE-style head's sampled draft (DIR as for eagle)",
-    audit=_audit_copy_or_head("eagle"), example=_shipped("eagle") and "lookup+eagle",
+    audit=_audit_copy_or_head("eagle"), example=_shipped("eagle", "lookup+eagle"),
 ))
 register(ProposerKind(
     "lookup+medusa", "lookup+medusa[:DIR]", "mixed", _copy_or_head("medusa"),
     f"prompt lookup's continuation when the context's last {COPY_MIN_MATCH}+ tokens recur in it, else "
     "the Medusa heads' sampled draft (DIR as for medusa)",
-    audit=_audit_copy_or_head("medusa"), example=_shipped("medusa") and "lookup+medusa",
+    audit=_audit_copy_or_head("medusa"), example=_shipped("medusa", "lookup+medusa"),
 ))
