@@ -156,7 +156,7 @@ def test_specs_build_lookup_and_a_head_directory(tmp_path):
         save_head(hf_head(kind, target.lm), tmp_path / kind)
         proposer = build_proposer(f"lookup+{kind}:{tmp_path / kind}", target)
         assert isinstance(proposer, CopyOrHead) and isinstance(proposer.head, HEADS[kind])
-        assert isinstance(proposer.copy, PromptLookup) and proposer.copy.min_ngram == 2
+        assert isinstance(proposer.copy, PromptLookup) and proposer.copy.min_ngram == 1
     with pytest.raises(ValueError, match="holds a medusa head, not a eagle head"):
         build_proposer(f"lookup+eagle:{tmp_path / 'medusa'}", target)
     assert PROPOSERS["lookup+eagle"].rules_for(SamplingParams()) == ("auto", "token", "block")

@@ -336,9 +336,16 @@ def _audit_head(kind: str) -> Callable[[Tables], Proposer]:
     return build
 
 
-# The shortest n-gram match whose continuation `lookup+HEAD` copies instead of asking the head:
-# a single recurring token predicts little.
-COPY_MIN_MATCH = 2
+# The shortest n-gram match whose continuation `lookup+HEAD` copies instead of asking the head.
+# 1: lookup drafts whenever it would alone and the head fills only the rounds it has nothing
+# for, so the combination never drafts worse than lookup. Measured (bf16, 6 extraction / rag /
+# translation dev prompts, greedy, k 4, an untrained EAGLE head): tokens per round 2.15 at 1,
+# 1.83 at 2 (the head took lookup's one-token-match rounds and lost them), lookup alone 2.12.
+COPY_MIN_MATCH = 1
+# The audit's tables have 2-4 tokens, where a one-token match nearly always exists: its builder
+# asks for two tokens so the head drafts too (the choice's exactness does not depend on it; the
+# reference-equality property test draws it from 1..3).
+AUDIT_COPY_MIN_MATCH = 2
 
 
 def _copy_or_head(kind: str) -> Callable[[str, LoadedModel, Corpus], Proposer]:
@@ -356,7 +363,7 @@ def _audit_copy_or_head(kind: str) -> Callable[[Tables], Proposer]:
         from verispec.proposers.copy_or_head import CopyOrHead
         from verispec.proposers.prompt_lookup import PromptLookup
 
-        return CopyOrHead(PromptLookup(min_ngram=COPY_MIN_MATCH), _audit_head(kind)(tables))
+        return CopyOrHead(PromptLookup(min_ngram=AUDIT_COPY_MIN_MATCH), _audit_head(kind)(tables))
 
     return build
 
@@ -416,13 +423,11 @@ register(ProposerKind(
 ))
 register(ProposerKind(
     "lookup+eagle", "lookup+eagle[:DIR]", "mixed", _copy_or_head("eagle"),
-    f"prompt lookup's continuation when the context's last {COPY_MIN_MATCH}+ tokens recur in it, else "
-    "the EAGLE-style head's sampled draft (DIR as for eagle)",
+    "prompt lookup's draft whenever it has one (chosen), else the EAGLE-style head's sampled draft (DIR as for eagle)",
     audit=_audit_copy_or_head("eagle"), example=_shipped("eagle", "lookup+eagle"),
 ))
 register(ProposerKind(
     "lookup+medusa", "lookup+medusa[:DIR]", "mixed", _copy_or_head("medusa"),
-    f"prompt lookup's continuation when the context's last {COPY_MIN_MATCH}+ tokens recur in it, else "
-    "the Medusa heads' sampled draft (DIR as for medusa)",
+    "prompt lookup's draft whenever it has one (chosen), else the Medusa heads' sampled draft (DIR as for medusa)",
     audit=_audit_copy_or_head("medusa"), example=_shipped("medusa", "lookup+medusa"),
 ))

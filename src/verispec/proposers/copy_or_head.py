@@ -4,8 +4,8 @@ the head (e.g. `lookup+eagle`).
 Copying (prompt lookup, the suffix index) wins where the answer quotes its request:
 extraction, RAG, translation of names and numbers. A head wins on fresh text. The choice is
 made from the context alone, before any random draw: the copy proposer's draft when it finds
-one (configure it strictly, e.g. `PromptLookup(min_ngram=2)`: a match of at least two tokens),
-else the head's.
+one, else the head's. With `PromptLookup()` the head fills exactly the rounds lookup alone
+would decode plainly; `PromptLookup(min_ngram=2)` hands it the one-token-match rounds too.
 
 Exactness holds round by round, because each round's draft carries its own provenance: a
 copied draft is chosen (q None: point mass, and greedy at temperature 0) and a head draft is
@@ -20,7 +20,7 @@ holds pairs built from the target's true features up to where it last drafted, a
 `propose` appends the pairs of every position emitted since (the target keeps the features of
 every processed position), in one head forward.
 
-    >>> proposer = CopyOrHead(PromptLookup(min_ngram=2), EagleProposer(head, target))
+    >>> proposer = CopyOrHead(PromptLookup(), EagleProposer(head, target))
 """
 
 from __future__ import annotations
