@@ -2,7 +2,8 @@
 tokens of the slow full-recompute reference for the same random stream, over random tables,
 prompts, budgets, sampling settings, proposers (a draft model, prompt lookup, and EAGLE and
 Medusa heads: tiny float64 heads on the table's features, whose incremental KV cache and
-rollback the reference replaces by a fresh recomputation), policies and every valid verifier."""
+rollback the reference replaces by a fresh recomputation; and lookup+eagle, lookup+medusa,
+whose head skips the rounds lookup drafts), policies and every valid verifier."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from verispec.models.tables import random_table
 from verispec.cost import FixedCosts
 from verispec.policies import AutoK, HeuristicK
 from verispec.proposers import DraftModel, PromptLookup
+from verispec.proposers.copy_or_head import CopyOrHead
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
 from verispec.reference import reference_generate
@@ -30,6 +32,10 @@ VERIFIERS = {
     (True, "medusa"): ["auto", "greedy"],
     (False, "eagle"): ["auto", "token", "block"],
     (False, "medusa"): ["auto", "token", "block"],
+    (True, "lookup+eagle"): ["auto", "greedy"],
+    (True, "lookup+medusa"): ["auto", "greedy"],
+    (False, "lookup+eagle"): ["auto", "token", "block"],
+    (False, "lookup+medusa"): ["auto", "token", "block"],
 }
 HEADS = {"eagle": EagleProposer, "medusa": MedusaProposer}
 
@@ -48,11 +54,17 @@ def requests(draw):
         top_p=draw(st.none() | st.sampled_from([0.3, 0.8, 0.95, 1.0])),
         min_p=draw(st.none() | st.sampled_from([0.0, 0.1, 0.4])),
     )
-    kind = draw(st.sampled_from(["draft", "lookup", "eagle", "medusa"]))
-    if kind in HEADS:
+    kind = draw(st.sampled_from(["draft", "lookup", "eagle", "medusa", "lookup+eagle", "lookup+medusa"]))
+    if kind.removeprefix("lookup+") in HEADS:
         # a tiny float64 head (untrained, seeded) reading the table's deterministic features
-        head = tiny_head(kind, target, seed=draw(st.integers(0, 100)), heads=draw(st.integers(1, 4)))
-        make_proposer = lambda: HEADS[kind](head, target)  # noqa: E731
+        head_kind = kind.removeprefix("lookup+")
+        head = tiny_head(head_kind, target, seed=draw(st.integers(0, 100)), heads=draw(st.integers(1, 4)))
+        if kind == head_kind:
+            make_proposer = lambda: HEADS[head_kind](head, target)  # noqa: E731
+        else:
+            min_match = draw(st.integers(1, 3))
+            make_proposer = lambda: CopyOrHead(PromptLookup(min_ngram=min_match),  # noqa: E731
+                                               HEADS[head_kind](head, target))
     elif kind == "draft":
         draft_table = random_table(vocab, draw(st.integers(1, 2)), draw(st.integers(0, 10**6)),
                                    zeros=draw(st.booleans()))

@@ -135,7 +135,7 @@ def test_k_specs_parse_once():
 
 
 def test_an_entry_must_be_complete():
-    with pytest.raises(ValueError, match="drafts must be 'chosen' or 'sampled'"):
+    with pytest.raises(ValueError, match="drafts must be 'chosen', 'sampled' or 'mixed'"):
         ProposerKind("x", "x", "guessed", lambda a, t, c: None, "x", not_audited="no tables")
     with pytest.raises(ValueError, match="either an audit builder or the reason"):
         ProposerKind("x", "x", "chosen", lambda a, t, c: None, "x")
@@ -190,7 +190,8 @@ def quick(tmp_path_factory):
 def test_a_registered_proposer_is_listed(repeat_registered, capsys):
     assert main(["proposers", "--json"]) == 0
     listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)["proposers"]}
-    assert set(listed) == {"lookup", "suffix", "draft", "layerskip", "selfdraft", "random", "eagle", "medusa", "repeat"}
+    assert set(listed) == {"lookup", "suffix", "draft", "layerskip", "selfdraft", "random", "eagle", "medusa",
+                           "lookup+eagle", "lookup+medusa", "repeat"}
     assert listed["repeat"] == {
         "name": "repeat", "grammar": "repeat", "drafts": "chosen", "rules": ["greedy", "point-mass", "token", "block"],
         "audited": True, "not_audited": None, "description": "repeats the last token",

@@ -6,11 +6,13 @@ new tokens the exact budget would allow one draft, where block and token-level c
 
 The proposers: a draft table, and the EAGLE and Medusa head proposers (tiny float64 heads on
 the table's deterministic features, vocabulary pruned to 63 of the 64 tokens, so q has an
-exact zero where p does not).
+exact zero where p does not); and lookup+eagle, lookup+medusa after a prompt that quotes
+itself (`COPY_PROMPT`): the first round copies (chosen, point mass under auto), a round after
+a rejection asks the head (sampled, block under auto), so one request mixes both.
 
-False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 18 of
+False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 30 of
 them on a correct engine (3 per proposer and rule), so a correct engine fails this module with
-probability at most 1.8e-6 (union bound, asymptotic chi-square tail) for a fresh seed list. The seed list is
+probability at most 3e-6 (union bound, asymptotic chi-square tail) for a fresh seed list. The seed list is
 fixed, so the outcome is deterministic. The negative control shows the same test and sample
 size reject an engine that repairs from p instead of the residual.
 """
@@ -29,7 +31,8 @@ from verispec import TorchRandom, generate
 from verispec.drafts import Verdict
 from verispec.heads.untrained import tiny_head
 from verispec.models.tables import random_table
-from verispec.proposers import DraftModel
+from verispec.proposers import DraftModel, PromptLookup
+from verispec.proposers.copy_or_head import CopyOrHead
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
 from verispec.verify import token_level
@@ -57,7 +60,13 @@ PROPOSERS = {
     "draft": lambda: DraftModel(DRAFT),
     "eagle": lambda: EagleProposer(tiny_head("eagle", TARGET, seed=3), TARGET),
     "medusa": lambda: MedusaProposer(tiny_head("medusa", TARGET, seed=4), TARGET),
+    "lookup+eagle": lambda: CopyOrHead(PromptLookup(min_ngram=2), PROPOSERS["eagle"]()),
+    "lookup+medusa": lambda: CopyOrHead(PromptLookup(min_ngram=2), PROPOSERS["medusa"]()),
 }
+# "5 0" recurs, so lookup drafts the target's likeliest token after 0, then 5. The table has
+# order 1 and the prompt ends in PROMPT's token, so the exact marginals are PROMPT's.
+_LIKELIEST = max(range(VOCAB), key=TARGET.distribution(PROMPT).__getitem__)
+COPY_PROMPT = [5, *PROMPT, _LIKELIEST, 5, *PROMPT]
 
 
 def exact_marginals() -> dict[str, dict]:
@@ -86,8 +95,9 @@ def g_test_p_value(observed: Counter, expected_probs: dict, runs: int) -> float:
 def first_two_tokens(verifier, seeds: range, proposer_name: str = "draft") -> dict[str, Counter]:
     counts = {"first": Counter(), "second": Counter(), "pair": Counter()}
     proposer = PROPOSERS[proposer_name]()
+    prompt = COPY_PROMPT if proposer_name.startswith("lookup+") else PROMPT
     for seed in seeds:
-        a, b, _ = generate(TARGET, proposer, PROMPT, max_new_tokens=3, k=2, rng=TorchRandom(seed),
+        a, b, _ = generate(TARGET, proposer, prompt, max_new_tokens=3, k=2, rng=TorchRandom(seed),
                            verifier=verifier).tokens
         counts["first"][a] += 1
         counts["second"][b] += 1
@@ -101,9 +111,15 @@ def p_values(verifier, seeds: range, proposer_name: str = "draft") -> dict[str, 
     return {name: g_test_p_value(counts[name], exact[name], len(seeds)) for name in exact}
 
 
-@pytest.mark.parametrize("proposer_name", list(PROPOSERS))
+@pytest.mark.parametrize("proposer_name", ["draft", "eagle", "medusa"])
 @pytest.mark.parametrize(("verifier", "first_seed"), [("block", 0), ("token", 10**6)])
 def test_first_two_tokens_follow_the_target(verifier, first_seed, proposer_name):
+    assert min(p_values(verifier, range(first_seed, first_seed + RUNS), proposer_name).values()) > ALPHA
+
+
+@pytest.mark.parametrize("proposer_name", ["lookup+eagle", "lookup+medusa"])
+@pytest.mark.parametrize(("verifier", "first_seed"), [("auto", 3 * 10**6), ("token", 4 * 10**6)])
+def test_copy_or_head_first_two_tokens_follow_the_target(verifier, first_seed, proposer_name):
     assert min(p_values(verifier, range(first_seed, first_seed + RUNS), proposer_name).values()) > ALPHA
 
 

@@ -7,7 +7,7 @@ its drafts are chosen or sampled (and so which verification rules are exact for 
 audit builds it on rational tables (or why it cannot), and a one-line description.
 
     >>> sorted(PROPOSERS)
-    ['draft', 'eagle', 'layerskip', 'lookup', 'medusa', 'random', 'selfdraft', 'suffix']
+    ['draft', 'eagle', 'layerskip', 'lookup', 'lookup+eagle', 'lookup+medusa', 'medusa', 'random', 'selfdraft', 'suffix']
     >>> PROPOSERS["lookup"].rules
     ('greedy', 'point-mass', 'token', 'block')
     >>> parse_k("auto:fast.json")
@@ -48,7 +48,9 @@ class ProposerKind:
         right after the name an optional one.
     drafts: "sampled" when at temperature > 0 its drafts are sampled from a proposal q it
         reports (verified by the token or block rule), "chosen" when they are picked without a
-        q (point-mass, token or block).
+        q (point-mass, token or block), "mixed" when some rounds' drafts are chosen and others
+        sampled (token or block throughout, or auto: point-mass on the chosen rounds, block on
+        the sampled ones).
     build(argument, target, corpus): the proposer for the text after the first ':' ("" when
         none), the loaded target model and token-id sequences (e.g. encoded prompts).
     description: one line for `verispec proposers` and the README.
@@ -59,7 +61,7 @@ class ProposerKind:
 
     name: str
     grammar: str
-    drafts: Literal["chosen", "sampled"]
+    drafts: Literal["chosen", "sampled", "mixed"]
     build: Callable[[str, LoadedModel, Corpus], Proposer]
     description: str
     audit: Callable[[Tables], Proposer] | None = None
@@ -67,8 +69,10 @@ class ProposerKind:
     example: str | None = None
 
     def __post_init__(self) -> None:
-        if self.drafts not in ("chosen", "sampled"):
-            raise ValueError(f"proposer {self.name!r}: drafts must be 'chosen' or 'sampled', got {self.drafts!r}")
+        if self.drafts not in ("chosen", "sampled", "mixed"):
+            raise ValueError(
+                f"proposer {self.name!r}: drafts must be 'chosen', 'sampled' or 'mixed', got {self.drafts!r}"
+            )
         if not self.grammar.startswith(self.name) or ":" in self.name or "-" in self.name or not self.name:
             raise ValueError(
                 f"proposer {self.name!r}: the name is one word without ':' or '-', and the grammar "
@@ -86,8 +90,15 @@ class ProposerKind:
     @property
     def rules(self) -> tuple[str, ...]:
         """The verification rules that are exact for its drafts: greedy at temperature 0; at
-        temperature > 0 token and block, and point-mass too for chosen drafts (q None)."""
-        return ("greedy", "token", "block") if self.drafts == "sampled" else ("greedy", "point-mass", "token", "block")
+        temperature > 0 token and block, and point-mass too for chosen drafts (q None). Mixed
+        drafts list `auto`, the one setting that verifies rounds of one request by different
+        rules (point-mass and block), so the audit runs it too."""
+        rules = {
+            "sampled": ("greedy", "token", "block"),
+            "chosen": ("greedy", "point-mass", "token", "block"),
+            "mixed": ("greedy", "auto", "token", "block"),
+        }
+        return rules[self.drafts]
 
     def rules_for(self, sampling: SamplingParams) -> tuple[str, ...]:
         """The rules that are exact for its drafts under these transforms."""
@@ -335,11 +346,44 @@ def _audit_head(kind: str) -> Callable[[Tables], Proposer]:
     return build
 
 
-def _shipped(kind: str) -> str | None:
-    """`kind` when a head is shipped for the default model (the identity suite runs it)."""
+# The shortest n-gram match whose continuation `lookup+HEAD` copies instead of asking the head.
+# 1: lookup drafts whenever it would alone and the head fills only the rounds it has nothing
+# for, so the combination never drafts worse than lookup. Measured (bf16, 6 extraction / rag /
+# translation dev prompts, greedy, k 4, an untrained EAGLE head): tokens per round 2.15 at 1,
+# 1.83 at 2 (the head took lookup's one-token-match rounds and lost them), lookup alone 2.12.
+COPY_MIN_MATCH = 1
+# The audit's tables have 2-4 tokens, where a one-token match nearly always exists: its builder
+# asks for two tokens so the head drafts too (the choice's exactness does not depend on it; the
+# reference-equality property test draws it from 1..3).
+AUDIT_COPY_MIN_MATCH = 2
+
+
+def _copy_or_head(kind: str) -> Callable[[str, LoadedModel, Corpus], Proposer]:
+    def build(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+        from verispec.proposers.copy_or_head import CopyOrHead
+        from verispec.proposers.prompt_lookup import PromptLookup
+
+        return CopyOrHead(PromptLookup(min_ngram=COPY_MIN_MATCH), _head(kind)(argument, target, corpus))
+
+    return build
+
+
+def _audit_copy_or_head(kind: str) -> Callable[[Tables], Proposer]:
+    def build(tables: Tables) -> Proposer:
+        from verispec.proposers.copy_or_head import CopyOrHead
+        from verispec.proposers.prompt_lookup import PromptLookup
+
+        return CopyOrHead(PromptLookup(min_ngram=AUDIT_COPY_MIN_MATCH), _audit_head(kind)(tables))
+
+    return build
+
+
+def _shipped(kind: str, spec: str | None = None) -> str | None:
+    """`spec` (default: `kind`) when a `kind` head is shipped for the default model, so the
+    identity suite runs it; None when none is."""
     from verispec.proposers.trained import default_head
 
-    return kind if default_head(kind).is_dir() else None
+    return (spec or kind) if default_head(kind).is_dir() else None
 
 
 def _default_draft() -> str:
@@ -393,4 +437,14 @@ register(ProposerKind(
     "K trained residual heads on the target's last feature (DIR: from verispec train; none: the "
     "shipped head)",
     audit=_audit_head("medusa"), example=_shipped("medusa"),
+))
+register(ProposerKind(
+    "lookup+eagle", "lookup+eagle[:DIR]", "mixed", _copy_or_head("eagle"),
+    "prompt lookup's draft whenever it has one (chosen), else the EAGLE-style head's sampled draft (DIR as for eagle)",
+    audit=_audit_copy_or_head("eagle"), example=_shipped("eagle", "lookup+eagle"),
+))
+register(ProposerKind(
+    "lookup+medusa", "lookup+medusa[:DIR]", "mixed", _copy_or_head("medusa"),
+    "prompt lookup's draft whenever it has one (chosen), else the Medusa heads' sampled draft (DIR as for medusa)",
+    audit=_audit_copy_or_head("medusa"), example=_shipped("medusa", "lookup+medusa"),
 ))

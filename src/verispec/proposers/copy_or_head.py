@@ -1,0 +1,57 @@
+"""A copy proposer and a trained head in one: per round, copy when the text repeats, else ask
+the head (e.g. `lookup+eagle`).
+
+Copying (prompt lookup, the suffix index) wins where the answer quotes its request:
+extraction, RAG, translation of names and numbers. A head wins on fresh text. The choice is
+made from the context alone, before any random draw: the copy proposer's draft when it finds
+one, else the head's. With `PromptLookup()` the head fills exactly the rounds lookup alone
+would decode plainly; `PromptLookup(min_ngram=2)` hands it the one-token-match rounds too.
+
+Exactness holds round by round, because each round's draft carries its own provenance: a
+copied draft is chosen (q None: point mass, and greedy at temperature 0) and a head draft is
+sampled with its q (token-level or block). The engine picks the rule per draft
+(`verify.rule_chooser`, "auto"), so every round is verified by a rule exact for it. The choice
+depends on the emitted context only, like any proposer's draft, so the rules' guarantee (each
+round's output follows p given that context) holds whichever sub-proposer drafted.
+
+State: both sub-proposers `begin` and `commit` every round, whichever drafted, so each follows
+the emitted prefix. An EAGLE head that did not draft for some rounds stays aligned: its cache
+holds pairs built from the target's true features up to where it last drafted, and its next
+`propose` appends the pairs of every position emitted since (the target keeps the features of
+every processed position), in one head forward.
+
+    >>> proposer = CopyOrHead(PromptLookup(), EagleProposer(head, target))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from verispec.drafts import Draft
+from verispec.proposers.base import Proposer
+from verispec.randomness import Random
+from verispec.sampling import SamplingParams
+
+
+class CopyOrHead:
+    """`copy`'s draft when it drafts anything, else `head`'s."""
+
+    def __init__(self, copy: Proposer, head: Proposer) -> None:
+        self.copy = copy
+        self.head = head
+
+    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        self.copy.begin(prompt_ids, sampling)
+        self.head.begin(prompt_ids, sampling)
+
+    def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        copied = self.copy.propose(context, k, rng)
+        return copied if len(copied) else self.head.propose(context, k, rng)
+
+    def commit(self, context: Sequence[int]) -> None:
+        self.copy.commit(context)
+        self.head.commit(context)
+
+    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        copied = self.copy.propose_stateless(context, k, rng)
+        return copied if len(copied) else self.head.propose_stateless(context, k, rng)
