@@ -1,6 +1,8 @@
 """The engine (caches, pending token, proposer state, k policy, budget, EOS) emits exactly the
 tokens of the slow full-recompute reference for the same random stream, over random tables,
-prompts, budgets, sampling settings, proposers, policies and every valid verifier."""
+prompts, budgets, sampling settings, proposers (a draft model, prompt lookup, and EAGLE and
+Medusa heads: tiny float64 heads on the table's features, whose incremental KV cache and
+rollback the reference replaces by a fresh recomputation), policies and every valid verifier."""
 
 from __future__ import annotations
 
@@ -8,9 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verispec import SamplingParams, TorchRandom, generate
+from verispec.audit.exhaustive import tiny_head
 from verispec.models.tables import random_table
 from verispec.policies import HeuristicK
 from verispec.proposers import DraftModel, PromptLookup
+from verispec.proposers.eagle import EagleProposer
+from verispec.proposers.medusa import MedusaProposer
 from verispec.reference import reference_generate
 
 VERIFIERS = {
@@ -19,7 +24,12 @@ VERIFIERS = {
     (True, "lookup"): ["auto", "greedy"],
     (False, "draft"): ["auto", "token", "block"],
     (False, "lookup"): ["auto", "point-mass", "token", "block"],
+    (True, "eagle"): ["auto", "greedy"],
+    (True, "medusa"): ["auto", "greedy"],
+    (False, "eagle"): ["auto", "token", "block"],
+    (False, "medusa"): ["auto", "token", "block"],
 }
+HEADS = {"eagle": EagleProposer, "medusa": MedusaProposer}
 
 
 @st.composite
@@ -35,8 +45,12 @@ def requests(draw):
         top_p=draw(st.none() | st.sampled_from([0.3, 0.8, 0.95, 1.0])),
         min_p=draw(st.none() | st.sampled_from([0.0, 0.1, 0.4])),
     )
-    kind = draw(st.sampled_from(["draft", "lookup"]))
-    if kind == "draft":
+    kind = draw(st.sampled_from(["draft", "lookup", "eagle", "medusa"]))
+    if kind in HEADS:
+        # a tiny float64 head (untrained, seeded) reading the table's deterministic features
+        head = tiny_head(kind, target, seed=draw(st.integers(0, 100)), heads=draw(st.integers(1, 4)))
+        make_proposer = lambda: HEADS[kind](head, target)  # noqa: E731
+    elif kind == "draft":
         draft_table = random_table(vocab, draw(st.integers(1, 2)), draw(st.integers(0, 10**6)),
                                    zeros=draw(st.booleans()))
         make_proposer = lambda: DraftModel(draft_table)  # noqa: E731
@@ -58,7 +72,7 @@ def requests(draw):
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(request=requests())
 def test_engine_equals_the_full_recompute_reference(request):
     options = {key: request[key] for key in ("max_new_tokens", "sampling", "eos_token_id", "verifier")}

@@ -4,9 +4,13 @@ the first two emitted tokens, over many seeded runs, against the target's exact 
 Each run asks for 3 new tokens with k = 2, so the first round drafts two tokens (with only 2
 new tokens the exact budget would allow one draft, where block and token-level coincide).
 
-False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 6 of
-them on a correct engine (3 per rule), so a correct engine fails this module with probability
-at most 6e-7 (union bound, asymptotic chi-square tail) for a fresh seed list. The seed list is
+The proposers: a draft table, and the EAGLE and Medusa head proposers (tiny float64 heads on
+the table's deterministic features, vocabulary pruned to 63 of the 64 tokens, so q has an
+exact zero where p does not).
+
+False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 18 of
+them on a correct engine (3 per proposer and rule), so a correct engine fails this module with
+probability at most 1.8e-6 (union bound, asymptotic chi-square tail) for a fresh seed list. The seed list is
 fixed, so the outcome is deterministic. The negative control shows the same test and sample
 size reject an engine that repairs from p instead of the residual.
 """
@@ -22,8 +26,11 @@ import torch
 from scipy.stats import power_divergence
 
 from verispec import TorchRandom, generate
+from verispec.audit.exhaustive import tiny_head
 from verispec.models.tables import random_table
 from verispec.proposers import DraftModel
+from verispec.proposers.eagle import EagleProposer
+from verispec.proposers.medusa import MedusaProposer
 from verispec.verify import Verdict, token_level
 
 VOCAB = 64
@@ -45,6 +52,11 @@ def peaked_row(rng: random.Random) -> tuple[Fraction, ...]:
 
 TARGET = random_table(VOCAB, 1, seed=1, row=peaked_row)
 DRAFT = random_table(VOCAB, 1, seed=2, row=peaked_row)
+PROPOSERS = {
+    "draft": lambda: DraftModel(DRAFT),
+    "eagle": lambda: EagleProposer(tiny_head("eagle", TARGET, seed=3), TARGET),
+    "medusa": lambda: MedusaProposer(tiny_head("medusa", TARGET, seed=4), TARGET),
+}
 
 
 def exact_marginals() -> dict[str, dict]:
@@ -70,9 +82,9 @@ def g_test_p_value(observed: Counter, expected_probs: dict, runs: int) -> float:
     return float(power_divergence(f_obs, f_exp, lambda_="log-likelihood").pvalue)
 
 
-def first_two_tokens(verifier, seeds: range) -> dict[str, Counter]:
+def first_two_tokens(verifier, seeds: range, proposer_name: str = "draft") -> dict[str, Counter]:
     counts = {"first": Counter(), "second": Counter(), "pair": Counter()}
-    proposer = DraftModel(DRAFT)
+    proposer = PROPOSERS[proposer_name]()
     for seed in seeds:
         a, b, _ = generate(TARGET, proposer, PROMPT, max_new_tokens=3, k=2, rng=TorchRandom(seed),
                            verifier=verifier).tokens
@@ -82,15 +94,16 @@ def first_two_tokens(verifier, seeds: range) -> dict[str, Counter]:
     return counts
 
 
-def p_values(verifier, seeds: range) -> dict[str, float]:
-    counts = first_two_tokens(verifier, seeds)
+def p_values(verifier, seeds: range, proposer_name: str = "draft") -> dict[str, float]:
+    counts = first_two_tokens(verifier, seeds, proposer_name)
     exact = exact_marginals()
     return {name: g_test_p_value(counts[name], exact[name], len(seeds)) for name in exact}
 
 
+@pytest.mark.parametrize("proposer_name", list(PROPOSERS))
 @pytest.mark.parametrize(("verifier", "first_seed"), [("block", 0), ("token", 10**6)])
-def test_first_two_tokens_follow_the_target(verifier, first_seed):
-    assert min(p_values(verifier, range(first_seed, first_seed + RUNS)).values()) > ALPHA
+def test_first_two_tokens_follow_the_target(verifier, first_seed, proposer_name):
+    assert min(p_values(verifier, range(first_seed, first_seed + RUNS), proposer_name).values()) > ALPHA
 
 
 def resample_from_p(p: torch.Tensor, draft, rng) -> Verdict:

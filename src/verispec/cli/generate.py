@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when omitted.")] = None,
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
-    proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N] | random")] = "lookup",
+    proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N] | eagle[:DIR] | medusa[:DIR] | random")] = "lookup",
     k: Annotated[str, typer.Option("--k", help="Tokens drafted per round: an integer >= 1, auto or heuristic.")] = "auto",
     temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
     top_k: Annotated[Optional[int], typer.Option("--top-k")] = None,

@@ -8,14 +8,27 @@ processes `tokens` after them and returns the logits at each new position (row i
 next-token distribution after `tokens[i]`). `rollback(length)` forgets every token after the
 first `length`. After any sequence of extend/rollback calls the logits equal those of a fresh
 full recomputation of the same prefix (`score`).
+
+Feature channel (optional, `FeatureChannel`): a model that also implements it keeps, beside
+its cache, the hidden states a trained head reads (EAGLE, Medusa) for every processed position,
+from the same forward that computed the logits: no extra forward. `features(taps, start, end)`
+reads them for processed positions, `rollback` forgets them with the cache, `prefill` records
+the prompt's. Models without it keep working; head proposers refuse them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
+
+FINAL: Literal["final"] = "final"
+"""The tap of the final norm's output: the input of the output head, [H] per position."""
+
+Tap = int | Literal["final"]
+"""Where a feature is read: `FINAL`, or a decoder layer number 1..L (that layer's output, the
+residual stream before the next layer; EAGLE-3 reads three of them: low, middle, high)."""
 
 
 class CausalLM(Protocol):
@@ -46,3 +59,59 @@ class CausalLM(Protocol):
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         """Stateless full recomputation: logits[len(ids), V]; the cache is not touched."""
         ...
+
+
+@runtime_checkable
+class FeatureChannel(Protocol):
+    """The hidden states a head reads, kept for every processed position of the cache.
+
+    The feature of position t comes from the forward that processed token t: it was computed
+    from tokens 0..t, and it is what the row predicting token t + 1 was made of. A feature of
+    several taps is their concatenation: [len(taps) * H], in the order of `taps`.
+
+    >>> target.record_features([FINAL])               # before prefill: the prompt's are kept
+    >>> target.prefill(prompt[:-1]); target.extend([prompt[-1]])
+    >>> target.features([FINAL], 0, target.length)    # [len(prompt), H]
+
+    FINAL is the output of the final norm (exactly what the output head multiplies), as EAGLE-1
+    and Medusa read it; layer taps are decoder-layer outputs before any norm, as EAGLE-3 fuses.
+    Rows of rejected drafts are computed by the same forward but forgotten by `rollback`.
+    """
+
+    hidden_size: int  # H
+    num_layers: int  # L: decoder layers, so layer taps lie in 1..L
+
+    def record_features(self, taps: Sequence[Tap]) -> None:
+        """From the next prefill on, keep these taps' features for every processed position."""
+        ...
+
+    def features(self, taps: Sequence[Tap], start: int, end: int) -> torch.Tensor:
+        """Features of processed positions start..end-1 (0 <= start <= end <= length):
+        float [end - start, len(taps) * H]. Taps must have been recorded before the prefill."""
+        ...
+
+    def score_features(self, ids: Sequence[int], taps: Sequence[Tap]) -> torch.Tensor:
+        """Stateless full recomputation: features [len(ids), len(taps) * H] of every position of
+        `ids`; the cache is not touched (the reference decoder's path)."""
+        ...
+
+    def input_embeddings(self) -> torch.Tensor:
+        """The token embedding matrix [V, H] (shared, not copied: heads read it frozen)."""
+        ...
+
+    def output_embeddings(self) -> torch.Tensor:
+        """The output head's weight [V, H]: logits = FINAL feature @ weight.T."""
+        ...
+
+
+def check_taps(taps: Sequence[Tap], num_layers: int) -> tuple[Tap, ...]:
+    """Taps as a tuple, refused unless each is FINAL or a layer number in 1..num_layers, once."""
+    taps = tuple(taps)
+    if not taps:
+        raise ValueError("a feature needs at least one tap: 'final' or a layer number")
+    for tap in taps:
+        if tap != FINAL and (isinstance(tap, bool) or not isinstance(tap, int) or not 1 <= tap <= num_layers):
+            raise ValueError(f"feature tap {tap!r} is neither 'final' nor a layer number in 1..{num_layers}")
+    if len(set(taps)) != len(taps):
+        raise ValueError(f"feature taps repeat: {list(taps)}")
+    return taps

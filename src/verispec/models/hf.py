@@ -17,6 +17,12 @@ builds float64 p and q from them.
 
 The wrapped model stays reachable as `.model` and the live cache as `.cache`, for proposers
 that run part of the same network (layer skipping).
+
+Feature channel (`FeatureChannel`): `record_features(taps)` puts forward hooks on the chosen
+decoder layers and on the final norm; every forward of the adapter then copies those outputs
+for all its rows into a `FeatureStore` that rolls back with the cache. The hooks read tensors
+the forward computes anyway (no extra forward); they ignore forwards of other adapters that
+share the same modules (a layer-skip draft).
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
+
+from verispec.models.base import FINAL, Tap, check_taps
+from verispec.models.features import FeatureStore
 
 
 class HFCausalLM:
@@ -44,6 +53,10 @@ class HFCausalLM:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cache = self._new_cache()
         self._length = 0
+        self.hidden_size = int(model.config.hidden_size)
+        self.num_layers = int(model.config.num_hidden_layers)
+        self._features = FeatureStore(self.hidden_size)
+        self._captured: dict[Tap, torch.Tensor] | None = None  # set while a forward records
 
     def _new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -63,6 +76,7 @@ class HFCausalLM:
 
     def reset(self) -> None:
         self.cache.reset()
+        self._features.reset()
         self._length = 0
 
     @torch.inference_mode()
@@ -88,6 +102,7 @@ class HFCausalLM:
         elif length < self._length:
             # transformers >= 5 crops by a negative count of tokens to remove, not to a length.
             self.cache.crop(length - self._length)
+            self._features.truncate(length)
             self._length = length
 
     @torch.inference_mode()
@@ -98,12 +113,67 @@ class HFCausalLM:
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         return self.model(input_ids=input_ids, use_cache=False).logits[0].float()  # [T, V]
 
+    def record_features(self, taps: Sequence[Tap]) -> None:
+        for tap in check_taps(taps, self.num_layers):
+            if tap not in self._features.taps:
+                self._tapped_module(tap).register_forward_hook(self._hook(tap))
+                self._features.add(tap, self._length)
+
+    def features(self, taps: Sequence[Tap], start: int, end: int) -> torch.Tensor:
+        return self._features.read(taps, start, end)
+
+    @torch.no_grad()  # not inference mode: a trainer may feed these rows to modules it trains
+    def score_features(self, ids: Sequence[int], taps: Sequence[Tap]) -> torch.Tensor:
+        if not len(ids):
+            raise ValueError("score_features needs at least one token")
+        missing = [tap for tap in taps if tap not in self._features.taps]
+        if missing:
+            raise ValueError(f"feature tap {missing[0]!r} is not recorded; call record_features first")
+        self._check_ids(ids)
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        self._captured = {}
+        try:
+            self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
+            return torch.cat([self._captured[tap][0].float() for tap in taps], dim=-1)  # [T, F]
+        finally:
+            self._captured = None
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def output_embeddings(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    def _tapped_module(self, tap: Tap) -> torch.nn.Module:
+        base = getattr(self.model, self.model.base_model_prefix, None)
+        layers, norm = getattr(base, "layers", None), getattr(base, "norm", None)
+        if not isinstance(layers, torch.nn.ModuleList) or not isinstance(norm, torch.nn.Module):
+            raise ValueError(
+                f"{type(self.model).__name__} does not keep `{self.model.base_model_prefix}.layers` and "
+                f"`{self.model.base_model_prefix}.norm`; the feature channel supports Llama-style models"
+            )
+        return norm if tap == FINAL else layers[tap - 1]
+
+    def _hook(self, tap: Tap):
+        def keep_output(module: torch.nn.Module, args: object, output: torch.Tensor | tuple) -> None:
+            if self._captured is not None:
+                self._captured[tap] = output[0] if isinstance(output, tuple) else output  # [1, n, H]
+
+        return keep_output
+
     def _forward(self, tokens: Sequence[int], keep: int) -> torch.Tensor:
         """Run `tokens` through the model on top of the cache; logits[1, keep or n, V] in the
-        model's dtype (keep = 0 keeps every row, as transformers reads `logits_to_keep`)."""
+        model's dtype (keep = 0 keeps every row, as transformers reads `logits_to_keep`); the
+        recorded taps' features of all n rows go to the feature store."""
         self._check_ids(tokens)
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
+        self._captured = {} if self._features.taps else None
+        try:
+            out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
+            if self._captured is not None:
+                self._features.append({tap: rows[0] for tap, rows in self._captured.items()})
+        finally:
+            self._captured = None
         self._length += len(tokens)
         return out.logits
 

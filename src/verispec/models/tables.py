@@ -7,6 +7,12 @@ are their float64 logarithms (-inf for exact zeros).
 
 The cache is the list of processed tokens: `extend` answers from it, `rollback` truncates it,
 exactly as the protocol demands of a real KV cache.
+
+Feature channel: a table also has deterministic features, so trained-head proposers run on it
+in the audit and the property tests. The feature of a position is a fixed float64 vector
+[hidden_size] per (tap, context key): a function of the same last `order` tokens the row is,
+drawn from a generator seeded by them. Embedding and output weight are one fixed matrix
+[V, hidden_size] (tied, seeded by `feature_seed`).
 """
 
 from __future__ import annotations
@@ -19,11 +25,25 @@ from itertools import product
 
 import torch
 
+from verispec.models.base import FINAL, Tap, check_taps
+
 Row = tuple[Fraction, ...]
 
 
 class TableLM:
-    def __init__(self, rows: Mapping[tuple[int, ...], Sequence[Fraction]], order: int) -> None:
+    """rows: context key (the last `order` tokens, or the whole shorter context) -> the exact
+    next-token distribution. hidden_size, num_layers, feature_seed: the shape and seed of the
+    table's deterministic features (`FeatureChannel`)."""
+
+    def __init__(
+        self,
+        rows: Mapping[tuple[int, ...], Sequence[Fraction]],
+        order: int,
+        *,
+        hidden_size: int = 4,
+        num_layers: int = 2,
+        feature_seed: int = 0,
+    ) -> None:
         if order < 1:
             raise ValueError(f"order must be >= 1, got {order}")
         sizes = {len(row) for row in rows.values()}
@@ -40,6 +60,12 @@ class TableLM:
             for key, row in self.rows.items()
         }
         self._processed: list[int] = []
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.feature_seed = feature_seed
+        generator = torch.Generator().manual_seed(feature_seed)
+        self._embeddings = torch.randn(self.vocab_size, hidden_size, generator=generator, dtype=torch.float64)
+        self._feature_cache: dict[tuple[Tap, tuple[int, ...]], torch.Tensor] = {}
 
     def distribution(self, context: Sequence[int]) -> Row:
         """The exact next-token distribution after `context` (nonempty)."""
@@ -74,6 +100,45 @@ class TableLM:
 
     def _rows_for(self, ids: list[int], start: int) -> torch.Tensor:
         return torch.stack([self._logits[tuple(ids[: t + 1][-self.order:])] for t in range(start, len(ids))])
+
+    def record_features(self, taps: Sequence[Tap]) -> None:
+        """A table computes any tap at any time; only the taps are checked."""
+        check_taps(taps, self.num_layers)
+
+    def features(self, taps: Sequence[Tap], start: int, end: int) -> torch.Tensor:
+        if not 0 <= start <= end <= len(self._processed):
+            raise ValueError(f"features of positions {start}..{end - 1} asked, {len(self._processed)} processed")
+        return self._features_for(self._processed[:end], start, taps)
+
+    def score_features(self, ids: Sequence[int], taps: Sequence[Tap]) -> torch.Tensor:
+        return self._features_for(list(ids), 0, taps)
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self._embeddings
+
+    def output_embeddings(self) -> torch.Tensor:
+        return self._embeddings
+
+    def _features_for(self, ids: list[int], start: int, taps: Sequence[Tap]) -> torch.Tensor:
+        """float64 [len(ids) - start, len(taps) * H] for positions start.. of `ids`."""
+        taps = check_taps(taps, self.num_layers)
+        rows = [
+            torch.cat([self._feature(tap, tuple(ids[: t + 1][-self.order:])) for tap in taps])
+            for t in range(start, len(ids))
+        ]
+        return torch.stack(rows) if rows else torch.empty(0, len(taps) * self.hidden_size, dtype=torch.float64)
+
+    def _feature(self, tap: Tap, key: tuple[int, ...]) -> torch.Tensor:
+        """The fixed vector [H] of (tap, key), seeded by their digits (no Python hash: stable)."""
+        cached = self._feature_cache.get((tap, key))
+        if cached is not None:
+            return cached
+        seed = self.feature_seed
+        for digit in (0 if tap == FINAL else tap, len(key), *key):
+            seed = (seed * 1_000_003 + digit + 1) % (1 << 61)
+        vector = torch.randn(self.hidden_size, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        self._feature_cache[tap, key] = vector
+        return vector
 
 
 def bigram(rows: Sequence[Sequence[Fraction | float | str]]) -> TableLM:
@@ -118,7 +183,7 @@ def random_table(
             if eos_token_id is not None and dist[eos_token_id] == 0:
                 dist = _with_eos(dist, eos_token_id)
             rows[key] = dist
-    return TableLM(rows, order)
+    return TableLM(rows, order, feature_seed=seed)
 
 
 def _with_eos(dist: Row, eos_token_id: int) -> Row:

@@ -1,0 +1,21 @@
+"""Trained heads that draft from the target's own features: EAGLE-style and Medusa.
+
+- `config`: `HeadConfig`, what a head is (its target, features, vocabulary, architecture);
+- `vocab`: the pruned head vocabulary (d2t) and q over the full vocabulary;
+- `eagle`: `EagleHead`, one decoder layer drafting in feature space with a KV cache;
+- `medusa`: `MedusaHead`, K residual heads on one feature;
+- `checkpoint`: `new_head`, `save_head`, `load_head` (a directory `--proposer eagle:DIR` loads).
+
+The proposers that drive them are `verispec.proposers.eagle` and `verispec.proposers.medusa`.
+"""
+
+from verispec.heads.checkpoint import load_head, new_head, read_config, save_head, target_info
+from verispec.heads.config import HeadConfig, TargetInfo, default_layer, eagle3_layers
+from verispec.heads.eagle import EagleHead
+from verispec.heads.medusa import MedusaHead
+from verispec.heads.vocab import HeadVocab
+
+__all__ = [
+    "EagleHead", "HeadConfig", "HeadVocab", "MedusaHead", "TargetInfo", "default_layer", "eagle3_layers",
+    "load_head", "new_head", "read_config", "save_head", "target_info",
+]

@@ -1,0 +1,107 @@
+"""Head directories: `config.json` (a `HeadConfig`) and `model.safetensors` (the head's saved
+state, d2t included). `--proposer eagle:DIR` and `medusa:DIR` load them with `load_head`.
+
+The target's frozen parts (its embedding, its output rows for the head vocabulary) are not
+saved: the head is built around the target it runs with, and refuses a target whose shape
+differs from the one it was trained for.
+
+    >>> head = new_head(config, d2t, target)           # fresh weights, for training
+    >>> save_head(head, "out/eagle")
+    >>> head = load_head("out/eagle", target)          # EagleHead or MedusaHead, eval mode
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from verispec.heads.config import HeadConfig, TargetInfo
+from verispec.heads.eagle import EagleHead
+from verispec.heads.medusa import MedusaHead
+from verispec.models.base import FeatureChannel
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+
+Head = EagleHead | MedusaHead
+
+
+def target_info(target: FeatureChannel, name: str) -> TargetInfo:
+    """What a head records about the target it is trained for."""
+    vocab_size = int(target.input_embeddings().shape[0])
+    return TargetInfo(name=name, vocab_size=vocab_size, hidden_size=target.hidden_size, num_layers=target.num_layers)
+
+
+def check_target(config: HeadConfig, target: object) -> None:
+    """Refuse a target without a feature channel, or of another shape than the head's."""
+    if not isinstance(target, FeatureChannel):
+        raise ValueError(
+            f"{type(target).__name__} has no feature channel (FeatureChannel), which a {config.kind} head "
+            "reads; use a Hugging Face model (HFCausalLM) or a table model"
+        )
+    trained = config.target
+    vocab_size = int(target.input_embeddings().shape[0])
+    actual = {"vocab_size": vocab_size, "hidden_size": target.hidden_size, "num_layers": target.num_layers}
+    wrong = [f"{key} {value} (the head's target has {getattr(trained, key)})"
+             for key, value in actual.items() if value != getattr(trained, key)]
+    if wrong:
+        raise ValueError(
+            f"this {config.kind} head was trained for {trained.name!r}, a different target: this one has "
+            f"{', '.join(wrong)}; train a head for this model with `verispec train`"
+        )
+
+
+def new_head(config: HeadConfig, d2t: torch.Tensor, target: FeatureChannel) -> Head:
+    """A head with fresh weights around `target`'s frozen embedding and output rows."""
+    check_target(config, target)
+    output = None if config.trained_output else target.output_embeddings()
+    if config.kind == "eagle":
+        return EagleHead(config, d2t, target.input_embeddings(), output)
+    return MedusaHead(config, d2t, output)
+
+
+def save_head(head: Head, directory: str | Path) -> Path:
+    """Write `config.json` and `model.safetensors` into `directory` (created if missing)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG).write_text(json.dumps(head.config.to_json(), indent=2) + "\n")
+    state = {name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()}
+    save_file(state, directory / WEIGHTS, metadata={"format": "pt"})
+    return directory
+
+
+def read_config(directory: str | Path) -> HeadConfig:
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        raise ValueError(f"{directory} is not a head directory: it has no {CONFIG}; pass the --out DIR of `verispec train`")
+    try:
+        return HeadConfig.from_json(json.loads(path.read_text()))
+    except (json.JSONDecodeError, TypeError, KeyError) as error:
+        raise ValueError(f"{path} is not a valid head config: {error}") from None
+
+
+def load_head(directory: str | Path, target: FeatureChannel, dtype: torch.dtype = torch.float32) -> Head:
+    """The head saved in `directory`, built around `target`, in `dtype`, in eval mode."""
+    config = read_config(directory)
+    path = Path(directory) / WEIGHTS
+    if not path.is_file():
+        raise ValueError(f"{directory} has a head config but no {WEIGHTS}")
+    state = load_file(path)
+    if "d2t" not in state:
+        raise ValueError(f"{path} has no d2t (the head vocabulary)")
+    head = new_head(config, state["d2t"], target)
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path} does not match its config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
+    return _frozen(head.to(dtype))
+
+
+def _frozen(head: nn.Module) -> Head:
+    head.requires_grad_(False)
+    return head.eval()

@@ -1,0 +1,145 @@
+"""The EAGLE-style head (Li et al. 2401.15077 EAGLE-1; 2503.01840 EAGLE-3): one decoder layer
+that drafts autoregressively in feature space.
+
+One step reads a pair (feature of position t, token t + 1) and predicts the feature of
+position t + 1 and, through the output layer, the distribution of token t + 2:
+
+    hidden_t = fuse(target features_t)        [H]   (EAGLE-3: low ⊕ mid ⊕ high -> H; EAGLE-1:
+                                                      the FINAL feature, fuse is the identity)
+    x_t      = fc(embed(token_{t+1}) ⊕ hidden_t)  [2H -> H]   (the target's embedding, frozen)
+    h_t      = decoder layer(x_0..x_t)         [H]   (a transformers Llama decoder layer, causal)
+    logits_t = output(norm(h_t))               [N]   over the pruned vocabulary d2t
+    predicted_t = h_t                          [H]   fed back as hidden_{t+1} while drafting
+
+While drafting, positions past the target's last processed token have no target feature, so
+the head feeds its own `predicted` back (feature-space autoregression); its KV cache holds the
+pairs and rolls back when the verifier rejects.
+
+Training (teacher forcing) on sequences ids [B, T + 1] with target features [B, T + 1, F]:
+
+    logits, predicted = head(ids[:, 1:], head.fuse(features[:, :-1]))
+    # logits [B, T, N]: row t is the head's distribution of ids[:, t + 2] (compare with the
+    #   target's row t + 1 restricted to head.d2t; the last row predicts past the sequence)
+    # predicted [B, T, H]: row t approximates head.fuse(features[:, t + 1]) (EAGLE-1's feature
+    #   loss); an unrolled step (training-time test) feeds `predicted` back as `hidden`
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from verispec.heads.config import HeadConfig
+from verispec.heads.vocab import check_d2t
+from verispec.models.hf import BufferedLayer
+
+
+class FrozenRows(nn.Module):
+    """An output layer that is the target's output rows for the head vocabulary: rows [N, H],
+    a buffer that is neither trained nor saved (the target supplies it at load)."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("rows", rows.detach().clone(), persistent=False)  # [N, H]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> logits [..., N]."""
+        return nn.functional.linear(hidden, self.rows)
+
+
+def output_layer(config: HeadConfig, d2t: torch.Tensor, output_weight: torch.Tensor | None) -> nn.Module:
+    """A trained Linear(H, N) or the target's output rows `output_weight[d2t]` (frozen)."""
+    if config.trained_output:
+        return nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+    if output_weight is None:
+        raise ValueError("a head with the target's output rows needs the target's output weight [V, H]")
+    if tuple(output_weight.shape) != (config.target.vocab_size, config.hidden_size):
+        raise ValueError(
+            f"the target's output weight has shape {tuple(output_weight.shape)}, the head expects "
+            f"[{config.target.vocab_size}, {config.hidden_size}]"
+        )
+    return FrozenRows(output_weight.detach()[d2t].float())
+
+
+def fuse_layer(config: HeadConfig) -> nn.Module:
+    """EAGLE-3's fc over concatenated taps [F -> H]; the identity for a single tap."""
+    if config.feature_size == config.hidden_size:
+        return nn.Identity()
+    return nn.Linear(config.feature_size, config.hidden_size, bias=False)
+
+
+class EagleHead(nn.Module):
+    """config: a `HeadConfig` of kind "eagle". d2t: LongTensor[N], head index -> token id.
+    embedding: the target's input embedding [V, H] (kept by reference, frozen, not saved).
+    output_weight: the target's output head weight [V, H] (needed unless config.trained_output).
+
+    Saved state (`state_dict`): d2t, fuse, fc, layer, norm, and output when trained.
+    """
+
+    def __init__(
+        self,
+        config: HeadConfig,
+        d2t: torch.Tensor,
+        embedding: torch.Tensor,
+        output_weight: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        if config.kind != "eagle":
+            raise ValueError(f"EagleHead needs a config of kind 'eagle', got {config.kind!r}")
+        H, V = config.hidden_size, config.target.vocab_size
+        if tuple(embedding.shape) != (V, H):
+            raise ValueError(f"the target's embedding has shape {tuple(embedding.shape)}, the head expects [{V}, {H}]")
+        d2t = check_d2t(d2t, V)
+        if d2t.numel() != config.vocab_size:
+            raise ValueError(f"d2t holds {d2t.numel()} token ids, the config says N = {config.vocab_size}")
+        self.config = config
+        self.layer_config = LlamaConfig(
+            hidden_size=H, num_hidden_layers=1, vocab_size=V, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+            **config.layer,
+        )
+        self.layer_config._attn_implementation = "sdpa"
+        self.embedding = embedding.detach()  # [V, H], the target's: not a parameter, not saved
+        self.register_buffer("d2t", d2t)  # [N]
+        self.fuse = fuse_layer(config)
+        self.fc = nn.Linear(2 * H, H, bias=True)
+        self.layer = LlamaDecoderLayer(self.layer_config, layer_idx=0)
+        self.rotary = LlamaRotaryEmbedding(self.layer_config)
+        self.norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
+        self.output = output_layer(config, d2t, output_weight)
+
+    def new_cache(self) -> DynamicCache:
+        """An empty KV cache for one sequence; roll back with `cache.crop(length - cache_length)`."""
+        cache = DynamicCache(config=self.layer_config)
+        cache.layers = [BufferedLayer()]
+        return cache
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        cache: DynamicCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens: LongTensor[B, T], token t + 1 of each pair; hidden: [B, T, H], the fused
+        feature of position t (or the head's own prediction of it). With a cache (B = 1) the
+        pairs continue the cached ones and are appended to it.
+
+        Returns logits [B, T, N] (the distribution of token t + 2 over d2t) and predicted
+        features [B, T, H] (of position t + 1)."""
+        B, T = tokens.shape
+        past = 0 if cache is None else cache.get_seq_length()
+        dtype = self.fc.weight.dtype
+        embedded = nn.functional.embedding(tokens, self.embedding).to(dtype)  # [B, T, H]
+        x = self.fc(torch.cat([embedded, hidden.to(dtype)], dim=-1))  # [B, T, H]
+        positions = torch.arange(past, past + T, device=x.device).expand(B, T)  # [B, T]
+        allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)  # [T, past + T]
+        h = self.layer(
+            x,
+            attention_mask=allowed[None, None],
+            position_ids=positions,
+            cache=cache,
+            use_cache=cache is not None,
+            position_embeddings=self.rotary(x, positions),
+        )  # [B, T, H]
+        return self.output(self.norm(h)), h

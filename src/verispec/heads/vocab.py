@@ -1,0 +1,64 @@
+"""A head's pruned vocabulary (FR-Spec, Zhao et al. 2502.14856; EAGLE-3's `d2t`).
+
+A head scores only N frequent tokens: `d2t` [N] maps head index -> target token id (sorted,
+distinct). Drafting turns the head's logits [N] into q over the FULL vocabulary [V], zero
+outside the N tokens, with the request's sampling transforms; the verifier uses that q as is,
+so decoding stays exact and only acceptance can drop (when the target wants a token outside
+the N). At temperature 0 the draft is the head's argmax, a chosen token (q None).
+
+Transforms over the N tokens equal the transforms over the full row with -inf elsewhere:
+temperature, top-k, top-p and min-p ignore tokens of probability 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from verispec.randomness import Random
+from verispec.sampling import SamplingParams, probabilities
+
+
+def check_d2t(d2t: torch.Tensor | Sequence[int], vocab_size: int) -> torch.Tensor:
+    """`d2t` as a sorted LongTensor[N] of distinct ids in [0, vocab_size), or a clear error."""
+    ids = torch.as_tensor(d2t, dtype=torch.long).flatten()
+    if ids.numel() == 0:
+        raise ValueError("a head vocabulary needs at least one token id")
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise ValueError(f"head token id {bad} is outside the target vocabulary [0, {vocab_size})")
+    if ids.unique().numel() != ids.numel():
+        raise ValueError("head token ids must be distinct; remove the repeated ids")
+    if not bool((ids[1:] > ids[:-1]).all()):
+        raise ValueError("head token ids must be sorted ascending")
+    return ids
+
+
+class HeadVocab:
+    """d2t [N] inside a vocabulary of `vocab_size` V; draws drafts from a head's logits.
+
+    >>> vocab = HeadVocab(torch.tensor([0, 2]), vocab_size=3)
+    >>> vocab.q(torch.tensor([0.0, 0.0]), SamplingParams()).tolist()
+    [0.5, 0.0, 0.5]
+    """
+
+    def __init__(self, d2t: torch.Tensor | Sequence[int], vocab_size: int) -> None:
+        self.d2t = check_d2t(d2t, vocab_size)  # [N]
+        self.vocab_size = vocab_size
+
+    def __len__(self) -> int:
+        return self.d2t.numel()
+
+    def q(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+        """The proposal over the full vocabulary: float64 [V] from the head's logits [N]."""
+        kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
+        return kept.new_zeros(self.vocab_size).index_copy_(0, self.d2t, kept)
+
+    def draw(self, logits: torch.Tensor, sampling: SamplingParams, rng: Random) -> tuple[int, torch.Tensor | None]:
+        """One drafted target token from the head's logits [N]: the argmax at temperature 0
+        (chosen, q None), else a draw from q [V] through the request's rng (q returned)."""
+        if sampling.greedy:
+            return int(self.d2t[int(logits.argmax())]), None
+        q = self.q(logits, sampling)
+        return rng.categorical(q), q

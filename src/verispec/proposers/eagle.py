@@ -1,0 +1,121 @@
+"""The EAGLE-style head as a proposer (Li et al. 2401.15077, 2503.01840): it drafts k tokens
+autoregressively in feature space, reading the target's features of the emitted prefix.
+
+Where the features come from (the seam): the proposer holds the target it drafts for, which
+must be a `FeatureChannel`, and asks it at construction to record the head's taps. The engine
+drives that same target (prefill, extend, rollback), so when `propose(context)` is called the
+target has processed every emitted token but the pending one and its feature store holds
+exactly their features: positions 0..n-2 of a context of n tokens. Rejected rows were rolled
+back with the target's cache, so no feature of a rejected draft is ever read.
+
+The head's KV cache holds pairs (feature of position j, token j + 1). Pairs made from the
+target's true features (j = 0..n-2, the last one pairs with the pending token) are kept across
+rounds; pairs made from the head's own predicted features while drafting are rolled back at
+`commit`, and the next `propose` appends the new true pairs, as EAGLE re-processes accepted
+tokens with the target's real features.
+
+Drafts are sampled from q, the head's distribution over its pruned vocabulary spread to the
+full vocabulary with zeros elsewhere, after the request's sampling transforms (`HeadVocab`),
+and verified by the token-level or block rule; at temperature 0 the draft is the head's argmax
+(chosen, q None) and the greedy rule applies. A context of one token has no feature yet: the
+draft is empty and the round decodes plainly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from verispec.heads.checkpoint import check_target
+from verispec.heads.eagle import EagleHead
+from verispec.heads.vocab import HeadVocab
+from verispec.models.base import CausalLM, FeatureChannel
+from verispec.proposers.base import EMPTY_DRAFT, Draft
+from verispec.randomness import Random
+from verispec.sampling import SamplingParams
+
+
+class EagleProposer:
+    """Drafts with `head` for `target` (a `CausalLM` with a `FeatureChannel`: the very object
+    the engine drives).
+
+    >>> proposer = EagleProposer(load_head("heads/eagle", target), target)
+    >>> generate(target, proposer, prompt_ids, max_new_tokens=64, k=4)
+    """
+
+    def __init__(self, head: EagleHead, target: CausalLM) -> None:
+        check_target(head.config, target)
+        self.head = head
+        self.target: FeatureChannel = target
+        self.taps = head.config.feature_layers
+        target.record_features(self.taps)
+        self.vocab = HeadVocab(head.d2t, head.config.target.vocab_size)
+        self.sampling = SamplingParams()
+        self._cache = head.new_cache()
+        self._pairs = 0  # cached pairs made from the target's true features
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # logits [N], predicted [H] of the last
+
+    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        self.sampling = sampling
+        self._cache = self.head.new_cache()
+        self._pairs = 0
+        self._last = None
+
+    def commit(self, context: Sequence[int]) -> None:
+        """Forget the pairs of predicted features; the true pairs all lie in the emitted prefix."""
+        extra = self._cache.get_seq_length() - self._pairs
+        if extra:
+            self._cache.crop(-extra)
+
+    @torch.inference_mode()
+    def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        self.commit(context)
+        n = len(context)
+        if n < 2 or k < 1:
+            return EMPTY_DRAFT
+        if self.target.length != n - 1:
+            raise RuntimeError(
+                f"the target has processed {self.target.length} tokens, the head expects {n - 1} (all but the "
+                "pending token): the proposer must draft for the target the engine drives"
+            )
+        if self._pairs < n - 1:
+            features = self.target.features(self.taps, self._pairs, n - 1)  # [new, F]
+            logits, predicted = self._pairs_forward(self._cache, context[self._pairs + 1 : n], features)
+            self._pairs = n - 1
+            self._last = logits[-1], predicted[-1]
+        return self._draft(self._cache, *self._last, k, rng)
+
+    @torch.inference_mode()
+    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        if len(context) < 2 or k < 1:
+            return EMPTY_DRAFT
+        features = self.target.score_features(list(context[:-1]), self.taps)  # [n - 1, F]
+        cache = self.head.new_cache()
+        logits, predicted = self._pairs_forward(cache, context[1:], features)
+        return self._draft(cache, logits[-1], predicted[-1], k, rng)
+
+    def _pairs_forward(
+        self, cache: DynamicCache, tokens: Sequence[int], features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append pairs (features[j], tokens[j]) to the cache: logits [n, N], predicted [n, H]."""
+        ids = torch.tensor([list(tokens)], dtype=torch.long)  # [1, n]
+        logits, predicted = self.head(ids, self.head.fuse(features[None].to(self.head.fc.weight.dtype)), cache)
+        return logits[0], predicted[0]
+
+    def _draft(
+        self, cache: DynamicCache, logits: torch.Tensor, predicted: torch.Tensor, k: int, rng: Random
+    ) -> Draft:
+        """k tokens: draw from logits [N], then feed (predicted [H], token) back for the next."""
+        tokens, q_rows = [], []
+        for i in range(k):
+            token, q = self.vocab.draw(logits, self.sampling, rng)
+            tokens.append(token)
+            q_rows.append(q)
+            if i < k - 1:
+                step_logits, step_predicted = self.head(torch.tensor([[token]]), predicted[None, None], cache)
+                logits, predicted = step_logits[0, -1], step_predicted[0, -1]
+        if self.sampling.greedy:
+            return Draft(tuple(tokens))
+        return Draft(tuple(tokens), torch.stack(q_rows))

@@ -1,0 +1,81 @@
+"""Medusa heads as a proposer (Cai et al. 2401.10774): K heads read the target's feature of
+the last processed position and guess the K tokens after the pending one, each on its own.
+
+When `propose(context)` is called the target has processed every emitted token but the pending
+one (the engine's cache contract), so the newest feature is that of position n - 2 of a
+context of n tokens; head i guesses token n + i, the (i + 1)-th token after the pending token
+n - 1 (`verispec.heads.medusa`). The features come from the target the engine drives, through
+its `FeatureChannel` (see `verispec.proposers.eagle` for the seam); Medusa keeps no state of its
+own, so `commit` has nothing to follow.
+
+Each drafted token is sampled from its head's q (pruned vocabulary spread to the full one,
+after the request's sampling transforms) and verified by the token-level or block rule; the
+heads ignore each other's draws, which the rules allow: q_i only has to be the distribution
+token i was drawn from. At temperature 0 each token is its head's argmax (chosen, q None).
+Medusa's own "typical acceptance" is not exact, so it is not used. A round drafts at most K
+tokens; a context of one token has no feature yet and drafts nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from verispec.heads.checkpoint import check_target
+from verispec.heads.medusa import MedusaHead
+from verispec.heads.vocab import HeadVocab
+from verispec.models.base import CausalLM, FeatureChannel
+from verispec.proposers.base import EMPTY_DRAFT, Draft
+from verispec.randomness import Random
+from verispec.sampling import SamplingParams
+
+
+class MedusaProposer:
+    """Drafts with `head` for `target` (a `CausalLM` with a `FeatureChannel`: the very object
+    the engine drives)."""
+
+    def __init__(self, head: MedusaHead, target: CausalLM) -> None:
+        check_target(head.config, target)
+        self.head = head
+        self.target: FeatureChannel = target
+        self.taps = head.config.feature_layers
+        target.record_features(self.taps)
+        self.vocab = HeadVocab(head.d2t, head.config.target.vocab_size)
+        self.sampling = SamplingParams()
+
+    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        self.sampling = sampling
+
+    def commit(self, context: Sequence[int]) -> None:
+        """Nothing to follow: the drafts read only the target's newest feature."""
+
+    @torch.inference_mode()
+    def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        n = len(context)
+        if n < 2 or k < 1:
+            return EMPTY_DRAFT
+        if self.target.length != n - 1:
+            raise RuntimeError(
+                f"the target has processed {self.target.length} tokens, the heads expect {n - 1} (all but the "
+                "pending token): the proposer must draft for the target the engine drives"
+            )
+        return self._draft(self.target.features(self.taps, n - 2, n - 1), k, rng)
+
+    @torch.inference_mode()
+    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        if len(context) < 2 or k < 1:
+            return EMPTY_DRAFT
+        return self._draft(self.target.score_features(list(context[:-1]), self.taps)[-1:], k, rng)
+
+    def _draft(self, feature: torch.Tensor, k: int, rng: Random) -> Draft:
+        """Up to k tokens from the feature [1, F]: token i from head i."""
+        logits = self.head(feature)[0]  # [K, N]
+        tokens, q_rows = [], []
+        for i in range(min(k, logits.shape[0])):
+            token, q = self.vocab.draw(logits[i], self.sampling, rng)
+            tokens.append(token)
+            q_rows.append(q)
+        if self.sampling.greedy:
+            return Draft(tuple(tokens))
+        return Draft(tuple(tokens), torch.stack(q_rows))

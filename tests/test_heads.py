@@ -1,0 +1,305 @@
+"""Trained-head machinery: the feature channel (tables, the HF adapter, the feature store),
+the pruned head vocabulary, the EAGLE and Medusa modules (shapes, cache = full recompute),
+their checkpoint directories, and the proposers (engine = reference, empty drafts, refusals)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from verispec import GREEDY, SamplingParams, TorchRandom, generate
+from verispec.audit.exhaustive import TINY_LAYER, tiny_head
+from verispec.heads import HeadConfig, HeadVocab, load_head, new_head, read_config, save_head, target_info
+from verispec.heads.config import FINAL, eagle3_layers
+from verispec.models.features import FeatureStore
+from verispec.models.hf import HFCausalLM
+from verispec.models.load import LoadedModel
+from verispec.models.tables import random_table
+from verispec.proposers.eagle import EagleProposer
+from verispec.proposers.layer_skip import LayerSkip
+from verispec.proposers.medusa import MedusaProposer
+from verispec.proposers.spec import parse_proposer
+from verispec.reference import reference_generate
+from verispec.sampling import probabilities
+
+VOCAB = 48
+
+
+def tiny_llama(seed: int = 0, layers: int = 3, hidden: int = 16) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=32, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def hf_head(kind: str, lm: HFCausalLM, taps=(FINAL,), n: int = 40, trained_output: bool = False):
+    layer = {**TINY_LAYER, "num_attention_heads": 4, "num_key_value_heads": 2}
+    config = HeadConfig(kind, target_info(lm, "tiny"), taps, vocab_size=n, trained_output=trained_output,
+                        layer=layer if kind == "eagle" else {}, heads=3 if kind == "medusa" else 0)
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        return new_head(config, torch.arange(0, 2 * n, 2)[:n] if 2 * n <= VOCAB else torch.arange(n), lm).eval()
+
+
+# --- the feature channel ---------------------------------------------------------------------
+
+
+def test_feature_store_follows_appends_and_rollbacks():
+    store = FeatureStore(2)
+    store.add(FINAL, 0)
+    store.append({FINAL: torch.tensor([[0.0, 1], [2, 3]])})
+    store.append({FINAL: torch.tensor([[4.0, 5], [6, 7], [8, 9]])})
+    store.truncate(3)
+    store.append({FINAL: torch.tensor([[10.0, 11]])})
+    assert store.read([FINAL], 1, 4).tolist() == [[2, 3], [4, 5], [10, 11]]
+    assert store.read([FINAL], 4, 4).shape == (0, 2)
+    store.add(1, 4)  # recorded from position 4 on
+    with pytest.raises(ValueError, match="recorded from position 4 on, position 0 was asked"):
+        store.read([1], 0, 4)
+    with pytest.raises(ValueError, match="tap 2 is not recorded"):
+        store.read([2], 0, 1)
+    with pytest.raises(ValueError, match="positions 0..4 asked, 4 positions processed"):
+        store.read([FINAL], 0, 5)
+    store.reset()
+    store.append({FINAL: torch.zeros(1, 2), 1: torch.ones(1, 2)})
+    assert store.read([1, FINAL], 0, 1).tolist() == [[1, 1, 0, 0]]
+
+
+def test_table_features_are_a_function_of_the_context_and_roll_back():
+    table = random_table(4, 2, seed=7)
+    ids = [1, 2, 3, 1, 2]
+    table.prefill(ids[:2])
+    table.extend([3, 1, 0])  # the last one rejected
+    table.rollback(4)
+    table.extend([2])
+    incremental = table.features([FINAL, 2], 0, 5)
+    assert incremental.shape == (5, 2 * table.hidden_size)
+    assert torch.equal(incremental, table.score_features(ids, [FINAL, 2]))
+    assert torch.equal(incremental[4], incremental[1])  # the same order-2 key (1, 2)
+    assert not torch.equal(incremental[3], incremental[2])
+    with pytest.raises(ValueError, match="neither 'final' nor a layer number in 1..2"):
+        table.features([3], 0, 1)
+
+
+def test_hf_features_equal_hidden_states_and_survive_rollback():
+    model = tiny_llama()
+    lm = HFCausalLM(model)
+    lm.record_features([FINAL, 2])
+    ids = [3, 5, 7, 9, 11, 13, 15]
+    lm.prefill(ids[:3])
+    lm.extend([ids[3], 40, 41], keep=1)  # two rejected drafts
+    lm.rollback(4)
+    lm.extend(ids[4:7])
+    incremental = lm.features([FINAL, 2], 0, 7)  # [7, 2H]
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_hidden_states=True)
+    H = model.config.hidden_size
+    torch.testing.assert_close(incremental[:, :H], out.hidden_states[-1][0], atol=1e-5, rtol=1e-5)  # final norm
+    torch.testing.assert_close(incremental[:, H:], out.hidden_states[2][0], atol=1e-5, rtol=1e-5)  # layer 2
+    torch.testing.assert_close(lm.score_features(ids, [FINAL, 2]), incremental, atol=1e-5, rtol=1e-5)
+    # FINAL is the output head's input: logits = FINAL @ W.T
+    torch.testing.assert_close(incremental[:, :H] @ lm.output_embeddings().T, out.logits[0], atol=1e-4, rtol=1e-4)
+
+
+def test_hf_features_ignore_a_layer_skip_draft_sharing_the_layers():
+    model = tiny_llama()
+    lm = HFCausalLM(model)
+    lm.record_features([1])
+    draft = LayerSkip(lm, layers=2)
+    draft.begin([1], GREEDY)
+    lm.prefill([4, 5])
+    draft.model.prefill([4, 5, 6, 7])  # a forward through the shared layer 1
+    assert lm.features([1], 0, 2).shape == (2, model.config.hidden_size)
+    lm.extend([6])
+    assert lm._features.length == lm.length == 3
+
+
+def test_hf_features_need_recording_before_prefill():
+    lm = HFCausalLM(tiny_llama())
+    lm.prefill([1, 2, 3])
+    lm.record_features([FINAL])
+    with pytest.raises(ValueError, match="call record_features before prefill"):
+        lm.features([FINAL], 0, 3)
+    lm.prefill([1, 2, 3])
+    assert lm.features([FINAL], 0, 3).shape == (3, 16)
+
+
+# --- the pruned vocabulary --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(0.5, top_k=2), SamplingParams(top_p=0.6),
+                                      SamplingParams(min_p=0.3)], ids=str)
+def test_head_q_equals_the_transforms_of_the_full_row_masked_outside_the_vocabulary(sampling):
+    vocab = HeadVocab([1, 4, 5, 8], vocab_size=10)
+    logits = torch.tensor([0.3, -1.0, 2.0, 0.5], dtype=torch.float64)
+    full = torch.full((1, 10), -math.inf, dtype=torch.float64)
+    full[0, vocab.d2t] = logits
+    q = vocab.q(logits, sampling)
+    torch.testing.assert_close(q, probabilities(full, sampling)[0])
+    assert q.shape == (10,) and float(q.sum()) == pytest.approx(1) and q[[0, 2, 3, 6, 7, 9]].abs().sum() == 0
+    token, reported = vocab.draw(logits, sampling, TorchRandom(0))
+    assert token in vocab.d2t.tolist() and torch.equal(reported, q)
+    assert vocab.draw(logits, GREEDY, TorchRandom(0)) == (5, None)
+
+
+@pytest.mark.parametrize(("d2t", "message"), [([], "at least one"), ([1, 10], "id 10 is outside"),
+                                              ([2, 2], "distinct"), ([3, 1], "sorted")])
+def test_head_vocabulary_refuses_bad_ids(d2t, message):
+    with pytest.raises(ValueError, match=message):
+        HeadVocab(d2t, vocab_size=10)
+
+
+# --- the modules and their checkpoints --------------------------------------------------------
+
+
+def test_eagle_head_shapes_and_cache_equal_full_recompute():
+    lm = HFCausalLM(tiny_llama())
+    lm.record_features(eagle3_layers(3))
+    head = hf_head("eagle", lm, taps=eagle3_layers(3))
+    ids = torch.tensor([[3, 5, 7, 9, 11, 13]])  # [1, T + 1]
+    features = lm.score_features(ids[0].tolist(), eagle3_layers(3))[None]  # [1, T + 1, 3H]
+    with torch.no_grad():
+        logits, predicted = head(ids[:, 1:], head.fuse(features[:, :-1]))
+        assert logits.shape == (1, 5, 40) and predicted.shape == (1, 5, 16)
+        cache = head.new_cache()
+        first, _ = head(ids[:, 1:3], head.fuse(features[:, :2]), cache)
+        head(torch.tensor([[0, 1]]), predicted[:, :2], cache)  # drafted pairs, then rolled back
+        cache.crop(-2)
+        rest, rest_predicted = head(ids[:, 3:], head.fuse(features[:, 2:-1]), cache)
+    torch.testing.assert_close(torch.cat([first, rest], 1), logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rest_predicted, predicted[:, 2:], atol=1e-5, rtol=1e-5)
+    batch = torch.cat([ids, ids.flip(1)])  # training batches: [B, T]
+    feats = torch.cat([features, features.flip(1)])
+    assert head(batch[:, 1:], head.fuse(feats[:, :-1]))[0].shape == (2, 5, 40)
+
+
+def test_frozen_output_rows_are_the_targets_and_untrained_medusa_starts_as_the_target():
+    lm = HFCausalLM(tiny_llama())
+    lm.record_features([FINAL])
+    head = hf_head("medusa", lm)
+    ids = [3, 5, 7, 9]
+    features = lm.score_features(ids, [FINAL])  # [4, H]
+    with torch.no_grad():
+        logits = head(features)  # [4, K, N]
+        head_logits = features @ lm.output_embeddings()[head.d2t].T
+    assert logits.shape == (4, 3, 40)
+    # zero-initialised residual blocks add SiLU(bias) only
+    bias = [torch.nn.functional.silu(block.linear.bias.detach()) for block in head.blocks]
+    for i in range(3):
+        expected = (features + bias[i]) @ lm.output_embeddings()[head.d2t].T
+        torch.testing.assert_close(logits[:, i], expected, atol=1e-5, rtol=1e-5)
+    assert head_logits.shape == (4, 40)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("trained_output", [False, True])
+def test_save_and_load_round_trip(tmp_path, kind, trained_output):
+    lm = HFCausalLM(tiny_llama())
+    lm.record_features([FINAL])
+    head = hf_head(kind, lm, trained_output=trained_output)
+    directory = save_head(head, tmp_path / kind)
+    saved = json.loads((directory / "config.json").read_text())
+    assert saved["kind"] == kind and saved["target"]["hidden_size"] == 16 and saved["vocab_size"] == 40
+    loaded = load_head(directory, lm)
+    assert type(loaded) is type(head) and not any(p.requires_grad for p in loaded.parameters())
+    assert torch.equal(loaded.d2t, head.d2t)
+    for name, tensor in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    assert ("output.weight" in loaded.state_dict()) == trained_output  # frozen rows are not saved
+    assert read_config(directory) == head.config
+
+
+def test_a_head_refuses_another_target(tmp_path):
+    lm = HFCausalLM(tiny_llama())
+    directory = save_head(hf_head("eagle", lm), tmp_path / "eagle")
+    wider = HFCausalLM(tiny_llama(hidden=32))
+    with pytest.raises(ValueError, match=r"trained for 'tiny', a different target: this one has hidden_size 32 \(the "
+                                         r"head's target has 16\)"):
+        load_head(directory, wider)
+    with pytest.raises(ValueError, match="no config.json"):
+        load_head(tmp_path, lm)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match="not a verispec-head config"):
+        load_head(tmp_path / "bad", lm)
+
+
+# --- the proposers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(), SamplingParams(0.7, top_p=0.9)], ids=str)
+def test_engine_equals_reference_on_a_tiny_llama(kind, sampling):
+    lm = HFCausalLM(tiny_llama())
+    head = hf_head(kind, lm, taps=(FINAL, 2) if kind == "eagle" else (FINAL,)).double()
+    proposer = (EagleProposer if kind == "eagle" else MedusaProposer)
+    engine = generate(lm, proposer(head, lm), [5, 6, 7], max_new_tokens=20, sampling=sampling, k=3, seed=4)
+    reference = reference_generate(lm, proposer(head, lm), [5, 6, 7], max_new_tokens=20, sampling=sampling, k=3,
+                                   rng=TorchRandom(4))
+    assert engine.tokens == reference
+    assert sum(engine.stats.drafted) > 0
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_one_token_prompt_drafts_nothing_then_speculates(kind):
+    table = random_table(4, 2, seed=3)
+    proposer = (EagleProposer if kind == "eagle" else MedusaProposer)(tiny_head(kind, table), table)
+    proposer.begin([2], SamplingParams())
+    table.prefill([])
+    assert len(proposer.propose([2], 3, TorchRandom(0))) == 0
+    run = generate(table, proposer, [2], max_new_tokens=6, k=3, seed=1)
+    assert run.stats.drafted[0] == 0 and sum(run.stats.drafted) > 0
+
+
+def test_medusa_drafts_at_most_its_heads():
+    table = random_table(4, 2, seed=3)
+    proposer = MedusaProposer(tiny_head("medusa", table, heads=2), table)
+    proposer.begin([1, 2], GREEDY)
+    table.prefill([1])
+    assert len(proposer.propose([1, 2], 5, TorchRandom(0))) == 2
+
+
+def test_proposers_refuse_a_target_without_features_or_out_of_step():
+    table = random_table(4, 2, seed=3)
+    head = tiny_head("eagle", table)
+
+    class NoFeatures:
+        vocab_size = 4
+
+    with pytest.raises(ValueError, match="NoFeatures has no feature channel"):
+        EagleProposer(head, NoFeatures())
+    proposer = EagleProposer(head, table)
+    proposer.begin([1, 2, 3], SamplingParams())
+    table.prefill([1])
+    with pytest.raises(RuntimeError, match="processed 1 tokens, the head expects 2"):
+        proposer.propose([1, 2, 3], 2, TorchRandom(0))
+
+
+# --- command-line specs -----------------------------------------------------------------------
+
+
+def loaded(model: LlamaForCausalLM) -> LoadedModel:
+    return LoadedModel(name="tiny", lm=HFCausalLM(model), model=model, tokenizer=None, eos_token_ids=(),
+                       dtype=torch.float32, source=Path("tiny"))
+
+
+def test_specs_load_head_directories(tmp_path):
+    target = loaded(tiny_llama())
+    for kind, cls in (("eagle", EagleProposer), ("medusa", MedusaProposer)):
+        save_head(hf_head(kind, target.lm), tmp_path / kind)
+        proposer = parse_proposer(f"{kind}:{tmp_path / kind}", target)
+        assert isinstance(proposer, cls) and proposer.target is target.lm
+        run = generate(target.lm, proposer, [1, 2, 3], max_new_tokens=8, sampling=GREEDY, k=3)
+        assert run.tokens == generate(target.lm, None, [1, 2, 3], max_new_tokens=8, sampling=GREEDY, k=0).tokens
+    with pytest.raises(ValueError, match="holds a medusa head, not a eagle head; use medusa:"):
+        parse_proposer(f"eagle:{tmp_path / 'medusa'}", target)
+    with pytest.raises(ValueError, match="eagle:DIR needs a head directory"):
+        parse_proposer(f"eagle:{tmp_path / 'nowhere'}", target)
