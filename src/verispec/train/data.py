@@ -9,13 +9,16 @@ continues with the next round. Round r draws its randomness from the torch seed
 `seed * 1_000_003 + r`, so the data is a function of the seed and the number of rounds.
 
 Features (`features.safetensors`) are computed once over every sequence, in the target's dtype,
-and stored as bfloat16:
-- `features` [N, F, H]: per token, the hidden states the head reads, in `FEATURE_NAMES`
-  order: the final normalised hidden state (what the target's output layer reads; its
-  logits are `lm_head(features[:, 0])`) and the outputs of a low, a middle and a high layer
-  (EAGLE-3's fused features, Li et al. 2503.01840);
+and stored per token as bfloat16, for the taps `feature_taps(L)`: FINAL (the final norm's
+output, what the target's output layer reads, as EAGLE-1 and Medusa read it) and EAGLE-3's
+low, middle and high decoder-layer outputs (Li et al. 2503.01840; `eagle3_layers`). A head
+reads the columns of the taps its config names. The file holds:
+- `features` [N, len(taps), H] bfloat16; its metadata lists the taps;
 - `tokens` [N] int32, `starts` [S + 1] int64 (sequence s is tokens[starts[s]:starts[s + 1]]),
-  `answer_starts` [S] int64 (where the target's response begins in each sequence).
+  `answer_starts` [S] int64 (offset of the target's answer within each sequence);
+- `argmax` [N] int32: the target's most likely next token at each position (over the full
+  vocabulary), and `logsumexp` [N] float32 of its logits, so a head's pruned vocabulary can
+  report the share of p it covers.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from verispec.heads.config import eagle3_layers
+from verispec.models.base import FINAL, Tap
 from verispec.train.prompts import InstructionRecipe, end_of_turn_ids, fold, sample_instructions
 
-FEATURE_NAMES = ("last", "low", "mid", "high")
 
 
 @dataclass(frozen=True)
@@ -61,11 +66,9 @@ class Conversation:
     answer_ids: list[int]  # ends with the end-of-turn token unless cut at max_new_tokens
 
 
-def feature_layers(num_hidden_layers: int) -> dict[str, int]:
-    """Decoder layers (1-based outputs, as in `hidden_states`) read as low/mid/high features,
-    EAGLE-3's choice: the third layer, the middle one and the fourth from the top."""
-    n = num_hidden_layers
-    return {"low": min(3, n), "mid": max(1, n // 2), "high": max(1, n - 3)}
+def feature_taps(num_layers: int) -> tuple[Tap, ...]:
+    """The taps cached for a target of `num_layers` decoder layers: FINAL, then EAGLE-3's."""
+    return (FINAL, *eagle3_layers(num_layers))
 
 
 class DataCache:
@@ -190,54 +193,64 @@ def grow(
 
 @torch.inference_mode()
 def compute_features(
-    model: PreTrainedModel, conversations: list[Conversation], batch_tokens: int = 4096
-) -> dict[str, torch.Tensor]:
-    """Run the target once over every conversation and collect `FEATURE_NAMES` features per
-    token (see the module docstring); sequences are grouped by length into batches of about
-    `batch_tokens` tokens and right-padded, so padding never precedes a real token."""
-    layers = feature_layers(model.config.num_hidden_layers)
+    model: PreTrainedModel, conversations: list[Conversation], batch_tokens: int = 2048
+) -> tuple[dict[str, torch.Tensor], tuple[Tap, ...]]:
+    """Run the target once over every conversation; the tensors of `features.safetensors`
+    and the taps of its feature columns. Sequences are grouped by length into batches of
+    about `batch_tokens` tokens, right-padded, so padding never precedes a real token."""
+    taps = feature_taps(model.config.num_hidden_layers)
     seqs = [c.prompt_ids + c.answer_ids for c in conversations]
     starts = torch.zeros(len(seqs) + 1, dtype=torch.long)
     starts[1:] = torch.cumsum(torch.tensor([len(s) for s in seqs]), 0)
-    hidden = model.config.hidden_size
-    features = torch.empty(int(starts[-1]), len(FEATURE_NAMES), hidden, dtype=torch.bfloat16)  # [N, F, H]
+    total = int(starts[-1])
+    out = {
+        "features": torch.empty(total, len(taps), model.config.hidden_size, dtype=torch.bfloat16),  # [N, F, H]
+        "argmax": torch.empty(total, dtype=torch.int32),  # [N]
+        "logsumexp": torch.empty(total, dtype=torch.float32),  # [N]
+    }
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     group: list[int] = []
     for position, i in enumerate(order):
         group.append(i)
         last = position == len(order) - 1
         if last or (len(group) + 1) * len(seqs[order[position + 1]]) > batch_tokens:
-            _features_of(model, [seqs[j] for j in group], layers, features, [int(starts[j]) for j in group])
+            _features_of(model, [seqs[j] for j in group], taps, out, [int(starts[j]) for j in group])
             group = []
-    return {
-        "features": features,
-        "tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
-        "starts": starts,
-        "answer_starts": torch.tensor([len(c.prompt_ids) for c in conversations], dtype=torch.long),
-    }
+    out["tokens"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
+    out["starts"] = starts
+    out["answer_starts"] = torch.tensor([len(c.prompt_ids) for c in conversations], dtype=torch.long)
+    return out, taps
 
 
-def _features_of(model, seqs: list[list[int]], layers: dict[str, int], out: torch.Tensor, offsets: list[int]) -> None:
+def _features_of(model, seqs: list[list[int]], taps: tuple[Tap, ...], out: dict[str, torch.Tensor], offsets: list[int]) -> None:
     width = max(map(len, seqs))
     ids = torch.zeros(len(seqs), width, dtype=torch.long)  # [B, width]
     mask = torch.zeros_like(ids)
     for row, s in enumerate(seqs):
         ids[row, :len(s)] = torch.tensor(s)
         mask[row, :len(s)] = 1
-    body = model.get_decoder()
-    states = body(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-    chosen = [states.last_hidden_state] + [states.hidden_states[layers[name]] for name in FEATURE_NAMES[1:]]
-    stacked = torch.stack(chosen, dim=2).to(torch.bfloat16)  # [B, width, F, H]
+    states = model.get_decoder()(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    # hidden_states[n] is decoder layer n's output (0 is the embedding), the taps' numbering.
+    chosen = [states.last_hidden_state if tap == FINAL else states.hidden_states[tap] for tap in taps]
+    stacked = torch.stack(chosen, dim=2)  # [B, width, F, H]
+    logits = model.get_output_embeddings()(states.last_hidden_state).float()  # [B, width, V]
     for row, (s, offset) in enumerate(zip(seqs, offsets)):
-        out[offset:offset + len(s)] = stacked[row, :len(s)]
+        n = len(s)
+        out["features"][offset:offset + n] = stacked[row, :n].to(torch.bfloat16)
+        out["argmax"][offset:offset + n] = logits[row, :n].argmax(-1).to(torch.int32)
+        out["logsumexp"][offset:offset + n] = logits[row, :n].logsumexp(-1)
 
 
-def load_features(cache: DataCache, model: PreTrainedModel, conversations: list[Conversation]) -> dict[str, torch.Tensor]:
-    """The cached features, computed and saved first if missing or stale."""
+def load_features(
+    cache: DataCache, model: PreTrainedModel, conversations: list[Conversation]
+) -> tuple[dict[str, torch.Tensor], tuple[Tap, ...]]:
+    """The cached features and their taps, computed and saved first if missing or stale."""
     if cache.features_path.is_file():
+        with safe_open(cache.features_path, "pt") as f:
+            taps = tuple(json.loads(f.metadata()["taps"]))
         stored = load_file(cache.features_path)
         if int(stored["starts"].numel()) == len(conversations) + 1:
-            return stored
-    computed = compute_features(model, conversations)
-    save_file(computed, str(cache.features_path))
-    return computed
+            return stored, taps
+    computed, taps = compute_features(model, conversations)
+    save_file(computed, str(cache.features_path), metadata={"taps": json.dumps(list(taps))})
+    return computed, taps
