@@ -2,8 +2,8 @@
 target's features over them, cached on disk.
 
 A round samples a batch of instructions from the empty user turn (`prompts`), keeps the new
-ones, and has the target answer each, greedily or by sampling at temperature 1 (every
-`sampled_one_in`-th instruction), in batched `generate` calls. Rounds are appended to
+ones, and has the target answer them in one batched `generate` call: greedily, or by sampling
+at temperature 1 in every `sampled_one_in`-th round (one mode per round keeps the batch whole). Rounds are appended to
 `sequences.jsonl` as they finish, so an interrupted run keeps what it made and a later run
 continues with the next round. Round r draws its randomness from the torch seed
 `seed * 1_000_003 + r`, so the data is a function of the seed and the number of rounds.
@@ -45,7 +45,7 @@ class ResponseRecipe:
     """How the target answers the instructions."""
 
     max_new_tokens: int = 192
-    sampled_one_in: int = 3  # every third instruction is answered by sampling at temperature 1
+    sampled_one_in: int = 3  # every third round is answered by sampling at temperature 1
     batch: int = 64
 
     def as_dict(self) -> dict:
@@ -101,6 +101,7 @@ class DataCache:
             self.recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
 
     def append(self, conversations: list[Conversation]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
         with self.sequences_path.open("a") as f:
             for c in conversations:
                 f.write(json.dumps(asdict(c)) + "\n")
@@ -159,8 +160,9 @@ def grow(
     max_sequences: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Conversation]:
-    """Append rounds to `cache` until `time.monotonic()` passes `deadline` (a round started
-    is finished) or `max_sequences` exist; returns every conversation in the cache.
+    """Append rounds to `cache` until `time.monotonic()` passes `deadline` or at least
+    `max_sequences` exist (a round started is finished, so the data stays a function of the
+    seed and the number of rounds); returns every conversation in the cache.
     `progress(sequences, answer_tokens)` is called after each round."""
     have = cache.conversations()
     seen = {fold(c.instruction) for c in have}
@@ -169,21 +171,18 @@ def grow(
     while time.monotonic() < deadline and (max_sequences is None or len(have) < max_sequences):
         r = next_round
         next_round += 1
-        wanted = instructions.batch if max_sequences is None else min(instructions.batch, max_sequences - len(have))
         fresh = []
-        for text in sample_instructions(model, tokenizer, eos_token_ids, seed * 1_000_003 + r, instructions)[:wanted]:
+        for text in sample_instructions(model, tokenizer, eos_token_ids, seed * 1_000_003 + r, instructions):
             if fold(text) not in seen:
                 seen.add(fold(text))
                 fresh.append(text)
-        index = len(have)
+        sampled = r % responses.sampled_one_in == responses.sampled_one_in - 1
         made = []
-        for sampled in (False, True):
-            chosen = [t for i, t in enumerate(fresh) if ((index + i) % responses.sampled_one_in == responses.sampled_one_in - 1) == sampled]
-            for start in range(0, len(chosen), responses.batch):
-                group = chosen[start:start + responses.batch]
-                prompts = [chat_prompt(tokenizer, t) for t in group]
-                for text, prompt, reply in zip(group, prompts, answer(model, prompts, stops, sampled, responses.max_new_tokens)):
-                    made.append(Conversation(r, text, sampled, prompt, reply))
+        for start in range(0, len(fresh), responses.batch):
+            group = fresh[start:start + responses.batch]
+            prompts = [chat_prompt(tokenizer, t) for t in group]
+            for text, prompt, reply in zip(group, prompts, answer(model, prompts, stops, sampled, responses.max_new_tokens)):
+                made.append(Conversation(r, text, sampled, prompt, reply))
         cache.append(made)
         have.extend(made)
         if progress is not None:

@@ -28,6 +28,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -82,13 +83,14 @@ class Batch:
 
     ids [B, T] long; features [B, T, F] float32 (the head's taps, concatenated); final [B, T, H]
     float32 (FINAL: the target's logits are final @ W^T); argmax [B, T] long (the target's top
-    token after each position); answer [B, T] bool (the next token belongs to the answer, so
+    token after each position); logsumexp [B, T] float32 (of the target's full logits); answer [B, T] bool (the next token belongs to the answer, so
     p_u is a training target); valid [B, T] bool (a real position)."""
 
     ids: torch.Tensor
     features: torch.Tensor
     final: torch.Tensor
     argmax: torch.Tensor
+    logsumexp: torch.Tensor
     answer: torch.Tensor
     valid: torch.Tensor
 
@@ -124,6 +126,7 @@ class TrainingData:
         features = torch.zeros(B, width, F * H)
         final = torch.zeros(B, width, H)
         argmax = torch.zeros(B, width, dtype=torch.long)
+        logsumexp = torch.zeros(B, width)
         answer = torch.zeros(B, width, dtype=torch.bool)
         valid = torch.zeros(B, width, dtype=torch.bool)
         for row, i in enumerate(indices):
@@ -134,10 +137,11 @@ class TrainingData:
             features[row, :n] = rows[:, self.columns].reshape(n, F * H).float()
             final[row, :n] = rows[:, self.final_column].float()
             argmax[row, :n] = self.stored["argmax"][a:b].long()
+            logsumexp[row, :n] = self.stored["logsumexp"][a:b]
             # p_u predicts token u + 1, an answer token when u + 1 >= the answer's start.
             answer[row, max(0, int(answer_starts[i]) - 1):n] = True
             valid[row, :n] = True
-        return Batch(ids, features, final, argmax, answer, valid)
+        return Batch(ids, features, final, argmax, logsumexp, answer, valid)
 
     def epoch(self, epoch: int) -> list[list[int]]:
         """The training batches of epoch `epoch`: a seeded permutation cut into groups whose
@@ -269,6 +273,21 @@ def evaluate(head: Head, data: TrainingData, rows: torch.Tensor, settings: Train
     return [c / max(n, 1) for c, n in zip(correct, counted)]
 
 
+@torch.no_grad()
+def vocab_coverage(data: TrainingData, rows: torch.Tensor, d2t: torch.Tensor) -> tuple[float, float]:
+    """Over held-back answer positions: the share whose target top token lies in d2t (the
+    ceiling of greedy acceptance) and the mean p(d2t) (the ceiling of sampled acceptance)."""
+    top = mass = count = 0.0
+    for group in data.heldout_batches():
+        batch = data.batch(group)
+        scored = batch.answer & batch.valid
+        inside = torch.logsumexp(batch.final @ rows.T, -1) - batch.logsumexp  # log p(d2t) [B, T]
+        top += float((torch.isin(batch.argmax, d2t) & scored).sum())
+        mass += float((inside.exp() * scored).sum())
+        count += float(scored.sum())
+    return top / max(count, 1.0), mass / max(count, 1.0)
+
+
 def expected_tokens(accuracy: Sequence[float]) -> float:
     """Tokens per greedy round with a chain of len(accuracy) drafts, if step j is accepted
     with probability accuracy[j] once the steps before it were: 1 + sum_i prod_{j<=i} a_j."""
@@ -292,6 +311,7 @@ class Progress:
 
 def save_checkpoint(path: os.PathLike, head: Head, optimizer: torch.optim.Optimizer, progress: Progress, settings: TrainSettings) -> None:
     """Written to a temporary file and renamed, so an interruption never leaves half a checkpoint."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     partial = f"{path}.partial"
     torch.save(
         {"head": head.state_dict(), "optimizer": optimizer.state_dict(), "progress": asdict(progress),

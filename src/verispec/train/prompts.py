@@ -24,7 +24,7 @@ class InstructionRecipe:
     """How instructions are sampled and filtered; recorded beside the data and the head."""
 
     temperature: float = 1.0
-    top_p: float = 1.0
+    top_p: float = 0.95
     max_tokens: int = 96  # a user turn longer than this is dropped (not closed in time)
     min_chars: int = 12
     max_chars: int = 400
