@@ -48,6 +48,7 @@ def train(
     max_sequences: Annotated[Optional[int], typer.Option("--max-sequences", help="Stop growing the data at this many sequences.")] = None,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
     dtype: Annotated[str, typer.Option(help="The target's dtype for data and features: auto, float32, bfloat16.")] = "auto",
+    train_dtype: Annotated[str, typer.Option("--train-dtype", help="The head's matrix products while fitting: auto (bfloat16 autocast where the CPU has it natively), float32, bfloat16.")] = "auto",
 ) -> None:
     """Train a head that drafts for MODEL, by self-distillation, within --minutes."""
     started = time.monotonic()
@@ -63,6 +64,8 @@ def train(
     for name, value in (("--vocab", vocab), ("--unroll", unroll), ("--batch-tokens", batch_tokens), ("--threads", threads)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+    if train_dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"--train-dtype must be auto, float32 or bfloat16, got {train_dtype!r}")
     if steps is not None and steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
     if not data_only and (out / "config.json").exists() and not force:
@@ -72,7 +75,7 @@ def train(
 
     import torch
 
-    from verispec.models.load import cache_root, load_model
+    from verispec.models.load import cache_root, load_model, native_bf16
     from verispec.train.data import DataCache, InstructionRecipe, ResponseRecipe, data_recipe, grow, load_features
     from verispec.train.loop import TrainSettings, TrainingData, build_head, choose_vocab, evaluate, expected_tokens, fit, vocab_coverage
     from verispec.heads import save_head
@@ -108,7 +111,8 @@ def train(
         print(f"data: {len(conversations)} sequences, {int(stored['tokens'].numel())} tokens in {cache.root}")
         return
 
-    settings = TrainSettings(kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens)
+    bf16 = train_dtype == "bfloat16" or (train_dtype == "auto" and native_bf16())
+    settings = TrainSettings(kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16)
     target = loaded.lm
     d2t = choose_vocab(stored["tokens"], vocab, end_of_turn_ids(loaded.tokenizer, loaded.eos_token_ids))
     data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings)
@@ -140,6 +144,7 @@ def train(
         "minutes": minutes,
         "fit_seconds": round(progress.seconds, 1),
         "steps": progress.step,
+        "kept_step": progress.kept_step,
         "tokens_seen": progress.tokens_seen,
         "heldout_top1_by_step": [round(a, 4) for a in accuracy],
         "heldout_top1_by_step_untrained": [round(a, 4) for a in untrained],
