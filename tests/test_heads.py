@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
-from verispec.audit.exhaustive import TINY_LAYER, tiny_head
+from verispec.heads.untrained import TINY_LAYER, tiny_head
 from verispec.heads import HeadConfig, HeadVocab, load_head, new_head, read_config, save_head, target_info
 from verispec.heads.config import FINAL, eagle3_layers
 from verispec.models.features import FeatureStore
@@ -181,6 +181,26 @@ def test_eagle_head_shapes_and_cache_equal_full_recompute():
     assert head(batch[:, 1:], head.fuse(feats[:, :-1]))[0].shape == (2, 5, 40)
 
 
+def test_eagle_head_takes_an_unroll_mask_and_positions():
+    """A training-time-test unroll: step 1 sits at positions t + 1 and sees step 0's causal
+    prefix plus its own diagonal."""
+    table = random_table(5, 2, seed=1)
+    head = tiny_head("eagle", table)
+    ids = torch.tensor([[1, 2, 3, 4, 0, 1]])
+    hidden = head.fuse(table.score_features(ids[0].tolist(), head.config.feature_layers)[None, :-1])  # [1, 5, H]
+    T = 5
+    cache = head.new_cache()
+    with torch.no_grad():
+        default, predicted = head(ids[:, 1:], hidden)
+        step0, _ = head(ids[:, 1:], hidden, cache, positions=torch.arange(T)[None],
+                        allowed=torch.ones(T, T, dtype=torch.bool).tril())
+        allowed = torch.cat([torch.ones(T, T, dtype=torch.bool).tril(), torch.eye(T, dtype=torch.bool)], dim=1)
+        step1, _ = head(torch.tensor([[2, 3, 4, 0, 0]]), predicted, cache, positions=torch.arange(1, T + 1)[None],
+                        allowed=allowed)
+    torch.testing.assert_close(step0, default)
+    assert step1.shape == (1, T, 4) and cache.get_seq_length() == 2 * T
+
+
 def test_frozen_output_rows_are_the_targets_and_untrained_medusa_starts_as_the_target():
     lm = HFCausalLM(tiny_llama())
     lm.record_features([FINAL])
@@ -215,6 +235,11 @@ def test_save_and_load_round_trip(tmp_path, kind, trained_output):
         assert torch.equal(loaded.state_dict()[name], tensor), name
     assert ("output.weight" in loaded.state_dict()) == trained_output  # frozen rows are not saved
     assert read_config(directory) == head.config
+    halved = load_head(save_head(head, tmp_path / "bf16", dtype=torch.bfloat16), lm)  # stored in bf16, runs in fp32
+    assert (tmp_path / "bf16" / "model.safetensors").stat().st_size < (directory / "model.safetensors").stat().st_size
+    for name, tensor in head.state_dict().items():
+        expected = tensor.to(torch.bfloat16).to(tensor.dtype) if tensor.is_floating_point() else tensor
+        assert torch.equal(halved.state_dict()[name], expected), name
 
 
 def test_a_head_refuses_another_target(tmp_path):
@@ -303,3 +328,59 @@ def test_specs_load_head_directories(tmp_path):
         parse_proposer(f"eagle:{tmp_path / 'medusa'}", target)
     with pytest.raises(ValueError, match="eagle:DIR needs a head directory"):
         parse_proposer(f"eagle:{tmp_path / 'nowhere'}", target)
+
+
+# --- greedy identity with plain decoding ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "taps"), [("eagle", (FINAL,)), ("eagle", (1, 2, 3)), ("medusa", (FINAL,))])
+def test_greedy_heads_reproduce_plain_decoding_on_a_tiny_llama(kind, taps):
+    lm = HFCausalLM(tiny_llama(seed=5))
+    head = hf_head(kind, lm, taps=taps)  # float32, untrained: drafts are often rejected
+    proposer = (EagleProposer if kind == "eagle" else MedusaProposer)(head, lm)
+    for prompt in ([7], [1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2]):
+        plain = generate(lm, None, prompt, max_new_tokens=24, sampling=GREEDY, k=0).tokens
+        for k in (1, 3, 5):
+            run = generate(lm, proposer, prompt, max_new_tokens=24, sampling=GREEDY, k=k)
+            assert run.tokens == plain, (prompt, k)
+            assert sum(run.stats.drafted) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_on_the_default_model_greedy_heads_equal_greedy_plain(kind):
+    """The shipped head when this installation has one, else an untrained head of the same
+    shape (greedy identity holds for any head)."""
+    from verispec import load_model
+    from verispec.heads.config import default_layer
+    from verispec.proposers.trained import default_head
+
+    loaded = load_model("smollm2-135m-instruct", dtype="float32")
+    lm = loaded.lm
+    if default_head(kind).is_dir():
+        head = load_head(default_head(kind), lm)
+    else:
+        config = HeadConfig(kind, target_info(lm, loaded.name), (FINAL,), vocab_size=8192,
+                            layer=default_layer(loaded.model.config) if kind == "eagle" else {},
+                            heads=4 if kind == "medusa" else 0)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            head = new_head(config, torch.arange(8192), lm).eval()
+    proposer = (EagleProposer if kind == "eagle" else MedusaProposer)(head, lm)
+    options = dict(max_new_tokens=24, sampling=GREEDY, eos_token_id=loaded.eos_token_id)
+    for text in ("List three primary colours.", "Write a Python function that reverses a string."):
+        prompt = loaded.encode(text)
+        plain = generate(lm, None, prompt, k=0, **options)
+        fast = generate(lm, proposer, prompt, k=4, **options)
+        assert fast.tokens == plain.tokens
+        assert sum(fast.stats.drafted) > 0
+
+
+def test_a_draw_over_the_head_vocabulary_is_the_draw_over_q():
+    """Drawing a head index from q on the N tokens picks, for the same random stream, the
+    token a draw from q over the full vocabulary would."""
+    vocab = HeadVocab([0, 3, 4, 9], vocab_size=12)
+    logits = torch.tensor([0.1, 1.2, -0.4, 0.9], dtype=torch.float64)
+    for seed in range(200):
+        token, q = vocab.draw(logits, SamplingParams(), TorchRandom(seed))
+        assert token == TorchRandom(seed).categorical(q)

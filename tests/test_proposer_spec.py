@@ -55,7 +55,7 @@ def test_each_spec_builds_its_proposer(target):
     ("spec", "message"),
     [
         ("", "unknown proposer ''; choose lookup, suffix, draft:PATH, layerskip:L"),
-        ("medusa", "unknown proposer 'medusa'"),
+        ("hydra", "unknown proposer 'hydra'"),
         ("lookup:3", "lookup takes no argument"),
         ("random:7", "random takes no argument"),
         ("draft", "draft:PATH needs the draft model's path"),

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verispec import SamplingParams, TorchRandom, generate
-from verispec.audit.exhaustive import tiny_head
+from verispec.heads.untrained import tiny_head
 from verispec.models.tables import random_table
 from verispec.policies import HeuristicK
 from verispec.proposers import DraftModel, PromptLookup

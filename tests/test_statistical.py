@@ -26,7 +26,7 @@ import torch
 from scipy.stats import power_divergence
 
 from verispec import TorchRandom, generate
-from verispec.audit.exhaustive import tiny_head
+from verispec.heads.untrained import tiny_head
 from verispec.models.tables import random_table
 from verispec.proposers import DraftModel
 from verispec.proposers.eagle import EagleProposer

@@ -8,7 +8,9 @@ Each is a known way to lose exactness while every token still "looks" plausible:
   breaking the transform contract (p and q must both be the distributions actually sampled);
 - `UncroppedCacheTableLM`: a target whose rollback reports the cropped length while its cache
   keeps the rejected tokens, so later rows condition on them (visible with order-2 tables,
-  where a row depends on the token before the pending one).
+  where a row depends on the token before the pending one);
+- `ArgmaxHeadVocab`: a trained head that drafts its argmax but reports its softmax as q (HF
+  #32867's bug, here in a head's pruned vocabulary: a chosen token verified as if sampled).
 
 None of these may be used outside the audit; `NEGATIVE_CONTROLS` pairs each with a scenario
 where the damage shows.
@@ -22,9 +24,12 @@ from dataclasses import replace
 import torch
 
 from verispec.audit.exhaustive import DRAFT_MODEL, Configuration, ProposerEntry, Scenario
+from verispec.heads.untrained import tiny_head
+from verispec.heads.vocab import HeadVocab
 from verispec.models.tables import TableLM
 from verispec.proposers import DraftModel
 from verispec.proposers.base import Draft
+from verispec.proposers.eagle import EagleProposer
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities
 from verispec.verify import Verdict
@@ -79,6 +84,23 @@ class UncroppedCacheTableLM(TableLM):
         self._length = length
 
 
+class ArgmaxHeadVocab(HeadVocab):
+    """BROKEN: at temperature > 0 drafts the head's argmax, yet reports q [V] as if sampled."""
+
+    def draw(self, logits: torch.Tensor, sampling: SamplingParams, rng: Random) -> tuple[int, torch.Tensor | None]:
+        if sampling.greedy:
+            return super().draw(logits, sampling, rng)
+        return int(self.d2t[int(logits.argmax())]), self.q(logits, sampling)
+
+
+def _argmax_eagle(tables) -> EagleProposer:
+    proposer = EagleProposer(tiny_head("eagle", tables.target), tables.target)
+    proposer.vocab = ArgmaxHeadVocab(proposer.vocab.d2t, proposer.vocab.vocab_size)
+    return proposer
+
+
+_ARGMAX_HEAD = ProposerEntry("eagle drafting its argmax with a softmax q", _argmax_eagle, sampled=True)
+
 _UNTRANSFORMED_Q = ProposerEntry(
     "draft-model reporting q before top-k", lambda tables: UntransformedQDraftModel(tables.draft), sampled=True
 )
@@ -91,6 +113,9 @@ NEGATIVE_CONTROLS: dict[str, Configuration] = {
         Scenario(4, 1, 2, 3, SamplingParams(top_k=2), (3, 1, 2, 3, 1), seed=46, zeros=False),
         _UNTRANSFORMED_Q,
         "token",
+    ),
+    "head argmax verified as sampled": Configuration(
+        Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22), _ARGMAX_HEAD, "token"
     ),
     "target cache not cropped": Configuration(
         Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22),

@@ -40,8 +40,7 @@ from verispec.proposers import DraftModel, PromptLookup, RandomTokens, SuffixInd
 from verispec.proposers.base import Proposer
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
-from verispec.heads import HeadConfig, new_head, target_info
-from verispec.heads.config import FINAL
+from verispec.heads.untrained import tiny_head
 from verispec.sampling import GREEDY, SamplingParams
 
 TOLERANCE = 1e-12
@@ -79,24 +78,6 @@ SUFFIX_INDEX = ProposerEntry(
     sampled=False,
 )
 RANDOM_TOKENS = ProposerEntry("random-tokens", lambda tables: RandomTokens(tables.target.vocab_size), sampled=True)
-
-TINY_LAYER = {"num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 8,
-              "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu"}
-
-
-def tiny_head(kind: str, target: TableLM, seed: int = 0, heads: int = 3):
-    """An untrained float64 head for a table target: EAGLE fusing two taps (EAGLE-3 style),
-    Medusa on the FINAL feature; its vocabulary pruned to every token but the last (so q has
-    an exact zero where p may not). Weights from a private seeded generator."""
-    vocab = target.vocab_size
-    config = HeadConfig(
-        kind, target_info(target, "table"), (FINAL, 1) if kind == "eagle" else (FINAL,),
-        vocab_size=max(1, vocab - 1), layer=TINY_LAYER if kind == "eagle" else {}, heads=heads if kind == "medusa" else 0,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return new_head(config, torch.arange(config.vocab_size), target).double().eval()
-
 
 EAGLE = ProposerEntry("eagle", lambda tables: EagleProposer(tiny_head("eagle", tables.target), tables.target), sampled=True)
 MEDUSA = ProposerEntry("medusa", lambda tables: MedusaProposer(tiny_head("medusa", tables.target), tables.target), sampled=True)

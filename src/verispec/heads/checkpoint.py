@@ -64,12 +64,17 @@ def new_head(config: HeadConfig, d2t: torch.Tensor, target: FeatureChannel) -> H
     return MedusaHead(config, d2t, output)
 
 
-def save_head(head: Head, directory: str | Path) -> Path:
-    """Write `config.json` and `model.safetensors` into `directory` (created if missing)."""
+def save_head(head: Head, directory: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write `config.json` and `model.safetensors` into `directory` (created if missing).
+    dtype: store the floating weights in it (e.g. bfloat16 halves a float32 head's file;
+    `load_head` casts them to the dtype it runs in); None keeps the head's."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CONFIG).write_text(json.dumps(head.config.to_json(), indent=2) + "\n")
-    state = {name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()}
+    state = {
+        name: (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor).detach().contiguous()
+        for name, tensor in head.state_dict().items()
+    }
     save_file(state, directory / WEIGHTS, metadata={"format": "pt"})
     return directory
 
@@ -93,13 +98,13 @@ def load_head(directory: str | Path, target: FeatureChannel, dtype: torch.dtype 
     state = load_file(path)
     if "d2t" not in state:
         raise ValueError(f"{path} has no d2t (the head vocabulary)")
-    head = new_head(config, state["d2t"], target)
-    missing, unexpected = head.load_state_dict(state, strict=False)
+    head = new_head(config, state["d2t"], target).to(dtype)
+    missing, unexpected = head.load_state_dict(state, strict=False)  # copies cast to the head's dtype
     if missing or unexpected:
         raise ValueError(
             f"{path} does not match its config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
-    return _frozen(head.to(dtype))
+    return _frozen(head)
 
 
 def _frozen(head: nn.Module) -> Head:

@@ -120,10 +120,18 @@ class EagleHead(nn.Module):
         tokens: torch.Tensor,
         hidden: torch.Tensor,
         cache: DynamicCache | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens: LongTensor[B, T], token t + 1 of each pair; hidden: [B, T, H], the fused
-        feature of position t (or the head's own prediction of it). With a cache (B = 1) the
-        pairs continue the cached ones and are appended to it.
+        feature of position t (or the head's own prediction of it). With a cache the pairs
+        continue the cached ones (P of them) and are appended to it.
+
+        positions: LongTensor[B, T], rotary positions (default P..P+T-1); allowed: bool
+        [T, P + T], which cached and new pairs each new pair attends to (default causal). A
+        training-time-test unroll passes its own: step j at positions t + j, attending to the
+        causal prefix of step 0 and to its own earlier steps' diagonal.
 
         Returns logits [B, T, N] (the distribution of token t + 2 over d2t) and predicted
         features [B, T, H] (of position t + 1)."""
@@ -132,8 +140,10 @@ class EagleHead(nn.Module):
         dtype = self.fc.weight.dtype
         embedded = nn.functional.embedding(tokens, self.embedding).to(dtype)  # [B, T, H]
         x = self.fc(torch.cat([embedded, hidden.to(dtype)], dim=-1))  # [B, T, H]
-        positions = torch.arange(past, past + T, device=x.device).expand(B, T)  # [B, T]
-        allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)  # [T, past + T]
+        if positions is None:
+            positions = torch.arange(past, past + T, device=x.device).expand(B, T)  # [B, T]
+        if allowed is None:
+            allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)  # [T, P + T]
         h = self.layer(
             x,
             attention_mask=allowed[None, None],

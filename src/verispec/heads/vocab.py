@@ -52,13 +52,21 @@ class HeadVocab:
 
     def q(self, logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
         """The proposal over the full vocabulary: float64 [V] from the head's logits [N]."""
-        kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
+        return self._spread(probabilities(logits.reshape(1, -1), sampling)[0])
+
+    def _spread(self, kept: torch.Tensor) -> torch.Tensor:
+        """kept [N] -> [V], zero outside d2t."""
         return kept.new_zeros(self.vocab_size).index_copy_(0, self.d2t, kept)
 
     def draw(self, logits: torch.Tensor, sampling: SamplingParams, rng: Random) -> tuple[int, torch.Tensor | None]:
         """One drafted target token from the head's logits [N]: the argmax at temperature 0
-        (chosen, q None), else a draw from q [V] through the request's rng (q returned)."""
+        (chosen, q None), else a draw from q [V] (q returned).
+
+        The rng draws a head index from q restricted to the N tokens, then d2t names the token:
+        the same law as drawing from q (zero elsewhere), over N entries instead of V. With
+        `TorchRandom` it is even the same token for the same stream, since d2t is ascending and
+        zeros leave the cumulative sums unchanged."""
         if sampling.greedy:
             return int(self.d2t[int(logits.argmax())]), None
-        q = self.q(logits, sampling)
-        return rng.categorical(q), q
+        kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
+        return int(self.d2t[rng.categorical(kept)]), self._spread(kept)

@@ -17,10 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from importlib.resources import files
-from pathlib import Path
-
-from verispec.models import DEFAULT_MODEL
 from verispec.models.load import LoadedModel, load_model
 from verispec.proposers.base import Proposer
 from verispec.proposers.draft_model import DraftModel
@@ -28,9 +24,9 @@ from verispec.proposers.layer_skip import LayerSkip
 from verispec.proposers.prompt_lookup import PromptLookup
 from verispec.proposers.random_tokens import RandomTokens
 from verispec.proposers.suffix_index import SuffixIndex
+from verispec.proposers.trained import HEAD_KINDS, head_proposer
 
 SPECS = "lookup, suffix, draft:PATH, layerskip:L[:N], eagle[:DIR], medusa[:DIR] or random"
-HEAD_KINDS = ("eagle", "medusa")
 
 
 def parse_proposer(spec: str, target: LoadedModel, corpus: Iterable[Sequence[int]] = ()) -> Proposer:
@@ -55,7 +51,7 @@ def parse_proposer(spec: str, target: LoadedModel, corpus: Iterable[Sequence[int
     if kind == "layerskip":
         return _layer_skip(argument, target, corpus)
     if kind in HEAD_KINDS:
-        return head_proposer(kind, argument or None, target)
+        return head_proposer(kind, argument or None, target.lm, target.dtype)
     raise ValueError(f"unknown proposer {spec!r}; choose {SPECS}")
 
 
@@ -81,32 +77,6 @@ def _layer_skip(argument: str, target: LoadedModel, corpus: Iterable[Sequence[in
                 f"layerskip:L:N needs 1 <= N <= {vocab_size} (the vocabulary size), got {head_tokens}"
             )
     return LayerSkip(target.lm, layers, head_tokens, corpus)
-
-
-def default_head(kind: str) -> Path:
-    """The directory of the `kind` head shipped for the default model (package data)."""
-    return Path(str(files("verispec.heads") / "default" / kind))
-
-
-def head_proposer(kind: str, directory: str | None, target: LoadedModel) -> Proposer:
-    """An EAGLE or Medusa proposer with the head in `directory` (None: the shipped one)."""
-    from verispec.heads import load_head
-    from verispec.proposers.eagle import EagleProposer
-    from verispec.proposers.medusa import MedusaProposer
-
-    if directory is None:
-        directory = default_head(kind)
-        if not directory.is_dir():
-            raise ValueError(
-                f"no {kind} head is shipped in this installation (looked in {directory}); train one with "
-                f"`verispec train --model {DEFAULT_MODEL} --head {kind} --out DIR` and pass {kind}:DIR"
-            )
-    elif not Path(directory).is_dir():
-        raise ValueError(f"{kind}:DIR needs a head directory; {directory} is not a directory")
-    head = load_head(directory, target.lm)
-    if head.config.kind != kind:
-        raise ValueError(f"{directory} holds a {head.config.kind} head, not a {kind} head; use {head.config.kind}:{directory}")
-    return (EagleProposer if kind == "eagle" else MedusaProposer)(head, target.lm)
 
 
 def _integer(text: str, message: str) -> int:

@@ -1,0 +1,36 @@
+"""Untrained heads for table targets: what the exhaustive audit, the property test and the
+statistical test run the head proposers with.
+
+Exactness must hold whatever the weights, so seeded random weights serve; being untrained,
+their q is far from p, which visits many rejections and every repair path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.heads.checkpoint import Head, new_head, target_info
+from verispec.heads.config import FINAL, HeadConfig
+from verispec.models.tables import TableLM
+
+TINY_LAYER = {"num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 8,
+              "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu"}
+
+
+def tiny_head(kind: str, target: TableLM, seed: int = 0, heads: int = 3) -> Head:
+    """A float64 head for a table target: EAGLE fusing two taps (EAGLE-3 style), Medusa with
+    `heads` heads on the FINAL feature; its vocabulary pruned to every token but the last, so
+    q has an exact zero where p may not. Weights from a private seeded generator.
+
+    >>> tiny_head("medusa", random_table(4, 1, seed=0)).d2t.tolist()
+    [0, 1, 2]
+    """
+    vocab = target.vocab_size
+    config = HeadConfig(
+        kind, target_info(target, "table"), (FINAL, 1) if kind == "eagle" else (FINAL,),
+        vocab_size=max(1, vocab - 1), layer=TINY_LAYER if kind == "eagle" else {},
+        heads=heads if kind == "medusa" else 0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return new_head(config, torch.arange(config.vocab_size), target).double().eval()
