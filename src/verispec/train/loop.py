@@ -186,8 +186,8 @@ class StepResult:
 def eagle_steps(head: EagleHead, ids: torch.Tensor, hidden: torch.Tensor, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The unrolled head over anchors t = 0..T-1: per step j, logits [B, T, N] (token t + 2 + j)
     and predicted features [B, T, H] (of position t + 1 + j). ids [B, T], hidden [B, T, H]
-    (fused features of positions 0..T-1). The same stages as `EagleHead.forward`, with the
-    training-time-test mask and positions instead of a causal one."""
+    (fused features of positions 0..T-1). Step j runs `EagleHead.forward` at positions t + j
+    with the training-time-test mask: causal over step 0, diagonal over each later step."""
     B, T = ids.shape
     cache = DynamicCache()  # concatenating layers: every step's keys stay in the autograd graph
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -196,16 +196,10 @@ def eagle_steps(head: EagleHead, ids: torch.Tensor, hidden: torch.Tensor, steps:
     for j in range(steps):
         tokens = torch.zeros_like(ids)
         tokens[:, : T - 1 - j] = ids[:, 1 + j :]  # token t + 1 + j, zero past the end
-        embedded = nn.functional.embedding(tokens, head.embedding).to(head.fc.weight.dtype)  # [B, T, H]
-        x = head.fc(torch.cat([embedded, hidden], dim=-1))  # [B, T, H]
         positions = (torch.arange(T) + j).expand(B, T)
         allowed = torch.cat([causal, *[diagonal] * j], dim=1)  # [T, (j + 1) T]
-        h = head.layer(
-            x, attention_mask=allowed[None, None], position_ids=positions, cache=cache, use_cache=True,
-            position_embeddings=head.rotary(x, positions),
-        )  # [B, T, H]
-        outputs.append((head.output(head.norm(h)), h))
-        hidden = h
+        logits, hidden = head(tokens, hidden, cache, positions=positions, allowed=allowed)
+        outputs.append((logits, hidden))
     return outputs
 
 
