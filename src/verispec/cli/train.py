@@ -147,6 +147,7 @@ def train(
         "kept_step": progress.kept_step,
         "tokens_seen": progress.tokens_seen,
         "heldout_top1_by_step": [round(a, 4) for a in accuracy],
+        "heldout_evaluations": progress.evaluations,
         "heldout_top1_by_step_untrained": [round(a, 4) for a in untrained],
         "heldout_expected_tokens_per_round": round(expected_tokens(accuracy), 3),
         "heldout_target_top1_in_vocab": round(top_covered, 4),

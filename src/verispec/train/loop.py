@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -314,6 +314,7 @@ class Progress:
     best_step: int = 0  # the step of the best held-back evaluation so far (0: none yet)
     best_score: float = 0.0  # its expected tokens per round (`expected_tokens`)
     kept_step: int = 0  # the step whose weights `fit` returned
+    evaluations: list[list[float]] = field(default_factory=list)  # [step, expected tokens, top-1 by step...]
 
 
 def save_checkpoint(
@@ -367,7 +368,9 @@ def fit(
 
     def score() -> None:
         nonlocal best
-        value = expected_tokens(evaluate(head, data, rows, settings))
+        accuracy = evaluate(head, data, rows, settings)
+        value = expected_tokens(accuracy)
+        progress.evaluations.append([progress.step, round(value, 4), *[round(a, 4) for a in accuracy]])
         if best is None or value > progress.best_score:
             best = {name: tensor.detach().clone() for name, tensor in head.state_dict().items()}
             progress.best_step, progress.best_score = progress.step, value
