@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 
 from verispec import GREEDY, SamplingParams, generate, load_model, verify
-from verispec.bench.workloads import read_workloads, select
-from verispec.proposers import Draft, PromptLookup
+from verispec.bench.workloads import data_file, read_workloads, select
+from verispec.drafts import Draft
+from verispec.proposers import PromptLookup
 from verispec.randomness import TorchRandom
 from verispec.sampling import check_logits, probabilities
 
-SPECBENCH = Path("/work/shared/data/specbench_dev.jsonl")
+SPECBENCH = data_file("specbench_dev.jsonl", Path(__file__).parents[1])
 
 
 def per_round(prompts: list[list[int]], loaded, sampling: SamplingParams, max_new_tokens: int) -> dict:

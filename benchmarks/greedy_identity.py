@@ -3,7 +3,7 @@ verispec's plain greedy output token for token on the default model.
 
     .venv/bin/python benchmarks/greedy_identity.py [--dtype float32|bfloat16] [--per-category 2]
         [--max-new-tokens 64] [--prompts FILE] [--proposers lookup,suffix,...] [--ks 4,auto]
-        [--json OUT]
+        [--json OUT [--force]]
 
 The prompts are the first N of each category of a Spec-Bench file (first turn, through the chat
 template). Prints prompts down and methods across (`=` and tokens per round where identical,
@@ -22,11 +22,13 @@ from pathlib import Path
 
 import torch
 
-from verispec.bench.identity_suite import KS, PROPOSERS, identity_suite, identity_summary, identity_table
-from verispec.bench.workloads import read_workloads, select
+from verispec.bench.identity_suite import KS, identity_proposers, identity_suite, identity_summary, identity_table
+from verispec.bench.workloads import data_file, read_workloads, select
+from verispec.cli import BadInput
+from verispec.cli.paths import check_output_file
 from verispec.models.load import DEFAULT_MODEL, load_model
 
-SPECBENCH = Path("/work/shared/data/specbench_dev.jsonl")
+SPECBENCH = data_file("specbench_dev.jsonl", Path(__file__).parents[1])
 
 
 def main() -> int:
@@ -36,14 +38,20 @@ def main() -> int:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=Path, default=SPECBENCH)
-    parser.add_argument("--proposers", default=None, help=f"comma-separated (default: {','.join(PROPOSERS)})")
+    parser.add_argument("--proposers", default=None, help=f"comma-separated (default: {','.join(identity_proposers())})")
     parser.add_argument("--ks", default=",".join(KS), help="comma-separated k policies")
     parser.add_argument("--json", type=Path, default=None, help="write the header, records and summary here")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = parser.parse_args()
+    if args.json:
+        try:
+            check_output_file(args.json, "--json", args.force)  # before the run, not after it
+        except BadInput as error:
+            parser.error(str(error))
 
     start = time.perf_counter()
     loaded = load_model(args.model, dtype=args.dtype)
-    default = [p.replace(DEFAULT_MODEL, args.model) for p in PROPOSERS]  # the draft is the target's own model
+    default = [p.replace(DEFAULT_MODEL, args.model) for p in identity_proposers()]  # the draft is the target's own model
     proposers = args.proposers.split(",") if args.proposers else default
     ks = args.ks.split(",")
     workloads = select(read_workloads(args.prompts), limit_per_category=args.per_category)

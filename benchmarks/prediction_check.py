@@ -19,12 +19,14 @@ import statistics
 from pathlib import Path
 
 from verispec import GREEDY, generate, load_model
-from verispec.bench.workloads import read_workloads, select
+from verispec.bench.workloads import data_file, read_workloads, select
+from verispec.cli import BadInput
+from verispec.cli.paths import check_output_file
 from verispec.cost import predicted_speedup
 from verispec.profile import measure_profile
-from verispec.proposers.spec import parse_proposer
+from verispec.registry import build_proposer
 
-SPECBENCH = Path("/work/shared/data/specbench_dev.jsonl")
+SPECBENCH = data_file("specbench_dev.jsonl", Path(__file__).parents[1])
 
 
 def decode_rate(stats) -> float:
@@ -38,7 +40,7 @@ def check(loaded, workloads, proposers: list[str], k: int, max_new_tokens: int) 
         options = dict(max_new_tokens=max_new_tokens, sampling=GREEDY, eos_token_id=loaded.eos_token_id)
         plain = generate(loaded.lm, None, ids, k=0, **options).stats
         for spec in proposers:
-            proposer = parse_proposer(spec, loaded, corpus=[ids])
+            proposer = build_proposer(spec, loaded, corpus=[ids])
             profile = measure_profile(loaded.lm, proposer, ids, k_max=k, repeats=5, warmup=1)
             run = generate(loaded.lm, proposer, ids, k=k, **options).stats
             rows.append({
@@ -63,7 +65,13 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = parser.parse_args()
+    if args.json:
+        try:
+            check_output_file(args.json, "--json", args.force)  # before the run, not after it
+        except BadInput as error:
+            parser.error(str(error))
     loaded = load_model()
     workloads = select(read_workloads(args.prompts), args.categories.split(","), args.per_category)
     rows = check(loaded, workloads, args.proposers.split(","), args.k, args.max_new_tokens)

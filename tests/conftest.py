@@ -11,15 +11,16 @@ import pytest
 import torch
 
 from verispec.audit.exact_target import target_sequences
+from verispec.engine import EosIds
 from verispec.models.tables import TableLM
 from verispec.sampling import SamplingParams
 
 
 def target_joint(
-    target: TableLM, prompt: Sequence[int], n: int, eos_token_id: int | None = None
+    target: TableLM, prompt: Sequence[int], n: int, eos_token_id: EosIds = None
 ) -> dict[tuple[int, ...], Fraction]:
     """The exact probability of every output of plain sampling from `target` at temperature 1:
-    n tokens, or fewer when one of them is EOS (the output ends there)."""
+    n tokens, or fewer when one of them is an EOS id (the output ends there)."""
     return target_sequences(target, prompt, sampling=SamplingParams(), max_new_tokens=n, eos_token_id=eos_token_id)
 
 

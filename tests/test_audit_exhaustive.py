@@ -19,9 +19,6 @@ from verispec.audit.controls import (
 )
 from verispec.audit.exact_target import exact_probabilities, greedy_token, target_sequences
 from verispec.audit.exhaustive import (
-    DRAFT_MODEL,
-    PROMPT_LOOKUP,
-    PROPOSERS,
     SCENARIOS,
     TOLERANCE,
     Configuration,
@@ -29,14 +26,16 @@ from verispec.audit.exhaustive import (
     audit_configuration,
     default_configurations,
     max_abs_difference,
+    audited_proposers,
     select_proposers,
-    verifiers_for,
 )
 from verispec.models.tables import bigram, random_row
+from verispec.registry import PROPOSERS
 from verispec.sampling import GREEDY, SamplingParams, probabilities
 
 F = Fraction
 CONFIGURATIONS = default_configurations()
+DRAFT, LOOKUP = PROPOSERS["draft"], PROPOSERS["lookup"]
 
 
 # --- the exact target -------------------------------------------------------------------------
@@ -140,19 +139,23 @@ def test_scenarios_cover_the_required_ranges():
 
 
 def test_every_proposer_meets_every_valid_rule():
-    assert verifiers_for(DRAFT_MODEL, GREEDY) == verifiers_for(PROMPT_LOOKUP, GREEDY) == ("greedy",)
-    assert verifiers_for(DRAFT_MODEL, SamplingParams()) == ("token", "block")
-    assert verifiers_for(PROMPT_LOOKUP, SamplingParams()) == ("point-mass", "token", "block")
-    for entry in PROPOSERS:
+    assert DRAFT.rules_for(GREEDY) == LOOKUP.rules_for(GREEDY) == ("greedy",)
+    assert DRAFT.rules_for(SamplingParams()) == ("token", "block")
+    assert LOOKUP.rules_for(SamplingParams()) == ("point-mass", "token", "block")
+    audited = [kind.name for kind in audited_proposers()]
+    assert {"lookup", "suffix", "draft", "random"} <= set(audited) and "layerskip" not in audited
+    for kind in audited_proposers():
         for scenario in SCENARIOS:
-            rules = {c.verifier for c in CONFIGURATIONS if c.proposer is entry and c.scenario is scenario}
-            assert rules == set(verifiers_for(entry, scenario.sampling))
+            rules = {c.verifier for c in CONFIGURATIONS if c.proposer is kind and c.scenario is scenario}
+            assert rules == set(kind.rules_for(scenario.sampling))
 
 
 def test_select_proposers_by_name():
-    assert select_proposers(["prompt-lookup", "draft-model"]) == [PROMPT_LOOKUP, DRAFT_MODEL]
-    with pytest.raises(ValueError, match="unknown proposer 'nope'; choose from draft-model"):
+    assert select_proposers(["lookup", "draft"]) == [LOOKUP, DRAFT]
+    with pytest.raises(ValueError, match="unknown proposer 'nope'; choose from lookup, suffix, draft, random"):
         select_proposers(["nope"])
+    with pytest.raises(ValueError, match="proposer 'layerskip' is not audited \\(it needs a transformer's layers"):
+        select_proposers(["layerskip"])
 
 
 # --- the engine against the exact target ------------------------------------------------------
@@ -168,7 +171,7 @@ def test_engine_output_distribution_is_the_target_distribution(config):
 
 
 def test_an_exception_is_reported_as_a_failure():
-    bad = Configuration(dataclasses.replace(SCENARIOS[3], sampling=SamplingParams(temperature=0.7)), DRAFT_MODEL, "token")
+    bad = Configuration(dataclasses.replace(SCENARIOS[3], sampling=SamplingParams(temperature=0.7)), DRAFT, "token")
     result = audit_configuration(bad)
     assert not result.passed and "1/m" in result.error
 
@@ -182,7 +185,7 @@ def test_negative_controls_are_caught(name):
     broken = audit_configuration(control)
     assert broken.error is None  # caught by the distribution, not by a crash
     assert not broken.passed and broken.max_abs_diff > 1e-3
-    repaired = Configuration(control.scenario, DRAFT_MODEL, "token")
+    repaired = Configuration(control.scenario, DRAFT, "token")
     assert audit_configuration(repaired).passed  # the broken part, not the scenario, is at fault
 
 

@@ -23,8 +23,8 @@ from verispec.audit.oracle import (
     token_level_step,
     token_level_verdicts,
 )
+from verispec.drafts import Draft
 from verispec.models.tables import random_row, random_table
-from verispec.proposers.base import Draft
 
 RULES = {"token": token_level_verdicts, "block": block_verdicts}
 F = Fraction

@@ -18,7 +18,8 @@ RECORD_FIELDS = {
 }
 HEADER_FIELDS = {
     "cpu", "native_bf16", "logical_cpus", "torch_threads", "torch", "transformers", "verispec", "dtype",
-    "model", "max_new_tokens", "repeats", "warmup", "prompts", "command",
+    "model", "max_new_tokens", "repeats", "warmup", "prompts", "command", "sampling", "seed", "python",
+    "platform", "load_average_1min", "cuda", "prompt_files", "eos_token_id",
 }
 GROUP_FIELDS = {
     "prompts", "runs", "speedup_median", "speedup_q1", "speedup_q3", "tokens_per_second_median",
@@ -119,14 +120,14 @@ def test_summary_fields_and_baseline(quick_run):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--methods", "verispec-lookup-k0"], "k must be >= 1"),
+        (["--methods", "verispec-lookup-k0"], "k must be an integer >= 1"),
         (["--methods", "verispec-lookup-fast"], "not kN, auto or heuristic"),
         (["--methods", "vllm"], "unknown method"),
         (["--methods", "verispec-nonsense-k2"], "unknown proposer"),
         (["--methods", "hf-early-exit:9"], "exit layer"),
         (["--prompts", "/nonexistent/prompts.jsonl"], "does not exist"),
         (["--categories", "poetry"], "no prompts in categories"),
-        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--repeats", "0"], "'--repeats': Input should be greater than or equal to 1"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys, argv, message):
@@ -167,3 +168,63 @@ def test_real_model_hf_and_verispec_agree_with_plain_decoding(tmp_path):
     assert all(m["near_tie"] for m in summary["mismatches"]), summary["mismatches"]
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     assert len(records) == 8 and all(r["new_tokens"] >= 1 for r in records)
+
+
+SAMPLED_METHODS = "verispec-plain,verispec-lookup-k2,verispec-random-k2,hf-generate,hf-lookup-k2"
+
+
+@pytest.fixture(scope="module")
+def sampled_run(tmp_path_factory):
+    """A --quick benchmark at temperature 0.8 with top-k 20."""
+    out = tmp_path_factory.mktemp("sampled")
+    argv = ["bench", "--quick", "--max-new-tokens", "8", "--repeats", "1", "--methods", SAMPLED_METHODS,
+            "--temperature", "0.8", "--top-k", "20", "--seed", "3", "--out", str(out)]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    return out, records, json.loads((out / "summary.json").read_text())
+
+
+def test_a_sampled_benchmark_reports_acceptance_instead_of_identity(sampled_run):
+    out, records, summary = sampled_run
+    header = summary["header"]
+    assert header["sampling"] == {"temperature": 0.8, "top_k": 20, "top_p": None, "min_p": None}
+    assert header["seed"] == 3 and "--temperature 0.8 --top-k 20 --seed 3" in header["command"]
+    assert all(r["matches_plain"] is None and r["mismatch"] is None for r in records)
+    assert summary["mismatches"] == []
+    assert all(summary["results"][m]["overall"]["matching_runs"] is None for m in summary["methods"])
+    assert summary["results"]["verispec-lookup-k2"]["overall"]["acceptance_rate"] is not None
+    report = (out / "report.md").read_text()
+    assert "sampled: temperature 0.8, top-k 20 (seed 3)" in report
+    assert "## Acceptance and tokens per round (sampled)" in report and "Greedy identity" not in report
+    assert "established by the exhaustive audit" in report and "statistical test" in report
+    assert "| verispec-random-k2 |" in report
+
+
+def test_every_method_samples_with_the_same_transforms(tmp_path):
+    """The HF runners sample with verispec's transforms and nothing of HF's own defaults; the
+    same seed gives the same output, another seed (almost surely) another."""
+    from verispec.bench.runners import HFRunner
+    from verispec.bench.suite import make_runner, quick_target
+    from verispec.bench.quick import quick_workloads
+    from verispec.sampling import GREEDY, SamplingParams
+
+    target = quick_target(tmp_path)
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, min_p=0.05)
+    config = HFRunner(target.model, target.eos_token_ids, sampling=sampling).config(8)
+    assert config.do_sample and (config.temperature, config.top_k, config.top_p, config.min_p) == (0.8, 0, 0.9, 0.05)
+    greedy = HFRunner(target.model, target.eos_token_ids).config(8)
+    assert not greedy.do_sample
+    prompt = quick_workloads()[0].token_ids(target)
+    for name in ("verispec-lookup-k2", "hf-generate"):
+        method = parse_methods(name)[1]
+        runner = make_runner(method, target, prompt, sampling, seed=1)
+        assert runner.sampling == sampling and runner.seed == 1
+        first, again = runner(prompt, 24).tokens, runner(prompt, 24).tokens
+        other = make_runner(method, target, prompt, sampling, seed=2)(prompt, 24).tokens
+        assert first == again != other, name
+    assert make_runner(parse_methods("hf-lookup")[1], target, prompt).sampling == GREEDY
+
+
+def test_filters_without_a_temperature_are_refused(capsys, tmp_path):
+    assert main(["bench", "--quick", "--top-p", "0.9", "--out", str(tmp_path / "x")]) == 2
+    assert "give a --temperature above 0" in capsys.readouterr().err

@@ -13,7 +13,15 @@ from verispec.bench.methods import HF_LOOKUP_TOKENS, PLAIN, Method, parse_method
 from verispec.bench.protocol import rotated
 from verispec.bench.report import quartiles, summarize
 from verispec.bench.runners import emitted_per_round
-from verispec.bench.workloads import HUMANEVAL, Workload, parse_row, read_workloads, select
+from verispec.bench.workloads import (
+    DATA_VARIABLE,
+    HUMANEVAL,
+    Workload,
+    data_file,
+    parse_row,
+    read_workloads,
+    select,
+)
 
 
 def test_method_grammar():
@@ -34,7 +42,9 @@ def test_method_grammar():
     ("name", "message"),
     [
         ("verispec-lookup", "verispec-<proposer>-<kN|auto|heuristic>"),
-        ("verispec-lookup-k0", "k must be >= 1"),
+        ("verispec-lookup-k0", "k must be an integer >= 1, got 0"),
+        ("verispec-hydra-k4", "method 'verispec-hydra-k4': unknown proposer 'hydra'"),
+        ("verispec-lookup:3-k4", "lookup takes no argument"),
         ("verispec-lookup-4", "not kN, auto or heuristic"),
         ("hf-lookup-4", "hf-lookup or hf-lookup-kN"),
         ("hf-early-exit", "layer L >= 1"),
@@ -83,6 +93,14 @@ def test_prompt_rows(tmp_path):
         read_workloads(path)
     with pytest.raises(FileNotFoundError):
         read_workloads(tmp_path / "absent.jsonl")
+
+
+def test_data_files_lie_beside_the_repository_unless_the_variable_says(tmp_path, monkeypatch):
+    repository = tmp_path / "verispec"
+    monkeypatch.delenv(DATA_VARIABLE, raising=False)
+    assert data_file("specbench_dev.jsonl", repository) == tmp_path / "shared" / "data" / "specbench_dev.jsonl"
+    monkeypatch.setenv(DATA_VARIABLE, str(tmp_path / "elsewhere"))
+    assert data_file("specbench_dev.jsonl", repository) == tmp_path / "elsewhere" / "specbench_dev.jsonl"
 
 
 def test_select_keeps_file_order_per_category():

@@ -12,7 +12,8 @@ import pytest
 
 import verispec.cli.audit as audit_cli
 from verispec.audit.controls import NEGATIVE_CONTROLS, resampling_p_verifier
-from verispec.audit.exhaustive import DRAFT_MODEL, PROMPT_LOOKUP, Configuration, default_configurations
+from verispec.audit.exhaustive import Configuration, default_configurations
+from verispec.registry import PROPOSERS
 from verispec.audit.report import run_audit
 from verispec.cli import main
 
@@ -25,28 +26,28 @@ def audit_json(capsys, *args: str) -> tuple[int, dict]:
 
 
 def test_json_report_for_one_proposer(capsys):
-    code, report = audit_json(capsys, "--proposer", "prompt-lookup")
+    code, report = audit_json(capsys, "--proposer", "lookup")
     assert code == 0
-    assert report["configurations"] == len(default_configurations([PROMPT_LOOKUP])) > 0
+    assert report["configurations"] == len(default_configurations([PROPOSERS["lookup"]])) > 0
     assert report["failures"] == [] and report["passed"] is True
     assert isinstance(report["max_abs_diff"], float) and report["max_abs_diff"] <= report["tolerance"]
     assert set(report["negative_controls"]) >= set(NEGATIVE_CONTROLS)
     assert set(report["negative_controls"].values()) == {"caught"}
     assert all(check["passed"] for check in report["oracle"])
-    assert all(r["name"].startswith("prompt-lookup |") for r in report["results"])
+    assert all(r["name"].startswith("lookup |") for r in report["results"])
 
 
 def test_tables_and_summary(capsys):
-    assert main(["audit", "--proposer", "prompt-lookup"]) == 0
+    assert main(["audit", "--proposer", "lookup"]) == 0
     text = capsys.readouterr().out
     assert "Exact rational oracle" in text and "Negative controls" in text
-    assert "prompt-lookup" in text and "caught" in text and "missed" not in text
-    n = len(default_configurations([PROMPT_LOOKUP]))
+    assert "lookup" in text and "caught" in text and "missed" not in text
+    n = len(default_configurations([PROPOSERS["lookup"]]))
     assert f"{n} configurations" in text and "0 failures" in text and "PASS" in text
 
 
 def test_a_failing_configuration_exits_1(capsys, monkeypatch):
-    broken = Configuration(NEGATIVE_CONTROLS["repair by resampling p"].scenario, DRAFT_MODEL, resampling_p_verifier)
+    broken = Configuration(NEGATIVE_CONTROLS["repair by resampling p"].scenario, PROPOSERS["draft"], resampling_p_verifier)
     monkeypatch.setattr(audit_cli, "run_audit", lambda configurations: run_audit([broken]))
     code, report = audit_json(capsys)
     assert code == 1 and report["passed"] is False
@@ -57,7 +58,7 @@ def test_a_failing_configuration_exits_1(capsys, monkeypatch):
 
 
 def test_a_missed_negative_control_exits_1(capsys, monkeypatch):
-    exact = Configuration(NEGATIVE_CONTROLS["repair by resampling p"].scenario, DRAFT_MODEL, "token")
+    exact = Configuration(NEGATIVE_CONTROLS["repair by resampling p"].scenario, PROPOSERS["draft"], "token")
     monkeypatch.setattr(
         audit_cli, "run_audit", lambda configurations: run_audit([], {"an exact configuration": exact})
     )
@@ -69,7 +70,7 @@ def test_a_missed_negative_control_exits_1(capsys, monkeypatch):
 def test_unknown_proposer_is_bad_input(capsys):
     assert main(["audit", "--proposer", "oracle-of-delphi"]) == 2
     captured = capsys.readouterr()
-    assert "error: unknown proposer 'oracle-of-delphi'" in captured.err and "draft-model" in captured.err
+    assert "error: unknown proposer 'oracle-of-delphi'" in captured.err and "draft" in captured.err
     assert captured.out == ""
 
 

@@ -82,9 +82,9 @@ def test_plot(tmp_path, capsys):
         (["--alpha", "1.5", "--k", "3", "--c", "0.1"], "alpha"),
         (["--alpha", "0.5", "--k", "3"], "give --c"),
         (["--alpha", "0.5", "--k", "3", "--c", "0.1", "--v", "0"], "v "),
-        (["--alpha", "0.5", "--k", "-1", "--c", "0.1"], "k "),
+        (["--alpha", "0.5", "--k", "-1", "--c", "0.1"], "'--k'"),
         (["--alpha", "0.5", "--k", "3", "--c", "-0.1"], "c "),
-        (["--alpha", "0.5", "--profile", "/nonexistent/p.json"], "No such file"),
+        (["--alpha", "0.5", "--profile", "/nonexistent/p.json"], "no such file"),
         (["--alpha", "0.5", "--c", "0.1", "--k-max", "0"], "--k-max"),
     ],
 )

@@ -11,14 +11,20 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 from transformers.utils import logging as hf_logging
 
+from rich.console import Console
+
+from verispec.bench import runners
+from verispec.bench.identity import explain
 from verispec.bench.quick import tiny_llama, tiny_tokenizer
 from verispec.cli import main
+from verispec.cli.demo import DemoRow, demo_table
 from verispec.models import load
 
 
@@ -97,7 +103,7 @@ def test_a_prompt_longer_than_the_context(capsys, models):
 @pytest.mark.parametrize("k", ["0", "-1", "00", "+0", " 0 "])
 def test_k_below_one(capsys, models, k):
     err = one_line_error(capsys, ["generate", "--model", str(models / "target"), "--k", k, "Hello"])
-    assert "--k must be an integer >= 1, auto or heuristic" in err
+    assert "--k must be an integer >= 1, auto, auto:PROFILE.json or heuristic" in err and "k = 0 would decode plainly" in err
 
 
 def test_demo_refuses_k_below_one(capsys):
@@ -107,7 +113,8 @@ def test_demo_refuses_k_below_one(capsys):
 
 def test_an_unknown_k(capsys, models):
     err = one_line_error(capsys, ["generate", "--model", str(models / "target"), "--k", "many", "Hello"])
-    assert "unknown k 'many'" in err
+    assert "--k must be an integer >= 1, auto, auto:PROFILE.json or heuristic, got 'many'" in err
+    assert ">= 0" not in err and "k = 0" not in err
 
 
 def test_a_negative_temperature(capsys, models):
@@ -145,7 +152,85 @@ def test_the_tiny_model_generates_and_compares(capsys, models):
     assert main(["generate", "--model", str(models / "target"), "--k", "4", "--max-new-tokens", "12",
                  "--compare", "--json", "Summarize: the cat sat on the mat."]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["new_tokens"] == 12 and report["identical"] is True
+    assert report["new_tokens"] == 12 and report["identical"] is True and report["mismatch"] is None
+
+
+def corrupt_speculative_runs(monkeypatch, position: int) -> None:
+    """Make every speculative run emit a wrong token at new token `position` (plain runs are
+    left alone), as a broken engine would."""
+    run = runners.VerispecRunner.__call__
+
+    def corrupted(self, prompt_ids, max_new_tokens, on_token=None):
+        outcome = run(self, prompt_ids, max_new_tokens, on_token)
+        if self.proposer is not None:
+            outcome.tokens[position] = (outcome.tokens[position] + 1) % 256
+        return outcome
+
+    monkeypatch.setattr(runners.VerispecRunner, "__call__", corrupted)
+
+
+def test_compare_explains_a_mismatch(capsys, models, monkeypatch):
+    """A speculative output that differs from plain decoding is diagnosed where the user sees
+    it: the position, the top-2 margin there, and a failure rather than a near tie."""
+    corrupt_speculative_runs(monkeypatch, 3)
+    argv = ["generate", "--model", str(models / "target"), "--k", "4", "--max-new-tokens", "8", "--compare",
+            "--no-chat", "the cat sat on the mat"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    mismatch = report["mismatch"]
+    assert report["identical"] is False and mismatch["position"] == 3 and mismatch["near_tie"] is False
+    assert mismatch["top2_margin"] >= 0 and "not a near tie" in mismatch["diagnosis"]
+    assert main(argv) == 0
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "output differs from plain decoding at new token 3: FAILURE, not a near tie (top-2 logit margin" in line
+
+
+def test_compare_at_temperature_above_zero_does_not_diagnose(capsys, models):
+    argv = ["generate", "--model", str(models / "target"), "--k", "4", "--max-new-tokens", "8", "--compare",
+            "--temperature", "0.8", "--json", "the cat sat on the mat"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["mismatch"] is None
+
+
+def test_the_demo_table_fits_80_columns():
+    tie = {"position": 7, "near_tie": True, "top2_margin": 0.125, "behind_max": {"x": 0.125}, "diagnosis": "near tie"}
+    fail = tie | {"position": 2, "near_tie": False, "top2_margin": 3.5}
+    rows = [DemoRow("summary (copy-heavy)", 1234.5, 2345.6, 3.25, None),
+            DemoRow("open question", 29.1, 28.3, 1.07, tie), DemoRow("another prompt", 29.1, 28.3, 1.07, fail)]
+    console = Console(width=80, record=True, file=io.StringIO())
+    title = "smollm2-135m-instruct (bfloat16), greedy, 96 new tokens, lookup k=auto"
+    console.print(demo_table(rows, title))
+    lines = console.export_text().rstrip("\n").splitlines()
+    assert max(len(line) for line in lines) <= 80
+    cells = [line.split()[-1] for line in lines if "prompt" in line or "question" in line or "summary" in line]
+    assert cells == ["identical", "yes", "tie@7", "FAIL@2"]
+    assert explain(tie).startswith("differs from plain decoding at new token 7, a near tie (top-2 logit margin 0.125")
+    assert "FAILURE, not a near tie (top-2 logit margin 3.5" in explain(fail)
+
+
+def test_generate_stops_at_any_eos_the_generation_config_lists(capsys, models, tmp_path):
+    """A checkpoint whose generation config lists two EOS ids, the first never emitted, stops at
+    the second: the CLI passes every id, not only the first."""
+    from transformers import GenerationConfig
+
+    from verispec import GREEDY, generate
+
+    prompt = "Summarize: the cat sat on the mat."
+    loaded = load.load_model(models / "target", dtype="float32")
+    ids = loaded.encode(prompt)
+    plain = generate(loaded.lm, None, ids, max_new_tokens=12, k=0, sampling=GREEDY).tokens
+    stop_at = next(i for i in range(1, len(plain)) if plain[i] not in plain[:i])
+    never = min(set(range(loaded.lm.vocab_size)) - set(plain))
+    assert loaded.tokenizer.eos_token_id not in plain[: stop_at + 1]
+    checkpoint = tmp_path / "two-eos"
+    shutil.copytree(models / "target", checkpoint)
+    config = GenerationConfig.from_pretrained(checkpoint)
+    config.eos_token_id = [never, plain[stop_at]]
+    config.save_pretrained(checkpoint)
+    assert main(["generate", "--model", str(checkpoint), "--k", "4", "--max-new-tokens", "12",
+                 "--compare", "--json", prompt]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["new_tokens"] == stop_at + 1 and report["identical"] is True
 
 
 def default_model_or_skip() -> None:
@@ -196,17 +281,14 @@ def test_the_prompt_is_read_from_stdin(capsys, monkeypatch):
 @pytest.mark.slow
 def test_demo_prints_its_table(capsys, monkeypatch):
     default_model_or_skip()
-    monkeypatch.setenv("COLUMNS", "200")  # rich would wrap the table to 80 columns when captured
+    monkeypatch.setenv("COLUMNS", "80")
     assert main(["demo", "--dtype", "float32", "--max-new-tokens", "16"]) == 0
     captured = capsys.readouterr()
+    assert max(len(line) for line in captured.out.splitlines()) <= 80
     rows = [line for line in captured.out.splitlines() if "summary" in line or "open question" in line]
     assert len(rows) == 2, captured.out
     header = next(line for line in captured.out.splitlines() if "identical" in line)
-    assert last_cell(header) == "identical"
-    assert [last_cell(row) for row in rows] == ["yes", "yes"], captured.out
+    assert header.split()[-1] == "identical"
+    assert [row.split()[-1] for row in rows] == ["yes", "yes"], captured.out
     assert "loading" in captured.err
 
-
-def last_cell(line: str) -> str:
-    """The last column of a line of a rich table ("┃ a ┃ b ┃" or "│ a │ b │")."""
-    return line.replace("┃", "│").strip(" │").rpartition("│")[2].strip()

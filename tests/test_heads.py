@@ -23,7 +23,7 @@ from verispec.models.tables import random_table
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.layer_skip import LayerSkip
 from verispec.proposers.medusa import MedusaProposer
-from verispec.proposers.spec import parse_proposer
+from verispec.registry import build_proposer
 from verispec.reference import reference_generate
 from verispec.sampling import probabilities
 
@@ -320,14 +320,14 @@ def test_specs_load_head_directories(tmp_path):
     target = loaded(tiny_llama())
     for kind, cls in (("eagle", EagleProposer), ("medusa", MedusaProposer)):
         save_head(hf_head(kind, target.lm), tmp_path / kind)
-        proposer = parse_proposer(f"{kind}:{tmp_path / kind}", target)
+        proposer = build_proposer(f"{kind}:{tmp_path / kind}", target)
         assert isinstance(proposer, cls) and proposer.target is target.lm
         run = generate(target.lm, proposer, [1, 2, 3], max_new_tokens=8, sampling=GREEDY, k=3)
         assert run.tokens == generate(target.lm, None, [1, 2, 3], max_new_tokens=8, sampling=GREEDY, k=0).tokens
     with pytest.raises(ValueError, match="holds a medusa head, not a eagle head; use medusa:"):
-        parse_proposer(f"eagle:{tmp_path / 'medusa'}", target)
+        build_proposer(f"eagle:{tmp_path / 'medusa'}", target)
     with pytest.raises(ValueError, match="eagle:DIR needs a head directory"):
-        parse_proposer(f"eagle:{tmp_path / 'nowhere'}", target)
+        build_proposer(f"eagle:{tmp_path / 'nowhere'}", target)
 
 
 # --- greedy identity with plain decoding ------------------------------------------------------

@@ -19,6 +19,7 @@ from test_hf_adapter import check_random_history, tiny_llama
 from test_tokenizer_contract import make
 
 from verispec import check_tokenizers, load_model
+from verispec import machine as machine_info
 from verispec.models import load
 from verispec.models.hf import HFCausalLM
 
@@ -42,7 +43,7 @@ ARM_BF16 = "Features\t: fp asimd sve bf16 i8mm\n"
     ],
 )
 def test_native_bf16_from_cpu_flags(cpuinfo: str, machine: str, native: bool) -> None:
-    assert load.cpu_has_bf16(cpuinfo, machine) is native
+    assert machine_info.cpu_has_bf16(cpuinfo, machine) is native
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -9,11 +9,12 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from verispec.cost import FixedCosts, optimal_k, speedup_by_k, survival_from_alpha
+from verispec.drafts import Draft
 from verispec.engine import generate
 from verispec.models.tables import TableLM, random_table, seed_pair
-from verispec.policies import AutoK, ConstantK, HeuristicK, as_policy, policy_from_spec
+from verispec.policies import AutoK, ConstantK, HeuristicK, as_policy
+from verispec.registry import build_policy
 from verispec.profile import measure_profile
-from verispec.proposers.base import Draft
 from verispec.proposers.draft_model import DraftModel
 from verispec.proposers.prompt_lookup import PromptLookup
 from verispec.randomness import Random, TorchRandom
@@ -201,20 +202,20 @@ def test_engine_with_autok_and_prompt_lookup_equals_the_reference(seed):
     assert run.tokens == again
 
 
-def test_policy_from_spec(tmp_path):
+def test_build_policy(tmp_path):
     target = random_table(3, 1, seed=0)
     prompt = [0, 1, 2, 0, 1]
-    assert policy_from_spec("3", target, PromptLookup(), prompt).choose(Stats()) == 3
-    assert isinstance(policy_from_spec("heuristic", target, PromptLookup(), prompt), HeuristicK)
-    measured = policy_from_spec("auto", target, PromptLookup(), prompt)
+    assert build_policy("3", target, PromptLookup(), prompt).choose(Stats()) == 3
+    assert isinstance(build_policy("heuristic", target, PromptLookup(), prompt), HeuristicK)
+    measured = build_policy("auto", target, PromptLookup(), prompt)
     assert isinstance(measured, AutoK) and measured.k_max == 8 and measured.v[0] == 1
     profile = measure_profile(target, PromptLookup(), prompt, k_max=3, repeats=1)
     profile.save(tmp_path / "p.json")
-    from_file = policy_from_spec(f"auto:{tmp_path / 'p.json'}", target, PromptLookup(), prompt)
+    from_file = build_policy(f"auto:{tmp_path / 'p.json'}", target, PromptLookup(), prompt)
     assert (from_file.k_max, from_file.c, from_file.v) == (3, profile.c, profile.v)
-    with pytest.raises(ValueError, match="unknown k 'fast'"):
-        policy_from_spec("fast", target, PromptLookup(), prompt)
+    with pytest.raises(ValueError, match="--k must be an integer >= 1, auto, auto:PROFILE.json or heuristic, got 'fast'"):
+        build_policy("fast", target, PromptLookup(), prompt)
     with pytest.raises(ValueError, match="give a proposer"):
-        policy_from_spec("auto", target, None, prompt)
+        build_policy("auto", target, None, prompt)
     with pytest.raises(FileNotFoundError):
-        policy_from_spec(f"auto:{tmp_path / 'absent.json'}", target, PromptLookup(), prompt)
+        build_policy(f"auto:{tmp_path / 'absent.json'}", target, PromptLookup(), prompt)

@@ -13,8 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec.models.hf import HFCausalLM
 from verispec.models.tables import random_table
-from verispec.policies import AutoK
-from verispec.profile import Profile, Timing, measure_profile
+from verispec.profile import Profile, Timing, measure_profile, measured_autok
 from verispec.proposers.draft_model import DraftModel
 from verispec.proposers.prompt_lookup import PromptLookup
 from verispec.randomness import Random
@@ -157,7 +156,7 @@ def test_real_forwards_on_a_tiny_llama():
     assert all(t.minimum > 0 and t.minimum <= t.q1 <= t.median <= t.q3 <= t.maximum for t in profile.score)
     assert 0 <= profile.c < 1  # a dictionary lookup is far cheaper than a forward
     assert target.length == len(context) - 1
-    policy = AutoK.measured(target, PromptLookup(), context, k_max=3)
+    policy = measured_autok(target, PromptLookup(), context, k_max=3)
     assert policy.k_max == 3
 
 

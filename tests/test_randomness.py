@@ -3,6 +3,8 @@ single draw up to whole generations."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -28,6 +30,19 @@ def test_certain_and_impossible_events():
     assert all(rng.bernoulli(1.0) for _ in range(500))
     assert not any(rng.bernoulli(0.0) for _ in range(500))
     assert 1 not in {rng.categorical(PROBS) for _ in range(500)}
+
+
+@pytest.mark.parametrize("probs", [[0.0, 0.0], [math.nan, 1.0], [math.inf, 0.0]], ids=["no-mass", "nan", "inf"])
+def test_a_draw_from_no_distribution_raises_instead_of_returning_index_v(probs):
+    with pytest.raises(ValueError, match="cannot draw from probabilities summing to"):
+        TorchRandom().categorical(torch.tensor(probs, dtype=torch.float64))
+
+
+def test_a_temperature_that_underflows_the_target_stops_the_request_with_the_reason():
+    target = random_table(4, 2, seed=11, zeros=False)  # every probability < 1: every logit < 0
+    with pytest.raises(ValueError, match="underflows a whole row"):
+        generate(target, DraftModel(random_table(4, 2, seed=12)), [0, 1], max_new_tokens=3, k=2,
+                 sampling=SamplingParams(temperature=1e-320))
 
 
 def run(seed: int, proposer_kind: str, rng: TorchRandom | None = None) -> list[int]:

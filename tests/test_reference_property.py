@@ -36,9 +36,10 @@ HEADS = {"eagle": EagleProposer, "medusa": MedusaProposer}
 def requests(draw):
     vocab = draw(st.integers(2, 5))
     token = st.integers(0, vocab - 1)
-    eos = draw(st.none() | token)
+    eos = draw(st.none() | token | st.lists(token, min_size=1, max_size=2))  # one id or several
+    first_eos = eos[0] if isinstance(eos, list) else eos
     target = random_table(vocab, draw(st.integers(1, 2)), draw(st.integers(0, 10**6)),
-                          zeros=draw(st.booleans()), eos_token_id=eos)
+                          zeros=draw(st.booleans()), eos_token_id=first_eos)
     sampling = SamplingParams(
         temperature=draw(st.sampled_from([0, 1, 0.5, 1.7])),
         top_k=draw(st.none() | st.integers(1, vocab)),
@@ -82,5 +83,7 @@ def test_engine_equals_the_full_recompute_reference(request):
     reference = reference_generate(target, request["make_proposer"](), prompt, k=request["make_k"](),
                                    rng=TorchRandom(seed), **options)
     assert engine.tokens == reference
-    assert len(reference) == options["max_new_tokens"] or reference[-1] == options["eos_token_id"]
-    assert options["eos_token_id"] not in reference[:-1]
+    eos = options["eos_token_id"]
+    eos_ids = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
+    assert len(reference) == options["max_new_tokens"] or reference[-1] in eos_ids
+    assert not eos_ids & set(reference[:-1])

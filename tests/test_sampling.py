@@ -153,6 +153,19 @@ def test_temperature_that_overflows_the_logits_raises():
         probabilities(torch.tensor([[1e300, 0.0]], dtype=torch.float64), SamplingParams(temperature=1e-10))
 
 
+@pytest.mark.parametrize("logits", [[[-1.0, -2.0]], [[0.0, -1.0], [-INF, -3.0]]], ids=["negative", "masked"])
+def test_temperature_that_underflows_a_whole_row_raises(logits):
+    # Every logit of a row negative, / 1e-320 is -inf: softmax would give NaN, and a draw from
+    # NaN probabilities would return the index V.
+    with pytest.raises(ValueError, match="underflows a whole row.*use a larger temperature"):
+        probabilities(torch.tensor(logits, dtype=torch.float64), SamplingParams(temperature=1e-320))
+
+
+def test_a_tiny_temperature_that_keeps_one_finite_logit_per_row_is_greedy_in_effect():
+    probs = probabilities(torch.tensor([[0.0, -1.0, -INF]], dtype=torch.float64), SamplingParams(temperature=1e-320))
+    assert probs.tolist() == [[1.0, 0.0, 0.0]]
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

@@ -26,12 +26,13 @@ import torch
 from scipy.stats import power_divergence
 
 from verispec import TorchRandom, generate
+from verispec.drafts import Verdict
 from verispec.heads.untrained import tiny_head
 from verispec.models.tables import random_table
 from verispec.proposers import DraftModel
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
-from verispec.verify import Verdict, token_level
+from verispec.verify import token_level
 
 VOCAB = 64
 RUNS = 3000

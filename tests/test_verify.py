@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from verispec.audit.enumerate import outcomes
+from verispec.drafts import Draft, Verdict
 from verispec.models.tables import random_row, random_table
-from verispec.proposers.base import Draft
-from verispec.verify import RULES, Verdict, block, default_rule, greedy, point_mass, token_level
+from verispec.verify import RULES, block, greedy, point_mass, rule_chooser, token_level
 
 F64 = torch.float64
 EXACT = 1e-12
@@ -62,7 +62,11 @@ SEED_P, SEED_Q = row(".1", ".3", ".6"), row(".4", ".4", ".2")
 
 
 def verdicts(rule, p: torch.Tensor, draft: Draft) -> dict:
-    return distribution(lambda rng: tuple(vars(rule(p, draft, rng)).values()))
+    def run(rng) -> tuple[int, int]:
+        verdict = rule(p, draft, rng)
+        return verdict.n_accepted, verdict.next_token
+
+    return distribution(run)
 
 
 def test_token_level_on_the_seed_rows():
@@ -268,38 +272,88 @@ def test_block_never_accepts_fewer_than_token_level(seed, vocab, k):
 # --- refusals ---------------------------------------------------------------------------------
 
 
-def test_token_level_zero_residual_raises_naming_the_position():
-    # Position 0 has p == q (accepted without a draw); at position 1 rounding left q(x) one ulp
-    # above p(x) and no mass anywhere else: a rejection there has no residual to repair from.
-    p = torch.stack([row(".5", ".5"), row(".5", ".5"), row(".5", ".5")])
-    q = p[:2].clone()
-    q[1, 0] = math.nextafter(0.5, 1.0)
-    with pytest.raises(ArithmeticError, match="position 1"):
-        token_level(p, Draft((0, 0), q), NeverAccepts())
+class RecordsDraws(NeverAccepts):
+    """Forces every rejection, and keeps the rows categorical draws come from."""
 
-
-class AcceptsOnce(NeverAccepts):
     def __init__(self) -> None:
-        self.calls = 0
+        self.rows: list[torch.Tensor] = []
 
-    def bernoulli(self, prob: float) -> bool:
-        self.calls += 1
-        return self.calls == 1
-
-
-def test_point_mass_zero_residual_raises_naming_the_position():
-    # x_2 = 0 has p = 1, so its rejection (forced) leaves p with x_2 removed: nothing.
-    p = torch.stack([row(0, 1), row(1, 0), row(1, 0)])
-    with pytest.raises(ArithmeticError, match="position 1"):
-        point_mass(p, Draft((1, 0)), AcceptsOnce())
+    def categorical(self, probs: torch.Tensor) -> int:
+        self.rows.append(probs)
+        return super().categorical(probs)
 
 
-def test_block_zero_residual_raises_naming_the_position():
-    # p == q everywhere: h_k = 1 in exact arithmetic, so tau = 0 and its empty residual
-    # max(p - q, 0) = 0 can only be reached by a forced rejection.
-    p = TOY_P.expand(3, 2)
-    with pytest.raises(ArithmeticError, match="position 0"):
-        block(p, Draft((0, 1), TOY_P.expand(2, 2)), NeverAccepts())
+def one_ulp_above(p_row: torch.Tensor) -> torch.Tensor:
+    """q >= p with q != p: every nonzero entry of p one ulp higher (p and q equal up to
+    rounding, as for a draft that is the target with its logits shifted by a constant)."""
+    return torch.where(p_row > 0, torch.nextafter(p_row, torch.tensor(math.inf, dtype=F64)), p_row)
+
+
+@pytest.mark.parametrize("rule", [token_level, block])
+def test_a_rejection_on_a_zero_residual_falls_back_to_p(rule):
+    p_row = row(".5", ".5")
+    p = p_row.expand(3, 2)
+    q = one_ulp_above(p_row).expand(2, 2)
+    rng = RecordsDraws()
+    verdict = rule(p, Draft((1, 0), q), rng)
+    assert verdict.fallback and verdict.n_accepted == 0
+    assert torch.equal(rng.rows[-1], p_row)  # the repair token came from p itself
+
+
+def test_block_falls_back_when_h_is_one_over_an_empty_residual():
+    # Position 0 has p == q: w_1 = 1 and Z_1 = 0, so h_1 = 1 (0 / 0 taken as 1) and tau = 1
+    # lands on the empty residual max(p_2 - q_2, 0) once h_2 = w_2 < 1 is rejected.
+    p_row = row(".5", ".5")
+    q = torch.stack([p_row, one_ulp_above(p_row)])
+
+    class RejectsUnlessCertain(RecordsDraws):
+        def bernoulli(self, prob: float) -> bool:
+            return prob == 1
+
+    rng = RejectsUnlessCertain()
+    verdict = block(p_row.expand(3, 2), Draft((0, 1), q), rng)
+    assert verdict.fallback and verdict.n_accepted == 1 and torch.equal(rng.rows[-1], p_row)
+
+
+@pytest.mark.parametrize("rule", [token_level, block])
+def test_the_fallback_probability_is_the_rejection_mass(rule):
+    """The docstring's bound: with x ~ q, the fallback (the only place the law departs from the
+    exact rule) happens with probability sum_x max(q(x) - p(x), 0) = sum q - sum p."""
+    p_row = row(".5", ".5")
+    q_row = one_ulp_above(row(".5", 0)) + row(0, ".5")  # q = (.5 + 1 ulp, .5)
+    fallback = 0.0
+    for x in range(2):
+        def run(rng, x=x) -> bool:
+            return rule(p_row.expand(2, 2), Draft((x,), q_row.unsqueeze(0)), rng).fallback
+
+        fallback += float(q_row[x]) * sum(prob for prob, fell in outcomes(run) if fell)
+    rejection_mass = float((q_row - p_row).clamp_min(0).sum())
+    assert rejection_mass > 0 and math.isclose(fallback, rejection_mass, rel_tol=1e-6)
+    exact_sums = sum(map(Fraction, q_row.tolist())) - sum(map(Fraction, p_row.tolist()))
+    assert rejection_mass == exact_sums  # the rows' normalisation error, summed exactly
+
+
+@pytest.mark.parametrize("rule", [token_level, block])
+def test_over_two_positions_the_fallback_is_at_most_the_summed_rejection_masses(rule):
+    p_row = row(".5", ".5")
+    q_row = one_ulp_above(row(".5", 0)) + row(0, ".5")
+
+    def run(rng) -> bool:  # x_1, x_2 ~ q, then the rule; True when it fell back
+        tokens = (rng.categorical(q_row), rng.categorical(q_row))
+        return rule(p_row.expand(3, 2), Draft(tokens, q_row.expand(2, 2)), rng).fallback
+
+    fallback = sum(prob for prob, fell in outcomes(run) if fell)
+    rejection_mass = float((q_row - p_row).clamp_min(0).sum())
+    assert 0 < fallback <= 2 * rejection_mass * (1 + 1e-6)
+
+
+def test_point_mass_falls_back_when_the_rest_of_p_is_empty():
+    # p(x) = 1 - 1 ulp and nothing elsewhere: the rejection (probability 1 - sum p) leaves p
+    # with x removed empty, so the repair token is x itself, drawn from p.
+    p_row = torch.tensor([math.nextafter(1.0, 0.0), 0.0], dtype=F64)
+    rng = RecordsDraws()
+    verdict = point_mass(p_row.expand(2, 2), Draft((0,)), rng)
+    assert verdict == Verdict(0, 0, fallback=True) and torch.equal(rng.rows[-1], p_row)
 
 
 def test_point_mass_refuses_sampled_drafts():
@@ -319,8 +373,11 @@ def test_token_level_verifies_chosen_drafts_as_point_masses():
     assert verdicts(token_level, p, Draft((1,))) == verdicts(point_mass, p, Draft((1,)))
 
 
-def test_default_rule_and_rule_names():
-    assert default_rule(True, Draft((1,), SEED_Q.unsqueeze(0))) is greedy
-    assert default_rule(False, Draft((1,))) is point_mass
-    assert default_rule(False, Draft((1,), SEED_Q.unsqueeze(0))) is block
+def test_rule_chooser_and_rule_names():
+    sampled, chosen = Draft((1,), SEED_Q.unsqueeze(0)), Draft((1,))
+    assert rule_chooser("auto", greedy_sampling=True)(sampled) is greedy
+    assert rule_chooser("auto", greedy_sampling=False)(chosen) is point_mass
+    assert rule_chooser("auto", greedy_sampling=False)(sampled) is block
+    assert rule_chooser("token", greedy_sampling=False)(chosen) is token_level
+    assert rule_chooser(block, greedy_sampling=True)(chosen) is block  # a function is used as given
     assert RULES == {"greedy": greedy, "token": token_level, "point-mass": point_mass, "block": block}

@@ -32,10 +32,18 @@ from verispec.stats import Stats
 TOLERANCE = 1e-9
 
 
+def check_k(k: object, *, minimum: int = 1, name: str = "k (drafted tokens per round)") -> int:
+    """k as an int >= minimum. Speculative commands need minimum 1: k = 0 would decode plainly
+    while reporting itself as speculative; the cost model allows 0 (plain decoding)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {k!r}")
+    return k
+
+
 def expected_tokens(alpha: float, k: int) -> float:
     """Expected tokens emitted by a round of k drafts with constant acceptance alpha."""
     check_alpha(alpha)
-    check_k(k)
+    check_k(k, minimum=0)
     if alpha == 1:
         return float(k + 1)
     return (1 - alpha ** (k + 1)) / (1 - alpha)
@@ -58,7 +66,7 @@ def expected_tokens_by_k(survival: Sequence[float]) -> list[float]:
 def survival_from_alpha(alpha: float, k: int) -> list[float]:
     """s_i = alpha^i, i = 1..k: the survival of constant, independent acceptance."""
     check_alpha(alpha)
-    check_k(k)
+    check_k(k, minimum=0)
     return [alpha**i for i in range(1, k + 1)]
 
 
@@ -68,7 +76,7 @@ def speedup(expected: float, k: int, c: float, v: float) -> float:
     expected: tokens the round emits (E, in [1, k + 1]); c: one draft step / one target step;
     v: v(k + 1), the target's time to score the round's k + 1 positions / one target step.
     """
-    check_k(k)
+    check_k(k, minimum=0)
     check_costs(c, v)
     if not 1 - TOLERANCE <= expected <= k + 1 + TOLERANCE:
         raise ValueError(
@@ -166,11 +174,6 @@ def predicted_speedup(stats: Stats, costs: Costs) -> float:
 def check_alpha(alpha: float) -> None:
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
         raise ValueError(f"alpha (per-token acceptance) must be a number in [0, 1], got {alpha!r}")
-
-
-def check_k(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k (drafted tokens per round) must be an integer >= 0, got {k!r}")
 
 
 def check_costs(c: float, v: float) -> None:

@@ -6,14 +6,9 @@ exactness is untouched. k = 0 means a plain decoding step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
 from verispec.cost import Costs, check_costs, check_v_curve, speedup, speedup_by_k
-from verispec.models.base import CausalLM
-from verispec.profile import Profile, measure_profile
-from verispec.proposers.base import Proposer
-from verispec.sampling import SamplingParams
 from verispec.stats import Stats
 
 
@@ -83,6 +78,7 @@ class AutoK:
 
     It reads only past rounds, so the verifier's exactness is untouched; it is deterministic
     given the sequence of `Stats` it sees, so the engine and the reference decoder agree.
+    `verispec.profile.measured_autok` builds one from a brief profile measured on the spot.
 
         >>> from verispec.cost import FixedCosts
         >>> AutoK(FixedCosts(c=0.0, v=[1.0] * 9)).choose(Stats())  # free drafts, flat v: k_max
@@ -132,22 +128,6 @@ class AutoK:
         self.probe_every = probe_every
         self.probe_cap = probe_cap
         self.begin()
-
-    @classmethod
-    def measured(
-        cls,
-        target: CausalLM,
-        proposer: Proposer,
-        prompt_ids: Sequence[int],
-        *,
-        k_max: int = 8,
-        sampling: SamplingParams | None = None,
-        **options,
-    ) -> AutoK:
-        """An AutoK from a brief profile of this target and proposer after this prompt (two
-        timed repeats after one warm-up: about a second on the default model)."""
-        profile = measure_profile(target, proposer, prompt_ids, k_max=k_max, repeats=2, warmup=1, sampling=sampling)
-        return cls(profile, **options)
 
     def begin(self) -> None:
         self._attempts = [0.0] * self.k_max  # decayed rounds that reached position i + 1
@@ -220,34 +200,10 @@ def _growth(now: list[int], before: list[int], length: int) -> list[float]:
     return [float(at(now, i) - at(before, i)) for i in range(length)]
 
 
-def policy_from_spec(
-    spec: str,
-    target: CausalLM,
-    proposer: Proposer | None,
-    prompt_ids: Sequence[int],
-    sampling: SamplingParams | None = None,
-) -> KPolicy:
-    """The policy a command line names: an integer k >= 0, `heuristic` (HF's schedule),
-    `auto` (AutoK on a brief profile measured now, after this prompt) or `auto:PROFILE.json`
-    (AutoK on a profile written by `verispec profile --out`)."""
-    text = spec.strip()
-    if text.isdigit():
-        return ConstantK(int(text))
-    if text == "heuristic":
-        return HeuristicK()
-    if text.startswith("auto:"):
-        return AutoK(Profile.load(text.removeprefix("auto:")))
-    if text == "auto":
-        if proposer is None:
-            raise ValueError("k = auto measures the proposer's cost; give a proposer or an integer k")
-        return AutoK.measured(target, proposer, prompt_ids, sampling=sampling)
-    raise ValueError(f"unknown k {spec!r}; give an integer >= 0, heuristic, auto or auto:PROFILE.json")
-
-
 def as_policy(k: int | KPolicy) -> KPolicy:
     if isinstance(k, str):
         raise ValueError(
             f"k={k!r}: give an integer >= 0 or a policy object; k = auto needs measured costs, "
-            "AutoK(Profile.load(FILE)) or AutoK.measured(target, proposer, prompt_ids)"
+            "AutoK(Profile.load(FILE)) or verispec.profile.measured_autok(target, proposer, prompt_ids)"
         )
     return ConstantK(k) if isinstance(k, int) else k

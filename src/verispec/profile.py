@@ -14,8 +14,6 @@ A prompt-lookup proposer costs a dictionary probe per round: its c is honestly ~
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +23,9 @@ from pathlib import Path
 import torch
 
 from verispec.cost import check_survival, check_v_curve
+from verispec.machine import describe
 from verispec.models.base import CausalLM
+from verispec.policies import AutoK
 from verispec.proposers.base import Proposer
 from verispec.randomness import TorchRandom
 from verispec.sampling import SamplingParams
@@ -71,7 +71,7 @@ class Profile:
     drafted: float
     context_tokens: int
     repeats: int
-    machine: dict[str, str] = field(default_factory=dict)
+    machine: dict = field(default_factory=dict)
     target: str = ""
     proposer: str = ""
     survival: list[float] | None = None
@@ -194,26 +194,27 @@ def measure_profile(
         drafted=statistics.fmean(drafted[measured]),
         context_tokens=len(context),
         repeats=repeats,
-        machine=machine_notes(),
+        machine=describe(),
     )
+
+
+def measured_autok(
+    target: CausalLM,
+    proposer: Proposer,
+    prompt_ids: Sequence[int],
+    *,
+    k_max: int = 8,
+    sampling: SamplingParams | None = None,
+    **options,
+) -> AutoK:
+    """An AutoK from a brief profile of this target and proposer after this prompt (two
+    timed repeats after one warm-up: about a second on the default model); `options` go to
+    `AutoK`."""
+    profile = measure_profile(target, proposer, prompt_ids, k_max=k_max, repeats=2, warmup=1, sampling=sampling)
+    return AutoK(profile, **options)
 
 
 def synchronize() -> None:
     """Wait for queued GPU work, so a timer reads the forward and not only its launch."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def machine_notes() -> dict[str, str]:
-    """What the timings depend on besides the models."""
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": str(os.cpu_count()),
-        "torch": torch.__version__,
-        "torch_threads": str(torch.get_num_threads()),
-        # Other processes competing for the cores change every timing (a busy 2-core machine
-        # made one forward 40x slower with 2 torch threads); say how busy it was.
-        "load_average_1min": f"{os.getloadavg()[0]:.2f}",
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-    }

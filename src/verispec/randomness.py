@@ -8,6 +8,7 @@ walks every branch of every call and weighs each outcome by its probability.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -37,5 +38,12 @@ class TorchRandom:
 
     def categorical(self, probs: torch.Tensor) -> int:
         cdf = torch.cumsum(probs, dim=0)
-        u = torch.rand((), generator=self.generator, dtype=torch.float64)
-        return int(torch.searchsorted(cdf, u * cdf[-1], right=True))
+        total = float(cdf[-1])
+        if not 0 < total < math.inf:
+            # NaN or no mass: the search would return len(probs), which is no token at all.
+            raise ValueError(
+                f"cannot draw from probabilities summing to {total}; they must be non-negative "
+                "with a positive finite sum (check the logits and the sampling transforms)"
+            )
+        u = float(torch.rand((), generator=self.generator, dtype=torch.float64))
+        return int(torch.searchsorted(cdf, u * total, right=True))

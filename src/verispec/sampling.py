@@ -6,7 +6,10 @@ Temperature 0 is greedy decoding and never builds a distribution: the greedy ver
 only the argmax of each row.
 
 Probabilities are float64. Logits equal to -inf are legal masks and give exact zeros; NaN and
-+inf are rejected, never clipped.
++inf are rejected, never clipped, and so is a temperature that scales a row to nothing.
+
+Devices: the transforms run where the logits are; `rule_rows` then moves the rows a rule reads
+to the host in one copy, the only place model output crosses over (`to_host`).
 """
 
 from __future__ import annotations
@@ -72,6 +75,23 @@ def check_logits(logits: torch.Tensor) -> None:
         raise ValueError("a row of logits is entirely -inf; no token can be sampled")
 
 
+def to_host(rows: torch.Tensor) -> torch.Tensor:
+    """`rows` on the CPU: the one crossing from a model's device to the host (free when the
+    model is on the CPU). The rules and the random draws read single entries, and each read
+    of a device tensor would be a synchronisation; one copy of the rows costs one."""
+    return rows.cpu()
+
+
+def rule_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """What a verification rule reads, on the host: the checked logits[n, V] when greedy
+    (the argmax of a row with NaN or +inf would pass silently), else p = float64
+    probabilities[n, V] after the request's transforms."""
+    if params.greedy:
+        check_logits(logits)
+        return to_host(logits)
+    return to_host(probabilities(logits, params))
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits[n, V] -> float64 probabilities[n, V] after temperature, top-k, top-p, min-p.
 
@@ -86,6 +106,13 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         scaled = scaled / params.temperature
         if bool(torch.isposinf(scaled).any()):
             raise ValueError(f"temperature {params.temperature} overflows the logits; use a larger one")
+        if bool(torch.isneginf(scaled).all(dim=-1).any()):
+            # Every logit of the row is negative and / temperature rounds to -inf: softmax
+            # would give NaN everywhere.
+            raise ValueError(
+                f"temperature {params.temperature} underflows a whole row of logits to -inf, so no "
+                "token has a probability; use a larger temperature, or 0 for greedy decoding"
+            )
     if params.top_k is not None and params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, -math.inf)

@@ -17,6 +17,9 @@ class Stats:
     Seconds: prefill (the prompt), draft (the proposer), target (the target's scoring
     forwards), verify (sampling transforms and the rule), commit (cache rollback, proposer
     bookkeeping). verify + commit is the engine's own per-round overhead.
+    fallbacks: rounds whose repair token came from p because rounding left a zero residual
+        (`verispec.verify`); each adds at most its rejection mass, ~1e-16, to the distance
+        from the exact law.
     """
 
     new_tokens: int = 0
@@ -29,8 +32,10 @@ class Stats:
     target_seconds: float = 0.0
     verify_seconds: float = 0.0
     commit_seconds: float = 0.0
+    fallbacks: int = 0
 
-    def record_round(self, drafted: int, accepted: int) -> None:
+    def record_round(self, drafted: int, accepted: int, fallback: bool = False) -> None:
+        self.fallbacks += fallback
         self.drafted.append(drafted)
         self.accepted.append(accepted)
         while len(self.position_attempts) < drafted:
@@ -95,6 +100,7 @@ class Stats:
             "position_attempts": self.position_attempts,
             "position_accepts": self.position_accepts,
             "survival": self.survival(),
+            "fallbacks": self.fallbacks,
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,
             "draft_seconds": self.draft_seconds,

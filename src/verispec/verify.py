@@ -6,40 +6,46 @@ Terms (as in the papers and in vLLM's rejection sampler):
 - bonus token: drawn from the target after every drafted token was accepted.
 A round therefore emits `n_accepted + 1` tokens: the accepted prefix, then `next_token`.
 
-Inputs: `p` float64 [k+1, V], p[i] the target distribution after the context and the first i
-drafted tokens (row k is the bonus position), after the same sampling transforms as q. The
-greedy rule reads only the argmax of each row and accepts raw logits. `draft.q` float64 [k, V]
-or None for chosen (not sampled) drafts, which every sampled rule treats as point masses.
+Inputs, all on the host (CPU; `verispec.sampling.rule_rows` moves them there once a round):
+`p` float64 [k+1, V], p[i] the target distribution after the context and the first i drafted
+tokens (row k is the bonus position), after the same sampling transforms as q. The greedy
+rule reads raw `logits` [k+1, V] instead. `draft.q` float64 [k, V], or None for chosen (not
+sampled) drafts, which every sampled rule treats as point masses.
 
-All randomness comes from the injected `rng`; no rule ever divides by a zero residual: a
-rejection whose residual has no mass is impossible in exact arithmetic and raises
-ArithmeticError naming the position.
+All randomness comes from the injected `rng`, and no rule divides by a zero residual.
+
+Zero residual. In exact arithmetic a rejection never meets a residual without mass. In floating
+point it can: when p and q agree up to the last ulp with q >= p everywhere (a draft that is the
+target with its logits shifted by a constant; about 1e-16 per round), a rejection is possible
+and max(p - q, 0) is all zero. The rules then draw the repair token from p_i itself, the limit
+of the exact law as q -> p, and mark the verdict (`Verdict.fallback`, counted in
+`Stats.fallbacks`). The fallback changes the round's law only on the event E that a rejection
+lands on a residual of zero computed mass, so the total-variation distance to the exact rule on
+the same rows is at most P(E). For the token-level and point-mass rules, a zero residual at
+position i means p_i <= q_i entrywise, and P(E) <= sum_x max(q_i(x) - p_i(x), 0) = sum q_i -
+sum p_i: the rejection mass equals the residual mass (0) plus the rows' normalisation error,
+~V * 1e-16 in float64. The block rule reaches E through the same rounding (h_i = 1 with
+w_i = 1 and Z_i = 0, or tau = 0 with Z_0 = 0); E needs tau < k, so P(E) <= P(tau < k) <=
+E[1 - w_k] <= sum_i sum_x max(q_i(x) - p_i(x), 0) (w_k >= prod_i min(1, p_i(x_i) / q_i(x_i))),
+the same normalisation errors summed over the k positions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
-from verispec.proposers.base import Draft
+from verispec.drafts import Draft, Verdict
 from verispec.randomness import Random
-
-
-@dataclass(frozen=True)
-class Verdict:
-    n_accepted: int
-    next_token: int
-
 
 Verifier = Callable[[torch.Tensor, Draft, Random], Verdict]
 
 
-def greedy(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
+def greedy(logits: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
     """Greedy verification: accept while the drafted token is the target argmax, then emit the
-    target argmax. Reproduces plain greedy decoding token for token. `p` may be logits."""
-    target_ids = p.numpy().argmax(axis=-1).tolist()  # first index on ties, as torch; ~20x faster
+    target argmax. Reproduces plain greedy decoding token for token. `logits` [k+1, V] on the
+    host (p has the same argmax, so it works too); `rng` is never used."""
+    target_ids = logits.numpy().argmax(axis=-1).tolist()  # first index on ties, as torch; ~20x faster
     n = 0
     while n < len(draft) and draft.tokens[n] == target_ids[n]:
         n += 1
@@ -61,8 +67,7 @@ def token_level(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
             raise ValueError(f"draft token {x} at position {i} has proposal probability 0")
         if p_x >= q_x or rng.bernoulli(p_x / q_x):
             continue
-        residual = (p[i] - draft.q[i]).clamp_min(0.0)
-        return Verdict(i, _draw(residual, i, rng))
+        return _repair(i, (p[i] - draft.q[i]).clamp_min(0.0), p[i], rng)
     return Verdict(len(draft), rng.categorical(p[len(draft)]))
 
 
@@ -80,7 +85,7 @@ def point_mass(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
             continue
         residual = p[i].clone()
         residual[x] = 0.0
-        return Verdict(i, _draw(residual, i, rng))
+        return _repair(i, residual, p[i], rng)
     return Verdict(len(draft), rng.categorical(p[len(draft)]))
 
 
@@ -93,7 +98,8 @@ def block(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
     the denominator is 0); h_k = w_k. tau is the last i with eta_i <= h_i, eta_i ~ U(0, 1)
     independent (0 if none): drawn here from i = k downwards, stopping at the first success.
     Emit x_1..x_tau, then y ~ p_{k+1} if tau = k, else y ~ norm(max(w_tau p_{tau+1} -
-    q_{tau+1}, 0)). Chosen drafts use a one-hot q.
+    q_{tau+1}, 0)). Chosen drafts use a one-hot q. A residual of zero computed mass falls back
+    to y ~ p_{tau+1} (see the module docstring).
     """
     k = len(draft)
     q = draft.q if draft.q is not None else _one_hot(draft.tokens, p.shape[-1])
@@ -125,7 +131,7 @@ def block(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
             break
     if tau == k:
         return Verdict(k, rng.categorical(p[k]))
-    return Verdict(tau, _draw(residuals[tau], tau, rng))
+    return _repair(tau, residuals[tau], p[tau], rng)
 
 
 RULES: dict[str, Verifier] = {
@@ -136,22 +142,42 @@ RULES: dict[str, Verifier] = {
 }
 
 
-def default_rule(greedy_sampling: bool, draft: Draft) -> Verifier:
-    """Greedy at temperature 0; else point-mass for chosen drafts and block verification for
-    sampled ones."""
+RuleChoice = Callable[[Draft], Verifier]
+
+
+def rule_chooser(verifier: str | Verifier, greedy_sampling: bool) -> RuleChoice:
+    """The one place a rule is chosen: check `verifier` against the request now (a bad name or
+    a rule that is not exact at this temperature raises ValueError), and return draft -> rule.
+
+    verifier: "auto", a name in `RULES`, or a rule function (used as given). "auto": greedy at
+    temperature 0; else point-mass for chosen drafts (q is None) and block for sampled ones.
+
+    >>> rule_chooser("auto", greedy_sampling=False)(Draft((3,))) is point_mass
+    True
+    """
+    if callable(verifier):
+        return lambda draft: verifier
+    if verifier != "auto" and verifier not in RULES:
+        raise ValueError(f"unknown verifier {verifier!r}; choose auto or one of {sorted(RULES)}")
     if greedy_sampling:
-        return greedy
-    return point_mass if draft.q is None else block
+        if verifier not in ("auto", "greedy"):
+            raise ValueError(f"temperature 0 verifies greedily; {verifier!r} needs temperature > 0")
+        return lambda draft: greedy
+    if verifier == "greedy":
+        raise ValueError("the greedy rule is exact only at temperature 0; use auto, token or block")
+    if verifier == "auto":
+        return lambda draft: point_mass if draft.q is None else block
+    rule = RULES[verifier]
+    return lambda draft: rule
 
 
-def _draw(residual: torch.Tensor, position: int, rng: Random) -> int:
+def _repair(position: int, residual: torch.Tensor, p_row: torch.Tensor, rng: Random) -> Verdict:
+    """The verdict after a rejection at `position`: the repair token from the residual
+    (float64 [V], unnormalised), or from p_row when rounding left the residual no mass."""
     mass = float(residual.sum())
-    if not mass > 0:
-        raise ArithmeticError(
-            f"rejection at draft position {position} left a zero residual; in exact arithmetic "
-            "this has probability 0, so p and q disagree numerically (check the transforms)"
-        )
-    return rng.categorical(residual / mass)
+    if mass > 0:
+        return Verdict(position, rng.categorical(residual / mass))
+    return Verdict(position, rng.categorical(p_row), fallback=True)
 
 
 def _one_hot(tokens: tuple[int, ...], vocab_size: int) -> torch.Tensor:

@@ -23,16 +23,16 @@ from dataclasses import replace
 
 import torch
 
-from verispec.audit.exhaustive import DRAFT_MODEL, Configuration, ProposerEntry, Scenario
+from verispec.audit.exhaustive import Configuration, Scenario
+from verispec.drafts import Draft, Verdict
 from verispec.heads.untrained import tiny_head
 from verispec.heads.vocab import HeadVocab
 from verispec.models.tables import TableLM
 from verispec.proposers import DraftModel
-from verispec.proposers.base import Draft
 from verispec.proposers.eagle import EagleProposer
 from verispec.randomness import Random
+from verispec.registry import PROPOSERS
 from verispec.sampling import SamplingParams, probabilities
-from verispec.verify import Verdict
 
 
 def resampling_p_verifier(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
@@ -99,15 +99,16 @@ def _argmax_eagle(tables) -> EagleProposer:
     return proposer
 
 
-_ARGMAX_HEAD = ProposerEntry("eagle drafting its argmax with a softmax q", _argmax_eagle, sampled=True)
-
-_UNTRANSFORMED_Q = ProposerEntry(
-    "draft-model reporting q before top-k", lambda tables: UntransformedQDraftModel(tables.draft), sampled=True
+DRAFT = PROPOSERS["draft"]
+_UNTRANSFORMED_Q = replace(
+    DRAFT, description="a draft model reporting q before top-k", audit=lambda tables: UntransformedQDraftModel(tables.draft)
 )
+_ARGMAX_HEAD = replace(PROPOSERS["eagle"], description="an EAGLE head drafting its argmax with a softmax q",
+                       audit=_argmax_eagle)
 
 NEGATIVE_CONTROLS: dict[str, Configuration] = {
     "repair by resampling p": Configuration(
-        Scenario(3, 2, 2, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT_MODEL, resampling_p_verifier
+        Scenario(3, 2, 2, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT, resampling_p_verifier
     ),
     "q taken before top-k": Configuration(
         Scenario(4, 1, 2, 3, SamplingParams(top_k=2), (3, 1, 2, 3, 1), seed=46, zeros=False),
@@ -119,7 +120,7 @@ NEGATIVE_CONTROLS: dict[str, Configuration] = {
     ),
     "target cache not cropped": Configuration(
         Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22),
-        DRAFT_MODEL,
+        DRAFT,
         "token",
         target_model=UncroppedCacheTableLM,
     ),

@@ -20,9 +20,10 @@ no exact answer is the engine's. So is a top-p cut through tied values, whose or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from fractions import Fraction
 
+from verispec.engine import EosIds, eos_set
 from verispec.models.tables import Row, TableLM
 from verispec.sampling import SamplingParams
 
@@ -64,10 +65,11 @@ def target_sequences(
     *,
     sampling: SamplingParams,
     max_new_tokens: int,
-    eos_token_id: int | None = None,
+    eos_token_id: EosIds = None,
 ) -> dict[tuple[int, ...], Fraction]:
     """Exact probability of every output of plain autoregressive decoding from `prompt`: each
-    sequence ends at EOS or after `max_new_tokens` tokens. Zero-probability outputs are absent.
+    sequence ends at EOS (any of them, when `eos_token_id` names several) or after
+    `max_new_tokens` tokens. Zero-probability outputs are absent.
 
     Example: a bigram whose rows are all (1/2, 1/2), two tokens: four outputs, 1/4 each.
     """
@@ -79,22 +81,22 @@ def target_sequences(
             return tuple(Fraction(int(i == best)) for i in range(len(row)))
         return exact_probabilities(row, sampling)
 
-    return autoregressive({(): Fraction(1)}, next_row, max_new_tokens, eos_token_id)
+    return autoregressive({(): Fraction(1)}, next_row, max_new_tokens, eos_set(eos_token_id, target.vocab_size))
 
 
 def autoregressive(
     start: dict[tuple[int, ...], Fraction],
     next_row: Callable[[tuple[int, ...]], Sequence[Fraction]],
     length: int,
-    eos_token_id: int | None = None,
+    eos_ids: Collection[int] = (),
 ) -> dict[tuple[int, ...], Fraction]:
     """Each sequence of `start` (with its mass) extended by sampling `next_row(sequence)` until
-    it has `length` tokens or ends with EOS: the exact distribution of the results."""
+    it has `length` tokens or ends with one of `eos_ids`: the exact distribution of the results."""
     done: dict[tuple[int, ...], Fraction] = {}
     pending = list(start.items())
     while pending:
         seq, mass = pending.pop()
-        if len(seq) >= length or (seq and seq[-1] == eos_token_id):
+        if len(seq) >= length or (seq and seq[-1] in eos_ids):
             done[seq] = done.get(seq, Fraction(0)) + mass
             continue
         pending.extend(((*seq, y), mass * p) for y, p in enumerate(next_row(seq)) if p > 0)

@@ -7,14 +7,15 @@ path probabilities per output sequence, and compares them with the distribution 
 autoregressive decoding computed exactly from the table (`exact_target.target_sequences`).
 Exactness means the two agree to float64 rounding: max |difference| <= TOLERANCE.
 
-Configurations are a proposer entry (`PROPOSERS`) crossed with the scenarios (`SCENARIOS`) and
-every verification rule that is valid for the proposer's drafts: greedy at temperature 0;
+Configurations are every audited proposer kind of `verispec.registry` (those with an `audit`
+builder on rational tables) crossed with the scenarios (`SCENARIOS`) and every verification
+rule that is exact for the kind's drafts (`ProposerKind.rules_for`): greedy at temperature 0;
 token and block for sampled drafts (q given); point-mass, token and block for chosen drafts
-(q None). A new proposer joins the audit by adding one `ProposerEntry` to `PROPOSERS`.
+(q None). A proposer joins the audit through its registry entry.
 
-Trained heads join with untrained tiny float64 heads (`tiny_head`) reading the table target's
-deterministic features: the audit proves the proposer and engine exact whatever the weights,
-so random weights serve, and their q is far from p (many rejections, every repair path).
+Trained heads (eagle, medusa) join with untrained tiny float64 heads reading the table
+target's deterministic features (`verispec.heads.untrained`): exactness must hold whatever
+the weights, and an untrained q is far from p (many rejections, every repair path).
 """
 
 from __future__ import annotations
@@ -36,11 +37,7 @@ from verispec.models.base import CausalLM
 from verispec.models.tables import TableLM, random_table
 from verispec.cost import FixedCosts
 from verispec.policies import AutoK, HeuristicK, KPolicy
-from verispec.proposers import DraftModel, PromptLookup, RandomTokens, SuffixIndex
-from verispec.proposers.base import Proposer
-from verispec.proposers.eagle import EagleProposer
-from verispec.proposers.medusa import MedusaProposer
-from verispec.heads.untrained import tiny_head
+from verispec.registry import PROPOSERS, ProposerKind, proposer_kinds
 from verispec.sampling import GREEDY, SamplingParams
 
 TOLERANCE = 1e-12
@@ -55,33 +52,11 @@ class Tables:
     draft: TableLM
 
 
-@dataclass(frozen=True)
-class ProposerEntry:
-    """How to build a proposer on a scenario's tables.
-
-    sampled: at temperature > 0 its drafts are sampled and carry q (verified by token or block
-    rules); otherwise they are chosen, q None (point-mass, token or block).
-    """
-
-    name: str
-    build: Callable[[Tables], Proposer]
-    sampled: bool
+def audited_proposers() -> list[ProposerKind]:
+    """The registry's proposer kinds that have an audit builder, in registry order."""
+    return [kind for kind in proposer_kinds() if kind.audit is not None]
 
 
-DRAFT_MODEL = ProposerEntry("draft-model", lambda tables: DraftModel(tables.draft), sampled=True)
-PROMPT_LOOKUP = ProposerEntry("prompt-lookup", lambda tables: PromptLookup(max_ngram=3), sampled=False)
-# The suffix index also reads a corpus (the vocabulary descending, twice), so its drafts differ
-# from prompt lookup's; min_prob 0 drafts whenever anything matched.
-SUFFIX_INDEX = ProposerEntry(
-    "suffix-index",
-    lambda tables: SuffixIndex([[*range(tables.target.vocab_size - 1, -1, -1)] * 2], min_prob=0),
-    sampled=False,
-)
-RANDOM_TOKENS = ProposerEntry("random-tokens", lambda tables: RandomTokens(tables.target.vocab_size), sampled=True)
-
-EAGLE = ProposerEntry("eagle", lambda tables: EagleProposer(tiny_head("eagle", tables.target), tables.target), sampled=True)
-MEDUSA = ProposerEntry("medusa", lambda tables: MedusaProposer(tiny_head("medusa", tables.target), tables.target), sampled=True)
-PROPOSERS: list[ProposerEntry] = [DRAFT_MODEL, PROMPT_LOOKUP, SUFFIX_INDEX, RANDOM_TOKENS, EAGLE, MEDUSA]
 
 
 @dataclass(frozen=True)
@@ -172,7 +147,7 @@ class Configuration:
     wrap the target table (the negative controls swap in a broken cache)."""
 
     scenario: Scenario
-    proposer: ProposerEntry
+    proposer: ProposerKind
     verifier: str | verify.Verifier
     target_model: Callable[[TableLM], CausalLM] = field(default=lambda table: table)
 
@@ -209,30 +184,27 @@ class Result:
         return self.error is None and self.max_abs_diff <= TOLERANCE
 
 
-def verifiers_for(entry: ProposerEntry, sampling: SamplingParams) -> tuple[str, ...]:
-    """Every rule that is exact for the entry's drafts under these transforms."""
-    if sampling.greedy:
-        return ("greedy",)
-    return ("token", "block") if entry.sampled else ("point-mass", "token", "block")
-
-
-def select_proposers(names: list[str]) -> list[ProposerEntry]:
-    """The entries of `PROPOSERS` with these names, in the order given."""
-    known = {entry.name: entry for entry in PROPOSERS}
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise ValueError(f"unknown proposer {unknown[0]!r}; choose from {', '.join(known)}")
-    return [known[name] for name in names]
+def select_proposers(names: list[str]) -> list[ProposerKind]:
+    """The audited proposer kinds with these registry names, in the order given."""
+    audited = {kind.name: kind for kind in audited_proposers()}
+    for name in names:
+        if name not in audited:
+            reason = f" ({PROPOSERS[name].not_audited})" if name in PROPOSERS else ""
+            raise ValueError(
+                f"proposer {name!r} is not audited{reason}; choose from {', '.join(audited)}"
+                if name in PROPOSERS else f"unknown proposer {name!r}; choose from {', '.join(audited)}"
+            )
+    return [audited[name] for name in names]
 
 
 def default_configurations(
-    proposers: list[ProposerEntry] | None = None, scenarios: list[Scenario] | None = None
+    proposers: list[ProposerKind] | None = None, scenarios: list[Scenario] | None = None
 ) -> list[Configuration]:
     return [
-        Configuration(scenario, entry, rule)
-        for entry in (PROPOSERS if proposers is None else proposers)
+        Configuration(scenario, kind, rule)
+        for kind in (audited_proposers() if proposers is None else proposers)
         for scenario in (SCENARIOS if scenarios is None else scenarios)
-        for rule in verifiers_for(entry, scenario.sampling)
+        for rule in kind.rules_for(scenario.sampling)
     ]
 
 
@@ -241,7 +213,7 @@ def engine_sequences(config: Configuration, tables: Tables) -> tuple[dict[tuple[
     branches, and the drafted tokens summed over them."""
     s = config.scenario
     target = config.target_model(tables.target)
-    proposer = config.proposer.build(tables)
+    proposer = config.proposer.audit(tables)
     policy = s.policy()
 
     def run(rng) -> tuple[tuple[int, ...], int]:

@@ -94,6 +94,27 @@ def diagnose(
     }
 
 
+def verdict(mismatch: dict | None) -> str:
+    """A short cell for a table: `yes` (identical), `tie@i` (a near tie at new token i) or
+    `FAIL@i`."""
+    if mismatch is None:
+        return "yes"
+    return f"{'tie' if mismatch['near_tie'] else 'FAIL'}@{mismatch['position']}"
+
+
+def explain(mismatch: dict) -> str:
+    """One sentence for a user: where the outputs first differ, the top-2 logit margin there,
+    and whether that is a near tie within the dtype's rounding or a real failure."""
+    where = f"differs from plain decoding at new token {mismatch['position']}"
+    if mismatch["behind_max"] is None:
+        return f"{where}: {mismatch['diagnosis']}; a real failure"
+    if mismatch["near_tie"]:
+        return (f"{where}, a near tie (top-2 logit margin {mismatch['top2_margin']:.3g}, within the "
+                f"dtype's rounding), not a failure of exactness")
+    return (f"{where}: FAILURE, not a near tie (top-2 logit margin {mismatch['top2_margin']:.3g}, beyond "
+            "the dtype's rounding): the method did not emit the target's greedy token")
+
+
 def top2(logits: torch.Tensor) -> tuple[tuple[int, int], float]:
     """logits[V] -> ((argmax, runner-up), their logit difference)."""
     top = torch.topk(logits.double(), 2)

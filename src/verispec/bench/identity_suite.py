@@ -25,18 +25,16 @@ import torch
 
 from verispec.bench.identity import NEAR_TIE, diagnose, first_mismatch
 from verispec.bench.methods import PLAIN
-from verispec.bench.runners import HFRunner
+from verispec.bench.runners import HFRunner, VerispecRunner
 from verispec.bench.workloads import Workload
-from verispec.engine import Decoding
 from verispec.models.base import CausalLM
-from verispec.models.load import DEFAULT_MODEL, LoadedModel
-from verispec.policies import KPolicy, policy_from_spec
+from verispec.models.load import LoadedModel
+from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer
-from verispec.proposers.spec import parse_proposer
+from verispec.registry import build_policy, build_proposer, proposer_kinds
 from verispec.sampling import GREEDY
 
 HF_GENERATE = "hf-generate"
-PROPOSERS = ("lookup", "suffix", "layerskip:8", "random", f"draft:{DEFAULT_MODEL}")
 KS = ("4", "auto")
 
 
@@ -109,27 +107,21 @@ def verispec_run(
 ) -> Run:
     """The verispec engine at temperature 0; plain decoding with proposer None and policy 0."""
     recorder = Recorder(loaded.lm)
-    decoding = Decoding(
-        recorder, proposer, prompt_ids, max_new_tokens=max_new_tokens, sampling=GREEDY,
-        eos_token_id=loaded.eos_token_id, k=policy,
-    )
-    for _ in decoding:
-        pass
-    return recorder.run(prompt_ids, list(decoding.tokens), decoding.stats.mean_accepted)
+    outcome = VerispecRunner(recorder, proposer, policy, loaded.eos_token_ids)(prompt_ids, max_new_tokens)
+    return recorder.run(prompt_ids, outcome.tokens, outcome.stats.mean_accepted)
 
 
 def hf_run(loaded: LoadedModel, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
     """HF `generate(do_sample=False)` with the benchmark's neutral generation config and its
     raw per-step logits."""
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, T]
-    config = HFRunner(loaded.model, loaded.eos_token_id).config(max_new_tokens)
-    config.output_logits = config.return_dict_in_generate = True
-    with torch.inference_mode():
-        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
-    tokens = [int(t) for t in out.sequences[0, ids.shape[1] :]]
-    rows = torch.cat(out.logits).float()  # [n, V]
+    outcome = HFRunner(loaded.model, loaded.eos_token_ids, keep_logits=True)(prompt_ids, max_new_tokens)
     # The first token comes from the prompt's forward, every later one from a one-token forward.
-    return Run(tokens, rows, [len(prompt_ids)] + [1] * (len(tokens) - 1))
+    return Run(outcome.tokens, outcome.logits, [len(prompt_ids)] + [1] * (len(outcome.tokens) - 1))
+
+
+def identity_proposers() -> list[str]:
+    """The spec the suite runs for every registered proposer kind that names one."""
+    return [kind.example for kind in proposer_kinds() if kind.example is not None]
 
 
 def method_name(proposer: str, k: str) -> str:
@@ -139,7 +131,7 @@ def method_name(proposer: str, k: str) -> str:
 def identity_suite(
     loaded: LoadedModel,
     workloads: Sequence[Workload],
-    proposers: Sequence[str] = PROPOSERS,
+    proposers: Sequence[str] | None = None,
     ks: Sequence[str] = KS,
     max_new_tokens: int = 64,
     progress: Callable[[str], None] = lambda _: None,
@@ -147,6 +139,7 @@ def identity_suite(
     """One record per prompt and method (HF generate and every proposer at every k), each
     compared with verispec-plain on that prompt.
 
+    proposers: proposer specs; None: `identity_proposers()`, one per registered kind.
     ks: k policy specs ("4", "auto", "heuristic"); `auto` profiles each proposer once, after
     the first prompt. progress(line) is called after each prompt.
     """
@@ -156,10 +149,10 @@ def identity_suite(
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     prompts = [(workload, workload.token_ids(loaded)) for workload in workloads]
     methods: dict[str, tuple[Proposer, KPolicy]] = {}
-    for spec in proposers:
-        proposer = parse_proposer(spec, loaded)
+    for spec in identity_proposers() if proposers is None else proposers:
+        proposer = build_proposer(spec, loaded)
         for k in ks:
-            policy = policy_from_spec(k, loaded.lm, proposer, prompts[0][1], GREEDY)
+            policy = build_policy(k, loaded.lm, proposer, prompts[0][1], GREEDY)
             methods[method_name(spec, k)] = (proposer, policy)
     dtype = str(loaded.dtype).removeprefix("torch.")
     records = []

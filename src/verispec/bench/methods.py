@@ -3,9 +3,10 @@
 Grammar (names are comma-separated):
 
     verispec-plain                      plain decoding by the verispec engine (the baseline)
-    verispec-<proposer>-<policy>        <proposer>: a proposer spec (lookup, suffix, draft:PATH,
-                                        layerskip:L[:N], random); <policy>: kN (constant k = N),
-                                        auto (cost-model k) or heuristic (HF's schedule)
+    verispec-<proposer>-<policy>        <proposer>: a proposer spec of `verispec.registry`
+                                        (`verispec proposers` lists them); <policy>: kN
+                                        (constant k = N), auto (cost-model k) or heuristic
+                                        (HF's schedule)
     hf-generate                         HF `generate(do_sample=False)`
     hf-lookup[-kN]                      HF prompt lookup, prompt_lookup_num_tokens = N (10)
     hf-early-exit:L[-kN]                HF `assistant_early_exit=L`; kN fixes the draft length
@@ -20,6 +21,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from verispec.registry import KSpec, check_k, parse_k, parse_spec
 
 DEFAULT_METHODS = "verispec-plain,verispec-lookup-k4,verispec-lookup-auto,hf-generate,hf-lookup"
 
@@ -49,6 +52,13 @@ class Method:
     k: int | None = None
 
     @property
+    def k_spec(self) -> KSpec | None:
+        """The verispec k policy (None for plain decoding and HF)."""
+        if self.proposer is None:
+            return None
+        return parse_k(str(self.k) if self.k is not None else self.policy)
+
+    @property
     def speculative(self) -> bool:
         return self.proposer is not None or self.hf_mode not in (None, "generate")
 
@@ -59,13 +69,11 @@ def split_k(text: str) -> tuple[str, int | None]:
     match = _K.fullmatch(tail) if dash else None
     if match is None:
         return text, None
-    return head, check_k(int(match.group(1)), text)
+    return head, method_k(int(match.group(1)), text)
 
 
-def check_k(k: int, name: str) -> int:
-    if k < 1:
-        raise ValueError(f"method {name!r}: k must be >= 1 (use verispec-plain for no speculation)")
-    return k
+def method_k(k: int, name: str) -> int:
+    return check_k(k, name=f"method {name!r}: k")
 
 
 def parse_method(name: str) -> Method:
@@ -81,7 +89,11 @@ def parse_method(name: str) -> Method:
         match = _K.fullmatch(policy)
         if match is None and policy not in POLICIES:
             raise ValueError(f"method {name!r}: the policy {policy!r} is not kN, auto or heuristic")
-        k = check_k(int(match.group(1)), name) if match else None
+        k = method_k(int(match.group(1)), name) if match else None
+        try:
+            parse_spec(proposer)
+        except ValueError as error:
+            raise ValueError(f"method {name!r}: {error}") from None
         return Method(name, "verispec", proposer=proposer, policy=policy, k=k)
     if name == "hf-generate":
         return Method(name, "hf", hf_mode="generate")

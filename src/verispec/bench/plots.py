@@ -1,7 +1,7 @@
 """PNG plots of a benchmark (matplotlib, Agg backend: no display needed).
 
 speedup_by_category.png: each method's median speedup over verispec-plain per category, with
-    the interquartile range as error bars.
+    the interquartile range as error bars; one horizontal bar group per category.
 accepted_length.png: the distribution of tokens emitted per target forward, per speculative
     method (1 = nothing accepted).
 speedup_vs_k.png: overall speedup against the fixed k, one line per proposer, drawn only when
@@ -30,22 +30,28 @@ def colours(n: int) -> list:
 
 
 def speedup_by_category(summary: dict, path: Path) -> None:
+    """One horizontal bar group per category (overall last, below a rule), one bar per method:
+    legible at README width (~900 px) for any number of categories, which only add height."""
     names = [n for n in summary["methods"] if n != PLAIN]
     groups = [*summary["categories"], OVERALL]
-    width = 0.8 / max(1, len(names))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups) + 0.25 * len(names) * len(groups)), 4.5))
+    bar = 0.8 / max(1, len(names))
+    fig, ax = plt.subplots(figsize=(7.5, 1.4 + len(groups) * (0.2 + 0.095 * len(names))), layout="constrained")
     for i, (name, colour) in enumerate(zip(names, colours(len(names)))):
         cells = [summary["results"][name].get(g) for g in groups]
-        xs = [j + (i - (len(names) - 1) / 2) * width for j, c in enumerate(cells) if c]
+        ys = [j + (i - (len(names) - 1) / 2) * bar for j, c in enumerate(cells) if c]
         medians = [c["speedup_median"] for c in cells if c]
         errors = [[c["speedup_median"] - c["speedup_q1"] for c in cells if c],
                   [c["speedup_q3"] - c["speedup_median"] for c in cells if c]]
-        ax.bar(xs, medians, width, yerr=errors, capsize=2, label=name, color=colour)
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right")
-    ax.set_ylabel(f"speedup over {PLAIN} (median, IQR)")
-    ax.legend(fontsize="small", ncol=2)
-    fig.tight_layout()
+        ax.barh(ys, medians, bar, xerr=errors, capsize=1.5, error_kw={"linewidth": 0.8}, label=name, color=colour)
+    ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.axhline(len(groups) - 1.5, color="grey", linewidth=0.8)
+    ax.set_yticks(range(len(groups)), groups, fontsize=10)
+    ax.get_yticklabels()[-1].set_fontweight("bold")
+    ax.set_ylim(len(groups) - 0.5, -0.5)  # first category on top, overall at the bottom
+    ax.set_xlabel(f"speedup over {PLAIN} (median across prompts, bars: interquartile range)", fontsize=10)
+    ax.grid(axis="x", linewidth=0.4, alpha=0.5)
+    ax.set_axisbelow(True)
+    fig.legend(loc="outside upper center", ncol=2, fontsize=9, frameon=False)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -97,13 +103,16 @@ def speedup_vs_k(summary: dict, sweeps: dict[str, list[Method]], path: Path) -> 
     plt.close(fig)
 
 
+NAMES = ("speedup_by_category.png", "accepted_length.png", "speedup_vs_k.png")
+
+
 def draw(summary: dict, records: Sequence[dict], methods: Sequence[Method], out: Path) -> list[str]:
-    """Write the plots into `out`; their file names."""
-    written = ["speedup_by_category.png", "accepted_length.png"]
-    speedup_by_category(summary, out / written[0])
-    accepted_length(records, methods, out / written[1])
+    """Write the plots into `out`; their file names (`NAMES`, the last only with a k sweep)."""
+    by_category, lengths, by_k = NAMES
+    speedup_by_category(summary, out / by_category)
+    accepted_length(records, methods, out / lengths)
     sweeps = k_sweeps(methods)
-    if sweeps:
-        written.append("speedup_vs_k.png")
-        speedup_vs_k(summary, sweeps, out / written[-1])
-    return written
+    if not sweeps:
+        return [by_category, lengths]
+    speedup_vs_k(summary, sweeps, out / by_k)
+    return [by_category, lengths, by_k]

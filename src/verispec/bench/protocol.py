@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.bench.identity import diagnose
-from verispec.bench.machine import peak_rss_mb
+from verispec.machine import peak_rss_mb
 from verispec.bench.methods import PLAIN
 from verispec.bench.runners import Outcome, Runner
 from verispec.bench.workloads import Workload
@@ -58,12 +58,14 @@ def run_benchmark(
     score: Callable[[list[int]], torch.Tensor],
     dtype: str,
     progress: Callable[[str], None] = lambda _: None,
+    identity: bool = True,
 ) -> list[dict]:
     """Run every method on every prompt `repeats` times; one record per measured run.
 
     runners: method name -> runner, verispec-plain among them. prompts: (workload, token ids).
     score(ids) -> logits[len(ids), V]: the target's full forward, for mismatch diagnoses.
-    progress(label) is called after each request.
+    progress(label) is called after each request. identity: compare every output with
+    verispec-plain's (greedy decoding); sampled outputs differ by design and are not compared.
     """
     if PLAIN not in runners:
         raise ValueError(f"{PLAIN} is the baseline of every comparison; include it in the methods")
@@ -86,9 +88,9 @@ def run_benchmark(
             reference = outcomes[PLAIN][1].tokens
             for name in names:
                 position, outcome, rss = outcomes[name]
-                mismatch = diagnose(ids, reference, outcome.tokens, score, dtype)
+                mismatch = diagnose(ids, reference, outcome.tokens, score, dtype) if identity else None
                 records.append(
-                    record(name, workload, ids, repeat, position, outcome, rss, mismatch)
+                    record(name, workload, ids, repeat, position, outcome, rss, mismatch, identity)
                 )
     return records
 
@@ -102,6 +104,7 @@ def record(
     outcome: Outcome,
     peak_rss: float,
     mismatch: dict | None,
+    compared: bool = True,
 ) -> dict:
     """One line of runs.jsonl.
 
@@ -109,7 +112,8 @@ def record(
     first_token_seconds: until the first new token(s) arrived (prefill + first round);
     decode_tokens_per_second: the tokens after those / the time after them. tokens_per_round:
     new tokens per target forward after the prompt's (accepted + 1). The verispec engine's own
-    counters and time split are in `engine` (None for HF methods).
+    counters and time split are in `engine` (None for HF methods). matches_plain: None when
+    the output was not compared (sampled decoding).
     """
     new = len(outcome.tokens)
     decode_seconds = outcome.wall_seconds - outcome.first_token_seconds
@@ -132,7 +136,7 @@ def record(
         "mean_tokens_per_round": new / len(outcome.tokens_per_round) if outcome.tokens_per_round else 0.0,
         "engine": engine_fields(outcome.stats),
         "peak_rss_mb": peak_rss,
-        "matches_plain": mismatch is None,
+        "matches_plain": mismatch is None if compared else None,
         "mismatch": mismatch,
         "tokens": outcome.tokens,
     }

@@ -1,4 +1,5 @@
-"""Runners: one request of one method, timed the same way for every method.
+"""Runners: one request of one method, timed the same way for every method and every caller
+(`generate --compare`, `demo`, `bench` and the greedy identity suite).
 
 Every runner streams its output and notes when tokens arrive: the verispec engine by iterating
 its `Decoding`, HF `generate` through a streamer (which it calls once per decoding step, and
@@ -6,9 +7,15 @@ once per assisted round with all the round's tokens). So the same clock measures
 method, the end-to-end wall time of the request (the primary number), the time to the first
 new token (prompt prefill plus the first round) and the tokens emitted per round.
 
-All HF calls decode greedily (`do_sample=False`, no sampling knobs), get an all-ones
-attention mask, `pad_token_id` = the EOS id, and the same single EOS id as the verispec
-engine, so their greedy outputs must equal verispec-plain's token for token.
+Every method of a comparison gets the same `SamplingParams` and seed. HF calls decode with
+`do_sample` exactly when the transforms sample (temperature > 0) and then with the same
+temperature, top-k, top-p and min-p; they get an all-ones attention mask, `pad_token_id` = the
+EOS id, and the same single EOS id as the verispec engine, so their greedy outputs must equal
+verispec-plain's token for token.
+
+    >>> runner = VerispecRunner(target, PromptLookup(), 4, eos_token_ids=())
+    >>> outcome = runner(prompt_ids, 32, on_token=print)   # prints each token as it commits
+    >>> outcome.tokens_per_s, outcome.stats.mean_accepted
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from verispec.engine import Decoding
 from verispec.models.base import CausalLM
 from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer
-from verispec.sampling import GREEDY
+from verispec.sampling import GREEDY, SamplingParams
 from verispec.stats import Stats
 
 
@@ -39,6 +46,8 @@ class Outcome:
     emitted token(s); first_tokens: how many arrived then (a speculative round emits several).
     tokens_per_round: new tokens emitted by each target forward after the prompt's.
     stats: the verispec engine's counters (None for HF methods).
+    logits: float32 [len(tokens), V], row i the logits new token i was chosen from (HF with
+    keep_logits only).
     """
 
     tokens: list[int]
@@ -47,6 +56,12 @@ class Outcome:
     first_tokens: int
     tokens_per_round: list[int]
     stats: Stats | None = None
+    logits: torch.Tensor | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of wall time, end to end (prefill included)."""
+        return len(self.tokens) / self.wall_seconds if self.wall_seconds > 0 else float("inf")
 
 
 @dataclass
@@ -73,35 +88,51 @@ class Clock:
 
 
 class VerispecRunner:
-    """The verispec engine at temperature 0: plain (no proposer, k = 0) or speculative."""
+    """The verispec engine: plain (no proposer, k = 0) or speculative, under `sampling` (greedy
+    by default) with the random stream of `seed`, the same for every request."""
 
     def __init__(
         self,
         target: CausalLM,
         proposer: Proposer | None,
         policy: int | KPolicy,
-        eos_token_id: int | None,
+        eos_token_ids: Sequence[int],
+        sampling: SamplingParams = GREEDY,
+        seed: int = 0,
     ) -> None:
         self.target = target
         self.proposer = proposer
         self.policy = policy
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.sampling = sampling
+        self.seed = seed
 
-    def __call__(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Outcome:
+    def __call__(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, on_token: Callable[[int], None] | None = None
+    ) -> Outcome:
+        """One request; on_token(token) is called as each new token is committed."""
         clock = Clock()
         decoding = Decoding(
             self.target,
             self.proposer,
             prompt_ids,
             max_new_tokens=max_new_tokens,
-            sampling=GREEDY,
-            eos_token_id=self.eos_token_id,
+            sampling=self.sampling,
+            eos_token_id=self.eos_token_ids,
             k=self.policy,
+            seed=self.seed,
         )
-        for _ in decoding:
+        for token in decoding:
             clock.arrived()
+            if on_token is not None:
+                on_token(token)
         clock.per_round = emitted_per_round(decoding.stats.accepted, len(decoding.tokens))
         return clock.outcome(list(decoding.tokens), decoding.stats)
+
+
+def warm_up(target: CausalLM, prompt_ids: Sequence[int]) -> None:
+    """One short plain run, so the first timed run does not pay for lazy initialisation."""
+    VerispecRunner(target, None, 0, ())(prompt_ids, 2)
 
 
 def emitted_per_round(accepted: Sequence[int], new_tokens: int) -> list[int]:
@@ -130,44 +161,61 @@ class TokenClock(BaseStreamer):
 
 
 class HFRunner:
-    """HF `model.generate`, greedy, optionally assisted.
+    """HF `model.generate`, optionally assisted, under `sampling` (greedy by default; seeded
+    with `seed` before every request when it samples).
 
     options: the assisted-generation keywords (`prompt_lookup_num_tokens`,
     `assistant_early_exit`, `assistant_model`). assistant_tokens: a fixed draft length for an
     assistant (its `num_assistant_tokens` with the constant schedule); None keeps HF's default.
     HF reads those from the assistant's own generation config and its heuristic schedule writes
     back into it, so that config is restored after every call: requests stay independent.
+    keep_logits: return the raw logits each new token was chosen from (`Outcome.logits`).
     """
 
     def __init__(
         self,
         model,
-        eos_token_id: int | None,
+        eos_token_ids: Sequence[int],
         options: dict | None = None,
         assistant_tokens: int | None = None,
+        sampling: SamplingParams = GREEDY,
+        seed: int = 0,
+        keep_logits: bool = False,
     ) -> None:
         self.model = model
+        self.sampling = sampling
+        self.seed = seed
+        self.keep_logits = keep_logits
         self.options = dict(options or {})
         self.assistant = self.options.get("assistant_model") or (
             model if "assistant_early_exit" in self.options else None
         )
         self.assistant_tokens = assistant_tokens
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = tuple(eos_token_ids)
 
     def config(self, max_new_tokens: int) -> GenerationConfig:
         # HF fills every field left unset from the model's own generation config. The length
         # and repetition processors, which could change a greedy token, get neutral values
         # (at which HF builds no processor at all); any other such default would show up in
-        # the identity check.
+        # the identity check. Sampling gets exactly verispec's transforms, and HF's own defaults
+        # (top_k 50, top_p 1) are overridden so that nothing else filters the distribution.
+        s = self.sampling
+        transforms = {} if s.greedy else dict(
+            temperature=s.temperature, top_k=s.top_k if s.top_k is not None else 0,
+            top_p=s.top_p if s.top_p is not None else 1.0, min_p=s.min_p,
+        )
         return GenerationConfig(
             max_new_tokens=max_new_tokens,
             min_length=0,
-            do_sample=False,
+            do_sample=not s.greedy,
+            **transforms,
             num_beams=1,
+            output_logits=self.keep_logits,
+            return_dict_in_generate=self.keep_logits,
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
-            eos_token_id=self.eos_token_id,
-            pad_token_id=self.eos_token_id,
+            eos_token_id=list(self.eos_token_ids) or None,
+            pad_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,  # HF wants one id
             **{k: v for k, v in self.options.items() if k != "assistant_model"},
         )
 
@@ -175,6 +223,8 @@ class HFRunner:
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long)  # [1, T]
         extra = {"assistant_model": self.options["assistant_model"]} if "assistant_model" in self.options else {}
         saved = self._configure_assistant()
+        if not self.sampling.greedy:
+            torch.manual_seed(self.seed)
         clock = Clock()
         try:
             with torch.inference_mode():
@@ -185,8 +235,12 @@ class HFRunner:
                     streamer=TokenClock(clock),
                     **extra,
                 )
-            tokens = [int(t) for t in out[0, ids.shape[1] :]]
-            return clock.outcome(tokens)
+            sequences = out.sequences if self.keep_logits else out  # [1, T + n]
+            tokens = [int(t) for t in sequences[0, ids.shape[1] :]]
+            outcome = clock.outcome(tokens)
+            if self.keep_logits:
+                outcome.logits = torch.cat(out.logits).float()  # [n, V]
+            return outcome
         finally:
             if saved is not None:
                 self.assistant.generation_config = saved

@@ -3,12 +3,14 @@
 Output directory:
     runs.jsonl       one JSON object per measured run (`protocol.record`)
     summary.json     the header (machine, software, settings) and each method's numbers
-    report.md        the tables, the greedy-identity check, the plots
+    report.md        the tables, the greedy-identity check (sampled: acceptance and tokens per
+                     round instead), the plots
     *.png            the plots (`plots`)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers.utils import logging as hf_logging
 
-from verispec.bench import machine, plots, quick
+from verispec import machine
+from verispec.bench import plots, quick
 from verispec.bench.methods import DEFAULT_METHODS, Method, parse_methods
 from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
@@ -27,10 +30,13 @@ from verispec.bench.runners import HFRunner, Runner, VerispecRunner
 from verispec.bench.workloads import Workload, read_workloads, select
 from verispec.models.hf import HFCausalLM
 from verispec.models.load import DEFAULT_MODEL, LoadedModel, load_model
-from verispec.policies import policy_from_spec
-from verispec.proposers.spec import parse_proposer
+from verispec.registry import build_policy, build_proposer
+from verispec.sampling import GREEDY, SamplingParams
 
 QUICK_DRAFT = "quick-draft"
+RUNS, SUMMARY, REPORT = "runs.jsonl", "summary.json", "report.md"
+# Everything `run` may write into its output directory.
+OUTPUTS = (RUNS, SUMMARY, REPORT, *plots.NAMES, QUICK_DRAFT)
 
 
 def quick_methods(out: Path) -> str:
@@ -60,6 +66,8 @@ class Settings:
     threads: int | None = None
     quick: bool = False
     command: str = ""
+    sampling: SamplingParams = GREEDY
+    seed: int = 0
 
 
 def quick_target(out: Path) -> LoadedModel:
@@ -87,32 +95,39 @@ def quick_target(out: Path) -> LoadedModel:
     )
 
 
-def make_runner(method: Method, target: LoadedModel, first_prompt: Sequence[int]) -> Runner:
-    """The runner for `method` on `target`; `first_prompt` is the context an `auto` policy
-    profiles its costs after."""
-    eos = target.eos_token_id
+def make_runner(
+    method: Method,
+    target: LoadedModel,
+    first_prompt: Sequence[int],
+    sampling: SamplingParams = GREEDY,
+    seed: int = 0,
+) -> Runner:
+    """The runner for `method` on `target` under `sampling` and `seed` (the same for every
+    method); `first_prompt` is the context an `auto` policy profiles its costs after."""
+    eos = target.eos_token_ids
     if method.family == "verispec":
         if method.proposer is None:
-            return VerispecRunner(target.lm, None, 0, eos)
-        proposer = parse_proposer(method.proposer, target)
-        k = str(method.k) if method.k is not None else method.policy
-        return VerispecRunner(target.lm, proposer, policy_from_spec(k, target.lm, proposer, first_prompt), eos)
+            return VerispecRunner(target.lm, None, 0, eos, sampling, seed)
+        proposer = build_proposer(method.proposer, target)
+        policy = build_policy(method.k_spec, target.lm, proposer, first_prompt, sampling)
+        return VerispecRunner(target.lm, proposer, policy, eos, sampling, seed)
+    hf = dict(sampling=sampling, seed=seed)
     if method.hf_mode == "generate":
-        return HFRunner(target.model, eos)
+        return HFRunner(target.model, eos, **hf)
     if method.hf_mode == "lookup":
-        return HFRunner(target.model, eos, {"prompt_lookup_num_tokens": method.k})
+        return HFRunner(target.model, eos, {"prompt_lookup_num_tokens": method.k}, **hf)
     if method.hf_mode == "early-exit":
         layers = target.model.config.num_hidden_layers
         if not 1 <= int(method.hf_arg) < layers:
             raise ValueError(f"{method.name}: the exit layer must lie in [1, {layers}) for this {layers}-layer model")
-        return HFRunner(target.model, eos, {"assistant_early_exit": int(method.hf_arg)}, method.k)
+        return HFRunner(target.model, eos, {"assistant_early_exit": int(method.hf_arg)}, method.k, **hf)
     assistant = load_model(method.hf_arg, dtype=target.dtype)
     if assistant.lm.vocab_size != target.lm.vocab_size:
         raise ValueError(
             f"{method.name}: the assistant's vocabulary ({assistant.lm.vocab_size}) differs from the target's "
             f"({target.lm.vocab_size}); HF would switch to its different-tokenizer path, which is not comparable"
         )
-    return HFRunner(target.model, eos, {"assistant_model": assistant.model}, method.k)
+    return HFRunner(target.model, eos, {"assistant_model": assistant.model}, method.k, **hf)
 
 
 def gather_workloads(settings: Settings) -> list[Workload]:
@@ -157,7 +172,7 @@ def measure(settings: Settings, console: Console) -> dict:
         target = quick_target(out) if settings.quick else load_model(settings.model, dtype=settings.dtype)
     prompts = [(w, w.token_ids(target)) for w in workloads]
     with console.status("building the methods (an auto k profiles its costs first)"):
-        runners = {m.name: make_runner(m, target, prompts[0][1]) for m in methods}
+        runners = {m.name: make_runner(m, target, prompts[0][1], settings.sampling, settings.seed) for m in methods}
     dtype = str(target.dtype).removeprefix("torch.")
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -168,6 +183,7 @@ def measure(settings: Settings, console: Console) -> dict:
         records = run_benchmark(
             runners, prompts, protocol, target.lm.score, dtype,
             lambda label: progress.update(task, advance=1, description=label[:60]),
+            identity=settings.sampling.greedy,
         )
     header = {
         **machine.describe(dtype),
@@ -178,13 +194,15 @@ def measure(settings: Settings, console: Console) -> dict:
         "prompts": len(prompts),
         "prompt_files": [str(p) for p in settings.prompts],
         "eos_token_id": target.eos_token_id,
+        "sampling": dataclasses.asdict(settings.sampling),
+        "seed": settings.seed,
         "command": settings.command,
     }
     summary = summarize(records, methods, header)
-    with (out / "runs.jsonl").open("w", encoding="utf-8") as lines:
+    with (out / RUNS).open("w", encoding="utf-8") as lines:
         for record in records:
             lines.write(json.dumps(record) + "\n")
     summary["plots"] = plots.draw(summary, records, methods, out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(render(summary, summary["plots"]), encoding="utf-8")
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / REPORT).write_text(render(summary, summary["plots"]), encoding="utf-8")
     return summary

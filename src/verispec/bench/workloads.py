@@ -9,6 +9,7 @@ rows (`task_id`, `prompt`) are raw code completions, tokenised as they are, in t
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,16 @@ from pathlib import Path
 from verispec.models.load import LoadedModel
 
 HUMANEVAL = "humaneval"
+# Where the tests and benchmarks/ scripts find the benchmark data when it is not beside the
+# repository (../shared/data).
+DATA_VARIABLE = "VERISPEC_DATA"
+
+
+def data_file(name: str, repository: Path) -> Path:
+    """The benchmark data file `name`: in $VERISPEC_DATA when that is set, else in
+    ../shared/data beside the `repository` root. It may not exist; callers say so or skip."""
+    directory = os.environ.get(DATA_VARIABLE)
+    return Path(directory) / name if directory else repository.resolve().parent / "shared" / "data" / name
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,8 @@ def parse_row(row: dict, where: str) -> Workload:
 def read_workloads(path: str | Path) -> list[Workload]:
     """Every row of a JSONL file (blank lines skipped)."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"prompt file {path} is a directory; give a Spec-Bench or HumanEval .jsonl file")
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} does not exist; give a Spec-Bench or HumanEval .jsonl")
     workloads = []

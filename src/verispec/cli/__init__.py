@@ -1,8 +1,9 @@
 """The `verispec` command line.
 
-Each command lives in its own module of this package and registers itself on `app`. Bad input
-(a ValueError, a missing file) is reported as one line on stderr with exit status 2, never a
-traceback.
+Each command lives in its own module of this package and registers itself on `app`;
+`paths` holds the checks commands run on the files they read and write. Bad input (a
+usage error, a ValueError, a missing file, an output that would be overwritten) is reported as
+one `error: ...` line on stderr with exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import importlib
 import pkgutil
 import sys
 
-import click
 import typer
+
+# typer >= 0.29 carries its own copy of click; its usage errors live here (pinned in pyproject).
+from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+
+PROG = "verispec"
 
 app = typer.Typer(
     help="Exact speculative decoding: generate, audit, profile, predict and benchmark.",
@@ -31,17 +36,28 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; its exit status: 0 done, 1 a check failed, 2 bad input."""
     try:
-        result = app(args=argv, standalone_mode=False)
-    except click.exceptions.Exit as done:
-        return done.exit_code
-    except click.exceptions.Abort:
+        result = app(args=argv, prog_name=PROG, standalone_mode=False)
+    except typer.Abort:
         print("aborted", file=sys.stderr)
         return 1
-    except click.ClickException as error:
-        error.show()
-        return 2
-    except (BadInput, ValueError, FileNotFoundError, NotADirectoryError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except NoArgsIsHelpError as error:
+        if error.format_message().strip():  # with rich installed, typer has printed the help itself
+            print(error.format_message(), file=sys.stderr)
+        return fail(f"no command given; run `{PROG} COMMAND ...` with a command from `{PROG} --help`")
+    except UsageError as error:
+        command = error.ctx.command_path if error.ctx is not None else PROG
+        return fail(f"{error.format_message().rstrip('.')}; see `{command} --help`")
+    except ClickException as error:
+        return fail(error.format_message())
+    except (BadInput, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as error:
+        return fail(str(error))
     return result if isinstance(result, int) else 0
+
+
+def fail(message: str) -> int:
+    """Print `message` after `error: ` on stderr; the exit status for bad input. (A report,
+    such as a tokenizer mismatch's, may list its items on lines of their own below.)"""
+    print(f"error: {message}", file=sys.stderr)
+    return 2

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from verispec.audit.exhaustive import PROPOSERS, TOLERANCE, default_configurations, select_proposers
+from verispec.audit.exhaustive import TOLERANCE, audited_proposers, default_configurations, select_proposers
 from verispec.audit.report import AuditReport, OracleCheck, run_audit
 from verispec.cli import app
 
@@ -20,7 +20,7 @@ from verispec.cli import app
 def audit(
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     proposer: list[str] = typer.Option(
-        None, "--proposer", help=f"Audit only this proposer (repeatable): {', '.join(e.name for e in PROPOSERS)}."
+        None, "--proposer", help=f"Audit only this proposer (repeatable): {', '.join(kind.name for kind in audited_proposers())}."
     ),
 ) -> None:
     """Exactness audit: rational oracle, every random branch of the engine on tiny table models

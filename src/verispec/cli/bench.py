@@ -11,7 +11,10 @@ import typer
 
 from verispec.bench.methods import DEFAULT_METHODS
 from verispec.cli import app
+from verispec.cli.paths import FORCE_HELP, check_output_directory
 from verispec.models import DEFAULT_MODEL
+from verispec.registry import proposer_grammar
+from verispec.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from verispec.bench.suite import Settings
@@ -19,45 +22,79 @@ if TYPE_CHECKING:
 
 @app.command()
 def bench(
-    out: Annotated[Path, typer.Option(help="Directory for runs.jsonl, summary.json, report.md and the plots.")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="A new or empty directory for runs.jsonl, summary.json, report.md and the plots; one that "
+            "already holds results is refused unless --force."
+        ),
+    ],
     prompts: Annotated[
         Optional[list[Path]],
-        typer.Option(help="A Spec-Bench or HumanEval .jsonl file, read in place; repeat for several."),
+        typer.Option(
+            help="A Spec-Bench or HumanEval .jsonl file, read in place; repeat for several.",
+            show_default="none; --quick: built-in prompts",
+        ),
     ] = None,
     categories: Annotated[
-        Optional[str], typer.Option(help="Comma-separated categories to keep (HumanEval rows: humaneval).")
+        Optional[str],
+        typer.Option(help="Comma-separated categories to keep (HumanEval rows: humaneval).", show_default="all"),
     ] = None,
     limit_per_category: Annotated[
-        Optional[int], typer.Option("--limit-per-category", help="The first N prompts of each category.")
+        Optional[int],
+        typer.Option("--limit-per-category", min=1, help="The first N prompts of each category.", show_default="all"),
     ] = None,
     methods: Annotated[
         Optional[str],
         typer.Option(
-            help="Comma-separated: verispec-plain, verispec-<lookup|suffix|draft:PATH|layerskip:L[:N]|random>-"
-            f"<kN|auto|heuristic>, hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN]. "
-            f"Default: {DEFAULT_METHODS} (--quick: every kind)."
+            help=f"Comma-separated: verispec-plain, verispec-<{proposer_grammar('|')}>-"
+            "<kN|auto|heuristic>, hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN].",
+            show_default=f"{DEFAULT_METHODS.replace(',', ', ')}; --quick: every kind",
         ),
     ] = None,
     max_new_tokens: Annotated[
-        Optional[int], typer.Option("--max-new-tokens", help="New tokens per request at most [default: 128; --quick 16].")
+        Optional[int],
+        typer.Option("--max-new-tokens", min=1, help="New tokens per request at most.", show_default="128; --quick: 16"),
     ] = None,
     repeats: Annotated[
-        Optional[int], typer.Option(help="Measured runs of every method on every prompt [default: 3; --quick 1].")
+        Optional[int],
+        typer.Option(min=1, help="Measured runs of every method on every prompt.", show_default="3; --quick: 1"),
     ] = None,
-    warmup: Annotated[int, typer.Option(help="Discarded runs of every method before measuring.")] = 1,
+    warmup: Annotated[int, typer.Option(min=0, help="Discarded runs of every method before measuring.")] = 1,
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32 or bfloat16.")] = "auto",
-    threads: Annotated[Optional[int], typer.Option(help="torch threads for every method (default: torch's).")] = None,
+    threads: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="torch threads for every method.", show_default="torch's; --quick: 1"),
+    ] = None,
     quick: Annotated[
         bool,
         typer.Option("--quick", help="A tiny random model built in code: every code path in seconds, no real numbers."),
     ] = False,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    temperature: Annotated[
+        float, typer.Option(help="0 is greedy; above 0 every method samples (HF with do_sample) with the same transforms.")
+    ] = 0.0,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (T > 0).")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus: keep this much mass (T > 0).")] = None,
+    min_p: Annotated[
+        Optional[float], typer.Option("--min-p", help="Keep tokens at least this times the top one (T > 0).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="The random stream of every sampled request.")] = 0,
 ) -> None:
-    """Benchmark speculative decoding against plain decoding and HF transformers (greedy).
+    """Benchmark speculative decoding against plain decoding and HF transformers.
 
-    Every method runs on the same model object, dtype and thread count, interleaved per prompt
-    with the order rotated; outputs are checked token for token against verispec-plain.
+    Every method runs on the same model object, dtype, thread count and sampling transforms,
+    interleaved per prompt with the order rotated. Greedy outputs are checked token for token
+    against verispec-plain; sampled runs report acceptance and tokens per round instead (their
+    exactness is the audit's and the statistical test's).
     """
+    from verispec.bench.suite import OUTPUTS, Settings, run  # transformers: imported when needed
+
+    check_output_directory(out, "--out", OUTPUTS, force)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    if sampling.greedy and any(f is not None for f in (top_k, top_p, min_p)):
+        raise ValueError("--top-k, --top-p and --min-p filter sampled tokens; give a --temperature above 0")
     from verispec.bench.suite import Settings, run  # transformers: imported when needed
 
     settings = Settings(
@@ -73,6 +110,8 @@ def bench(
         dtype=dtype,
         threads=threads,
         quick=quick,
+        sampling=sampling,
+        seed=seed,
     )
     settings.command = command_line(settings)
     summary = run(settings)
@@ -98,4 +137,11 @@ def command_line(settings: Settings) -> str:
         words += ["--model", settings.model, "--dtype", settings.dtype]
     if settings.threads is not None:
         words += ["--threads", str(settings.threads)]
+    s = settings.sampling
+    if not s.greedy:
+        words += ["--temperature", f"{s.temperature:g}"]
+        for option, value in (("--top-k", s.top_k), ("--top-p", s.top_p), ("--min-p", s.min_p)):
+            if value is not None:
+                words += [option, f"{value:g}"]
+        words += ["--seed", str(settings.seed)]
     return shlex.join([*words, "--out", str(settings.out)])

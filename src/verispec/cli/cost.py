@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from verispec.cli import app
+from verispec.cli.paths import FORCE_HELP, check_input_file, check_output_file
 from verispec.cost import (
     FixedCosts,
     check_costs,
-    check_k,
     expected_tokens_by_k,
     optimal_k,
     speedup_by_k,
@@ -22,12 +22,18 @@ from verispec.cost import (
 from verispec.profile import Profile
 
 PLOT_ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9)
+# The largest k (and --k-max) accepted. Even at alpha 0.99 and a free draft (c = 0) the
+# expected tokens per round have nearly stopped growing: E(256) is within 8% of its limit
+# 1 / (1 - alpha). A larger bound would only let a typo such as --k 100000000 run for minutes.
+K_BOUND = 256
 
 
 @app.command()
 def cost(
     alpha: float | None = typer.Option(None, help="Per-token acceptance probability, constant and independent."),
-    k: int | None = typer.Option(None, "--k", help="Drafted tokens per round; omit for every k up to --k-max."),
+    k: int | None = typer.Option(
+        None, "--k", min=1, max=K_BOUND, help="Drafted tokens per round; omit for every k up to --k-max."
+    ),
     c: float | None = typer.Option(None, "--c", help="One draft step / one target step."),
     v: float | None = typer.Option(
         None, "--v", help="Scoring the k + 1 positions / one target step, for every k (the seed's v; default 1)."
@@ -35,14 +41,21 @@ def cost(
     profile: Path | None = typer.Option(
         None, help="A profile from `verispec profile --out`: its measured c, v(n) and, if any, survival."
     ),
-    k_max: int | None = typer.Option(None, help="Largest k to tabulate (default: the profile's, else 8)."),
+    k_max: int | None = typer.Option(
+        None, min=1, max=K_BOUND, help="Largest k to tabulate.", show_default="the profile's, else 8"
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    plot: Path | None = typer.Option(None, help="Draw the speedup against k for several alphas to this PNG."),
+    plot: Path | None = typer.Option(None, help="Draw the speedup against k for several alphas to this .png file."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Predicted speedup E / (k c + v(k + 1)) over plain decoding, and the best k.
 
     verispec cost --alpha 0.8 --k 6 --c 0.1 --v 1    # E = 3.951424, speedup ~2.47
     """
+    if profile is not None:
+        check_input_file(profile, "--profile", "a profile JSON file from `verispec profile --out FILE`")
+    if plot is not None:
+        check_output_file(plot, "--plot", force, suffix=".png")
     costs, source = _costs(c, v, profile, k_max, k)
     if alpha is not None:
         survival, acceptance = survival_from_alpha(alpha, len(costs.v) - 1), f"alpha = {alpha:g}"
@@ -70,10 +83,6 @@ def _costs(
     c: float | None, v: float | None, profile: Path | None, k_max: int | None, k: int | None
 ) -> tuple[FixedCosts, Profile | None]:
     """c and the curve v(1..K + 1), from the options or from a profile."""
-    if k is not None:
-        check_k(k)
-    if k_max is not None and (k_max < 1):
-        raise ValueError(f"--k-max must be >= 1, got {k_max}")
     if profile is not None:
         if c is not None or v is not None:
             raise ValueError("give --c and --v, or --profile with measured ones, not both")

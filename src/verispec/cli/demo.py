@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from verispec.bench.identity import diagnose, explain, verdict
 from verispec.cli import app
-from verispec.cli.generate import check_k, timed_run, warm_up
-from verispec.engine import Decoding
 from verispec.models import DEFAULT_MODEL
-from verispec.policies import policy_from_spec
-from verispec.sampling import SamplingParams
+from verispec.registry import K_HELP, build_policy, build_proposer, parse_k, proposer_help
+from verispec.sampling import GREEDY
 
 ARTICLE = (
     "The city council voted on Tuesday to extend the riverside bike path by four kilometres, "
@@ -34,38 +36,63 @@ PROMPTS = {
 @app.command()
 def demo(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
-    proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N]")] = "lookup",
-    k: Annotated[str, typer.Option("--k", help="An integer >= 1, auto or heuristic.")] = "auto",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 96,
+    proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
+    k: Annotated[str, typer.Option("--k", help=K_HELP)] = "auto",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 96,
     dtype: str = "auto",
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
-    check_k(k)
+    parse_k(k)
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
-    from verispec.models.load import load_model  # transformers: imported when needed
-    from verispec.proposers.spec import parse_proposer
+    from verispec.bench.runners import VerispecRunner, warm_up  # transformers: imported when needed
+    from verispec.models.load import load_model
 
     loaded = load_model(model, dtype=dtype)
-    greedy = SamplingParams(temperature=0)
-    table = Table(title=f"{loaded.name} ({str(loaded.dtype).removeprefix('torch.')}), greedy, {max_new_tokens} new tokens")
-    for column in ("prompt", "plain tok/s", f"{proposer} k={k} tok/s", "speedup", "tokens/round", "identical"):
-        table.add_column(column, justify="left" if column == "prompt" else "right")
+    dtype_name = str(loaded.dtype).removeprefix("torch.")
+    rows: list[DemoRow] = []
     for name, text in PROMPTS.items():
         prompt_ids = loaded.encode(text)
-        drafter = parse_proposer(proposer, loaded)
-        policy = policy_from_spec(k, loaded.lm, drafter, prompt_ids, greedy)
-        options = dict(max_new_tokens=max_new_tokens, sampling=greedy, eos_token_id=loaded.eos_token_id)
-        warm_up(loaded, prompt_ids)
-        plain = timed_run(Decoding(loaded.lm, None, prompt_ids, k=0, **options), loaded, echo=False)
-        spec = timed_run(Decoding(loaded.lm, drafter, prompt_ids, k=policy, **options), loaded, echo=False)
+        drafter = build_proposer(proposer, loaded)
+        policy = build_policy(k, loaded.lm, drafter, prompt_ids, GREEDY)
+        warm_up(loaded.lm, prompt_ids)
+        plain = VerispecRunner(loaded.lm, None, 0, loaded.eos_token_ids)(prompt_ids, max_new_tokens)
+        spec = VerispecRunner(loaded.lm, drafter, policy, loaded.eos_token_ids)(prompt_ids, max_new_tokens)
+        mismatch = diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, dtype_name)
+        rows.append(DemoRow(name, plain.tokens_per_s, spec.tokens_per_s, spec.stats.mean_accepted, mismatch))
+        console.print(f"[bold]{name}[/bold]: {escape(loaded.decode(spec.tokens))}\n")
+    title = f"{loaded.name} ({dtype_name}), greedy, {max_new_tokens} new tokens, {proposer} k={k}"
+    out = Console(file=sys.stdout)
+    out.print(demo_table(rows, title))
+    for row in rows:
+        if row.mismatch is not None:
+            out.print(f"{row.prompt}: {explain(row.mismatch)}.", highlight=False)
+            out.print(f"  {row.mismatch['diagnosis']}", highlight=False, style="dim")
+
+
+@dataclass(frozen=True)
+class DemoRow:
+    """One prompt of the demo; mismatch: `identity.diagnose`'s record, None when identical."""
+
+    prompt: str
+    plain_tokens_per_s: float
+    spec_tokens_per_s: float
+    tokens_per_round: float
+    mismatch: dict | None
+
+
+def demo_table(rows: list[DemoRow], title: str) -> Table:
+    """The side-by-side table; 70 columns wide, so it fits an 80-column terminal."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for column in ("prompt", "plain tok/s", "spec tok/s", "speedup", "tok/round", "identical"):
+        table.add_column(column, justify="left" if column == "prompt" else "right", no_wrap=True)
+    for row in rows:
         table.add_row(
-            name,
-            f"{plain['tokens_per_s']:.1f}",
-            f"{spec['tokens_per_s']:.1f}",
-            f"{spec['tokens_per_s'] / plain['tokens_per_s']:.2f}x",
-            f"{spec['stats'].mean_accepted:.2f}",
-            "yes" if spec["tokens"] == plain["tokens"] else "NO",
+            row.prompt,
+            f"{row.plain_tokens_per_s:.1f}",
+            f"{row.spec_tokens_per_s:.1f}",
+            f"{row.spec_tokens_per_s / row.plain_tokens_per_s:.2f}x",
+            f"{row.tokens_per_round:.2f}",
+            verdict(row.mismatch),
         )
-        console.print(f"[bold]{name}[/bold]: {loaded.decode(spec['tokens'])}\n")
-    Console(file=sys.stdout).print(table)
+    return table

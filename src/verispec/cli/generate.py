@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from verispec.cli import app
-from verispec.engine import Decoding
+from verispec.bench.identity import diagnose, explain
 from verispec.models import DEFAULT_MODEL
-from verispec.policies import policy_from_spec
+from verispec.registry import K_HELP, build_policy, build_proposer, parse_k, proposer_help
 from verispec.sampling import SamplingParams
 from verispec.textstream import TextStream
 
@@ -24,8 +23,8 @@ if TYPE_CHECKING:
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when omitted.")] = None,
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
-    proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N] | eagle[:DIR] | medusa[:DIR] | random")] = "lookup",
-    k: Annotated[str, typer.Option("--k", help="Tokens drafted per round: an integer >= 1, auto or heuristic.")] = "auto",
+    proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
+    k: Annotated[str, typer.Option("--k", help=K_HELP)] = "auto",
     temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
     top_k: Annotated[Optional[int], typer.Option("--top-k")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p")] = None,
@@ -42,39 +41,49 @@ def generate(
     if not text.strip():
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    check_k(k)
+    parse_k(k)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     from verispec.models.load import load_model  # transformers: imported when needed
-    from verispec.proposers.spec import parse_proposer
 
     loaded = load_model(model, dtype=dtype)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
     check_context(loaded, len(prompt_ids), max_new_tokens)
-    drafter = parse_proposer(proposer, loaded)
-    policy = policy_from_spec(k, loaded.lm, drafter, prompt_ids, sampling)
-    options = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=loaded.eos_token_id, seed=seed)
+    drafter = build_proposer(proposer, loaded)
+    policy = build_policy(k, loaded.lm, drafter, prompt_ids, sampling)
+    from verispec.bench.runners import VerispecRunner, warm_up
 
-    warm_up(loaded, prompt_ids)
-    spec = timed_run(Decoding(loaded.lm, drafter, prompt_ids, k=policy, **options), loaded, echo=not as_json)
+    warm_up(loaded.lm, prompt_ids)
+    stream = TextStream(loaded.decode)
+    echo = None if as_json else lambda token: print(stream.push(token), end="", flush=True)
+    eos = loaded.eos_token_ids
+    spec = VerispecRunner(loaded.lm, drafter, policy, eos, sampling, seed)(prompt_ids, max_new_tokens, echo)
+    if not as_json:
+        print(stream.flush(), end="")
+    dtype_name = str(loaded.dtype).removeprefix("torch.")
     report = {
-        "text": loaded.decode(spec["tokens"]),
-        "new_tokens": len(spec["tokens"]),
-        "tokens_per_s": spec["tokens_per_s"],
-        "mean_accepted": spec["stats"].mean_accepted,
-        "acceptance_rate": spec["stats"].acceptance_rate,
-        "rounds": spec["stats"].rounds,
-        "seconds": spec["seconds"],
+        "text": loaded.decode(spec.tokens),
+        "new_tokens": len(spec.tokens),
+        "tokens_per_s": spec.tokens_per_s,
+        "mean_accepted": spec.stats.mean_accepted,
+        "acceptance_rate": spec.stats.acceptance_rate,
+        "rounds": spec.stats.rounds,
+        "seconds": spec.wall_seconds,
         "model": loaded.name,
-        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "dtype": dtype_name,
         "proposer": proposer,
         "k": k,
     }
     if compare:
-        plain = timed_run(Decoding(loaded.lm, None, prompt_ids, k=0, **options), loaded, echo=False)
-        report["plain_tokens_per_s"] = plain["tokens_per_s"]
-        report["speedup"] = spec["tokens_per_s"] / plain["tokens_per_s"]
-        report["identical"] = plain["tokens"] == spec["tokens"]
+        plain = VerispecRunner(loaded.lm, None, 0, eos, sampling, seed)(prompt_ids, max_new_tokens)
+        report["plain_tokens_per_s"] = plain.tokens_per_s
+        report["speedup"] = spec.tokens_per_s / plain.tokens_per_s
+        report["identical"] = plain.tokens == spec.tokens
+        # Greedy output must equal plain decoding's; a difference is diagnosed as the benchmark
+        # does. Sampled outputs differ by design (exactness there is the audit's).
+        report["mismatch"] = (
+            diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, dtype_name) if sampling.greedy else None
+        )
     if as_json:
         print(json.dumps(report))
         return
@@ -85,27 +94,14 @@ def generate(
         f"acceptance {report['acceptance_rate']:.0%}"
     )
     if compare:
-        same = "identical to" if report["identical"] else "DIFFERENT from"
         if not sampling.greedy:
-            same = "sampled, so not comparable token for token with"
-        line += (
-            f"; plain {report['plain_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, "
-            f"output {same} plain decoding"
-        )
+            same = "output sampled, so not comparable token for token with plain decoding"
+        elif report["mismatch"] is None:
+            same = "output identical to plain decoding"
+        else:
+            same = f"output {explain(report['mismatch'])}"
+        line += f"; plain {report['plain_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, {same}"
     print(line, file=sys.stderr)
-
-
-def check_k(k: str) -> None:
-    """Refuse k < 1 in any spelling ("0", "00", "+0", "-1"): k = 0 would decode plainly while
-    reporting itself as speculative."""
-    try:
-        number = int(k)
-    except ValueError:
-        return  # a policy name; policy_from_spec says what it accepts
-    if number < 1:
-        raise ValueError(
-            f"--k must be an integer >= 1, auto or heuristic, got {k!r}; plain decoding is --compare's baseline"
-        )
 
 
 def check_context(loaded: LoadedModel, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -115,27 +111,3 @@ def check_context(loaded: LoadedModel, prompt_tokens: int, max_new_tokens: int) 
             f"the prompt ({prompt_tokens} tokens) plus --max-new-tokens {max_new_tokens} exceeds the "
             f"model's context of {limit} tokens; shorten the prompt or ask for fewer tokens"
         )
-
-
-def warm_up(loaded: LoadedModel, prompt_ids: list[int]) -> None:
-    """One short plain run, so the first timed run does not pay for lazy initialisation."""
-    for _ in Decoding(loaded.lm, None, prompt_ids, k=0, max_new_tokens=2, sampling=SamplingParams(temperature=0)):
-        pass
-
-
-def timed_run(run: Decoding, loaded: LoadedModel, echo: bool) -> dict:
-    stream = TextStream(loaded.decode)
-    start = time.perf_counter()
-    for token in run:
-        if echo:
-            sys.stdout.write(stream.push(token))
-            sys.stdout.flush()
-    seconds = time.perf_counter() - start
-    if echo:
-        sys.stdout.write(stream.flush())
-    return {
-        "tokens": run.tokens,
-        "stats": run.stats,
-        "seconds": seconds,
-        "tokens_per_s": len(run.tokens) / seconds if seconds > 0 else float("inf"),
-    }

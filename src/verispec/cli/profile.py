@@ -11,9 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from verispec.cli import app
+from verispec.cli.paths import FORCE_HELP, check_output_file
 from verispec.cost import optimal_k, speedup_by_k
 from verispec.engine import generate
 from verispec.models import DEFAULT_MODEL
+from verispec.registry import build_proposer, proposer_help
 from verispec.profile import Profile, measure_profile
 from verispec.sampling import SamplingParams
 
@@ -36,19 +38,22 @@ DEFAULT_PROMPT = (
 @app.command()
 def profile(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
-    proposer: Annotated[str, typer.Option(help="lookup | suffix | draft:PATH | layerskip:L[:N]")] = "lookup",
-    k_max: Annotated[int, typer.Option("--k-max", help="Measure v(n) for n = 1..k_max + 1.")] = 8,
-    repeats: Annotated[int, typer.Option(help="Timed repeats of every measurement.")] = 7,
-    warmup: Annotated[int, typer.Option(help="Untimed repeats first.")] = 2,
+    proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
+    k_max: Annotated[int, typer.Option("--k-max", min=1, help="Measure v(n) for n = 1..k_max + 1.")] = 8,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed repeats of every measurement.")] = 7,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed repeats first.")] = 2,
     context_tokens: Annotated[
-        Optional[int], typer.Option("--context-tokens", help="Time at this context length (the prompt tiled or cut).")
+        Optional[int],
+        typer.Option("--context-tokens", min=2, help="Time at this context length (the prompt tiled or cut)."),
     ] = None,
     prompt: Annotated[
         Optional[str], typer.Option(help="The context to time at (default: a built-in summarising request).")
     ] = None,
     survival_tokens: Annotated[
         int,
-        typer.Option("--survival-tokens", help="Generate this many tokens at k = k_max to measure survival; 0: skip."),
+        typer.Option(
+            "--survival-tokens", min=0, help="Generate this many tokens at k = k_max to measure survival; 0: skip."
+        ),
     ] = 64,
     temperature: Annotated[
         float, typer.Option(help="Sampling temperature of drafts and survival run; 0 is greedy.")
@@ -58,22 +63,22 @@ def profile(
     out: Annotated[
         Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")
     ] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Draw v(n) against n to this PNG.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Draw v(n) against n to this .png file.")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Measure the target's scoring cost v(n) and the proposer's draft cost c at the request's
     context length: medians and spread over repeats, and the best k they predict."""
-    if context_tokens is not None and context_tokens < 2:
-        raise ValueError(f"--context-tokens must be >= 2, got {context_tokens}")
-    if survival_tokens < 0:
-        raise ValueError(f"--survival-tokens must be >= 0, got {survival_tokens}")
+    if out is not None:
+        check_output_file(out, "--out", force)
+    if plot is not None:
+        check_output_file(plot, "--plot", force, suffix=".png")
     sampling = SamplingParams(temperature=temperature)
     from verispec.models.load import load_model  # transformers: imported when needed
-    from verispec.proposers.spec import parse_proposer
 
     loaded = load_model(model, dtype=dtype)
     prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
     context = prompt_ids if context_tokens is None else tiled(prompt_ids, context_tokens)
-    drafter = parse_proposer(proposer, loaded)
+    drafter = build_proposer(proposer, loaded)
     measured = measure_profile(
         loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling
     )
@@ -82,7 +87,7 @@ def profile(
     if survival_tokens:
         run = generate(
             loaded.lm, drafter, prompt_ids, max_new_tokens=survival_tokens, sampling=sampling,
-            eos_token_id=loaded.eos_token_id, k=k_max,
+            eos_token_id=loaded.eos_token_ids, k=k_max,
         )
         measured.survival = run.stats.survival() or None
     if out is not None:

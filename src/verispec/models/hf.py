@@ -49,7 +49,6 @@ class HFCausalLM:
     def __init__(self, model: PreTrainedModel) -> None:
         model.eval()
         self.model = model
-        self.device = model.device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cache = self._new_cache()
         self._length = 0
@@ -69,6 +68,12 @@ class HFCausalLM:
             )
         cache.layers = [BufferedLayer() for _ in cache.layers]
         return cache
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model is now (read each time, so `model.to(device)` after wrapping works);
+        token ids are built there, and the logits come back there."""
+        return self.model.device
 
     @property
     def length(self) -> int:

@@ -25,10 +25,8 @@ import os
 # Before transformers (and huggingface_hub) read it at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import functools  # noqa: E402
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
 import warnings  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -40,6 +38,7 @@ import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from verispec.machine import native_bf16  # noqa: E402
 from verispec.models import DEFAULT_MODEL  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
 
@@ -72,7 +71,8 @@ class LoadedModel:
     name: what it was loaded as (the embedded name or the path given).
     lm: the `CausalLM` adapter the engine drives. model: the transformers model it wraps.
     eos_token_ids: every id that ends a generation (generation config first, then the
-        tokenizer's); `eos_token_id` is the first, for the engine.
+        tokenizer's); the engine stops at any of them. `eos_token_id` is the first, for
+        callers that take a single id.
     source: the file or directory the weights came from.
     """
 
@@ -134,7 +134,7 @@ def load_model(
         model = _from_directory(
             AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=trust_remote_code
         )
-        tokenizer = _from_directory(AutoTokenizer, source, trust_remote_code=trust_remote_code)
+        tokenizer = _directory_tokenizer(source, trust_remote_code)
     return LoadedModel(
         name=str(name_or_path),
         lm=HFCausalLM(model),
@@ -150,11 +150,29 @@ def load_tokenizer(name_or_path: str | os.PathLike, trust_remote_code: bool = Fa
     """Only the tokenizer of what `load_model` accepts, or of a tokenizer directory."""
     source = locate(name_or_path)
     if source.is_dir():
-        return _from_directory(AutoTokenizer, source, trust_remote_code=trust_remote_code)
+        return _directory_tokenizer(source, trust_remote_code)
     converted = converted_dir(source)
     if (converted / "config.json").is_file():
         return _from_directory(AutoTokenizer, converted)
     return AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name, local_files_only=True)
+
+
+# A directory with a tokenizer holds at least one of these: a fast tokenizer, its config, a
+# sentencepiece model, BPE or WordPiece vocabularies.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt",
+)
+
+
+def _directory_tokenizer(directory: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in `directory`; an error that says so when it holds none (transformers
+    would instead advise installing sentencepiece or tiktoken)."""
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"{directory} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); give a model or "
+            "tokenizer directory that has one, a .gguf file or an embedded model name"
+        )
+    return _from_directory(AutoTokenizer, directory, trust_remote_code=trust_remote_code)
 
 
 def locate(name_or_path: str | os.PathLike) -> Path:
@@ -194,27 +212,6 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
     raise ValueError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16 or float16")
-
-
-@functools.cache
-def native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively; elsewhere bf16 is emulated and slower
-    than float32 (measured: 82 vs 50 ms to score 5 tokens on an AVX-512 CPU without it)."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return cpu_has_bf16(cpuinfo, platform.machine())
-
-
-def cpu_has_bf16(cpuinfo: str, machine: str) -> bool:
-    """From /proc/cpuinfo: AVX512-BF16 or AMX-BF16 on x86, the BF16 extension on Arm."""
-    wanted = {"avx512_bf16", "amx_bf16"} if machine in ("x86_64", "AMD64", "i686") else {"bf16"}
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features") and wanted & set(value.split()):
-            return True
-    return False
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import torch
 
 from verispec.models.base import CausalLM
-from verispec.proposers.base import Draft
+from verispec.drafts import Draft
 from verispec.randomness import Random
-from verispec.sampling import SamplingParams, probabilities
+from verispec.sampling import SamplingParams, probabilities, to_host
 from verispec.tokenizer_contract import check_tokenizers
 
 
@@ -84,10 +84,11 @@ class DraftModel:
         return self._draft(tokens, q_rows)
 
     def _next(self, logits: torch.Tensor, rng: Random) -> tuple[int, torch.Tensor | None]:
-        """One drafted token from logits[1, V]: argmax when greedy, else a draw from q [V]."""
+        """One drafted token from logits[1, V] (on the model's device): argmax when greedy,
+        else a draw from q [V], float64 on the host."""
         if self.sampling.greedy:
             return int(logits[0].argmax()), None
-        q = probabilities(logits, self.sampling)[0]
+        q = to_host(probabilities(logits, self.sampling))[0]
         return rng.categorical(q), q
 
     def _draft(self, tokens: list[int], q_rows: list[torch.Tensor | None]) -> Draft:

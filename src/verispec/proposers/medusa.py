@@ -26,7 +26,7 @@ from verispec.heads.checkpoint import check_target
 from verispec.heads.medusa import MedusaHead
 from verispec.heads.vocab import HeadVocab
 from verispec.models.base import CausalLM, FeatureChannel
-from verispec.proposers.base import EMPTY_DRAFT, Draft
+from verispec.drafts import EMPTY_DRAFT, Draft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from verispec.proposers.base import EMPTY_DRAFT, Draft
+from verispec.drafts import EMPTY_DRAFT, Draft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
 

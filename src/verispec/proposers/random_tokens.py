@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.proposers.base import Draft
+from verispec.drafts import Draft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities
 

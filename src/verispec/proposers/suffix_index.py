@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from verispec.proposers.base import Draft
+from verispec.drafts import Draft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
 

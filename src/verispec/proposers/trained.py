@@ -7,7 +7,6 @@ Without DIR the head shipped for the default model is loaded (package data under
 
 from __future__ import annotations
 
-from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -17,11 +16,13 @@ from verispec.models.base import CausalLM
 from verispec.proposers.base import Proposer
 
 HEAD_KINDS = ("eagle", "medusa")
+# Package data of verispec.heads, found without importing it (that would import transformers).
+SHIPPED = Path(__file__).resolve().parent.parent / "heads" / "default"
 
 
 def default_head(kind: str) -> Path:
     """The directory of the `kind` head shipped for the default model (it may be absent)."""
-    return Path(str(files("verispec.heads") / "default" / kind))
+    return SHIPPED / kind
 
 
 def head_proposer(kind: str, directory: str | None, target: CausalLM, dtype: torch.dtype = torch.float32) -> Proposer:

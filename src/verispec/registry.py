@@ -1,0 +1,379 @@
+"""Every proposer kind and k policy a user can name, each defined once.
+
+A proposer kind has one name, used everywhere: the CLI's `--proposer` spec, the benchmark's
+method names (`verispec-<spec>-k4`), the exhaustive audit (`verispec audit --proposer NAME`),
+the greedy identity suite and JSON output. Its entry holds the spec grammar, the builder, whether
+its drafts are chosen or sampled (and so which verification rules are exact for them), how the
+audit builds it on rational tables (or why it cannot), and a one-line description.
+
+    >>> sorted(PROPOSERS)
+    ['draft', 'eagle', 'layerskip', 'lookup', 'medusa', 'random', 'suffix']
+    >>> PROPOSERS["lookup"].rules
+    ('greedy', 'point-mass', 'token', 'block')
+    >>> parse_k("auto:fast.json")
+    KSpec(kind='auto', k=None, profile='fast.json')
+
+A new proposer is one module (its `Proposer` class) plus one `register(ProposerKind(...))` call
+in this file (or in the module that defines it, imported before use).
+
+This module stays light (no torch, no transformers at import): the CLI's help text reads it.
+Builders import what they need when they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from verispec.cost import check_k
+
+if TYPE_CHECKING:
+    from verispec.audit.exhaustive import Tables
+    from verispec.models.base import CausalLM
+    from verispec.models.load import LoadedModel
+    from verispec.policies import KPolicy
+    from verispec.proposers.base import Proposer
+    from verispec.sampling import SamplingParams
+
+Corpus = Sequence[Sequence[int]]
+
+
+@dataclass(frozen=True)
+class ProposerKind:
+    """One kind of proposer.
+
+    name: the one name (`lookup`), also the spec's first word.
+    grammar: its spec, e.g. `draft:PATH` or `layerskip:L[:N]`; no ':' means no argument, `[:`
+        right after the name an optional one.
+    drafts: "sampled" when at temperature > 0 its drafts are sampled from a proposal q it
+        reports (verified by the token or block rule), "chosen" when they are picked without a
+        q (point-mass, token or block).
+    build(argument, target, corpus): the proposer for the text after the first ':' ("" when
+        none), the loaded target model and token-id sequences (e.g. encoded prompts).
+    description: one line for `verispec proposers` and the README.
+    audit(tables): the proposer on the audit's rational tables (`tables.target`,
+        `tables.draft`), or None with the reason in `not_audited`.
+    example: a spec the greedy identity suite runs on the default model (None: leave it out).
+    """
+
+    name: str
+    grammar: str
+    drafts: Literal["chosen", "sampled"]
+    build: Callable[[str, LoadedModel, Corpus], Proposer]
+    description: str
+    audit: Callable[[Tables], Proposer] | None = None
+    not_audited: str = ""
+    example: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.drafts not in ("chosen", "sampled"):
+            raise ValueError(f"proposer {self.name!r}: drafts must be 'chosen' or 'sampled', got {self.drafts!r}")
+        if not self.grammar.startswith(self.name) or ":" in self.name or "-" in self.name or not self.name:
+            raise ValueError(
+                f"proposer {self.name!r}: the name is one word without ':' or '-', and the grammar "
+                f"{self.grammar!r} starts with it"
+            )
+        if (self.audit is None) == (not self.not_audited):
+            raise ValueError(f"proposer {self.name!r}: give either an audit builder or the reason it has none")
+
+    @property
+    def argument(self) -> Literal["none", "optional", "required"]:
+        if ":" not in self.grammar:
+            return "none"
+        return "optional" if self.grammar.startswith(f"{self.name}[:") else "required"
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """The verification rules that are exact for its drafts: greedy at temperature 0; at
+        temperature > 0 token and block, and point-mass too for chosen drafts (q None)."""
+        return ("greedy", "token", "block") if self.drafts == "sampled" else ("greedy", "point-mass", "token", "block")
+
+    def rules_for(self, sampling: SamplingParams) -> tuple[str, ...]:
+        """The rules that are exact for its drafts under these transforms."""
+        return ("greedy",) if sampling.greedy else self.rules[1:]
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "grammar": self.grammar,
+            "drafts": self.drafts,
+            "rules": list(self.rules),
+            "audited": self.audit is not None,
+            "not_audited": self.not_audited or None,
+            "description": self.description,
+        }
+
+
+PROPOSERS: dict[str, ProposerKind] = {}
+
+
+def register(kind: ProposerKind) -> ProposerKind:
+    """Add a proposer kind; a second kind with a registered name is refused."""
+    if kind.name in PROPOSERS:
+        raise ValueError(f"a proposer named {kind.name!r} is already registered")
+    PROPOSERS[kind.name] = kind
+    return kind
+
+
+def proposer_kinds() -> list[ProposerKind]:
+    return list(PROPOSERS.values())
+
+
+def proposer_grammar(separator: str = " | ") -> str:
+    """Every spec, e.g. 'lookup | suffix | draft:PATH | layerskip:L[:N] | random'."""
+    return separator.join(kind.grammar for kind in PROPOSERS.values())
+
+
+def proposer_help() -> str:
+    """The CLI's help for --proposer."""
+    return f"{proposer_grammar()} (`verispec proposers` describes each)."
+
+
+def parse_spec(spec: str) -> tuple[ProposerKind, str]:
+    """A spec's kind and its argument ("" when none); checks the grammar, not the argument's
+    value (that needs the target: `build_proposer`)."""
+    name, colon, argument = spec.strip().partition(":")
+    kind = PROPOSERS.get(name)
+    if kind is None:
+        raise ValueError(f"unknown proposer {spec!r}; choose {proposer_grammar(', ')}")
+    if kind.argument == "none" and colon:
+        raise ValueError(f"{name} takes no argument, got {spec!r}; write just {name!r}")
+    if kind.argument == "required" and not argument:
+        raise ValueError(f"{name} needs an argument: write {kind.grammar}, got {spec!r}")
+    return kind, argument
+
+
+def build_proposer(spec: str, target: LoadedModel, corpus: Corpus = ()) -> Proposer:
+    """The proposer `spec` names, for the loaded `target`; corpus: token-id sequences (e.g.
+    encoded prompts) that `suffix` indexes and from which `layerskip:L:N` picks its N most
+    frequent tokens."""
+    kind, argument = parse_spec(spec)
+    return kind.build(argument, target, corpus)
+
+
+# ---- k policies -------------------------------------------------------------------------
+
+K_POLICIES: dict[str, str] = {
+    "N": "constant: N drafted tokens per round (an integer >= 1)",
+    "auto": "AutoK: the cost model's best k per round (profiles first)",
+    "auto:PROFILE.json": "AutoK on a profile from `verispec profile --out`",
+    "heuristic": "HF's schedule: k + 2 after a full accept, else k - 1",
+}
+K_GRAMMAR = "an integer >= 1, auto, auto:PROFILE.json or heuristic"
+K_HELP = f"Tokens drafted per round: {K_GRAMMAR}."
+
+
+@dataclass(frozen=True)
+class KSpec:
+    """A parsed k policy: kind "constant" (k), "heuristic" or "auto" (profile: a file, or None
+    to measure one now)."""
+
+    kind: Literal["constant", "heuristic", "auto"]
+    k: int | None = None
+    profile: str | None = None
+
+
+def parse_k(text: str, *, option: str = "--k") -> KSpec:
+    """A k policy spec: an integer >= 1, `auto`, `auto:PROFILE.json` or `heuristic`."""
+    spec = text.strip()
+    if spec == "heuristic":
+        return KSpec("heuristic")
+    if spec == "auto":
+        return KSpec("auto")
+    if spec.startswith("auto:"):
+        profile = spec.removeprefix("auto:")
+        if not profile:
+            raise ValueError(f"{option} auto:PROFILE.json needs the profile's path, got {text!r}")
+        return KSpec("auto", profile=profile)
+    try:
+        k = int(spec)
+    except ValueError:
+        raise ValueError(f"{option} must be {K_GRAMMAR}, got {text!r}") from None
+    if k < 1:
+        raise ValueError(
+            f"{option} must be {K_GRAMMAR}, got {text!r}; k = 0 would decode plainly "
+            "(plain decoding is the baseline every comparison already runs)"
+        )
+    return KSpec("constant", k=k)
+
+
+def build_policy(
+    spec: str | KSpec,
+    target: CausalLM,
+    proposer: Proposer | None,
+    prompt_ids: Sequence[int],
+    sampling: SamplingParams | None = None,
+) -> KPolicy:
+    """The k policy a spec names; `auto` profiles `proposer` on `target` after `prompt_ids`."""
+    from verispec.policies import AutoK, ConstantK, HeuristicK
+    from verispec.profile import Profile, measured_autok
+
+    parsed = parse_k(spec) if isinstance(spec, str) else spec
+    if parsed.kind == "constant":
+        return ConstantK(parsed.k)
+    if parsed.kind == "heuristic":
+        return HeuristicK()
+    if parsed.profile is not None:
+        return AutoK(Profile.load(parsed.profile))
+    if proposer is None:
+        raise ValueError("k = auto measures the proposer's cost; give a proposer or an integer k")
+    return measured_autok(target, proposer, prompt_ids, sampling=sampling)
+
+
+# ---- the proposer kinds -----------------------------------------------------------------
+
+
+def _lookup(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+    from verispec.proposers.prompt_lookup import PromptLookup
+
+    return PromptLookup()
+
+
+def _suffix(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+    from verispec.proposers.suffix_index import SuffixIndex
+
+    return SuffixIndex(corpus)
+
+
+def _draft(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+    from verispec.models.load import load_model
+    from verispec.proposers.draft_model import DraftModel
+
+    draft = load_model(argument, dtype=target.dtype)
+    return DraftModel(draft.lm, tokenizers=(target.tokenizer, draft.tokenizer))
+
+
+def _layerskip(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+    from verispec.proposers.layer_skip import LayerSkip
+
+    total = target.model.config.num_hidden_layers
+    vocab_size = target.lm.vocab_size
+    parts = argument.split(":")
+    if len(parts) > 2:
+        raise ValueError(f"layerskip needs layerskip:L or layerskip:L:N, got 'layerskip:{argument}'")
+    layers = _integer(parts[0], "layerskip:L needs an integer number of layers L")
+    if not 1 <= layers < total:
+        raise ValueError(f"layerskip:L needs 1 <= L < {total} (the target has {total} layers), got {layers}")
+    head_tokens = None
+    if len(parts) == 2:
+        head_tokens = _integer(parts[1], "layerskip:L:N needs an integer number of head tokens N")
+        if not 1 <= head_tokens <= vocab_size:
+            raise ValueError(f"layerskip:L:N needs 1 <= N <= {vocab_size} (the vocabulary size), got {head_tokens}")
+    return LayerSkip(target.lm, layers, head_tokens, corpus)
+
+
+def _random(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+    from verispec.proposers.random_tokens import RandomTokens
+
+    return RandomTokens(target.lm.vocab_size)
+
+
+def _integer(text: str, message: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{message}, got {text!r}") from None
+
+
+def _audit_lookup(tables: Tables) -> Proposer:
+    from verispec.proposers.prompt_lookup import PromptLookup
+
+    return PromptLookup(max_ngram=3)
+
+
+def _audit_suffix(tables: Tables) -> Proposer:
+    from verispec.proposers.suffix_index import SuffixIndex
+
+    # A corpus (the vocabulary descending, twice) makes its drafts differ from prompt
+    # lookup's; min_prob 0 drafts whenever anything matched.
+    return SuffixIndex([[*range(tables.target.vocab_size - 1, -1, -1)] * 2], min_prob=0)
+
+
+def _audit_draft(tables: Tables) -> Proposer:
+    from verispec.proposers.draft_model import DraftModel
+
+    return DraftModel(tables.draft)
+
+
+def _audit_random(tables: Tables) -> Proposer:
+    from verispec.proposers.random_tokens import RandomTokens
+
+    return RandomTokens(tables.target.vocab_size)
+
+
+def _head(kind: str) -> Callable[[str, LoadedModel, Corpus], Proposer]:
+    def build(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+        from verispec.proposers.trained import head_proposer
+
+        return head_proposer(kind, argument or None, target.lm, target.dtype)
+
+    return build
+
+
+def _audit_head(kind: str) -> Callable[[Tables], Proposer]:
+    def build(tables: Tables) -> Proposer:
+        from verispec.heads.untrained import tiny_head
+        from verispec.proposers.eagle import EagleProposer
+        from verispec.proposers.medusa import MedusaProposer
+
+        # An untrained float64 head on the table's deterministic features: exactness must not
+        # depend on the weights, and an untrained q rejects often (every repair path).
+        proposer = EagleProposer if kind == "eagle" else MedusaProposer
+        return proposer(tiny_head(kind, tables.target), tables.target)
+
+    return build
+
+
+def _shipped(kind: str) -> str | None:
+    """`kind` when a head is shipped for the default model (the identity suite runs it)."""
+    from verispec.proposers.trained import default_head
+
+    return kind if default_head(kind).is_dir() else None
+
+
+def _default_draft() -> str:
+    from verispec.models import DEFAULT_MODEL
+
+    return f"draft:{DEFAULT_MODEL}"
+
+
+register(ProposerKind(
+    "lookup", "lookup", "chosen", _lookup,
+    "prompt lookup: continues the longest recent n-gram match in the request itself",
+    audit=_audit_lookup, example="lookup",
+))
+register(ProposerKind(
+    "suffix", "suffix", "chosen", _suffix,
+    "suffix index over the request and a corpus; drafts the most frequent continuation",
+    audit=_audit_suffix, example="suffix",
+))
+register(ProposerKind(
+    "draft", "draft:PATH", "sampled", _draft,
+    "a smaller model with the target's tokenizer (.gguf file, checkpoint directory or name)",
+    audit=_audit_draft, example=_default_draft(),
+))
+register(ProposerKind(
+    "layerskip", "layerskip:L[:N]", "sampled", _layerskip,
+    "the target's first L layers and its head (pruned to N tokens when N is given)",
+    not_audited="it needs a transformer's layers, which the audit's rational tables lack; its "
+    "drafts are sampled with their q like draft's, whose rules the audit covers",
+    example="layerskip:8",
+))
+register(ProposerKind(
+    "random", "random", "sampled", _random,
+    "uniform random tokens: the baseline an adaptive k must learn to turn off",
+    audit=_audit_random, example="random",
+))
+register(ProposerKind(
+    "eagle", "eagle[:DIR]", "sampled", _head("eagle"),
+    "a trained EAGLE-style head drafting in the target's feature space (DIR: from verispec train; "
+    "none: the head shipped for the default model)",
+    audit=_audit_head("eagle"), example=_shipped("eagle"),
+))
+register(ProposerKind(
+    "medusa", "medusa[:DIR]", "sampled", _head("medusa"),
+    "K trained residual heads on the target's last feature (DIR: from verispec train; none: the "
+    "shipped head)",
+    audit=_audit_head("medusa"), example=_shipped("medusa"),
+))
