@@ -1,0 +1,79 @@
+"""Acceptance of a trained head on held-out benchmark prompts: tau (tokens per target forward)
+at a fixed k and the conditional acceptance at each draft position, greedy.
+
+    .venv/bin/python benchmarks/head_tau.py [--proposers eagle,medusa,lookup] [--k 4]
+        [--per-category 1] [--humaneval 3] [--max-new-tokens 128] [--dtype auto] [--json OUT]
+
+Prompts: the first N of each Spec-Bench dev category (first turn, chat template) and the
+first M HumanEval dev prompts, read where they lie. A head never trains on them.
+Position i's acceptance is accepted / attempted over the rounds whose draft reached position
+i with the positions before it accepted (`Stats.position_attempts`); tau = new tokens / rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from verispec import GREEDY, generate
+from verispec.bench.workloads import read_workloads, select
+from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.proposers.spec import parse_proposer
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--proposers", default="eagle", help="comma-separated proposer specs")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--per-category", type=int, default=1)
+    parser.add_argument("--humaneval", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    loaded = load_model(args.model, dtype=args.dtype)
+    workloads = select(read_workloads(args.data / "specbench_dev.jsonl"), limit_per_category=args.per_category)
+    if args.humaneval:
+        workloads += read_workloads(args.data / "humaneval_dev.jsonl")[: args.humaneval]
+    print(f"{args.model} ({loaded.dtype}), {len(workloads)} prompts, k = {args.k}, greedy, {args.max_new_tokens} new tokens")
+    results = {}
+    for spec in args.proposers.split(","):
+        proposer = parse_proposer(spec, loaded)
+        attempts, accepts = [0] * args.k, [0] * args.k
+        per_category: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        started = time.perf_counter()
+        for workload in workloads:
+            run = generate(loaded.lm, proposer, workload.token_ids(loaded), max_new_tokens=args.max_new_tokens,
+                           sampling=GREEDY, eos_token_id=loaded.eos_token_id, k=args.k)
+            for i, (a, b) in enumerate(zip(run.stats.position_attempts, run.stats.position_accepts)):
+                attempts[i] += a
+                accepts[i] += b
+            per_category[workload.category][0] += run.stats.new_tokens
+            per_category[workload.category][1] += len(run.stats.accepted)
+        tokens = sum(v[0] for v in per_category.values())
+        rounds = sum(v[1] for v in per_category.values())
+        results[spec] = {
+            "tau": tokens / rounds,
+            "acceptance_by_position": [b / a if a else None for a, b in zip(attempts, accepts)],
+            "attempts_by_position": attempts,
+            "tau_by_category": {c: round(t / r, 3) for c, (t, r) in sorted(per_category.items())},
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        by_position = " ".join(f"{x:.2f}" if x is not None else "-" for x in results[spec]["acceptance_by_position"])
+        print(f"{spec:>10}  tau {tokens / rounds:.2f}  acceptance by position {by_position}  ({results[spec]['seconds']} s)")
+        print("            " + "  ".join(f"{c} {t}" for c, t in results[spec]["tau_by_category"].items()))
+    if args.json:
+        args.json.write_text(json.dumps({"model": args.model, "k": args.k, "prompts": len(workloads), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,167 @@
+"""`verispec train`: self-distil an EAGLE-style or Medusa head for a model on this machine.
+
+Stages, each resumable: (1) data: instructions the target writes itself and its own answers,
+grown for `--data-minutes` (`verispec.train.data`); (2) features: the target's hidden states
+over the data, computed once and cached beside it; (3) fitting for the rest of `--minutes`
+(`verispec.train.loop`), checkpointed; (4) the head directory in --out, which
+`--proposer eagle:DIR` / `medusa:DIR` loads, its config recording how it was made.
+
+Data and checkpoints live in the work directory (`--work`, default under the verispec cache),
+never in --out, so a head directory holds only config.json and model.safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from verispec.cli import app
+from verispec.models import DEFAULT_MODEL
+
+HEAD_KINDS = ("eagle", "medusa")
+
+
+@app.command()
+def train(
+    head: Annotated[str, typer.Option(help="eagle (one decoder layer, EAGLE-style) or medusa (K residual heads).")],
+    out: Annotated[Path, typer.Option(help="Directory to write the head into (config.json, model.safetensors).")],
+    minutes: Annotated[float, typer.Option(help="Wall-clock budget for the whole run (data, features, fitting).")],
+    model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
+    seed: int = 0,
+    data_minutes: Annotated[Optional[float], typer.Option("--data-minutes", help="Of --minutes, how long to grow the data (default: half; 0 uses the cached data as is).")] = None,
+    data_only: Annotated[bool, typer.Option("--data-only", help="Only grow the data (and cache its features), for --data-minutes.")] = False,
+    work: Annotated[Optional[Path], typer.Option(help="Directory for the data, features and checkpoints (default: under the verispec cache).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue fitting from the work directory's checkpoint.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite a head already in --out.")] = False,
+    steps: Annotated[Optional[int], typer.Option(help="Stop fitting after this many steps (also bounded by --minutes).")] = None,
+    vocab: Annotated[int, typer.Option(help="N, the head vocabulary: the N most frequent tokens of the data.")] = 8192,
+    taps: Annotated[str, typer.Option(help="eagle3 (low/mid/high layers fused) or final (the last hidden state); Medusa reads final.")] = "eagle3",
+    unroll: Annotated[int, typer.Option(help="EAGLE: training-time-test steps; Medusa: the number of heads K.")] = 3,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate after warm-up.")] = 1e-3,
+    batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Padded tokens per batch.")] = 4096,
+    max_sequences: Annotated[Optional[int], typer.Option("--max-sequences", help="Stop growing the data at this many sequences.")] = None,
+    threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
+    dtype: Annotated[str, typer.Option(help="The target's dtype for data and features: auto, float32, bfloat16.")] = "auto",
+    train_dtype: Annotated[str, typer.Option("--train-dtype", help="The head's matrix products while fitting: auto (bfloat16 autocast where the CPU has it natively), float32, bfloat16.")] = "auto",
+) -> None:
+    """Train a head that drafts for MODEL, by self-distillation, within --minutes."""
+    started = time.monotonic()
+    if head not in HEAD_KINDS:
+        raise ValueError(f"--head must be eagle or medusa, got {head!r}")
+    if taps not in ("eagle3", "final"):
+        raise ValueError(f"--taps must be eagle3 or final, got {taps!r}")
+    if not minutes > 0:
+        raise ValueError(f"--minutes must be > 0, got {minutes}")
+    data_minutes = minutes / 2 if data_minutes is None else data_minutes
+    if not 0 <= data_minutes <= minutes:
+        raise ValueError(f"--data-minutes must lie in [0, --minutes = {minutes}], got {data_minutes}")
+    for name, value in (("--vocab", vocab), ("--unroll", unroll), ("--batch-tokens", batch_tokens), ("--threads", threads)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if train_dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"--train-dtype must be auto, float32 or bfloat16, got {train_dtype!r}")
+    if steps is not None and steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}")
+    if not data_only and (out / "config.json").exists() and not force:
+        raise ValueError(f"{out} already holds a head (config.json); pass --force to overwrite it or choose another --out")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+
+    import torch
+
+    from verispec.models.load import cache_root, load_model, native_bf16
+    from verispec.train.data import DataCache, InstructionRecipe, ResponseRecipe, data_recipe, grow, load_features
+    from verispec.train.loop import TrainSettings, TrainingData, build_head, choose_vocab, evaluate, expected_tokens, fit, vocab_coverage
+    from verispec.heads import save_head
+    from verispec.train.prompts import end_of_turn_ids
+
+    torch.set_num_threads(threads)
+    work = work or cache_root() / "train" / f"{Path(str(model)).name}-seed{seed}"
+    cache = DataCache(work / "data")
+    instructions, responses = InstructionRecipe(), ResponseRecipe()
+    recipe = data_recipe(str(model), seed, instructions, responses)
+    cache.check_recipe(recipe)
+    checkpoint = work / f"{head}-checkpoint.pt"
+    if resume and not checkpoint.is_file():
+        raise ValueError(f"--resume: no checkpoint at {checkpoint}; run without --resume to start")
+
+    loaded = load_model(model, dtype=dtype)
+    loaded.model.requires_grad_(False)
+    deadline = started + minutes * 60
+    with _bar() as bar:
+        task = bar.add_task("data", total=data_minutes * 60, info="")
+        data_start = time.monotonic()
+        conversations = grow(
+            cache, loaded.model, loaded.tokenizer, loaded.eos_token_ids, seed, data_start + data_minutes * 60,
+            instructions, responses, max_sequences,
+            progress=lambda n, t: bar.update(task, completed=time.monotonic() - data_start, info=f"{n} sequences, {t} answer tokens"),
+        )
+        bar.update(task, completed=data_minutes * 60)
+    if not conversations:
+        raise ValueError(f"no training data in {cache.root}; give --data-minutes > 0 to make some")
+    print(f"features of {len(conversations)} sequences ...", file=sys.stderr)
+    stored, stored_taps = load_features(cache, loaded.model, conversations)
+    if data_only:
+        print(f"data: {len(conversations)} sequences, {int(stored['tokens'].numel())} tokens in {cache.root}")
+        return
+
+    bf16 = train_dtype == "bfloat16" or (train_dtype == "auto" and native_bf16())
+    settings = TrainSettings(kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16)
+    target = loaded.lm
+    d2t = choose_vocab(stored["tokens"], vocab, end_of_turn_ids(loaded.tokenizer, loaded.eos_token_ids))
+    data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings)
+    trained = build_head(head, settings, target, loaded.model.config, str(model), d2t)
+    rows = target.output_embeddings()[d2t].detach().float()  # [N, H]
+    untrained = evaluate(trained, data, rows, settings)
+    with _bar() as bar:
+        task = bar.add_task("fit", total=max(deadline - time.monotonic(), 0.0), info="")
+        fit_start = time.monotonic()
+
+        def report(progress, accuracy) -> None:
+            agreement = "/".join(f"{a:.2f}" for a in accuracy)
+            bar.update(task, completed=time.monotonic() - fit_start,
+                       info=f"step {progress.step}, {progress.tokens_seen} tokens, draft accuracy by step {agreement}")
+
+        progress = fit(trained, data, rows, settings, deadline, checkpoint, resume, max_steps=steps, report=report)
+    accuracy = evaluate(trained, data, rows, settings)
+    top_covered, mass_covered = vocab_coverage(data, rows, d2t)
+    record = {
+        "command": "verispec train " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["train"] else sys.argv[1:]),
+        "data": {
+            **recipe,
+            "sequences": len(conversations),
+            "tokens": int(stored["tokens"].numel()),
+            "answer_tokens": sum(len(c.answer_ids) for c in conversations),
+            "heldout_sequences": len(data.heldout),
+        },
+        "settings": settings.as_dict(),
+        "minutes": minutes,
+        "fit_seconds": round(progress.seconds, 1),
+        "steps": progress.step,
+        "kept_step": progress.kept_step,
+        "tokens_seen": progress.tokens_seen,
+        "heldout_top1_by_step": [round(a, 4) for a in accuracy],
+        "heldout_evaluations": progress.evaluations,
+        "heldout_top1_by_step_untrained": [round(a, 4) for a in untrained],
+        "heldout_expected_tokens_per_round": round(expected_tokens(accuracy), 3),
+        "heldout_target_top1_in_vocab": round(top_covered, 4),
+        "heldout_p_mass_in_vocab": round(mass_covered, 4),
+    }
+    trained.config.training.update(record)
+    save_head(trained, out)
+    print(json.dumps({"out": str(out), **{k: record[k] for k in ("steps", "tokens_seen", "heldout_top1_by_step", "heldout_expected_tokens_per_round")}}))
+
+
+def _bar():
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"), transient=False,
+    )

@@ -1,0 +1,255 @@
+"""Training data for a head: the target's own conversations, grown in rounds, and the
+target's features over them, cached on disk.
+
+A round samples a batch of instructions from the empty user turn (`prompts`), keeps the new
+ones, and has the target answer them in one batched `generate` call: greedily, or by sampling
+at temperature 1 in every `sampled_one_in`-th round (one mode per round keeps the batch whole). Rounds are appended to
+`sequences.jsonl` as they finish, so an interrupted run keeps what it made and a later run
+continues with the next round. Round r draws its randomness from the torch seed
+`seed * 1_000_003 + r`, so the data is a function of the seed and the number of rounds.
+
+Features (`features.safetensors`) are computed once over every sequence, in the target's dtype,
+and stored per token as bfloat16, for the taps `feature_taps(L)`: FINAL (the final norm's
+output, what the target's output layer reads, as EAGLE-1 and Medusa read it) and EAGLE-3's
+low, middle and high decoder-layer outputs (Li et al. 2503.01840; `eagle3_layers`). A head
+reads the columns of the taps its config names. The file holds:
+- `features` [N, len(taps), H] bfloat16; its metadata lists the taps;
+- `tokens` [N] int32, `starts` [S + 1] int64 (sequence s is tokens[starts[s]:starts[s + 1]]),
+  `answer_starts` [S] int64 (offset of the target's answer within each sequence);
+- `argmax` [N] int32: the target's most likely next token at each position (over the full
+  vocabulary), and `logsumexp` [N] float32 of its logits, so a head's pruned vocabulary can
+  report the share of p it covers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from verispec.heads.config import eagle3_layers
+from verispec.models.base import FINAL, Tap
+from verispec.train.prompts import InstructionRecipe, end_of_turn_ids, fold, sample_instructions
+
+
+
+@dataclass(frozen=True)
+class ResponseRecipe:
+    """How the target answers the instructions."""
+
+    max_new_tokens: int = 192
+    sampled_one_in: int = 3  # every third round is answered by sampling at temperature 1
+    batch: int = 64
+
+    def as_dict(self) -> dict:
+        return {
+            "answers": "the target's own, greedy and sampled at temperature 1 (top-k/top-p off)",
+            **asdict(self),
+        }
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One training sequence: the chat-formatted instruction and the target's answer."""
+
+    round: int
+    instruction: str
+    sampled: bool
+    prompt_ids: list[int]
+    answer_ids: list[int]  # ends with the end-of-turn token unless cut at max_new_tokens
+
+
+def feature_taps(num_layers: int) -> tuple[Tap, ...]:
+    """The taps cached for a target of `num_layers` decoder layers: FINAL, then EAGLE-3's."""
+    return (FINAL, *eagle3_layers(num_layers))
+
+
+class DataCache:
+    """A directory of self-distillation data; see the module docstring for its files."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.sequences_path = self.root / "sequences.jsonl"
+        self.features_path = self.root / "features.safetensors"
+        self.recipe_path = self.root / "recipe.json"
+
+    def conversations(self) -> list[Conversation]:
+        if not self.sequences_path.is_file():
+            return []
+        with self.sequences_path.open() as f:
+            return [Conversation(**json.loads(line)) for line in f if line.strip()]
+
+    def check_recipe(self, recipe: dict) -> None:
+        """Refuse to grow data made with another recipe (model, seed or settings)."""
+        if self.recipe_path.is_file():
+            stored = json.loads(self.recipe_path.read_text())
+            if stored != recipe:
+                changed = sorted(k for k in set(stored) | set(recipe) if stored.get(k) != recipe.get(k))
+                raise ValueError(
+                    f"{self.root} holds data made with a different recipe ({', '.join(changed)} differ); "
+                    "give another data directory or the same settings"
+                )
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
+
+    def append(self, conversations: list[Conversation]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self.sequences_path.open("a") as f:
+            for c in conversations:
+                f.write(json.dumps(asdict(c)) + "\n")
+        self.features_path.unlink(missing_ok=True)  # stale once sequences change
+
+
+def data_recipe(model: str, seed: int, instructions: InstructionRecipe, responses: ResponseRecipe) -> dict:
+    """What the data is a function of (besides the number of rounds); stored in the cache."""
+    return {"model": model, "seed": seed, "instructions": instructions.as_dict(), "responses": responses.as_dict()}
+
+
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, instruction: str) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": instruction}], add_generation_prompt=True, tokenize=False
+    )
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+@torch.inference_mode()
+def answer(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    stops: list[int],
+    sampled: bool,
+    max_new_tokens: int,
+) -> list[list[int]]:
+    """The target's answers to chat-formatted `prompts`, in one left-padded `generate` call;
+    each answer ends at its first stop token (kept) or at `max_new_tokens`."""
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), stops[0], dtype=torch.long)  # [B, width]
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    options = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sampled else {"do_sample": False}
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+        eos_token_id=stops, pad_token_id=stops[0], **options,
+    )[:, width:].tolist()  # [B, <= max_new_tokens]
+    answers = []
+    for row in out:
+        end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+        answers.append(row[:end])
+    return answers
+
+
+def grow(
+    cache: DataCache,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    eos_token_ids: tuple[int, ...],
+    seed: int,
+    deadline: float,
+    instructions: InstructionRecipe = InstructionRecipe(),
+    responses: ResponseRecipe = ResponseRecipe(),
+    max_sequences: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Conversation]:
+    """Append rounds to `cache` until `time.monotonic()` passes `deadline` or at least
+    `max_sequences` exist (a round started is finished, so the data stays a function of the
+    seed and the number of rounds); returns every conversation in the cache.
+    `progress(sequences, answer_tokens)` is called after each round."""
+    have = cache.conversations()
+    seen = {fold(c.instruction) for c in have}
+    next_round = max((c.round for c in have), default=-1) + 1
+    stops = list(end_of_turn_ids(tokenizer, eos_token_ids))
+    while time.monotonic() < deadline and (max_sequences is None or len(have) < max_sequences):
+        r = next_round
+        next_round += 1
+        fresh = []
+        for text in sample_instructions(model, tokenizer, eos_token_ids, seed * 1_000_003 + r, instructions):
+            if fold(text) not in seen:
+                seen.add(fold(text))
+                fresh.append(text)
+        sampled = r % responses.sampled_one_in == responses.sampled_one_in - 1
+        made = []
+        for start in range(0, len(fresh), responses.batch):
+            group = fresh[start:start + responses.batch]
+            prompts = [chat_prompt(tokenizer, t) for t in group]
+            for text, prompt, reply in zip(group, prompts, answer(model, prompts, stops, sampled, responses.max_new_tokens)):
+                made.append(Conversation(r, text, sampled, prompt, reply))
+        cache.append(made)
+        have.extend(made)
+        if progress is not None:
+            progress(len(have), sum(len(c.answer_ids) for c in have))
+    return have
+
+
+@torch.inference_mode()
+def compute_features(
+    model: PreTrainedModel, conversations: list[Conversation], batch_tokens: int = 2048
+) -> tuple[dict[str, torch.Tensor], tuple[Tap, ...]]:
+    """Run the target once over every conversation; the tensors of `features.safetensors`
+    and the taps of its feature columns. Sequences are grouped by length into batches of
+    about `batch_tokens` tokens, right-padded, so padding never precedes a real token."""
+    taps = feature_taps(model.config.num_hidden_layers)
+    seqs = [c.prompt_ids + c.answer_ids for c in conversations]
+    starts = torch.zeros(len(seqs) + 1, dtype=torch.long)
+    starts[1:] = torch.cumsum(torch.tensor([len(s) for s in seqs]), 0)
+    total = int(starts[-1])
+    out = {
+        "features": torch.empty(total, len(taps), model.config.hidden_size, dtype=torch.bfloat16),  # [N, F, H]
+        "argmax": torch.empty(total, dtype=torch.int32),  # [N]
+        "logsumexp": torch.empty(total, dtype=torch.float32),  # [N]
+    }
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    group: list[int] = []
+    for position, i in enumerate(order):
+        group.append(i)
+        last = position == len(order) - 1
+        if last or (len(group) + 1) * len(seqs[order[position + 1]]) > batch_tokens:
+            _features_of(model, [seqs[j] for j in group], taps, out, [int(starts[j]) for j in group])
+            group = []
+    out["tokens"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
+    out["starts"] = starts
+    out["answer_starts"] = torch.tensor([len(c.prompt_ids) for c in conversations], dtype=torch.long)
+    return out, taps
+
+
+def _features_of(model, seqs: list[list[int]], taps: tuple[Tap, ...], out: dict[str, torch.Tensor], offsets: list[int]) -> None:
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)  # [B, width]
+    mask = torch.zeros_like(ids)
+    for row, s in enumerate(seqs):
+        ids[row, :len(s)] = torch.tensor(s)
+        mask[row, :len(s)] = 1
+    states = model.get_decoder()(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    # hidden_states[n] is decoder layer n's output (0 is the embedding), the taps' numbering.
+    chosen = [states.last_hidden_state if tap == FINAL else states.hidden_states[tap] for tap in taps]
+    stacked = torch.stack(chosen, dim=2)  # [B, width, F, H]
+    logits = model.get_output_embeddings()(states.last_hidden_state).float()  # [B, width, V]
+    for row, (s, offset) in enumerate(zip(seqs, offsets)):
+        n = len(s)
+        out["features"][offset:offset + n] = stacked[row, :n].to(torch.bfloat16)
+        out["argmax"][offset:offset + n] = logits[row, :n].argmax(-1).to(torch.int32)
+        out["logsumexp"][offset:offset + n] = logits[row, :n].logsumexp(-1)
+
+
+def load_features(
+    cache: DataCache, model: PreTrainedModel, conversations: list[Conversation]
+) -> tuple[dict[str, torch.Tensor], tuple[Tap, ...]]:
+    """The cached features and their taps, computed and saved first if missing or stale."""
+    if cache.features_path.is_file():
+        with safe_open(cache.features_path, "pt") as f:
+            taps = tuple(json.loads(f.metadata()["taps"]))
+        stored = load_file(cache.features_path)
+        if int(stored["starts"].numel()) == len(conversations) + 1:
+            return stored, taps
+    computed, taps = compute_features(model, conversations)
+    save_file(computed, str(cache.features_path), metadata={"taps": json.dumps(list(taps))})
+    return computed, taps
