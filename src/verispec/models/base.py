@@ -117,6 +117,13 @@ def check_taps(taps: Sequence[Tap], num_layers: int) -> tuple[Tap, ...]:
     return taps
 
 
+def check_score_ids(ids: Sequence[int], vocab_size: int, method: str = "score") -> None:
+    """Refuse what a stateless recomputation (`score`, `score_features`) cannot take."""
+    if not len(ids):
+        raise ValueError(f"{method} needs at least one token")
+    check_token_ids(ids, vocab_size)
+
+
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
     """Refuse ids outside [0, vocab_size). Models check before a forward: an embedding lookup
     failing half-way through the layers would leave the cache longer in some than in others."""

@@ -29,6 +29,12 @@ class FeatureStore:
     def taps(self) -> tuple[Tap, ...]:
         return tuple(self._first)
 
+    def check_recorded(self, taps: Sequence[Tap]) -> None:
+        """Refuse a request for a tap that is not recorded."""
+        missing = [tap for tap in taps if tap not in self._first]
+        if missing:
+            raise ValueError(f"feature tap {missing[0]!r} is not recorded; call record_features first")
+
     def add(self, tap: Tap, length: int) -> None:
         """Record `tap` from position `length` on (the model's current length)."""
         if not self._first:

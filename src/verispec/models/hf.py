@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from verispec.models.base import FINAL, Tap, check_extend, check_taps, check_token_ids
+from verispec.models.base import FINAL, Tap, check_extend, check_score_ids, check_taps, check_token_ids
 from verispec.models.features import FeatureStore
 
 
@@ -110,9 +110,7 @@ class HFCausalLM:
 
     @torch.inference_mode()
     def score(self, ids: Sequence[int]) -> torch.Tensor:
-        if not len(ids):
-            raise ValueError("score needs at least one token")
-        check_token_ids(ids, self.vocab_size)
+        check_score_ids(ids, self.vocab_size)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         return self.model(input_ids=input_ids, use_cache=False).logits[0].float()  # [T, V]
 
@@ -127,12 +125,8 @@ class HFCausalLM:
 
     @torch.no_grad()  # not inference mode: a trainer may feed these rows to modules it trains
     def score_features(self, ids: Sequence[int], taps: Sequence[Tap]) -> torch.Tensor:
-        if not len(ids):
-            raise ValueError("score_features needs at least one token")
-        missing = [tap for tap in taps if tap not in self._features.taps]
-        if missing:
-            raise ValueError(f"feature tap {missing[0]!r} is not recorded; call record_features first")
-        check_token_ids(ids, self.vocab_size)
+        check_score_ids(ids, self.vocab_size, "score_features")
+        self._features.check_recorded(taps)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         self._captured = {}
         try:

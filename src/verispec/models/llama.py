@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from verispec.models.attention import InvariantAttention, SdpaAttention
-from verispec.models.base import FINAL, Tap, check_extend, check_taps, check_token_ids
+from verispec.models.base import FINAL, Tap, check_extend, check_score_ids, check_taps, check_token_ids
 from verispec.models.features import FeatureStore
 from verispec.models.kv_cache import KVCache
 from verispec.models.gguf_blocks import GGUFWeight
@@ -222,9 +222,7 @@ class LlamaRuntime:
 
     @torch.inference_mode()
     def score(self, ids: Sequence[int]) -> torch.Tensor:
-        if not len(ids):
-            raise ValueError("score needs at least one token")
-        check_token_ids(ids, self.vocab_size)
+        check_score_ids(ids, self.vocab_size)
         return self._forward(self.new_cache(len(ids)), ids, keep=len(ids))[0]
 
     # --- FeatureChannel -------------------------------------------------------------------
@@ -238,12 +236,8 @@ class LlamaRuntime:
 
     @torch.no_grad()  # not inference mode: a trainer may feed these rows to modules it trains
     def score_features(self, ids: Sequence[int], taps: Sequence[Tap]) -> torch.Tensor:
-        if not len(ids):
-            raise ValueError("score_features needs at least one token")
-        missing = [tap for tap in taps if tap not in self._features.taps]
-        if missing:
-            raise ValueError(f"feature tap {missing[0]!r} is not recorded; call record_features first")
-        check_token_ids(ids, self.vocab_size)
+        check_score_ids(ids, self.vocab_size, "score_features")
+        self._features.check_recorded(taps)
         captured = self._forward(self.new_cache(len(ids)), ids, keep=0, taps=tuple(taps))[1]
         return torch.cat([captured[tap].float() for tap in taps], dim=-1)  # [T, len(taps) H]
 
