@@ -41,7 +41,7 @@ def check_target(config: HeadConfig, target: object) -> None:
     if not isinstance(target, FeatureChannel):
         raise ValueError(
             f"{type(target).__name__} has no feature channel (FeatureChannel), which a {config.kind} head "
-            "reads; use a Hugging Face model (HFCausalLM) or a table model"
+            "reads; use the fast Llama runtime (LlamaRuntime), a Hugging Face model (HFCausalLM) or a table model"
         )
     trained = config.target
     vocab_size = int(target.input_embeddings().shape[0])
