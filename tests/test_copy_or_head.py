@@ -31,7 +31,7 @@ from verispec.proposers.medusa import MedusaProposer
 from verispec.reference import reference_generate
 from verispec.registry import PROPOSERS, ProposerKind, build_proposer
 
-from test_heads import hf_head, tiny_llama
+from test_heads import default_model_head, hf_head, tiny_llama
 
 HEADS = {"eagle": EagleProposer, "medusa": MedusaProposer}
 # Prompts whose text repeats (lookup has matches of two tokens) and then runs on (it has none).
@@ -167,22 +167,8 @@ def test_specs_build_lookup_and_a_head_directory(tmp_path):
 def test_on_the_default_model_greedy_equals_plain(kind):
     """The shipped head when this installation has one, else an untrained head of its shape, on
     a prompt that quotes itself (lookup drafts) and runs on (the head drafts)."""
-    from verispec import load_model
-    from verispec.heads import HeadConfig, load_head, new_head, target_info
-    from verispec.heads.config import default_layer
-    from verispec.proposers.trained import default_head
-
-    loaded = load_model("smollm2-135m-instruct", dtype="float32")
+    loaded, head = default_model_head(kind)
     lm = loaded.lm
-    if default_head(kind).is_dir():
-        head = load_head(default_head(kind), lm)
-    else:
-        config = HeadConfig(kind, target_info(lm, loaded.name), (FINAL,), vocab_size=8192,
-                            layer=default_layer(loaded.model.config) if kind == "eagle" else {},
-                            heads=4 if kind == "medusa" else 0)
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            head = new_head(config, torch.arange(8192), lm).eval()
     proposer = counted(PromptLookup(min_ngram=2), HEADS[kind](head, lm))
     options = dict(max_new_tokens=32, sampling=GREEDY, eos_token_id=loaded.eos_token_id)
     for text in ("Repeat exactly: the quick brown fox jumps over the lazy dog. Then explain it.",

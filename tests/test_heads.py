@@ -351,21 +351,8 @@ def test_greedy_heads_reproduce_plain_decoding_on_a_tiny_llama(kind, taps):
 def test_on_the_default_model_greedy_heads_equal_greedy_plain(kind):
     """The shipped head when this installation has one, else an untrained head of the same
     shape (greedy identity holds for any head)."""
-    from verispec import load_model
-    from verispec.heads.config import default_layer
-    from verispec.proposers.trained import default_head
-
-    loaded = load_model("smollm2-135m-instruct", dtype="float32")
+    loaded, head = default_model_head(kind)
     lm = loaded.lm
-    if default_head(kind).is_dir():
-        head = load_head(default_head(kind), lm)
-    else:
-        config = HeadConfig(kind, target_info(lm, loaded.name), (FINAL,), vocab_size=8192,
-                            layer=default_layer(loaded.model.config) if kind == "eagle" else {},
-                            heads=4 if kind == "medusa" else 0)
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            head = new_head(config, torch.arange(8192), lm).eval()
     proposer = (EagleProposer if kind == "eagle" else MedusaProposer)(head, lm)
     options = dict(max_new_tokens=24, sampling=GREEDY, eos_token_id=loaded.eos_token_id)
     for text in ("List three primary colours.", "Write a Python function that reverses a string."):
@@ -384,3 +371,24 @@ def test_a_draw_over_the_head_vocabulary_is_the_draw_over_q():
     for seed in range(200):
         token, q = vocab.draw(logits, SamplingParams(), TorchRandom(seed))
         assert token == TorchRandom(seed).categorical(q)
+
+
+def default_model_head(kind: str):
+    """The default model in float32 and the head shipped for it when this installation has
+    one, else an untrained head of the same shape (greedy identity holds for any head)."""
+    from verispec import load_model
+    from verispec.heads.config import default_layer
+    from verispec.proposers.trained import default_head
+
+    loaded = load_model("smollm2-135m-instruct", dtype="float32")
+    lm = loaded.lm
+    if default_head(kind).is_dir():
+        head = load_head(default_head(kind), lm)
+    else:
+        config = HeadConfig(kind, target_info(lm, loaded.name), (FINAL,), vocab_size=8192,
+                            layer=default_layer(loaded.model.config) if kind == "eagle" else {},
+                            heads=4 if kind == "medusa" else 0)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            head = new_head(config, torch.arange(8192), lm).eval()
+    return loaded, head

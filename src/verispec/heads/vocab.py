@@ -27,7 +27,7 @@ def check_d2t(d2t: torch.Tensor | Sequence[int], vocab_size: int) -> torch.Tenso
         raise ValueError("a head vocabulary needs at least one token id")
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
         bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-        raise ValueError(f"head token id {bad} is outside the target vocabulary [0, {vocab_size})")
+        raise ValueError(f"head token id {bad} is outside the vocabulary [0, {vocab_size})")
     if ids.unique().numel() != ids.numel():
         raise ValueError("head token ids must be distinct; remove the repeated ids")
     if not bool((ids[1:] > ids[:-1]).all()):

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from verispec.heads.vocab import check_d2t
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
 from verispec.proposers.draft_model import DraftModel
@@ -141,23 +142,11 @@ class LayerSkip(DraftModel):
             if isinstance(head_tokens, int):
                 ids = frequent_tokens(corpus, head_tokens, vocab_size)
             else:
-                ids = _token_ids(head_tokens, vocab_size)
+                given = torch.as_tensor(head_tokens, dtype=torch.long).flatten()  # [N], any order
+                ids = check_d2t(given.sort().values, vocab_size)
             head = PrunedHead(full, ids)
         draft = target.truncated(layers, head) if fast else HFCausalLM(truncated_model(model, layers, head))
         super().__init__(draft)
         self.layers = layers
         self.head_tokens = None if head is None else head.token_ids
 
-
-def _token_ids(tokens: torch.Tensor | Sequence[int], vocab_size: int) -> torch.Tensor:
-    """Distinct, in-vocabulary token ids as a sorted LongTensor[N]."""
-    ids = torch.as_tensor(tokens, dtype=torch.long).flatten()
-    if ids.numel() == 0:
-        raise ValueError("the pruned head needs at least one token id")
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-        raise ValueError(f"head token id {bad} is outside the vocabulary [0, {vocab_size})")
-    unique = ids.unique()
-    if unique.numel() != ids.numel():
-        raise ValueError("head token ids must be distinct; remove the repeated ids")
-    return unique
