@@ -12,6 +12,12 @@ several EOS ids (a generation config can list more than one) and stops at the fi
 The budget is exact because a round drafts at most `remaining - 1` tokens (the +1 is the
 repair or bonus token).
 
+Trees: a policy may answer a `TreeShape` instead of k. The proposer (a `TreeProposer`) fills
+it, the target (a `TreeScoring` model) scores [pending, nodes] in one forward with each node
+seeing its own ancestors, a tree rule picks the accepted root path, and the cache keeps that
+path only (`keep_path`) before the usual rollback. A tree deeper than `remaining - 1` is cut
+to that depth before proposing, and nodes below an EOS are dropped.
+
 Devices: the target and the proposer may run on any torch device. Their logits cross to the
 host once a round, as the rows the rule reads (`sampling.rule_rows`); the rules, the random
 draws and the bookkeeping run on the host.
@@ -27,13 +33,14 @@ from dataclasses import dataclass
 import torch
 
 from verispec import verify
-from verispec.drafts import EMPTY_DRAFT, Draft, Verdict
-from verispec.models.base import CausalLM
+from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict
+from verispec.models.base import CausalLM, TreeScoring
 from verispec.policies import KPolicy, as_policy
 from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
+from verispec.tree_shape import TreeShape
 
 EosIds = int | Collection[int] | None  # one EOS id, several, or none
 
@@ -121,33 +128,39 @@ class Decoding:
         verdict = self._verify(logits, draft)
         return self._commit(draft, verdict)
 
-    def _propose(self) -> Draft:
-        """Stage 1: ask the policy for k, then the proposer for up to k tokens (cut after EOS)."""
-        remaining = self.max_new_tokens - len(self.tokens)
-        k = min(self.policy.choose(self.stats), remaining - 1)
+    def _propose(self) -> Draft | TreeDraft:
+        """Stage 1: ask the policy for k (or a tree shape), then the proposer for up to k
+        tokens (or at most the shape's nodes), cut after EOS."""
+        plan = budgeted(self.policy.choose(self.stats), self.max_new_tokens - len(self.tokens))
         self._draft_seconds = 0.0
-        if k <= 0:
+        if not plan:
             return EMPTY_DRAFT
         start = self.clock()
-        draft = self.proposer.propose(self._context, k, self.rng)
+        if isinstance(plan, TreeShape):
+            draft = self.proposer.propose_tree(self._context, plan, self.rng)
+        else:
+            draft = self.proposer.propose(self._context, plan, self.rng)
         self._draft_seconds = self.clock() - start
-        check_draft(draft, k, self.target.vocab_size)
+        check_draft(draft, plan, self.target.vocab_size)
         return cut_after_eos(draft, self.eos_ids)
 
-    def _score(self, draft: Draft) -> torch.Tensor:
-        """Stage 2: one target forward over [pending, drafts]: logits[k' + 1, V], on the
-        target's device."""
+    def _score(self, draft: Draft | TreeDraft) -> torch.Tensor:
+        """Stage 2: one target forward over [pending, drafts]: logits[k' + 1, V] (a tree's
+        row i + 1 after node i), on the target's device."""
         if self.target.length != self._processed:
             raise RuntimeError(
                 f"target cache holds {self.target.length} tokens, expected "
                 f"{self._processed}: the model's rollback broke the cache contract"
             )
         start = self.clock()
-        logits = self.target.extend([self._pending, *draft.tokens])
+        if isinstance(draft, TreeDraft):
+            logits = tree_target(self.target).extend_tree([self._pending, *draft.tokens], scored_parents(draft))
+        else:
+            logits = self.target.extend([self._pending, *draft.tokens])
         self._target_seconds = self.clock() - start
         return logits
 
-    def _verify(self, logits: torch.Tensor, draft: Draft) -> Verdict:
+    def _verify(self, logits: torch.Tensor, draft: Draft | TreeDraft) -> Verdict | TreeVerdict:
         """Stage 3: build the rule's rows on the host (p with the request's transforms, or the
         checked logits when greedy) and apply the rule chosen for this draft."""
         start = self.clock()
@@ -155,12 +168,14 @@ class Decoding:
         self.stats.verify_seconds += self.clock() - start
         return verdict
 
-    def _commit(self, draft: Draft, verdict: Verdict) -> list[int]:
+    def _commit(self, draft: Draft | TreeDraft, verdict: Verdict | TreeVerdict) -> list[int]:
         """Stage 4: emit accepted + next (cut at EOS), crop the caches to the emitted prefix
-        but the new pending token."""
+        but the new pending token (a tree's cache first keeps its accepted path only)."""
         start = self.clock()
         emitted = emitted_tokens(draft, verdict, self.eos_ids)
         self._context.extend(emitted)
+        if isinstance(draft, TreeDraft):
+            tree_target(self.target).keep_path([0, *(node + 1 for node in verdict.path)])
         self.target.rollback(self._processed)
         self.tokens.extend(emitted)
         if self.proposer is not None:
@@ -171,6 +186,7 @@ class Decoding:
             verdict.fallback,
             draft_seconds=self._draft_seconds,
             target_seconds=self._target_seconds,
+            offers=draft.offers(verdict.path) if isinstance(draft, TreeDraft) else None,
         )
         self.stats.new_tokens = len(self.tokens)
         self.stats.commit_seconds += self.clock() - start
@@ -224,9 +240,41 @@ def eos_set(eos_token_id: EosIds, vocab_size: int) -> frozenset[int]:
     return frozenset(ids)
 
 
-def check_draft(draft: Draft, k: int, vocab_size: int) -> None:
-    if len(draft) > k:
-        raise ValueError(f"the proposer drafted {len(draft)} tokens when asked for at most {k}")
+def budgeted(plan: int | TreeShape, remaining: int) -> int | TreeShape:
+    """The policy's k or tree shape within the budget: at most `remaining - 1` tokens deep
+    (0 or an empty shape: a plain step)."""
+    if isinstance(plan, TreeShape):
+        return plan.truncated(remaining - 1)
+    return max(0, min(plan, remaining - 1))
+
+
+def tree_target(target: CausalLM) -> TreeScoring:
+    """The target as a `TreeScoring` model, or ValueError saying it cannot score trees."""
+    if not isinstance(target, TreeScoring):
+        raise ValueError(
+            f"{type(target).__name__} cannot score a token tree in one forward; use a chain "
+            "(an integer k or auto) or a model with tree scoring (the fast runtime, the HF adapter)"
+        )
+    return target
+
+
+def scored_parents(tree: TreeDraft) -> list[int]:
+    """The parents of [pending, nodes] as `extend_tree` takes them: the pending token first
+    (after the cached prefix), then each node under its parent shifted by one."""
+    return [ROOT, *(parent + 1 for parent in tree.parents)]
+
+
+def check_draft(draft: Draft | TreeDraft, plan: int | TreeShape, vocab_size: int) -> None:
+    if isinstance(plan, TreeShape):
+        if not isinstance(draft, TreeDraft):
+            raise ValueError(f"the proposer answered a tree shape with {type(draft).__name__}, not a TreeDraft")
+        if len(draft) > len(plan) or draft.depth > plan.depth:
+            raise ValueError(
+                f"the proposer drafted a tree of {len(draft)} nodes and depth {draft.depth} for a "
+                f"shape of {len(plan)} nodes and depth {plan.depth}"
+            )
+    elif len(draft) > plan:
+        raise ValueError(f"the proposer drafted {len(draft)} tokens when asked for at most {plan}")
     bad = [t for t in draft.tokens if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"drafted token id {bad[0]} is outside the target vocabulary [0, {vocab_size})")
@@ -234,15 +282,23 @@ def check_draft(draft: Draft, k: int, vocab_size: int) -> None:
         raise ValueError(f"proposal q has vocabulary {draft.q.shape[-1]}, the target {vocab_size}")
 
 
-def cut_after_eos(draft: Draft, eos_ids: frozenset[int]) -> Draft:
-    """Drafted tokens after an EOS can never be emitted: drop them before scoring."""
+def cut_after_eos(draft: Draft | TreeDraft, eos_ids: frozenset[int]) -> Draft | TreeDraft:
+    """Drafted tokens after an EOS can never be emitted: drop them before scoring (in a tree,
+    every node below an EOS node)."""
+    if isinstance(draft, TreeDraft):
+        return draft.pruned(lambda node: draft.parents[node] == ROOT or draft.tokens[draft.parents[node]] not in eos_ids)
     end = _through_first_eos(draft.tokens, eos_ids)
     return draft if end == len(draft) else draft.truncated(end)
 
 
-def emitted_tokens(draft: Draft, verdict: Verdict, eos_ids: frozenset[int]) -> list[int]:
-    """The accepted prefix and the repair/bonus token, ending at the first EOS."""
-    emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
+def emitted_tokens(draft: Draft | TreeDraft, verdict: Verdict | TreeVerdict, eos_ids: frozenset[int]) -> list[int]:
+    """The accepted prefix (a tree's accepted path) and the repair/bonus token, ending at the
+    first EOS."""
+    if isinstance(draft, TreeDraft):
+        accepted = draft.path_tokens(verdict.path)
+    else:
+        accepted = draft.tokens[: verdict.n_accepted]
+    emitted = [*accepted, verdict.next_token]
     return emitted[: _through_first_eos(emitted, eos_ids)]
 
 

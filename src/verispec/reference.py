@@ -16,15 +16,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+import torch
+
 from verispec import verify
-from verispec.drafts import EMPTY_DRAFT
-from verispec.engine import EosIds, check_request, cut_after_eos, emitted_tokens
+from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
+from verispec.engine import EosIds, budgeted, check_request, cut_after_eos, emitted_tokens
 from verispec.models.base import CausalLM
 from verispec.policies import KPolicy, as_policy
 from verispec.proposers.base import Proposer
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
+from verispec.tree_shape import TreeShape
 
 
 def reference_generate(
@@ -51,15 +54,18 @@ def reference_generate(
     stats = Stats()
     out: list[int] = []
     while len(out) < max_new_tokens and (not out or out[-1] not in eos_ids):
-        k_round = min(policy.choose(stats), max_new_tokens - len(out) - 1)
+        plan = budgeted(policy.choose(stats), max_new_tokens - len(out))
         draft, draft_seconds = EMPTY_DRAFT, 0.0
-        if k_round > 0:
+        if plan:
             start = clock()
-            draft = proposer.propose_stateless(context, k_round, rng)
+            if isinstance(plan, TreeShape):
+                draft = proposer.propose_tree_stateless(context, plan, rng)
+            else:
+                draft = proposer.propose_stateless(context, plan, rng)
             draft_seconds = clock() - start
         draft = cut_after_eos(draft, eos_ids)
         start = clock()
-        logits = target.score(context + list(draft.tokens))[len(context) - 1 :]
+        logits = _recomputed_rows(target, context, draft)
         target_seconds = clock() - start
         verdict = choose_rule(draft)(rule_rows(logits, sampling), draft, rng)
         emitted = emitted_tokens(draft, verdict, eos_ids)
@@ -69,7 +75,17 @@ def reference_generate(
             verdict.fallback,
             draft_seconds=draft_seconds,
             target_seconds=target_seconds,
+            offers=draft.offers(verdict.path) if isinstance(draft, TreeDraft) else None,
         )
         context += emitted
         out += emitted
     return out
+
+
+def _recomputed_rows(target: CausalLM, context: list[int], draft: Draft | TreeDraft) -> torch.Tensor:
+    """The rows a round verifies, from scratch: after the context and each drafted prefix
+    (for a tree, one full recomputation per node, of the context and that node's path)."""
+    if not isinstance(draft, TreeDraft):
+        return target.score(context + list(draft.tokens))[len(context) - 1 :]
+    paths = [draft.path_tokens(draft.path_to(node)) for node in range(len(draft))]
+    return torch.stack([target.score(context + list(path))[-1] for path in [(), *paths]])

@@ -57,6 +57,8 @@ class ProposerKind:
     audit(tables): the proposer on the audit's rational tables (`tables.target`,
         `tables.draft`), or None with the reason in `not_audited`.
     example: a spec the greedy identity suite runs on the default model (None: leave it out).
+    trees: whether it also fills tree shapes (`verispec.proposers.base.TreeProposer`), so a
+        tree policy can ask it for several continuations per round.
     """
 
     name: str
@@ -67,6 +69,7 @@ class ProposerKind:
     audit: Callable[[Tables], Proposer] | None = None
     not_audited: str = ""
     example: str | None = None
+    trees: bool = False
 
     def __post_init__(self) -> None:
         if self.drafts not in ("chosen", "sampled", "mixed"):
@@ -113,6 +116,7 @@ class ProposerKind:
             "audited": self.audit is not None,
             "not_audited": self.not_audited or None,
             "description": self.description,
+            "trees": self.trees,
         }
 
 

@@ -23,6 +23,12 @@ class Stats:
     fallbacks: rounds whose repair token came from p because rounding left a zero residual
         (`verispec.verify`); each adds at most its rejection mass, ~1e-16, to the distance
         from the exact law.
+    rank_attempts[d][r], rank_accepts[d][r]: rounds (chains and trees) whose accepted path
+        reached depth d and offered a child of sibling rank r there, and those that accepted
+        that child. Their ratio estimates P(the rank-r child is accepted | its parent was), the
+        per-depth, per-rank acceptance a tree's expected length is built from (Sequoia
+        2402.12374); a chain offers rank 0 only. tree_rounds: rounds that drafted a tree
+        (their drafted[r] counts nodes, and they leave the chain position counters alone).
     """
 
     new_tokens: int = 0
@@ -38,6 +44,9 @@ class Stats:
     verify_seconds: float = 0.0
     commit_seconds: float = 0.0
     fallbacks: int = 0
+    rank_attempts: list[list[int]] = field(default_factory=list)
+    rank_accepts: list[list[int]] = field(default_factory=list)
+    tree_rounds: int = 0
 
     def record_round(
         self,
@@ -47,8 +56,18 @@ class Stats:
         *,
         draft_seconds: float = 0.0,
         target_seconds: float = 0.0,
+        offers: tuple[list[int], list[int]] | None = None,
     ) -> None:
-        """Round r's counts and seconds (added to the totals too)."""
+        """Round r's counts and seconds (added to the totals too). offers: a tree round's
+        (offered, ranks) along its accepted path (`TreeDraft.offers`); None for a chain."""
+        if offers is None:
+            self._record_chain(drafted, accepted)
+            offered = [1] * min(accepted + 1, drafted)
+            ranks = [0] * accepted
+        else:
+            self.tree_rounds += 1
+            offered, ranks = offers
+        self._record_ranks(offered, ranks)
         self.fallbacks += fallback
         self.drafted.append(drafted)
         self.accepted.append(accepted)
@@ -56,6 +75,8 @@ class Stats:
         self.round_target_seconds.append(target_seconds)
         self.draft_seconds += draft_seconds
         self.target_seconds += target_seconds
+
+    def _record_chain(self, drafted: int, accepted: int) -> None:
         while len(self.position_attempts) < drafted:
             self.position_attempts.append(0)
             self.position_accepts.append(0)
@@ -63,6 +84,20 @@ class Stats:
             self.position_attempts[i] += 1
         for i in range(accepted):
             self.position_accepts[i] += 1
+
+    def _record_ranks(self, offered: list[int], ranks: list[int]) -> None:
+        for depth, width in enumerate(offered):
+            while len(self.rank_attempts) <= depth:
+                self.rank_attempts.append([])
+                self.rank_accepts.append([])
+            attempts, accepts = self.rank_attempts[depth], self.rank_accepts[depth]
+            while len(attempts) < width:
+                attempts.append(0)
+                accepts.append(0)
+            for rank in range(width):
+                attempts[rank] += 1
+            if depth < len(ranks):
+                accepts[ranks[depth]] += 1
 
     @property
     def rounds(self) -> int:
@@ -119,6 +154,9 @@ class Stats:
             "position_accepts": self.position_accepts,
             "survival": self.survival(),
             "fallbacks": self.fallbacks,
+            "tree_rounds": self.tree_rounds,
+            "rank_attempts": self.rank_attempts,
+            "rank_accepts": self.rank_accepts,
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,
             "draft_seconds": self.draft_seconds,

@@ -12,6 +12,11 @@ tokens (row k is the bonus position), after the same sampling transforms as q. T
 rule reads raw `logits` [k+1, V] instead. `draft.q` float64 [k, V], or None for chosen (not
 sampled) drafts, which every sampled rule treats as point masses.
 
+Trees (`TreeDraft`): the rows are p [n + 1, V], row 0 after the pending token and row i + 1
+after node i; `tree_greedy` and `tree_recursive` walk them from the root and return a
+`TreeVerdict` (the accepted root path). A chain is the tree whose nodes each have one child,
+and on it these rules reduce to `greedy`, `point_mass` and `token_level`.
+
 All randomness comes from the injected `rng`, and no rule divides by a zero residual.
 
 Zero residual. In exact arithmetic a rejection never meets a residual without mass. In floating
@@ -35,10 +40,11 @@ from __future__ import annotations
 from collections.abc import Callable
 import torch
 
-from verispec.drafts import Draft, Verdict
+from verispec.drafts import ROOT, Draft, TreeDraft, TreeVerdict, Verdict
 from verispec.randomness import Random
 
 Verifier = Callable[[torch.Tensor, Draft, Random], Verdict]
+TreeVerifier = Callable[[torch.Tensor, TreeDraft, Random], TreeVerdict]
 
 
 def greedy(logits: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
@@ -134,6 +140,76 @@ def block(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
     return _repair(tau, residuals[tau], p[tau], rng)
 
 
+def tree_greedy(logits: torch.Tensor, tree: TreeDraft, rng: Random) -> TreeVerdict:
+    """Greedy tree verification (SpecInfer 2305.09781, Medusa 2401.10774): the longest root
+    path whose every token is the target's argmax after its ancestors, then that argmax.
+    Reproduces plain greedy decoding token for token, as `greedy` does on a chain. `logits`
+    [n + 1, V] on the host; `rng` is never used."""
+    target_ids = logits.numpy().argmax(axis=-1).tolist()
+    node, path = ROOT, []
+    while True:
+        wanted = target_ids[node + 1]
+        child = next((c for c in tree.children(node) if tree.tokens[c] == wanted), None)
+        if child is None:
+            return TreeVerdict(tuple(path), wanted)
+        path.append(child)
+        node = child
+
+
+def tree_recursive(p: torch.Tensor, tree: TreeDraft, rng: Random) -> TreeVerdict:
+    """Recursive rejection sampling over a tree (SpecInfer's multi-step speculative sampling,
+    2305.09781 Alg. 2; for chosen siblings, multi-draft point-mass verification without
+    replacement). At an accepted node with target row p_u, start from r = p_u and try the
+    children x_1, x_2, ... in order:
+
+    - sampled child (q given, q_s = q[child]): accept x_s with probability min(1, r(x_s) /
+      q_s(x_s)); on rejection r <- norm(max(r - q_s, 0));
+    - chosen child (q is None, a point mass): accept x_s with probability r(x_s); on rejection
+      r(x_s) <- 0 and r is renormalised, so a rejected sibling is never drawn again.
+
+    An accepted child becomes the next node; when every child is rejected the repair token is
+    drawn from r; an accepted leaf (or a root without children) draws the bonus from its p row.
+    Each step is the two-candidate identity of token-level sampling applied to r, so the
+    emitted token at every depth has the law p_u exactly, by induction over the siblings.
+    Sampled siblings must be independent draws from their q rows (with replacement); a
+    proposer that removes duplicates needs a different rule. Example: p_u = (.5, .3, .2) and
+    chosen children (1, 0): accept 1 with .3; else r = (.5, 0, .2)/.7 and accept 0 with 5/7;
+    else emit 2: P(0) = .7 * 5/7 = .5, P(2) = .7 * 2/7 = .2. A residual of zero computed mass
+    draws from p_u and marks the verdict (see the module docstring).
+    """
+    node, path = ROOT, []
+    while True:
+        p_row = p[node + 1]
+        children = tree.children(node)
+        if not children:
+            return TreeVerdict(tuple(path), rng.categorical(p_row))
+        r, accepted = p_row, None
+        for child in children:
+            x = tree.tokens[child]
+            if tree.q is None:
+                if rng.bernoulli(min(1.0, float(r[x]))):
+                    accepted = child
+                    break
+                r = r.clone()
+                r[x] = 0.0
+            else:
+                q_x = float(tree.q[child, x])
+                if q_x <= 0:
+                    raise ValueError(f"tree node {child} (token {x}) has proposal probability 0")
+                if float(r[x]) >= q_x or rng.bernoulli(float(r[x]) / q_x):
+                    accepted = child
+                    break
+                r = (r - tree.q[child]).clamp_min(0.0)
+            mass = float(r.sum())
+            if mass <= 0:
+                return TreeVerdict(tuple(path), rng.categorical(p_row), fallback=True)
+            r = r / mass
+        if accepted is None:
+            return TreeVerdict(tuple(path), rng.categorical(r))
+        path.append(accepted)
+        node = accepted
+
+
 RULES: dict[str, Verifier] = {
     "greedy": greedy,
     "token": token_level,
@@ -142,15 +218,18 @@ RULES: dict[str, Verifier] = {
 }
 
 
-RuleChoice = Callable[[Draft], Verifier]
+RuleChoice = Callable[[Draft | TreeDraft], Verifier | TreeVerifier]
 
 
 def rule_chooser(verifier: str | Verifier, greedy_sampling: bool) -> RuleChoice:
     """The one place a rule is chosen: check `verifier` against the request now (a bad name or
     a rule that is not exact at this temperature raises ValueError), and return draft -> rule.
 
-    verifier: "auto", a name in `RULES`, or a rule function (used as given). "auto": greedy at
-    temperature 0; else point-mass for chosen drafts (q is None) and block for sampled ones.
+    verifier: "auto", a name in `RULES`, or a rule function (used as given, for chains and
+    trees alike). "auto": greedy at temperature 0; else point-mass for chosen drafts (q is
+    None) and block for sampled ones. Trees take `tree_greedy` at temperature 0 and
+    `tree_recursive` otherwise, which is the token and point-mass rules on a tree; block
+    verification is defined for chains only.
 
     >>> rule_chooser("auto", greedy_sampling=False)(Draft((3,))) is point_mass
     True
@@ -162,13 +241,22 @@ def rule_chooser(verifier: str | Verifier, greedy_sampling: bool) -> RuleChoice:
     if greedy_sampling:
         if verifier not in ("auto", "greedy"):
             raise ValueError(f"temperature 0 verifies greedily; {verifier!r} needs temperature > 0")
-        return lambda draft: greedy
+        return lambda draft: tree_greedy if isinstance(draft, TreeDraft) else greedy
     if verifier == "greedy":
         raise ValueError("the greedy rule is exact only at temperature 0; use auto, token or block")
     if verifier == "auto":
-        return lambda draft: point_mass if draft.q is None else block
+        return lambda draft: _tree_rule(draft) or (point_mass if draft.q is None else block)
     rule = RULES[verifier]
-    return lambda draft: rule
+    return lambda draft: _tree_rule(draft, verifier) or rule
+
+
+def _tree_rule(draft: Draft | TreeDraft, verifier: str = "auto") -> TreeVerifier | None:
+    """The rule for a tree at temperature > 0 (None for a chain)."""
+    if not isinstance(draft, TreeDraft):
+        return None
+    if verifier == "block":
+        raise ValueError("block verification is defined for chains; verify trees with auto or token")
+    return tree_recursive
 
 
 def _repair(position: int, residual: torch.Tensor, p_row: torch.Tensor, rng: Random) -> Verdict:

@@ -14,6 +14,10 @@ its cache, the hidden states a trained head reads (EAGLE, Medusa) for every proc
 from the same forward that computed the logits: no extra forward. `features(taps, start, end)`
 reads them for processed positions, `rollback` forgets them with the cache, `prefill` records
 the prompt's. Models without it keep working; head proposers refuse them.
+
+Tree scoring (optional, `TreeScoring`): a model that implements it scores a token tree in one
+forward (each node attends to the cached prefix and its own ancestors only) and then keeps the
+accepted root path. The engine refuses a tree round on a model without it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections.abc import Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 import torch
+
+from verispec.drafts import ROOT
 
 FINAL: Literal["final"] = "final"
 """The tap of the final norm's output: the input of the output head, [H] per position."""
@@ -102,6 +108,53 @@ class FeatureChannel(Protocol):
     def output_embeddings(self) -> torch.Tensor:
         """The output head's weight [V, H]: logits = FINAL feature @ weight.T."""
         ...
+
+
+@runtime_checkable
+class TreeScoring(Protocol):
+    """One forward over a token tree, then the cache compacted to one root path.
+
+    >>> logits = target.extend_tree([pending, a, b, c], parents=[-1, 0, 0, 1])  # [4, V]
+    >>> target.keep_path([0, 1, 3])   # the cache now ends with pending, a, c
+
+    Node i sits at position length + depth(i) - 1 (a root node, parent -1, right after the
+    cached prefix) and sees the cached prefix and its ancestors; its logits row is the
+    next-token distribution after that path, equal (up to the dtype's rounding) to what
+    `extend` of the same path returns. Between `extend_tree` and `keep_path` the cache holds
+    the whole tree (`length` counts every node); only `keep_path`, or `rollback` to at most
+    the length before the tree, may come next. Features (`FeatureChannel`) follow the cache:
+    after `keep_path` they are those of the kept path.
+    """
+
+    def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Process a tree of n >= 1 nodes after the cached prefix; logits [n, V]."""
+        ...
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """Keep, after the prefix cached before `extend_tree`, only the nodes of `path` (a root
+        path, as `check_path` accepts), in order; rows of other nodes are forgotten."""
+        ...
+
+
+def check_extend_tree(tokens: Sequence[int], parents: Sequence[int], vocab_size: int) -> None:
+    """Refuse what `TreeScoring.extend_tree` does not accept."""
+    if not len(tokens):
+        raise ValueError("extend_tree needs at least one node")
+    if len(parents) != len(tokens):
+        raise ValueError(f"extend_tree got {len(tokens)} tokens but {len(parents)} parents")
+    for i, parent in enumerate(parents):
+        if not ROOT <= parent < i:
+            raise ValueError(f"tree node {i} has parent {parent}; a parent must be -1 or an earlier node")
+    check_token_ids(tokens, vocab_size)
+
+
+def check_path(path: Sequence[int], parents: Sequence[int]) -> None:
+    """Refuse a `keep_path` argument that is not a root path of the tree with these parents."""
+    previous = ROOT
+    for node in path:
+        if not 0 <= node < len(parents) or parents[node] != previous:
+            raise ValueError(f"keep_path {list(path)} is not a root path of the scored tree (parents {list(parents)})")
+        previous = node
 
 
 def check_taps(taps: Sequence[Tap], num_layers: int) -> tuple[Tap, ...]:

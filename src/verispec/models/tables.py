@@ -6,7 +6,8 @@ compute the exact autoregressive distribution of sequences; the logits handed to
 are their float64 logarithms (-inf for exact zeros).
 
 The cache is the list of processed tokens: `extend` answers from it, `rollback` truncates it,
-exactly as the protocol demands of a real KV cache.
+exactly as the protocol demands of a real KV cache. A scored tree (`extend_tree`) is held as
+each node's own context until `keep_path` appends the kept path.
 
 Feature channel: a table also has deterministic features, so trained-head proposers run on it
 in the audit and the property tests. The feature of a position is a fixed float64 vector
@@ -25,7 +26,7 @@ from itertools import product
 
 import torch
 
-from verispec.models.base import FINAL, Tap, check_taps
+from verispec.models.base import FINAL, ROOT, Tap, check_extend_tree, check_path, check_taps
 
 Row = tuple[Fraction, ...]
 
@@ -60,6 +61,7 @@ class TableLM:
             for key, row in self.rows.items()
         }
         self._processed: list[int] = []
+        self._tree: tuple[int, list[int], list[int]] | None = None  # (prefix length, tokens, parents)
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.feature_seed = feature_seed
@@ -80,6 +82,7 @@ class TableLM:
 
     def reset(self) -> None:
         self._processed = []
+        self._tree = None
 
     def prefill(self, ids: Sequence[int]) -> None:
         self._processed = list(ids)
@@ -93,7 +96,28 @@ class TableLM:
     def rollback(self, length: int) -> None:
         if not 0 <= length <= len(self._processed):
             raise ValueError(f"cannot roll back to {length}; {len(self._processed)} tokens processed")
+        if self._tree is not None:
+            if length > self._tree[0]:
+                raise ValueError("a scored tree is pending: keep_path first, or roll back to before it")
+            self._tree = None
         del self._processed[length:]
+
+    def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        check_extend_tree(tokens, parents, self.vocab_size)
+        contexts: list[list[int]] = []
+        for token, parent in zip(tokens, parents):
+            contexts.append((self._processed if parent == ROOT else contexts[parent]) + [token])
+        self._tree = (len(self._processed), list(tokens), list(parents))
+        self._processed = self._processed + list(tokens)
+        return torch.stack([self._logits[tuple(context[-self.order:])] for context in contexts])
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        if self._tree is None:
+            raise ValueError("keep_path needs a tree scored by extend_tree first")
+        start, tokens, parents = self._tree
+        check_path(path, parents)
+        self._processed[start:] = [tokens[node] for node in path]
+        self._tree = None
 
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         return self._rows_for(list(ids), 0)

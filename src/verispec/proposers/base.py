@@ -6,6 +6,9 @@ model's cache, a lookup index) follows the emitted prefix and never a rejected s
 
 `propose_stateless` recomputes the same draft from the context alone; the slow reference
 decoder uses it to check that the proposer's incremental state never drifts.
+
+A `TreeProposer` also fills tree shapes (`verispec.tree_shape`): several continuations per
+round, verified as a token tree.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from verispec.drafts import Draft
+from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
+from verispec.tree_shape import TreeShape
 
 
 class Proposer(Protocol):
@@ -33,4 +37,16 @@ class Proposer(Protocol):
 
     def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         """The draft `propose` must return, recomputed from `context` alone (slow)."""
+        ...
+
+
+class TreeProposer(Proposer, Protocol):
+    def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        """A tree of at most the nodes of `shape` continuing `context`: each node the candidate
+        of its rank after its ancestors (chosen, q None) or an independent sample from the
+        proposal after them (q given)."""
+        ...
+
+    def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        """The tree `propose_tree` must return, recomputed from `context` alone (slow)."""
         ...

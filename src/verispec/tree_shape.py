@@ -1,0 +1,116 @@
+"""Tree shapes: the static templates a policy asks a tree proposer to fill.
+
+A shape is a set of rank paths closed under prefixes, as Medusa's `medusa_choices` and
+Sequoia's trees are written: (0,) is the proposer's first-ranked token after the pending one,
+(1,) its second, (0, 2) the third-ranked token after the first, and so on. A proposer fills a
+node with the candidate of that rank after the node's ancestors, or leaves it out (with its
+descendants) when it has no such candidate, so a drafted tree is never larger than its shape.
+A chain of k tokens is the shape (0,), (0, 0), ..., (0,) * k.
+
+Nodes are kept in the order a `TreeDraft` needs: by depth, then by rank path, so a parent
+precedes its children and siblings come in rank order (the verifier's order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from verispec.drafts import ROOT, TreeDraft
+
+RankPath = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """paths: the rank paths of the nodes (each closed under prefixes; rank r > 0 only beside
+    rank r - 1 under the same parent), stored sorted by depth then path.
+
+    >>> TreeShape.of([(0,), (1,), (0, 0)]).parents
+    (-1, -1, 0)
+    """
+
+    paths: tuple[RankPath, ...]
+
+    @classmethod
+    def of(cls, paths: Iterable[Sequence[int]]) -> TreeShape:
+        """The shape of these rank paths, checked and sorted."""
+        unique = sorted({tuple(int(r) for r in path) for path in paths}, key=lambda path: (len(path), path))
+        present = set(unique)
+        for path in unique:
+            if not path or min(path) < 0:
+                raise ValueError(f"tree shape path {path} must be a nonempty tuple of ranks >= 0")
+            if len(path) > 1 and path[:-1] not in present:
+                raise ValueError(f"tree shape path {path} has no parent {path[:-1]}")
+            if path[-1] > 0 and (*path[:-1], path[-1] - 1) not in present:
+                raise ValueError(f"tree shape path {path} has no sibling of rank {path[-1] - 1} before it")
+        return cls(tuple(unique))
+
+    @classmethod
+    def chain(cls, k: int) -> TreeShape:
+        return cls(tuple((0,) * d for d in range(1, k + 1)))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def depth(self) -> int:
+        return max((len(path) for path in self.paths), default=0)
+
+    @property
+    def parents(self) -> tuple[int, ...]:
+        """parents[i]: the index of node i's parent, ROOT for the first level."""
+        index = {path: i for i, path in enumerate(self.paths)}
+        return tuple(index[path[:-1]] if len(path) > 1 else ROOT for path in self.paths)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(rank == 0 for path in self.paths for rank in path)
+
+    def truncated(self, depth: int) -> TreeShape:
+        """The nodes at depth <= `depth` (the engine's budget: remaining tokens - 1)."""
+        return TreeShape(tuple(path for path in self.paths if len(path) <= depth))
+
+    def describe(self) -> str:
+        """Nodes per depth, as in '9 nodes: 4-3-2'."""
+        widths = [sum(1 for path in self.paths if len(path) == d) for d in range(1, self.depth + 1)]
+        return f"{len(self)} nodes: " + "-".join(map(str, widths)) if widths else "0 nodes"
+
+
+Candidates = Callable[[tuple[int, ...]], Sequence[int]]
+"""Ranked candidate tokens after a path of drafted tokens (() for the first level)."""
+
+
+def fill(shape: TreeShape, candidates: Candidates) -> TreeDraft:
+    """A chosen tree (q is None): each node of `shape` takes the candidate of its rank after
+    its ancestors' tokens; a node without one is left out, with its descendants. `candidates`
+    is called once per filled parent (and once for the root)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    node_of: dict[RankPath, int] = {(): ROOT}
+    ranked: dict[RankPath, Sequence[int]] = {}
+    prefix_tokens: dict[RankPath, tuple[int, ...]] = {(): ()}
+    for path in shape.paths:
+        parent = path[:-1]
+        if parent not in node_of:
+            continue
+        if parent not in ranked:
+            ranked[parent] = candidates(prefix_tokens[parent])
+        options = ranked[parent]
+        if path[-1] >= len(options):
+            continue
+        token = int(options[path[-1]])
+        node_of[path] = len(tokens)
+        prefix_tokens[path] = (*prefix_tokens[parent], token)
+        tokens.append(token)
+        parents.append(node_of[parent])
+    return TreeDraft(tuple(tokens), tuple(parents))
+
+
+def ranked_top(row: torch.Tensor, width: int) -> list[int]:
+    """The `width` highest-probability token ids of one distribution row [V], best first, ties
+    to the lower id, zeros left out (a chosen candidate with no mass is never worth a slot)."""
+    values, ids = torch.sort(row, descending=True, stable=True)
+    return [int(i) for v, i in zip(values[:width].tolist(), ids[:width].tolist()) if v > 0]
