@@ -4,7 +4,9 @@ A model appends the rows of every forward (`append`) and moves the end back when
 rolls back (`truncate`), exactly like its KV cache, so the rows always belong to the tokens
 processed. Rows live in buffers [capacity, H] that double when full (amortised O(1) per row).
 Taps recorded while a sequence is under way start at its current length: earlier positions
-have no rows, and reading them is refused rather than answered with zeros.
+have no rows, and reading them is refused rather than answered with zeros. After a scored
+token tree keeps one root path, `move` copies the kept nodes' rows to the path's positions
+(the same moves as the KV cache, `ScoredTree.moves`), so the rows are those of the kept path.
 """
 
 from __future__ import annotations
@@ -69,6 +71,16 @@ class FeatureStore:
         self.length = min(self.length, length)
         for tap, first in self._first.items():
             self._first[tap] = min(first, length)
+
+    def move(self, sources: Sequence[int], destinations: Sequence[int]) -> None:
+        """Copy the rows of positions `sources` to positions `destinations` (held positions,
+        as `ScoredTree.moves` lists them); rows of other positions are untouched."""
+        if not sources:
+            return
+        for tap, first in self._first.items():
+            rows = self._rows.get(tap)
+            if rows is not None:
+                rows[torch.tensor(destinations) - first] = rows[torch.tensor(sources) - first]
 
     def read(self, taps: Sequence[Tap], start: int, end: int) -> torch.Tensor:
         """float32 [end - start, len(taps) * H]: positions start..end-1, taps concatenated."""

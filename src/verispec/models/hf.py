@@ -23,6 +23,16 @@ decoder layers and on the final norm; every forward of the adapter then copies t
 for all its rows into a `FeatureStore` that rolls back with the cache. The hooks read tensors
 the forward computes anyway (no extra forward); they ignore forwards of other adapters that
 share the same modules (a layer-skip draft).
+
+Tree scoring (`TreeScoring`): `extend_tree` runs the nodes in one forward with a 4D additive
+mask [1, 1, n, length + n] in the model's dtype (0 where a node sees a slot: the cached prefix,
+its ancestors and itself; the dtype's minimum elsewhere, as transformers builds its own float
+masks) and position_ids length + depth - 1. transformers passes a 4D mask to the attention
+unchanged (`masking_utils._preprocess_mask_arguments`), and both its eager attention (which
+adds the mask) and its SDPA attention (which takes a float mask as a bias) read it the same
+way; a boolean mask would be added as 0/1 by the eager one. `keep_path` copies the kept nodes
+that are not already in their slots (`ScoredTree.moves`) inside every `BufferedLayer` and the
+feature store, then crops: no other row is copied.
 """
 
 from __future__ import annotations
@@ -33,8 +43,17 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from verispec.models.base import FINAL, Tap, check_extend, check_score_ids, check_taps, check_token_ids
+from verispec.models.base import (
+    FINAL,
+    Tap,
+    check_extend,
+    check_extend_tree,
+    check_score_ids,
+    check_taps,
+    check_token_ids,
+)
 from verispec.models.features import FeatureStore
+from verispec.models.scored_tree import PENDING_TREE, ScoredTree
 
 
 class HFCausalLM:
@@ -58,6 +77,7 @@ class HFCausalLM:
         self.num_layers = int(model.config.num_hidden_layers)
         self._features = FeatureStore(self.hidden_size)
         self._captured: dict[Tap, torch.Tensor] | None = None  # set while a forward records
+        self._tree: ScoredTree | None = None  # set from extend_tree to keep_path
 
     def _new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -85,6 +105,7 @@ class HFCausalLM:
         self.cache.reset()
         self._features.reset()
         self._length = 0
+        self._tree = None
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int]) -> None:
@@ -95,11 +116,46 @@ class HFCausalLM:
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
+        if self._tree is not None:
+            raise ValueError(PENDING_TREE)
         return self._forward(tokens, keep=keep or 0)[0].float()  # [keep or n, V]
+
+    @torch.inference_mode()
+    def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        check_extend_tree(tokens, parents, self.vocab_size)
+        if self._tree is not None:
+            raise ValueError(PENDING_TREE)
+        tree = ScoredTree(self._length, tuple(parents))
+        dtype = self.model.get_input_embeddings().weight.dtype  # the hidden states', so the scores'
+        blocked = ~tree.allowed().to(self.device)  # [n, length + n]
+        mask = torch.zeros(blocked.shape, dtype=dtype, device=self.device).masked_fill_(blocked, torch.finfo(dtype).min)
+        positions = tree.positions().to(self.device)[None]  # [1, n]
+        logits = self._forward(tokens, keep=0, attention_mask=mask[None, None], position_ids=positions)
+        self._tree = tree
+        return logits[0].float()  # [n, V]
+
+    @torch.inference_mode()
+    def keep_path(self, path: Sequence[int]) -> None:
+        if self._tree is None:
+            raise ValueError("keep_path needs a tree scored by extend_tree first")
+        sources, destinations = self._tree.moves(path)
+        if sources:
+            source = torch.tensor(sources, device=self.device)
+            destination = torch.tensor(destinations, device=self.device)
+            for layer in self.cache.layers:
+                layer.move(source, destination)
+        self._features.move(sources, destinations)
+        start = self._tree.start
+        self._tree = None
+        self.rollback(start + len(path))
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self._length:
             raise ValueError(f"cannot roll back to {length}; {self._length} tokens processed")
+        if self._tree is not None:
+            if length > self._tree.start:
+                raise ValueError(PENDING_TREE)
+            self._tree = None
         if length == 0:
             self.reset()
         elif length < self._length:
@@ -115,6 +171,8 @@ class HFCausalLM:
         return self.model(input_ids=input_ids, use_cache=False).logits[0].float()  # [T, V]
 
     def record_features(self, taps: Sequence[Tap]) -> None:
+        if self._tree is not None:
+            raise ValueError(PENDING_TREE)
         for tap in check_taps(taps, self.num_layers):
             if tap not in self._features.taps:
                 self._tapped_module(tap).register_forward_hook(self._hook(tap))
@@ -158,15 +216,16 @@ class HFCausalLM:
 
         return keep_output
 
-    def _forward(self, tokens: Sequence[int], keep: int) -> torch.Tensor:
+    def _forward(self, tokens: Sequence[int], keep: int, **tree: torch.Tensor) -> torch.Tensor:
         """Run `tokens` through the model on top of the cache; logits[1, keep or n, V] in the
         model's dtype (keep = 0 keeps every row, as transformers reads `logits_to_keep`); the
-        recorded taps' features of all n rows go to the feature store."""
+        recorded taps' features of all n rows go to the feature store. `tree`: a token tree's
+        attention_mask [1, 1, n, length + n] and position_ids [1, n]."""
         check_token_ids(tokens, self.vocab_size)
         input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         self._captured = {} if self._features.taps else None
         try:
-            out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep)
+            out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=keep, **tree)
             if self._captured is not None:
                 self._features.append({tap: rows[0] for tap, rows in self._captured.items()})
         finally:
@@ -215,6 +274,12 @@ class BufferedLayer(DynamicLayer):
             raise ValueError(f"crop takes minus the number of positions to remove, got {tokens_to_remove}")
         if self.is_initialized and tokens_to_remove:
             self._set_end(self.end + tokens_to_remove)
+
+    def move(self, sources: torch.Tensor, destinations: torch.Tensor) -> None:
+        """Copy the keys and values of positions `sources` to positions `destinations`
+        (LongTensors [m], held positions); nothing else is written."""
+        for buffer in (self._key_buffer, self._value_buffer):
+            buffer[..., destinations, :] = buffer[..., sources, :]
 
     def reset(self) -> None:
         self._key_buffer = self._value_buffer = None
