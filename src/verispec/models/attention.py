@@ -1,6 +1,6 @@
 """Causal attention of M new query rows over a layer's cached keys and values.
 
-Both kinds take q[Hq, M, D] at positions start..start+M-1 and a layer's cached keys
+Both kinds take q[Hq, M, D] of the rows in cache slots start..start+M-1 and a layer's cached keys
 [Hkv, width, D] and values (the first `width(start + M)` cache positions) (grouped-query: query head h reads key/value head
 h // (Hq / Hkv)), and return [M, Hq * D].
 
@@ -11,6 +11,10 @@ h // (Hq / Hkv)), and return [M, Hq * D].
   scored alone, by a few units in the last place).
 - `InvariantAttention`: a row's result is the same bits whatever rows are scored with it
   (see its docstring). Its cache keeps a column of ones beside the values.
+
+`mask(start, m, dtype, visible)`: by default row i sees slots 0..start+i (a chain); a token
+tree passes visible[M, M], which new rows each row sees (its ancestors and itself), and every
+row still sees the whole cached prefix.
 """
 
 from __future__ import annotations
@@ -29,10 +33,17 @@ class SdpaAttention:
         """How many cached positions a forward ending at `end` reads."""
         return end
 
-    def mask(self, start: int, m: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """allowed[M, start+M] (row i sees positions 0..start+i); None for one row."""
+    def mask(
+        self, start: int, m: int, dtype: torch.dtype, visible: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """allowed[M, start+M] (row i sees slots 0..start+i, or the prefix and `visible[i]`);
+        None for one row."""
+        if m == 1:
+            return None
+        if visible is not None:
+            return torch.cat((torch.ones(m, start, dtype=torch.bool), visible), dim=1)
         end = start + m
-        return None if m == 1 else torch.arange(end) <= torch.arange(start, end)[:, None]
+        return torch.arange(end) <= torch.arange(start, end)[:, None]
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         m = q.shape[1]
@@ -55,6 +66,14 @@ class InvariantAttention:
       product as the numerator, through the ones column of the cached values, instead of
       torch's softmax, whose vectorised sum changes order as the row length crosses its
       vector width (rows shorter than ~16 positions differed).
+
+    Tree rows (a `visible` mask): the same holds, a row's bits do not depend on which other
+    rows are scored with it, since other branches' slots are masked to exact zeros. A node
+    whose ancestors fill the slots right after the prefix (the first-child chain of a
+    depth-first tree) gets exactly the bits of the same path scored as a chain. Other nodes
+    see their ancestors in later slots, with masked slots between them: the zeros add
+    nothing, but the weighted sum may pair or block the key axis differently, so their rows
+    equal the chain's within rounding, not always bit for bit.
     """
 
     value_ones = True
@@ -68,10 +87,19 @@ class InvariantAttention:
         """How many cached positions a forward ending at `end` reads: a multiple of WIDTH_STEP."""
         return -(-end // self.WIDTH_STEP) * self.WIDTH_STEP
 
-    def mask(self, start: int, m: int, dtype: torch.dtype) -> torch.Tensor:
-        """additive[M, width] in `dtype`: 0 where row i sees the position (0..start+i), else -inf."""
+    def mask(
+        self, start: int, m: int, dtype: torch.dtype, visible: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """additive[M, width] in `dtype`: 0 where row i sees the slot (0..start+i, or the
+        prefix and `visible[i]`), else -inf."""
         end = start + m
-        blocked = torch.arange(self.width(end)) > torch.arange(start, end)[:, None]
+        width = self.width(end)
+        if visible is None:
+            blocked = torch.arange(width) > torch.arange(start, end)[:, None]
+        else:
+            blocked = torch.ones(m, width, dtype=torch.bool)
+            blocked[:, :start] = False
+            blocked[:, start:end] = ~visible
         return torch.zeros(blocked.shape, dtype=dtype).masked_fill_(blocked, float("-inf"))
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

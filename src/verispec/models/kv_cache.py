@@ -2,7 +2,8 @@
 
 Per layer, keys [kv_heads, capacity, head_dim] and values [kv_heads, capacity, head_dim + extra]:
 a forward writes its new positions in place and attention reads views of the first `end`.
-Rolling back only moves `length`; nothing is copied or freed. The capacity doubles when a
+Rolling back only moves `length`; nothing is copied or freed. After a token tree, `move`
+copies only the kept nodes that are not yet in their slots (`ScoredTree.moves`). The capacity doubles when a
 forward would pass it (one copy of the used prefix, amortised O(1) per token).
 
 `value_ones`: each value row carries a constant 1 after its head_dim entries, so that one
@@ -54,3 +55,9 @@ class KVCache:
         self.keys[layer][:, start:end] = keys.transpose(0, 1)
         self.values[layer][:, start:end, : self.head_dim] = values.transpose(0, 1)
         return self.keys[layer][:, :width], self.values[layer][:, :width]
+
+    def move(self, sources: torch.Tensor, destinations: torch.Tensor) -> None:
+        """Copy the keys and values of positions `sources` to positions `destinations`
+        (LongTensors [m]) in every layer; nothing else is written."""
+        for buffer in (*self.keys, *self.values):
+            buffer[:, destinations] = buffer[:, sources]

@@ -27,6 +27,13 @@ for all its rows, the residual stream after the tapped decoder layers (layer tap
 the final norm's output (FINAL), in a `FeatureStore` that rolls back with the cache. They are
 tensors the forward computes anyway (FINAL only widens the final norm from the kept rows to
 all rows), so no extra forward runs.
+
+Tree scoring (`TreeScoring`): `extend_tree` is the same forward with node i in cache slot
+length + i, rotated at its depth position length + depth(i) - 1, and an attention mask that
+shows each node the cached prefix, its ancestors and itself (`attention` says what the
+deterministic mode then guarantees for tree rows). `keep_path` copies, in every layer and in
+the feature store, only the kept nodes not yet in their slots (`ScoredTree.moves`; none for
+the first-child chain of a depth-first tree), then moves `length`.
 """
 
 from __future__ import annotations
@@ -38,7 +45,15 @@ import torch
 from torch import nn
 
 from verispec.models.attention import InvariantAttention, SdpaAttention
-from verispec.models.base import FINAL, Tap, check_extend, check_score_ids, check_taps, check_token_ids
+from verispec.models.base import (
+    FINAL,
+    Tap,
+    check_extend,
+    check_extend_tree,
+    check_score_ids,
+    check_taps,
+    check_token_ids,
+)
 from verispec.models.features import FeatureStore
 from verispec.models.kv_cache import KVCache
 from verispec.models.gguf_blocks import GGUFWeight
@@ -46,6 +61,7 @@ from verispec.models.linear import projection
 from verispec.models.quant import linear_for
 from verispec.models.quantized import stored_weights
 from verispec.models.rope import RopeTables, rope_parameters
+from verispec.models.scored_tree import PENDING_TREE, ScoredTree
 
 QUANTIZED = ("q4", "int8")  # weight formats built by `models.quant`
 
@@ -109,6 +125,7 @@ class LlamaRuntime:
         self.exact_weights = self.dtype == torch.float32
         self.cache = self.new_cache()
         self._features = FeatureStore(shape.hidden)
+        self._tree: ScoredTree | None = None  # set from extend_tree to keep_path
 
     @classmethod
     def from_hf(
@@ -201,6 +218,7 @@ class LlamaRuntime:
     def reset(self) -> None:
         self.cache.length = 0
         self._features.reset()
+        self._tree = None
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int]) -> None:
@@ -212,11 +230,39 @@ class LlamaRuntime:
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
+        if self._tree is not None:
+            raise ValueError(PENDING_TREE)
         return self._live_forward(tokens, keep or len(tokens))
+
+    @torch.inference_mode()
+    def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        check_extend_tree(tokens, parents, self.vocab_size)
+        if self._tree is not None:
+            raise ValueError(PENDING_TREE)
+        tree = ScoredTree(self.length, tuple(parents))
+        logits = self._live_forward(tokens, len(tokens), tree)  # float32 [n, V]
+        self._tree = tree
+        return logits
+
+    @torch.inference_mode()
+    def keep_path(self, path: Sequence[int]) -> None:
+        if self._tree is None:
+            raise ValueError("keep_path needs a tree scored by extend_tree first")
+        sources, destinations = self._tree.moves(path)
+        if sources:
+            self.cache.move(torch.tensor(sources), torch.tensor(destinations))
+        self._features.move(sources, destinations)
+        start = self._tree.start
+        self._tree = None
+        self.rollback(start + len(path))
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.cache.length:
             raise ValueError(f"cannot roll back to {length}; {self.cache.length} tokens processed")
+        if self._tree is not None:
+            if length > self._tree.start:
+                raise ValueError(PENDING_TREE)
+            self._tree = None
         self.cache.length = length
         self._features.truncate(length)
 
@@ -228,6 +274,8 @@ class LlamaRuntime:
     # --- FeatureChannel -------------------------------------------------------------------
 
     def record_features(self, taps: Sequence[Tap]) -> None:
+        if self._tree is not None:
+            raise ValueError(PENDING_TREE)
         for tap in check_taps(taps, self.num_layers):
             self._features.add(tap, self.length)
 
@@ -249,19 +297,25 @@ class LlamaRuntime:
 
     # --- the forward ----------------------------------------------------------------------
 
-    def _live_forward(self, tokens: Sequence[int], keep: int) -> torch.Tensor | None:
+    def _live_forward(self, tokens: Sequence[int], keep: int, tree: ScoredTree | None = None) -> torch.Tensor | None:
         """A forward on the live cache; the recorded taps' rows go to the feature store."""
-        logits, captured = self._forward(self.cache, tokens, keep, self._features.taps)
+        logits, captured = self._forward(self.cache, tokens, keep, self._features.taps, tree)
         if captured:
             self._features.append(captured)
         return logits
 
     def _forward(
-        self, cache: KVCache, tokens: Sequence[int], keep: int, taps: tuple[Tap, ...] = ()
+        self,
+        cache: KVCache,
+        tokens: Sequence[int],
+        keep: int,
+        taps: tuple[Tap, ...] = (),
+        tree: ScoredTree | None = None,
     ) -> tuple[torch.Tensor | None, dict[Tap, torch.Tensor]]:
         """Run `tokens` after `cache.length` cached positions and advance the cache; logits
         of the last `keep` rows (float32 [keep, V]; None when keep = 0) and the features of
-        all M rows at `taps` ({tap: [M, H]} in the model's dtype)."""
+        all M rows at `taps` ({tap: [M, H]} in the model's dtype). With `tree` the rows are
+        its nodes: depth positions and an ancestor mask instead of a chain's."""
         s = self.shape
         m, start = len(tokens), cache.length
         end = start + m
@@ -270,14 +324,20 @@ class LlamaRuntime:
         self.rope.ensure(end)
         ids = torch.tensor(tokens, dtype=torch.long)  # [M]
         x = nn.functional.embedding(ids, self.embed)  # [M, H]
-        # Row i sees positions 0..start+i; a single row sees everything, so needs no mask.
-        mask = self.attention.mask(start, m, self.dtype)
+        # Row i sees positions 0..start+i (a tree node: the prefix and its ancestors); a single
+        # row sees everything, so needs no mask.
+        if tree is None:
+            positions: slice | torch.Tensor = slice(start, end)
+            mask = self.attention.mask(start, m, self.dtype)
+        else:
+            positions = tree.positions()  # [M]
+            mask = self.attention.mask(start, m, self.dtype, tree.visible())
         captured = {}
         q_end, k_end = s.heads, s.heads + s.kv_heads
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, s.eps)
             qkv = layer.qkv(h).view(m, k_end + s.kv_heads, s.head_dim)  # [M, Hq + 2 Hkv, D]
-            qk = self.rope.rotate(qkv[:, :k_end], start)  # [M, Hq + Hkv, D]
+            qk = self.rope.rotate(qkv[:, :k_end], positions)  # [M, Hq + Hkv, D]
             keys, values = cache.write(index, start, qk[:, q_end:], qkv[:, k_end:], width)  # [Hkv, width, D]
             attended = self.attention(qk[:, :q_end].transpose(0, 1), keys, values, mask)  # [M, Hq D]
             x = x + layer.o(attended)

@@ -65,10 +65,11 @@ class RopeTables:
         self.cos = (angles.cos() * self.scaling).to(self.dtype)
         self.sin = ((angles.sin() * self.scaling).to(self.dtype) * sign.to(self.dtype)).contiguous()
 
-    def rotate(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """x[M, heads, D] at positions start..start+M-1 -> rotated copy [M, heads, D]."""
+    def rotate(self, x: torch.Tensor, positions: slice | torch.Tensor) -> torch.Tensor:
+        """x[M, heads, D] at `positions` (a slice of M positions, or a LongTensor [M], e.g. a
+        token tree's depth positions) -> rotated copy [M, heads, D]."""
         m, heads, d = x.shape
-        cos = self.cos[start : start + m, None, :]  # [M, 1, D]
-        sin = self.sin[start : start + m, None, :]
+        cos = self.cos[positions][:, None, :]  # [M, 1, D]
+        sin = self.sin[positions][:, None, :]
         swapped = x.reshape(m, heads, 2, d // 2).flip(2).reshape(m, heads, d)  # (x2, x1)
         return torch.addcmul(x * cos, swapped, sin)
