@@ -9,10 +9,18 @@ values are interleaved and rotated across repeats so drift (thermal, other proce
 over all of them instead of biasing the last; warm-up repeats are discarded.
 
 A prompt-lookup proposer costs a dictionary probe per round: its c is honestly ~0.
+
+Trees (`tree_nodes`): a tree round scores the pending token and a tree of n - 1 nodes in one
+forward (`TreeScoring.extend_tree`), then keeps one root path (`keep_path`). The profile then
+also times, interleaved with the rest, that round's target work for n = 1..tree_nodes + 1 on
+a representative shape of n - 1 nodes (`representative_tree`), keeping its deepest path, and a
+chain of the same n positions, so that the tree policy reads v(nodes + 1) for trees, and the
+price of the tree mask and the compaction is their ratio within one run.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import statistics
 import time
@@ -23,6 +31,9 @@ from pathlib import Path
 import torch
 
 from verispec.cost import check_survival, check_v_curve
+from verispec.drafts import TreeDraft, tree_depths
+from verispec.engine import scored_parents, tree_target
+from verispec.tree_shape import TreeShape
 from verispec.machine import describe
 from verispec.models.base import CausalLM
 from verispec.policies import AutoK
@@ -62,6 +73,13 @@ class Profile:
     drafted: mean tokens the proposer returned when asked for k_max (prompt lookup returns
         fewer, or none, where the context has no match).
     survival: optional measured s_i = P(first i drafted tokens accepted), i = 1..
+    tree_v: optional, tree_v[n - 1] = one tree round's target time (score the pending token
+        and `tree_shapes[n - 1]`, keep its deepest path, roll back) / score[0].median, for
+        n = 1..tree_nodes + 1 positions: the v(nodes + 1) a tree policy reads.
+    tree_chain_v: a chain of the same n positions, timed in the same interleaved repeats
+        (tree_v[n - 1] / tree_chain_v[n - 1] is the price of the tree mask and compaction).
+    tree_score: seconds of the tree rounds, n = 1..tree_nodes + 1.
+    tree_shapes: the shape timed at each n (`TreeShape.describe`).
     """
 
     c: float
@@ -75,6 +93,10 @@ class Profile:
     target: str = ""
     proposer: str = ""
     survival: list[float] | None = None
+    tree_v: list[float] | None = None
+    tree_chain_v: list[float] | None = None
+    tree_score: list[Timing] | None = None
+    tree_shapes: list[str] | None = None
 
     def __post_init__(self) -> None:
         check_v_curve(self.v)
@@ -87,6 +109,11 @@ class Profile:
             raise ValueError(f"c must be >= 0, got {self.c!r}")
         if self.survival is not None:
             check_survival(self.survival)
+        if self.tree_v is not None:
+            check_v_curve(self.tree_v)
+            sizes = {len(self.tree_v), *(len(x) for x in (self.tree_chain_v, self.tree_score, self.tree_shapes) if x)}
+            if self.tree_chain_v is None or self.tree_score is None or self.tree_shapes is None or len(sizes) != 1:
+                raise ValueError("a profile's tree_v needs tree_chain_v, tree_score and tree_shapes of the same length")
 
     @property
     def k_max(self) -> int:
@@ -108,6 +135,7 @@ class Profile:
                     **data,
                     "score": [Timing(**t) for t in data["score"]],
                     "draft": Timing(**data["draft"]),
+                    "tree_score": None if data.get("tree_score") is None else [Timing(**t) for t in data["tree_score"]],
                 }
             )
         except (KeyError, TypeError) as error:
@@ -141,15 +169,19 @@ def measure_profile(
     sampling: SamplingParams | None = None,
     seed: int = 0,
     clock: Callable[[], float] = time.perf_counter,
+    tree_nodes: int = 0,
 ) -> Profile:
     """Time the target's scoring of n = 1..k_max + 1 tokens and the proposer's drafting after
     `prompt_ids` (the context; its last token plays the round's pending token). `clock` reads
-    seconds.
+    seconds. tree_nodes > 0: also tree rounds of 0..tree_nodes nodes and chains of as many
+    positions (the target must implement `TreeScoring`).
 
     Leaves the target's cache holding the context minus its last token; a request prefills
     anew.
     """
-    for name, value, least in (("k_max", k_max, 1), ("repeats", repeats, 1), ("warmup", warmup, 0)):
+    for name, value, least in (
+        ("k_max", k_max, 1), ("repeats", repeats, 1), ("warmup", warmup, 0), ("tree_nodes", tree_nodes, 0)
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     context = [int(t) for t in prompt_ids]
@@ -159,23 +191,31 @@ def measure_profile(
         raise ValueError(f"context token ids must lie in the vocabulary [0, {target.vocab_size})")
     sampling = sampling or SamplingParams()
     rng = TorchRandom(seed)
+    trees = {n: representative_tree(n - 1) for n in range(1, tree_nodes + 2)} if tree_nodes else {}
+    scorer = tree_target(target) if trees else None
     # A round scores [pending, x_1..x_k]; which ids fill the x_i does not change the time.
-    block = [context[-1], *(context * (k_max // len(context) + 1))[:k_max]]
-    ns = list(range(1, k_max + 2))
-    score: dict[int, list[float]] = {n: [] for n in ns}
+    chain_n = max(k_max, tree_nodes) + 1
+    block = [context[-1], *(context * (chain_n // len(context) + 1))[: chain_n - 1]]
+    jobs = [("chain", n) for n in range(1, chain_n + 1)] + [("tree", n) for n in trees]
+    times: dict[tuple[str, int], list[float]] = {job: [] for job in jobs}
     draft: list[float] = []
     drafted: list[int] = []
 
     target.prefill(context[:-1])
     proposer.begin(context, sampling)
     for repeat in range(warmup + repeats):
-        shift = repeat % len(ns)
-        for n in ns[shift:] + ns[:shift]:
+        shift = repeat % len(jobs)
+        for kind, n in jobs[shift:] + jobs[:shift]:
             start = clock()
-            target.extend(block[:n])
+            if kind == "chain":
+                target.extend(block[:n])
+            else:
+                parents = scored_parents(TreeDraft(tuple(block[1:n]), trees[n].parents))
+                scorer.extend_tree(block[:n], parents)
+                scorer.keep_path(deepest_path(parents))
             target.rollback(len(context) - 1)
             synchronize()
-            score[n].append(clock() - start)
+            times[kind, n].append(clock() - start)
         start = clock()
         tokens = proposer.propose(context, k_max, rng)
         synchronize()
@@ -184,8 +224,10 @@ def measure_profile(
         drafted.append(len(tokens))
 
     measured = slice(warmup, None)
-    timings = [Timing.of(score[n][measured]) for n in ns]
+    timings = [Timing.of(times["chain", n][measured]) for n in range(1, k_max + 2)]
     step = timings[0].median
+    tree_timings = [Timing.of(times["tree", n][measured]) for n in trees]
+    chain_medians = [statistics.median(times["chain", n][measured]) for n in trees]
     return Profile(
         c=Timing.of(draft[measured]).median / step,
         v=[t.median / step for t in timings],
@@ -195,7 +237,43 @@ def measure_profile(
         context_tokens=len(context),
         repeats=repeats,
         machine=describe(),
+        tree_v=[t.median / step for t in tree_timings] if trees else None,
+        tree_chain_v=[median / step for median in chain_medians] if trees else None,
+        tree_score=tree_timings if trees else None,
+        tree_shapes=[shape.describe() for shape in trees.values()] if trees else None,
     )
+
+
+def representative_tree(nodes: int) -> TreeShape:
+    """A tree shape of `nodes` nodes as a cost-driven policy grows one (Sequoia's greedy
+    construction): the rank paths of highest acceptance probability when the rank-r candidate
+    is accepted with probability 0.6 * 0.5^r at every depth, ties broken by depth then path.
+
+    >>> representative_tree(6).describe()
+    '6 nodes: 2-3-1'
+    """
+    chosen: list[tuple[int, ...]] = []
+    frontier = [(-0.6, (0,))]
+    while frontier and len(chosen) < nodes:
+        score, path = heapq.heappop(frontier)
+        chosen.append(path)
+        heapq.heappush(frontier, (score * 0.6, (*path, 0)))
+        heapq.heappush(frontier, (score * 0.5, (*path[:-1], path[-1] + 1)))
+    return TreeShape.of(chosen)
+
+
+def deepest_path(parents: list[int]) -> list[int]:
+    """The root path to the deepest node (the last one at that depth): the path a round that
+    accepts the most keeps; [] for no nodes."""
+    if not parents:
+        return []
+    depths = tree_depths(parents)
+    node = max(range(len(parents)), key=lambda i: (depths[i], i))
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 def measured_autok(

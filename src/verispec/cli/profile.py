@@ -41,6 +41,13 @@ def profile(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
     k_max: Annotated[int, typer.Option("--k-max", min=1, help="Measure v(n) for n = 1..k_max + 1.")] = 8,
+    tree_nodes: Annotated[
+        int,
+        typer.Option(
+            "--tree-nodes", min=0,
+            help="Also time tree rounds of 0..this many nodes (v(nodes + 1) for trees) beside chains as long; 0: skip.",
+        ),
+    ] = 16,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats of every measurement.")] = 7,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed repeats first.")] = 2,
     context_tokens: Annotated[
@@ -83,7 +90,8 @@ def profile(
     context = prompt_ids if context_tokens is None else tiled(prompt_ids, context_tokens)
     drafter = build_proposer(proposer, loaded)
     measured = measure_profile(
-        loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling
+        loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling,
+        tree_nodes=tree_nodes,
     )
     measured.target, measured.proposer = loaded.name, proposer
     measured.machine["dtype"] = loaded.dtype_name
@@ -123,6 +131,8 @@ def show(profile: Profile) -> None:
             f"{t.minimum * ms:.2f}-{t.maximum * ms:.2f}",
         )
     console.print(table)
+    if profile.tree_v:
+        show_trees(console, profile)
     d = profile.draft
     console.print(
         f"proposer {profile.proposer}: {d.median * ms:.3f} ms per drafted token (IQR {d.q1 * ms:.3f}-"
@@ -138,6 +148,21 @@ def show(profile: Profile) -> None:
             else "best k = 0: no k beats plain decoding here"
         )
     console.print(", ".join(f"{key} {value}" for key, value in profile.machine.items()), style="dim")
+
+
+def show_trees(console: Console, profile: Profile) -> None:
+    """v(n) of tree rounds against chains of as many positions, from the same repeats."""
+    ms = 1000.0
+    table = Table(title="tree rounds: the pending token + a tree of n - 1 nodes, its deepest path kept")
+    for column in ("n", "tree shape", "v(n) tree", "v(n) chain", "tree / chain", "median ms", "IQR ms"):
+        table.add_column(column, justify="right")
+    rows = zip(profile.tree_v, profile.tree_chain_v, profile.tree_score, profile.tree_shapes)
+    for n, (tree, chain, t, shape) in enumerate(rows, start=1):
+        table.add_row(
+            str(n), shape, f"{tree:.3f}", f"{chain:.3f}", f"{tree / chain:.3f}", f"{t.median * ms:.2f}",
+            f"{t.q1 * ms:.2f}-{t.q3 * ms:.2f}",
+        )
+    console.print(table)
 
 
 def draw(path: Path, profile: Profile) -> None:
