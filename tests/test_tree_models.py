@@ -15,7 +15,9 @@ import random
 
 import pytest
 import torch
+from clocks import FakeClock
 from test_hf_adapter import FP32_ATOL, VOCAB, tiny_llama
+from test_profile import TimedTable
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from verispec import GREEDY, SamplingParams, generate
@@ -24,6 +26,8 @@ from verispec.models.base import FINAL, TreeScoring
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
 from verispec.models.scored_tree import ScoredTree
+from verispec.profile import Profile, measure_profile, representative_tree
+from verispec.proposers import PromptLookup
 from verispec.randomness import TorchRandom
 from verispec.reference import reference_generate
 from verispec.tree_shape import TreeShape, fill
@@ -360,3 +364,50 @@ def test_default_model_greedy_tree_decoding_is_plain_greedy(default_float32, dty
         assert generate(lm, ShuffledOracle(lm), prompt, k=FixedShape(SHAPE), **options).tokens == plain.tokens
     finally:
         default_float32.model.to(torch.float32)
+
+
+class TimedTreeTable(TimedTable):
+    """A timed table whose tree rounds cost `mask` more per position than a chain's forward,
+    and whose keep_path costs `compaction` per row moved."""
+
+    def __init__(self, clock: FakeClock, mask: float, compaction: float) -> None:
+        super().__init__(clock, fixed=0.030, per_token=0.005)
+        self.mask, self.compaction = mask, compaction
+        self.kept: list[list[int]] = []
+
+    def extend_tree(self, tokens, parents) -> torch.Tensor:
+        self.clock.now += self.fixed + (self.per_token + self.mask) * len(tokens)
+        self._tree = ScoredTree(self.table.length, tuple(parents))
+        return self.table.extend_tree(tokens, parents)
+
+    def keep_path(self, path) -> None:
+        self.clock.now += self.compaction * len(self._tree.moves(path)[0])
+        self.kept.append(list(path))
+        self.table.keep_path(path)
+
+
+def test_profile_times_tree_rounds_beside_chains_of_as_many_positions(tmp_path) -> None:
+    clock = FakeClock()
+    target = TimedTreeTable(clock, mask=0.001, compaction=0.0005)
+    profile = measure_profile(target, PromptLookup(), [0, 1, 2, 3, 0, 1, 2], k_max=2, repeats=3, warmup=1,
+                              clock=clock, tree_nodes=6)
+    step = 0.035
+    assert len(profile.v) == 3 and len(profile.tree_v) == len(profile.tree_chain_v) == 7
+    assert profile.tree_chain_v == pytest.approx([(0.030 + 0.005 * n) / step for n in range(1, 8)])
+    moved = [len(ScoredTree(0, tuple([ROOT, *(p + 1 for p in representative_tree(n - 1).parents)])).moves(path)[0])
+             for n, path in zip(range(1, 8), target.kept[:7])]
+    assert profile.tree_v == pytest.approx([(0.030 + 0.006 * n + 0.0005 * m) / step for n, m in zip(range(1, 8), moved)])
+    assert profile.tree_shapes[6] == representative_tree(6).describe() == "6 nodes: 2-3-1"
+    assert target.kept[6] == [0, 1, 3, 6]  # the pending token, then the deepest path: ranks (0,), (0, 0), (0, 0, 0)
+    path = tmp_path / "p.json"
+    profile.save(path)
+    assert Profile.load(path) == profile
+    old = profile.to_dict()
+    for key in ("tree_v", "tree_chain_v", "tree_score", "tree_shapes"):
+        del old[key]
+    assert Profile.from_dict(old).tree_v is None  # profiles written before trees still load
+
+
+def test_profile_of_trees_refuses_a_model_without_tree_scoring() -> None:
+    with pytest.raises(ValueError, match="cannot score a token tree in one forward"):
+        measure_profile(TimedTable(FakeClock(), 0.01, 0.001), PromptLookup(), [0, 1, 2], k_max=2, tree_nodes=3)
