@@ -43,24 +43,17 @@ def tree_parents(n: int) -> list[int]:
     return scored_parents(TreeDraft(tuple(range(n - 1)), shape.parents))
 
 
-def path_to(parents: list[int], node: int) -> list[int]:
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
-
-
 def exactness(lm, ids: list[int], n: int) -> tuple[float, int]:
     """Largest |tree row - its path's chain row| and the number of rows equal bit for bit."""
     parents, tokens = tree_parents(n), ids[-n:]
+    paths = TreeDraft(tuple(tokens), tuple(parents))
     prefix = ids[:-n]
     lm.prefill(prefix)
     tree = lm.extend_tree(tokens, parents)
     worst, equal = 0.0, 0
     for node in range(n):
         lm.rollback(len(prefix))
-        chain = lm.extend([tokens[i] for i in path_to(parents, node)])[-1]
+        chain = lm.extend(list(paths.path_tokens(paths.path_to(node))))[-1]
         worst = max(worst, (tree[node] - chain).abs().max().item())
         equal += torch.equal(tree[node], chain)
     return worst, equal

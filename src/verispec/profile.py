@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from verispec.cost import check_survival, check_v_curve
-from verispec.drafts import TreeDraft, tree_depths
+from verispec.drafts import ROOT, TreeDraft
 from verispec.engine import scored_parents, tree_target
 from verispec.tree_shape import TreeShape
 from verispec.machine import describe
@@ -111,8 +111,8 @@ class Profile:
             check_survival(self.survival)
         if self.tree_v is not None:
             check_v_curve(self.tree_v)
-            sizes = {len(self.tree_v), *(len(x) for x in (self.tree_chain_v, self.tree_score, self.tree_shapes) if x)}
-            if self.tree_chain_v is None or self.tree_score is None or self.tree_shapes is None or len(sizes) != 1:
+            parts = (self.tree_chain_v, self.tree_score, self.tree_shapes)
+            if any(part is None or len(part) != len(self.tree_v) for part in parts):
                 raise ValueError("a profile's tree_v needs tree_chain_v, tree_score and tree_shapes of the same length")
 
     @property
@@ -262,18 +262,11 @@ def representative_tree(nodes: int) -> TreeShape:
     return TreeShape.of(chosen)
 
 
-def deepest_path(parents: list[int]) -> list[int]:
+def deepest_path(parents: Sequence[int]) -> tuple[int, ...]:
     """The root path to the deepest node (the last one at that depth): the path a round that
-    accepts the most keeps; [] for no nodes."""
-    if not parents:
-        return []
-    depths = tree_depths(parents)
-    node = max(range(len(parents)), key=lambda i: (depths[i], i))
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
+    accepts the most keeps; () for no nodes."""
+    tree = TreeDraft(tuple(range(len(parents))), tuple(parents))  # the tokens do not matter
+    return tree.path_to(max(range(len(tree)), key=lambda node: (tree.depths[node], node), default=ROOT))
 
 
 def measured_autok(

@@ -15,8 +15,10 @@ overwrites a row still to be read (every later source lies right of every earlie
     [10, 11, 11, 12, 12]
     >>> tree.moves([0, 2, 4])              # node 2 -> slot 11, node 4 -> slot 12
     ([12, 14], [11, 12])
-    >>> tree.moves([0, 1, 3])              # the first-child chain: nothing to copy
+    >>> tree.moves([0, 1])                 # the first-child chain: nothing to copy
     ([], [])
+    >>> tree.moves([0, 1, 3])              # node 3 -> slot 12
+    ([13], [12])
 """
 
 from __future__ import annotations
