@@ -25,6 +25,7 @@ from verispec.drafts import ROOT
 from verispec.models.base import FINAL, TreeScoring
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
+from verispec.models.quantized import quantized_model
 from verispec.models.scored_tree import ScoredTree
 from verispec.profile import Profile, measure_profile, representative_tree
 from verispec.proposers import PromptLookup
@@ -36,6 +37,7 @@ from verispec.tree_shape import TreeShape, fill
 # goes through two layers whose sums may round differently (measured worst 0.016 on SDPA).
 BF16_ATOL = 0.1
 KINDS = ["hf", "fast", "fast-deterministic"]
+QUANTIZED_KINDS = ["hf-q4", "fast-q4"]  # q4 weights: the quantized transformers copy, the fast runtime's
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,6 +52,10 @@ def build(kind: str, dtype: torch.dtype = torch.float32, seed: int = 0):
     model = tiny_llama(seed).to(dtype)
     if kind == "hf":
         return HFCausalLM(model)
+    if kind == "hf-q4":
+        return HFCausalLM(quantized_model(model, "q4"))
+    if kind == "fast-q4":
+        return LlamaRuntime.from_hf(model, weight_format="q4")
     return LlamaRuntime.from_hf(model, deterministic=kind == "fast-deterministic")
 
 
@@ -97,7 +103,7 @@ def test_scored_tree_positions_mask_and_moves() -> None:
         tree.moves([0, 3])
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + QUANTIZED_KINDS)
 @pytest.mark.parametrize("seed", range(3))
 def test_tree_rows_equal_their_paths_extended_as_chains(kind: str, seed: int) -> None:
     lm = build(kind)
@@ -294,7 +300,7 @@ class FixedShape:
 SHAPE = TreeShape.of([(0,), (1,), (0, 0), (1, 0), (1, 1), (1, 1, 0), (1, 1, 1), (1, 1, 1, 0)])
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + QUANTIZED_KINDS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_engine_with_trees_equals_the_reference(kind: str, temperature: float) -> None:
     lm = build(kind)
