@@ -25,6 +25,8 @@ from verispec.audit.oracle import (
     round_is_exact,
     token_level_verdicts,
 )
+from verispec.audit.trees import tree_configurations
+from verispec.registry import ProposerKind
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def run_audit(
     """Run the oracle checks, every configuration (default: `default_configurations()`) and
     every negative control (default: `NEGATIVE_CONTROLS`, plus the oracle's own)."""
     start = time.perf_counter()
-    configurations = default_configurations() if configurations is None else configurations
+    configurations = all_configurations() if configurations is None else configurations
     controls = NEGATIVE_CONTROLS if controls is None else controls
     control_results: dict[str, Result | OracleCheck] = {"oracle: repair by resampling p": resampling_oracle_check()}
     control_results.update((name, audit_configuration(config)) for name, config in controls.items())
@@ -95,6 +97,12 @@ def run_audit(
         controls=control_results,
         seconds=time.perf_counter() - start,
     )
+
+
+def all_configurations(proposers: list[ProposerKind] | None = None) -> list[Configuration]:
+    """The chain configurations (`default_configurations`), then the tree ones
+    (`tree_configurations`), of these proposer kinds (default: every audited one)."""
+    return default_configurations(proposers) + tree_configurations(proposers)
 
 
 def oracle_checks() -> list[OracleCheck]:

@@ -110,11 +110,16 @@ class DraftModel:
     def _tree(self, shape: TreeShape, row_after: Callable[[tuple[int, ...]], torch.Tensor], rng: Random) -> TreeDraft:
         """Fill `shape` from `row_after(path tokens)`, the draft's logits [1, V] after the
         context and that path: top-ranked children (greedy) or sampled ones."""
-        if self.sampling.greedy:
+        if self._chosen_children:
             width = max((path[-1] + 1 for path in shape.paths), default=0)
             # softmax keeps the logits' order; ranked_top leaves out what has no mass.
             return fill(shape, lambda path: ranked_top(to_host(torch.softmax(row_after(path)[0].double(), -1)), width))
         return sample(shape, lambda path: to_host(probabilities(row_after(path), self.sampling))[0], rng)
+
+    @property
+    def _chosen_children(self) -> bool:
+        """Whether tree children are the top-ranked tokens (chosen) rather than sampled."""
+        return self.sampling.greedy
 
     def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         ids = list(context)
