@@ -13,6 +13,9 @@ rule that is exact for the kind's drafts (`ProposerKind.rules_for`): greedy at t
 token and block for sampled drafts (q given); point-mass, token and block for chosen drafts
 (q None). A proposer joins the audit through its registry entry.
 
+Tree rounds: a scenario with a `tree` shape asks for it every round (`ConstantTree`); its
+configurations (the tree proposers, the tree rules) are listed in `verispec.audit.trees`.
+
 Trained heads (eagle, medusa) join with untrained tiny float64 heads reading the table
 target's deterministic features (`verispec.heads.untrained`): exactness must hold whatever
 the weights, and an untrained q is far from p (many rejections, every repair path).
