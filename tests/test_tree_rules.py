@@ -15,6 +15,7 @@ import torch
 
 from verispec.audit.enumerate import ScriptedRandom, outcomes
 from verispec.audit.exact_target import autoregressive
+from verispec.audit.oracle import round_distribution, token_level_verdicts, tree_round_distribution
 from verispec.drafts import ROOT, Draft, TreeDraft, TreeVerdict, tree_depths
 from verispec.models.tables import TableLM, random_row, random_table
 from verispec.randomness import TorchRandom
@@ -257,3 +258,31 @@ def test_a_round_accepts_more_than_a_chain_with_a_wider_tree():
 
     chain, tree = expected_accepted(TreeShape.chain(2)), expected_accepted(TreeShape.of([(0,), (1,), (0, 0), (1, 0)]))
     assert tree > chain
+
+
+# --- the rational oracle's tree rounds ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chosen", [True, False], ids=["chosen", "sampled"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.describe())
+@pytest.mark.parametrize("seed", range(3))
+def test_the_rule_enumerated_equals_the_rational_oracle(seed, shape, chosen):
+    """`verify.tree_recursive` (float64, every branch enumerated) against its restatement on
+    Fractions (`oracle.tree_round_distribution`), with rows that depend on the drafted path."""
+    vocab = 3 if len(shape) <= 3 or chosen else 2
+    target, draft = random_table(vocab, 2, seed + 10), random_table(vocab, 2, seed + 60)
+    context = (seed % vocab, 1)
+    emitted = distribution(lambda rng: tree_round(target, draft, context, shape, chosen, rng))
+    p = lambda path: target.distribution([*context, *path])  # noqa: E731
+    q = lambda path: draft.distribution([*context, *path])  # noqa: E731
+    exact = tree_round_distribution(p, q, shape, chosen)
+    assert max_difference(emitted, exact) < EXACT
+    assert set(emitted) == set(exact)  # no output the exact law lacks, none missing
+    length = shape.depth + 1
+    assert autoregressive(exact, p, length) == autoregressive({(): Fraction(1)}, p, length)
+
+
+def test_the_oracle_on_a_chain_is_the_token_level_round():
+    third, two_thirds = Fraction(1, 3), Fraction(2, 3)
+    p, q = (lambda _: (third, two_thirds)), (lambda _: (two_thirds, third))
+    assert tree_round_distribution(p, q, TreeShape.chain(2), chosen=False) == round_distribution(p, q, 2, token_level_verdicts)

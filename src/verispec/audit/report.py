@@ -24,9 +24,11 @@ from verispec.audit.oracle import (
     round_distribution,
     round_is_exact,
     token_level_verdicts,
+    tree_round_is_exact,
 )
 from verispec.audit.trees import tree_configurations
 from verispec.registry import ProposerKind
+from verispec.tree_shape import TreeShape
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,10 @@ def all_configurations(proposers: list[ProposerKind] | None = None) -> list[Conf
     return default_configurations(proposers) + tree_configurations(proposers)
 
 
+TREE_SHAPES = (TreeShape.of([(0,), (1,), (0, 0)]), TreeShape.of([(0,), (1,), (2,)]))
+"""The oracle's tree rounds: two siblings with a child under the first, and three siblings."""
+
+
 def oracle_checks() -> list[OracleCheck]:
     grid = quarter_simplex()
     pairs = [(p, q) for p in grid for q in grid]
@@ -119,6 +125,14 @@ def oracle_checks() -> list[OracleCheck]:
             f"one {rule_name} round, k 2, continued by p = p on the quarter grid ({len(pairs)} pairs)",
             not wrong, f"{len(wrong)} pairs differ",
         ))
+    for shape in TREE_SHAPES:
+        for siblings, chosen in (("chosen", True), ("sampled", False)):
+            wrong = [(p, q) for p, q in pairs if not tree_round_is_exact(_fixed(p), _fixed(q), shape, chosen)]
+            checks.append(OracleCheck(
+                f"one tree round ({shape.describe()}, {siblings} siblings) continued by p = p on the "
+                f"quarter grid ({len(pairs)} pairs)",
+                not wrong, f"{len(wrong)} pairs differ",
+            ))
     third, two_thirds = Fraction(1, 3), Fraction(2, 3)
     p, q = _fixed((third, two_thirds)), _fixed((two_thirds, third))
     token = expected_accepted(round_distribution(p, q, 2, token_level_verdicts))
