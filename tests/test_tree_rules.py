@@ -7,13 +7,14 @@ computed on Fractions (`audit.exact_target.autoregressive`)."""
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from fractions import Fraction
 
 import pytest
 import torch
 
-from verispec.audit.enumerate import ScriptedRandom, outcomes
+from enumerated import EXACT, distribution, row
+
+from verispec.audit.enumerate import ScriptedRandom
 from verispec.audit.exact_target import autoregressive
 from verispec.audit.oracle import round_distribution, token_level_verdicts, tree_round_distribution
 from verispec.drafts import ROOT, Draft, TreeDraft, TreeVerdict, tree_depths
@@ -23,7 +24,6 @@ from verispec.tree_shape import TreeShape, fill, ranked_top, sample
 from verispec.verify import greedy, point_mass, rule_chooser, token_level, tree_greedy, tree_recursive
 
 F64 = torch.float64
-EXACT = 1e-12
 SHAPES = [
     TreeShape.of([(0,), (1,)]),
     TreeShape.of([(0,), (1,), (0, 0)]),
@@ -31,19 +31,6 @@ SHAPES = [
     TreeShape.of([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]),
     TreeShape.chain(3),
 ]
-
-
-def row(*probs) -> torch.Tensor:
-    return torch.tensor([float(Fraction(x)) for x in probs], dtype=F64)
-
-
-def distribution(run) -> dict:
-    """result -> probability, summed over every branch of `run(rng)`; the branches sum to 1."""
-    dist: dict = defaultdict(float)
-    for prob, result in outcomes(run):
-        dist[result] += prob
-    assert abs(sum(dist.values()) - 1) < EXACT
-    return dict(dist)
 
 
 def max_difference(observed: dict, exact: dict) -> float:
