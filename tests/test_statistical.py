@@ -15,9 +15,9 @@ recursive rule) and a chosen tree of the draft's top-ranked tokens (point-mass s
 under `ConstantTree` with the same 3-token budget, so the first round's tree is two deep.
 
 False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 36 of
-them on a correct engine (3 per proposer and rule), so a correct engine fails this module with
-probability at most 3.6e-6 (union bound, asymptotic chi-square tail) for a fresh seed list. The seed list is
-fixed, so the outcome is deterministic. The negative controls show the same test and sample
+them on a correct engine (3 per proposer and rule, trees included), so a correct engine fails
+this module with probability at most 3.6e-6 (union bound, asymptotic chi-square tail) for a
+fresh seed list. The seed list is fixed, so the outcome is deterministic. The negative controls show the same test and sample
 size reject an engine that repairs from p instead of the residual, and one whose sampled tree
 siblings are tested against p instead of the residual the rejected ones leave.
 """
