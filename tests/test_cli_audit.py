@@ -12,9 +12,9 @@ import pytest
 
 import verispec.cli.audit as audit_cli
 from verispec.audit.controls import NEGATIVE_CONTROLS, resampling_p_verifier
-from verispec.audit.exhaustive import Configuration, default_configurations
+from verispec.audit.exhaustive import Configuration
 from verispec.registry import PROPOSERS
-from verispec.audit.report import run_audit
+from verispec.audit.report import all_configurations, run_audit
 from verispec.cli import main
 
 
@@ -28,7 +28,7 @@ def audit_json(capsys, *args: str) -> tuple[int, dict]:
 def test_json_report_for_one_proposer(capsys):
     code, report = audit_json(capsys, "--proposer", "lookup")
     assert code == 0
-    assert report["configurations"] == len(default_configurations([PROPOSERS["lookup"]])) > 0
+    assert report["configurations"] == len(all_configurations([PROPOSERS["lookup"]])) > 0
     assert report["failures"] == [] and report["passed"] is True
     assert isinstance(report["max_abs_diff"], float) and report["max_abs_diff"] <= report["tolerance"]
     assert set(report["negative_controls"]) >= set(NEGATIVE_CONTROLS)
@@ -42,7 +42,7 @@ def test_tables_and_summary(capsys):
     text = capsys.readouterr().out
     assert "Exact rational oracle" in text and "Negative controls" in text
     assert "lookup" in text and "caught" in text and "missed" not in text
-    n = len(default_configurations([PROPOSERS["lookup"]]))
+    n = len(all_configurations([PROPOSERS["lookup"]]))
     assert f"{n} configurations" in text and "0 failures" in text and "PASS" in text
 
 
@@ -81,6 +81,7 @@ def test_installed_command_runs_the_full_audit():
     done = subprocess.run([str(command), "audit", "--json"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["configurations"] == len(default_configurations())
+    assert report["configurations"] == len(all_configurations())
+    assert any("tree" in r["name"] for r in report["results"])
     assert report["failures"] == [] and report["max_abs_diff"] <= 1e-12
     assert set(report["negative_controls"].values()) == {"caught"}

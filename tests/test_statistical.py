@@ -10,11 +10,16 @@ exact zero where p does not); and lookup+eagle, lookup+medusa after a prompt tha
 itself (`COPY_PROMPT`): the first round copies (chosen, point mass under auto), a round after
 a rejection asks the head (sampled, block under auto), so one request mixes both.
 
-False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 30 of
-them on a correct engine (3 per proposer and rule), so a correct engine fails this module with
-probability at most 3e-6 (union bound, asymptotic chi-square tail) for a fresh seed list. The seed list is
-fixed, so the outcome is deterministic. The negative control shows the same test and sample
-size reject an engine that repairs from p instead of the residual.
+Trees: the draft model's sampled tree (three siblings drawn from q at the root, SpecInfer's
+recursive rule) and a chosen tree of the draft's top-ranked tokens (point-mass siblings), both
+under `ConstantTree` with the same 3-token budget, so the first round's tree is two deep.
+
+False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 36 of
+them on a correct engine (3 per proposer and rule, trees included), so a correct engine fails
+this module with probability at most 3.6e-6 (union bound, asymptotic chi-square tail) for a
+fresh seed list. The seed list is fixed, so the outcome is deterministic. The negative controls show the same test and sample
+size reject an engine that repairs from p instead of the residual, and one whose sampled tree
+siblings are tested against p instead of the residual the rejected ones leave.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import torch
 from scipy.stats import power_divergence
 
 from verispec import TorchRandom, generate
+from verispec.audit.controls import stale_residual_siblings
+from verispec.audit.trees import TopRankedDraft
 from verispec.drafts import Verdict
 from verispec.heads.untrained import tiny_head
 from verispec.models.tables import random_table
@@ -35,6 +42,8 @@ from verispec.proposers import DraftModel, PromptLookup
 from verispec.proposers.copy_or_head import CopyOrHead
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
+from verispec.policies import ConstantTree
+from verispec.tree_shape import TreeShape
 from verispec.verify import token_level
 
 VOCAB = 64
@@ -62,7 +71,9 @@ PROPOSERS = {
     "medusa": lambda: MedusaProposer(tiny_head("medusa", TARGET, seed=4), TARGET),
     "lookup+eagle": lambda: CopyOrHead(PromptLookup(min_ngram=2), PROPOSERS["eagle"]()),
     "lookup+medusa": lambda: CopyOrHead(PromptLookup(min_ngram=2), PROPOSERS["medusa"]()),
+    "ranked": lambda: TopRankedDraft(DRAFT),
 }
+TREE = TreeShape.of([(0,), (1,), (2,), (0, 0), (1, 0)])  # 5 nodes: 3-2
 # "5 0" recurs, so lookup drafts the target's likeliest token after 0, then 5. The table has
 # order 1 and the prompt ends in PROMPT's token, so the exact marginals are PROMPT's.
 _LIKELIEST = max(range(VOCAB), key=TARGET.distribution(PROMPT).__getitem__)
@@ -92,12 +103,12 @@ def g_test_p_value(observed: Counter, expected_probs: dict, runs: int) -> float:
     return float(power_divergence(f_obs, f_exp, lambda_="log-likelihood").pvalue)
 
 
-def first_two_tokens(verifier, seeds: range, proposer_name: str = "draft") -> dict[str, Counter]:
+def first_two_tokens(verifier, seeds: range, proposer_name: str = "draft", k=2) -> dict[str, Counter]:
     counts = {"first": Counter(), "second": Counter(), "pair": Counter()}
     proposer = PROPOSERS[proposer_name]()
     prompt = COPY_PROMPT if proposer_name.startswith("lookup+") else PROMPT
     for seed in seeds:
-        a, b, _ = generate(TARGET, proposer, prompt, max_new_tokens=3, k=2, rng=TorchRandom(seed),
+        a, b, _ = generate(TARGET, proposer, prompt, max_new_tokens=3, k=k, rng=TorchRandom(seed),
                            verifier=verifier).tokens
         counts["first"][a] += 1
         counts["second"][b] += 1
@@ -105,8 +116,8 @@ def first_two_tokens(verifier, seeds: range, proposer_name: str = "draft") -> di
     return counts
 
 
-def p_values(verifier, seeds: range, proposer_name: str = "draft") -> dict[str, float]:
-    counts = first_two_tokens(verifier, seeds, proposer_name)
+def p_values(verifier, seeds: range, proposer_name: str = "draft", k=2) -> dict[str, float]:
+    counts = first_two_tokens(verifier, seeds, proposer_name, k)
     exact = exact_marginals()
     return {name: g_test_p_value(counts[name], exact[name], len(seeds)) for name in exact}
 
@@ -121,6 +132,17 @@ def test_first_two_tokens_follow_the_target(verifier, first_seed, proposer_name)
 @pytest.mark.parametrize(("verifier", "first_seed"), [("auto", 3 * 10**6), ("token", 4 * 10**6)])
 def test_copy_or_head_first_two_tokens_follow_the_target(verifier, first_seed, proposer_name):
     assert min(p_values(verifier, range(first_seed, first_seed + RUNS), proposer_name).values()) > ALPHA
+
+
+@pytest.mark.parametrize(("proposer_name", "first_seed"), [("draft", 5 * 10**6), ("ranked", 6 * 10**6)])
+def test_tree_first_two_tokens_follow_the_target(proposer_name, first_seed):
+    seeds = range(first_seed, first_seed + RUNS)
+    assert min(p_values("auto", seeds, proposer_name, ConstantTree(TREE)).values()) > ALPHA
+
+
+def test_a_stale_tree_residual_is_detected():
+    seeds = range(7 * 10**6, 7 * 10**6 + CONTROL_RUNS)
+    assert min(p_values(stale_residual_siblings, seeds, "draft", ConstantTree(TREE)).values()) < ALPHA
 
 
 def resample_from_p(p: torch.Tensor, draft, rng) -> Verdict:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections import defaultdict
 from fractions import Fraction
 
 import pytest
 import torch
+
+from enumerated import EXACT, distribution, row
 
 from verispec.audit.enumerate import outcomes
 from verispec.drafts import Draft, Verdict
@@ -18,20 +19,6 @@ from verispec.models.tables import random_row, random_table
 from verispec.verify import RULES, block, greedy, point_mass, rule_chooser, token_level
 
 F64 = torch.float64
-EXACT = 1e-12
-
-
-def row(*probs) -> torch.Tensor:
-    return torch.tensor([float(Fraction(x)) for x in probs], dtype=F64)
-
-
-def distribution(run) -> dict:
-    """result -> probability, summed over every branch of `run(rng)`."""
-    dist: dict = defaultdict(float)
-    for prob, result in outcomes(run):
-        dist[result] += prob
-    assert abs(sum(dist.values()) - 1) < EXACT
-    return dict(dist)
 
 
 def assert_same(actual: dict, expected: dict) -> None:

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from verispec.cost import Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
 from verispec.stats import Stats
+from verispec.tree_shape import TreeShape
 
 
 class KPolicy(Protocol):
@@ -33,6 +34,26 @@ class ConstantK:
 
     def choose(self, stats: Stats) -> int:
         return self.k
+
+
+class ConstantTree:
+    """The same tree shape every round (the engine cuts it to the budget), for trees whose
+    shape is fixed in advance, as Medusa's and SpecInfer's are, and for the exhaustive audit.
+
+    >>> ConstantTree(TreeShape.of([(0,), (1,)])).choose(Stats()).describe()
+    '2 nodes: 2'
+    """
+
+    def __init__(self, shape: TreeShape) -> None:
+        if not isinstance(shape, TreeShape) or not len(shape):
+            raise ValueError(f"a constant tree needs a TreeShape with at least one node, got {shape!r}")
+        self.shape = shape
+
+    def begin(self) -> None:
+        pass
+
+    def choose(self, stats: Stats) -> TreeShape:
+        return self.shape
 
 
 class HeuristicK:

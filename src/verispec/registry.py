@@ -409,7 +409,7 @@ register(ProposerKind(
 register(ProposerKind(
     "draft", "draft:PATH", "sampled", _draft,
     "a smaller model with the target's tokenizer (.gguf file, checkpoint directory or name)",
-    audit=_audit_draft, example=_default_draft(),
+    audit=_audit_draft, example=_default_draft(), trees=True,
 ))
 register(ProposerKind(
     "layerskip", "layerskip:L[:N]", "sampled", _layerskip,
@@ -428,7 +428,7 @@ register(ProposerKind(
 register(ProposerKind(
     "random", "random", "sampled", _random,
     "uniform random tokens: the baseline an adaptive k must learn to turn off",
-    audit=_audit_random, example="random",
+    audit=_audit_random, example="random", trees=True,
 ))
 register(ProposerKind(
     "eagle", "eagle[:DIR]", "sampled", _head("eagle"),

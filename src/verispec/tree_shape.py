@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.drafts import ROOT, TreeDraft
+from verispec.randomness import Random
 
 RankPath = tuple[int, ...]
 
@@ -114,3 +115,36 @@ def ranked_top(row: torch.Tensor, width: int) -> list[int]:
     to the lower id, zeros left out (a chosen candidate with no mass is never worth a slot)."""
     values, ids = torch.sort(row, descending=True, stable=True)
     return [int(i) for v, i in zip(values[:width].tolist(), ids[:width].tolist()) if v > 0]
+
+
+Proposal = Callable[[tuple[int, ...]], torch.Tensor]
+"""The proposal q float64 [V] after a path of drafted tokens (() for the first level)."""
+
+
+def sample(shape: TreeShape, proposal: Proposal, rng: Random) -> TreeDraft:
+    """A sampled tree (SpecInfer 2305.09781): every node of `shape` is an independent draw,
+    with replacement, from the proposal after its ancestors' tokens, and q[node] records that
+    row, so `verify.tree_recursive` applies its residual rule. A rank is only a draw's number
+    among its siblings here. Randomness: one `rng.categorical` per node, in the shape's order
+    (by depth, then rank path); `proposal` is called once per parent, when its first child
+    is drawn.
+
+    >>> from verispec.randomness import TorchRandom
+    >>> tree = sample(TreeShape.of([(0,), (1,), (0, 0)]), lambda path: torch.tensor([0.0, 1.0]), TorchRandom(0))
+    >>> tree.tokens, tree.parents, tree.q.shape
+    ((1, 1, 1), (-1, -1, 0), torch.Size([3, 2]))
+    """
+    tokens: list[int] = []
+    rows: list[torch.Tensor] = []
+    prefix_tokens: dict[RankPath, tuple[int, ...]] = {(): ()}
+    q_after: dict[RankPath, torch.Tensor] = {}
+    for path in shape.paths:
+        parent = path[:-1]
+        if parent not in q_after:
+            q_after[parent] = proposal(prefix_tokens[parent])
+        token = rng.categorical(q_after[parent])
+        prefix_tokens[path] = (*prefix_tokens[parent], token)
+        tokens.append(token)
+        rows.append(q_after[parent])
+    q = torch.stack(rows) if rows else None
+    return TreeDraft(tuple(tokens), shape.parents, q)

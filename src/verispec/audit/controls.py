@@ -10,7 +10,12 @@ Each is a known way to lose exactness while every token still "looks" plausible:
   keeps the rejected tokens, so later rows condition on them (visible with order-2 tables,
   where a row depends on the token before the pending one);
 - `ArgmaxHeadVocab`: a trained head that drafts its argmax but reports its softmax as q (HF
-  #32867's bug, here in a head's pruned vocabulary: a chosen token verified as if sampled).
+  #32867's bug, here in a head's pruned vocabulary: a chosen token verified as if sampled);
+- `with_replacement_siblings`: chosen tree siblings each accepted with the node's own p(x_s),
+  as if every sibling were a fresh single draft, instead of r(x_s) with the rejected siblings
+  removed and r renormalised (p = (.5, .3, .2), siblings (1, 0): token 0 gets .35, not .5);
+- `stale_residual_siblings`: sampled tree siblings each tested against the node's p instead of
+  the residual norm(max(r - q_s, 0)) left by the siblings rejected before them.
 
 None of these may be used outside the audit; `NEGATIVE_CONTROLS` pairs each with a scenario
 where the damage shows.
@@ -24,7 +29,8 @@ from dataclasses import replace
 import torch
 
 from verispec.audit.exhaustive import Configuration, Scenario
-from verispec.drafts import Draft, Verdict
+from verispec.audit.trees import RANKED, TWO_ONE
+from verispec.drafts import ROOT, Draft, TreeDraft, TreeVerdict, Verdict
 from verispec.heads.untrained import tiny_head
 from verispec.heads.vocab import HeadVocab
 from verispec.models.tables import TableLM
@@ -33,6 +39,7 @@ from verispec.proposers.eagle import EagleProposer
 from verispec.randomness import Random
 from verispec.registry import PROPOSERS
 from verispec.sampling import SamplingParams, probabilities
+from verispec.verify import token_level
 
 
 def resampling_p_verifier(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
@@ -42,6 +49,58 @@ def resampling_p_verifier(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict
         if not rng.bernoulli(min(1.0, float(p[i, x] / draft.q[i, x]))):
             return Verdict(i, rng.categorical(p[i]))
     return Verdict(len(draft), rng.categorical(p[len(draft)]))
+
+
+def with_replacement_siblings(p: torch.Tensor, draft: Draft | TreeDraft, rng: Random) -> Verdict | TreeVerdict:
+    """BROKEN: on a chosen tree, accepts each sibling x_s with p_u(x_s) from the node's row
+    p[n + 1, V] (never the renormalised r), then repairs from p_u without the rejected
+    siblings. Chains (the empty draft of a plain step) go to the token rule."""
+    if not isinstance(draft, TreeDraft):
+        return token_level(p, draft, rng)
+
+    def siblings(p_row: torch.Tensor, children: list[int]) -> tuple[int | None, torch.Tensor]:
+        residual = p_row.clone()
+        for child in children:
+            x = draft.tokens[child]
+            if rng.bernoulli(float(p_row[x])):
+                return child, residual
+            residual[x] = 0.0
+        return None, residual / residual.sum()
+
+    return _walk(p, draft, rng, siblings)
+
+
+def stale_residual_siblings(p: torch.Tensor, draft: Draft | TreeDraft, rng: Random) -> Verdict | TreeVerdict:
+    """BROKEN: on a sampled tree, tests every sibling x_s with min(1, p_u(x_s) / q_s(x_s))
+    against the node's row p_u, never against the residual the rejected siblings leave; all
+    rejected: the repair from norm(max(p_u - q_s, 0)). Chains go to the token rule."""
+    if not isinstance(draft, TreeDraft):
+        return token_level(p, draft, rng)
+
+    def siblings(p_row: torch.Tensor, children: list[int]) -> tuple[int | None, torch.Tensor]:
+        for child in children:
+            x = draft.tokens[child]
+            if rng.bernoulli(min(1.0, float(p_row[x] / draft.q[child, x]))):
+                return child, p_row
+        residual = (p_row - draft.q[children[-1]]).clamp_min(0.0)
+        return None, residual / residual.sum()
+
+    return _walk(p, draft, rng, siblings)
+
+
+def _walk(p: torch.Tensor, tree: TreeDraft, rng: Random, siblings) -> TreeVerdict:
+    """Down the tree from the root: `siblings(p_row, children)` picks the accepted child (or
+    None and the repair distribution); a node without children draws the bonus from its row."""
+    node, path = ROOT, []
+    while True:
+        children = tree.children(node)
+        if not children:
+            return TreeVerdict(tuple(path), rng.categorical(p[node + 1]))
+        accepted, repair = siblings(p[node + 1], children)
+        if accepted is None:
+            return TreeVerdict(tuple(path), rng.categorical(repair))
+        path.append(accepted)
+        node = accepted
 
 
 class UntransformedQDraftModel(DraftModel):
@@ -117,6 +176,12 @@ NEGATIVE_CONTROLS: dict[str, Configuration] = {
     ),
     "head argmax verified as sampled": Configuration(
         Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22), _ARGMAX_HEAD, "token"
+    ),
+    "tree siblings verified with replacement": Configuration(
+        Scenario(3, 2, 0, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22, tree=TWO_ONE), RANKED, with_replacement_siblings
+    ),
+    "tree residual not updated between siblings": Configuration(
+        Scenario(3, 2, 0, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22, tree=TWO_ONE), DRAFT, stale_residual_siblings
     ),
     "target cache not cropped": Configuration(
         Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22),

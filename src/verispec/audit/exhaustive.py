@@ -13,6 +13,9 @@ rule that is exact for the kind's drafts (`ProposerKind.rules_for`): greedy at t
 token and block for sampled drafts (q given); point-mass, token and block for chosen drafts
 (q None). A proposer joins the audit through its registry entry.
 
+Tree rounds: a scenario with a `tree` shape asks for it every round (`ConstantTree`); its
+configurations (the tree proposers, the tree rules) are listed in `verispec.audit.trees`.
+
 Trained heads (eagle, medusa) join with untrained tiny float64 heads reading the table
 target's deterministic features (`verispec.heads.untrained`): exactness must hold whatever
 the weights, and an untrained q is far from p (many rejections, every repair path).
@@ -33,13 +36,15 @@ from verispec import verify
 from verispec.audit.enumerate import outcomes
 from verispec.audit.exact_target import target_sequences
 from verispec.clocks import TickClock
+from verispec.drafts import TreeDraft
 from verispec.engine import generate
 from verispec.models.base import CausalLM
 from verispec.models.tables import TableLM, random_table
 from verispec.cost import FixedCosts
-from verispec.policies import AutoK, HeuristicK, KPolicy
+from verispec.policies import AutoK, ConstantTree, HeuristicK, KPolicy
 from verispec.registry import PROPOSERS, ProposerKind, proposer_kinds
 from verispec.sampling import GREEDY, SamplingParams
+from verispec.tree_shape import TreeShape
 
 TOLERANCE = 1e-12
 
@@ -69,6 +74,7 @@ class Scenario:
        largest k of `AutoK` (auto; fixed costs: drafts at 0.15 of a step, flat v, a
        probe after every plain round, so four tokens can visit speculating, plain and probing).
     zeros: whether table rows may hold exact zeros (zero support, and fewer branches).
+    tree: a tree shape asked every round (`ConstantTree`) instead of k (then k is unused).
     """
 
     vocab: int
@@ -81,14 +87,18 @@ class Scenario:
     k_policy: Literal["constant", "heuristic", "auto"] = "constant"
     seed: int = 0
     zeros: bool = True
+    tree: TreeShape | None = None
 
     @property
     def name(self) -> str:
-        return (f"V{self.vocab}, order {self.order}, k {self.k_label}, max {self.max_new_tokens}, "
+        speculation = self.k_label if self.tree is not None else f"k {self.k_label}"
+        return (f"V{self.vocab}, order {self.order}, {speculation}, max {self.max_new_tokens}, "
                 f"{self.sampling_label}, {self.eos_label}")
 
     @property
     def k_label(self) -> str:
+        if self.tree is not None:
+            return f"tree {self.tree.describe()}"
         labels = {"constant": str(self.k), "heuristic": f"heuristic from {self.k}", "auto": f"auto up to {self.k}"}
         return labels[self.k_policy]
 
@@ -111,6 +121,8 @@ class Scenario:
         return Tables(table(self.seed), table(self.seed + 1))
 
     def policy(self) -> int | KPolicy:
+        if self.tree is not None:
+            return ConstantTree(self.tree)
         if self.k_policy == "auto":
             return AutoK(FixedCosts(c=0.15, v=[1.0] * (self.k + 1)), margin=0.1, probe_every=1)
         return HeuristicK(self.k) if self.k_policy == "heuristic" else self.k
@@ -154,6 +166,10 @@ class Configuration:
 
     @property
     def rule(self) -> str:
+        """The rule's name; for a tree scenario, the tree rule a named verifier sends trees to."""
+        if isinstance(self.verifier, str) and self.scenario.tree is not None:
+            tree_rule = verify.rule_chooser(self.verifier, self.scenario.sampling.greedy)(TreeDraft((), ()))
+            return tree_rule.__name__.replace("_", "-")
         return self.verifier if isinstance(self.verifier, str) else self.verifier.__name__
 
     @property

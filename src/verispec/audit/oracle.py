@@ -30,6 +30,7 @@ from fractions import Fraction
 from itertools import product
 
 from verispec.audit.exact_target import autoregressive
+from verispec.tree_shape import TreeShape
 
 Distribution = tuple[Fraction, ...]
 Rows = Callable[[tuple[int, ...]], Distribution]
@@ -159,3 +160,76 @@ def _spread(out: dict[tuple[int, int], Fraction], n: int, mass: Fraction, weight
     for y, weight in enumerate(weights):
         if weight:
             out[(n, y)] = out.get((n, y), Fraction(0)) + mass * weight / total
+
+def tree_round_distribution(p: Rows, q: Rows, shape: TreeShape, chosen: bool) -> dict[tuple[int, ...], Fraction]:
+    """Exact distribution of one tree round's output (the accepted path's tokens, then the
+    repair or bonus token), a restatement of `verify.tree_recursive` on Fractions. The tree
+    fills `shape`: chosen, a node's children are q's top-ranked tokens after its path (ties to
+    the lower id, zeros left out); sampled, each child is an independent draw from that q.
+
+        >>> half = lambda prefix: (Fraction(1, 2), Fraction(1, 2))
+        >>> tree_round_distribution(half, half, TreeShape.of([(0,), (1,)]), chosen=True)[(1, 0)]
+        Fraction(1, 4)
+    """
+    out: dict[tuple[int, ...], Fraction] = {}
+    for tokens, mass in _trees(q, shape, chosen):
+        children: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for path in tokens:
+            children.setdefault(path[:-1], []).append(path)
+        for emitted, chance in _recursive(p, q, tokens, children, (), chosen).items():
+            out[emitted] = out.get(emitted, Fraction(0)) + mass * chance
+    return {emitted: chance for emitted, chance in out.items() if chance}
+
+
+def tree_round_is_exact(p: Rows, q: Rows, shape: TreeShape, chosen: bool) -> bool:
+    """Whether one tree round, continued by the target, is distributed as the target."""
+    length = shape.depth + 1
+    target = autoregressive({(): Fraction(1)}, p, length)
+    return autoregressive(tree_round_distribution(p, q, shape, chosen), p, length) == target
+
+
+def _trees(q: Rows, shape: TreeShape, chosen: bool):
+    """Every drafted tree as ({rank path: token} for the filled nodes, its probability)."""
+    drafts: list[tuple[dict[tuple[int, ...], int], Fraction]] = [({}, Fraction(1))]
+    for path in shape.paths:
+        grown = []
+        for tokens, mass in drafts:
+            if len(path) > 1 and path[:-1] not in tokens:
+                grown.append((tokens, mass))
+                continue
+            row = q(tuple(tokens[path[:d]] for d in range(1, len(path))))
+            if chosen:
+                ranked = [x for x in sorted(range(len(row)), key=lambda x: (-row[x], x)) if row[x] > 0]
+                options = [(ranked[path[-1]], Fraction(1))] if path[-1] < len(ranked) else []
+            else:
+                options = [(x, row[x]) for x in range(len(row)) if row[x] > 0]
+            if not options:
+                grown.append((tokens, mass))
+            grown.extend(({**tokens, path: x}, mass * chance) for x, chance in options)
+        drafts = grown
+    return drafts
+
+
+def _recursive(p: Rows, q: Rows, tokens: dict, children: dict, node: tuple[int, ...], chosen: bool):
+    """The law of what the recursive rule emits from `node` (a rank path, () the root):
+    emitted tokens -> probability."""
+    prefix = tuple(tokens[node[:d]] for d in range(1, len(node) + 1))
+    p_u = p(prefix)
+    kids = children.get(node, [])
+    out: dict[tuple[int, ...], Fraction] = {}
+    r, reach = list(p_u), Fraction(1)
+    for child in kids:
+        x = tokens[child]
+        q_s = q(prefix)
+        accept = r[x] if chosen else min(Fraction(1), r[x] / q_s[x])
+        for emitted, chance in _recursive(p, q, tokens, children, child, chosen).items():
+            out[(x, *emitted)] = out.get((x, *emitted), Fraction(0)) + reach * accept * chance
+        reach *= 1 - accept
+        if reach == 0:
+            return out
+        r = [0 if y == x else v for y, v in enumerate(r)] if chosen else [max(a - b, Fraction(0)) for a, b in zip(r, q_s)]
+        r = [v / sum(r) for v in r]
+    for y, v in enumerate(r if kids else p_u):
+        if v:
+            out[(y,)] = out.get((y,), Fraction(0)) + reach * v
+    return out

@@ -24,7 +24,11 @@ from verispec.audit.oracle import (
     round_distribution,
     round_is_exact,
     token_level_verdicts,
+    tree_round_is_exact,
 )
+from verispec.audit.trees import tree_configurations
+from verispec.registry import ProposerKind
+from verispec.tree_shape import TreeShape
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,7 @@ def run_audit(
     """Run the oracle checks, every configuration (default: `default_configurations()`) and
     every negative control (default: `NEGATIVE_CONTROLS`, plus the oracle's own)."""
     start = time.perf_counter()
-    configurations = default_configurations() if configurations is None else configurations
+    configurations = all_configurations() if configurations is None else configurations
     controls = NEGATIVE_CONTROLS if controls is None else controls
     control_results: dict[str, Result | OracleCheck] = {"oracle: repair by resampling p": resampling_oracle_check()}
     control_results.update((name, audit_configuration(config)) for name, config in controls.items())
@@ -95,6 +99,16 @@ def run_audit(
         controls=control_results,
         seconds=time.perf_counter() - start,
     )
+
+
+def all_configurations(proposers: list[ProposerKind] | None = None) -> list[Configuration]:
+    """The chain configurations (`default_configurations`), then the tree ones
+    (`tree_configurations`), of these proposer kinds (default: every audited one)."""
+    return default_configurations(proposers) + tree_configurations(proposers)
+
+
+TREE_SHAPES = (TreeShape.of([(0,), (1,), (0, 0)]), TreeShape.of([(0,), (1,), (2,)]))
+"""The oracle's tree rounds: two siblings with a child under the first, and three siblings."""
 
 
 def oracle_checks() -> list[OracleCheck]:
@@ -111,6 +125,14 @@ def oracle_checks() -> list[OracleCheck]:
             f"one {rule_name} round, k 2, continued by p = p on the quarter grid ({len(pairs)} pairs)",
             not wrong, f"{len(wrong)} pairs differ",
         ))
+    for shape in TREE_SHAPES:
+        for siblings, chosen in (("chosen", True), ("sampled", False)):
+            wrong = [(p, q) for p, q in pairs if not tree_round_is_exact(_fixed(p), _fixed(q), shape, chosen)]
+            checks.append(OracleCheck(
+                f"one tree round ({shape.describe()}, {siblings} siblings) continued by p = p on the "
+                f"quarter grid ({len(pairs)} pairs)",
+                not wrong, f"{len(wrong)} pairs differ",
+            ))
     third, two_thirds = Fraction(1, 3), Fraction(2, 3)
     p, q = _fixed((third, two_thirds)), _fixed((two_thirds, third))
     token = expected_accepted(round_distribution(p, q, 2, token_level_verdicts))

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from verispec.audit.exhaustive import TOLERANCE, audited_proposers, default_configurations, select_proposers
-from verispec.audit.report import AuditReport, OracleCheck, run_audit
+from verispec.audit.exhaustive import TOLERANCE, audited_proposers, select_proposers
+from verispec.audit.report import AuditReport, OracleCheck, all_configurations, run_audit
 from verispec.cli import app
 
 
@@ -25,7 +25,7 @@ def audit(
 ) -> None:
     """Exactness audit: rational oracle, every random branch of the engine on tiny table models
     against the target's exact distribution, and negative controls. Exit 1 on any failure."""
-    configurations = default_configurations(select_proposers(proposer)) if proposer else None
+    configurations = all_configurations(select_proposers(proposer)) if proposer else None
     report = run_audit(configurations)
     if json_output:
         print(json.dumps(report.as_dict()))

@@ -4,6 +4,15 @@ At temperature > 0 each drafted token is sampled from q, the draft's distributio
 same sampling transforms as the target, and q is returned for the verifier. At temperature 0
 the draft takes its argmax (a chosen draft, q = None).
 
+Trees (`propose_tree`, a `TreeProposer`): at temperature 0 a node's children are the draft's
+top-ranked tokens after the node's path, best first (`tree_shape.fill`, chosen, q None), so
+the shape's first-rank chain is the greedy chain draft. At temperature > 0 they are
+independent draws, with replacement, from q after the node's path (`tree_shape.sample`: one
+`rng.categorical` per node, in the shape's order), each node's q row recorded for
+`verify.tree_recursive` (SpecInfer's rule). The draft scores each parent's path on its own:
+`extend([pending, *path])` then a rollback to the context in the cache (`propose_tree`), or
+a full recomputation (`propose_tree_stateless`); the same rows either way.
+
 The draft keeps its own cache. `processed` mirrors what the cache holds: the context plus all
 but the last drafted token. `commit` crops it to the longest prefix shared with the emitted
 context, so the next round resumes from the same logical prefix a full recomputation would.
@@ -14,15 +23,16 @@ tokens is refused with the tokenizer report (`verispec.tokenizer_contract`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from verispec.models.base import CausalLM
-from verispec.drafts import Draft
+from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities, to_host
 from verispec.tokenizer_contract import check_tokenizers
+from verispec.tree_shape import TreeShape, fill, ranked_top, sample
 
 
 class DraftModel:
@@ -52,14 +62,7 @@ class DraftModel:
         self._synced = keep
 
     def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
-        self.commit(context)
-        if len(self._processed) == len(context):
-            # The whole context is cached (block verification may repair with the rejected
-            # draft token itself), so re-process its last token to get the next logits.
-            self.model.rollback(len(context) - 1)
-            del self._processed[-1]
-            self._synced = len(self._processed)
-        new = list(context[len(self._processed) :])
+        new = self._uncached(context)
         logits = self.model.extend(new, keep=1)  # [1, V]
         self._processed.extend(new)
         self._synced = len(self._processed)
@@ -72,6 +75,51 @@ class DraftModel:
                 logits = self.model.extend([token], keep=1)
                 self._processed.append(token)
         return self._draft(tokens, q_rows)
+
+    def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        new = self._uncached(context)
+        pending = new.pop()
+        if new:
+            self.model.extend(new, keep=1)
+            self._processed.extend(new)
+            self._synced = len(self._processed)
+        cached = len(self._processed)  # the context but its last token
+
+        def row_after(path: tuple[int, ...]) -> torch.Tensor:
+            logits = self.model.extend([pending, *path], keep=1)  # [1, V]
+            self.model.rollback(cached)
+            return logits
+
+        return self._tree(shape, row_after, rng)
+
+    def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        return self._tree(shape, lambda path: self.model.score([*context, *path])[-1:], rng)
+
+    def _uncached(self, context: Sequence[int]) -> list[int]:
+        """Follow `context` (`commit`) and return its tokens the cache lacks: at least its last
+        one, whose logits row the next draft starts from."""
+        self.commit(context)
+        if len(self._processed) == len(context):
+            # The whole context is cached (block verification may repair with the rejected
+            # draft token itself), so re-process its last token to get the next logits.
+            self.model.rollback(len(context) - 1)
+            del self._processed[-1]
+            self._synced = len(self._processed)
+        return list(context[len(self._processed) :])
+
+    def _tree(self, shape: TreeShape, row_after: Callable[[tuple[int, ...]], torch.Tensor], rng: Random) -> TreeDraft:
+        """Fill `shape` from `row_after(path tokens)`, the draft's logits [1, V] after the
+        context and that path: top-ranked children (greedy) or sampled ones."""
+        if self._chosen_children:
+            width = max((path[-1] + 1 for path in shape.paths), default=0)
+            # softmax keeps the logits' order; ranked_top leaves out what has no mass.
+            return fill(shape, lambda path: ranked_top(to_host(torch.softmax(row_after(path)[0].double(), -1)), width))
+        return sample(shape, lambda path: to_host(probabilities(row_after(path), self.sampling))[0], rng)
+
+    @property
+    def _chosen_children(self) -> bool:
+        """Whether tree children are the top-ranked tokens (chosen) rather than sampled."""
+        return self.sampling.greedy
 
     def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         ids = list(context)

@@ -7,6 +7,10 @@ logits, so a nucleus keeps a fixed subset of the tied tokens), each token is dra
 through the request's rng, and q is returned for the token-level or block rule. At
 temperature 0 the tokens are drawn from the uniform distribution just the same and returned
 without q: the greedy rule reads only the target's argmax.
+
+Trees: every node an independent draw from the same q (`tree_shape.sample`, one
+`rng.categorical` per node in the shape's order), q rows recorded at temperature > 0 for
+SpecInfer's rule and left out at temperature 0.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.drafts import Draft
+from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities
+from verispec.tree_shape import TreeShape, sample
 
 
 class RandomTokens:
@@ -43,6 +48,13 @@ class RandomTokens:
 
     def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         return self.propose(context, k, rng)
+
+    def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        tree = sample(shape, lambda path: self._q, rng)
+        return TreeDraft(tree.tokens, tree.parents) if self.sampling.greedy else tree
+
+    def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        return self.propose_tree(context, shape, rng)
 
     def _uniform(self, sampling: SamplingParams) -> torch.Tensor:
         """q[V]: the uniform distribution, after the transforms when sampling."""
