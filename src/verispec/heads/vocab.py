@@ -18,6 +18,7 @@ import torch
 
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities
+from verispec.tree_shape import ranked_top
 
 
 def check_d2t(d2t: torch.Tensor | Sequence[int], vocab_size: int) -> torch.Tensor:
@@ -70,3 +71,13 @@ class HeadVocab:
             return int(self.d2t[int(logits.argmax())]), None
         kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
         return int(self.d2t[rng.categorical(kept)]), self._spread(kept)
+
+    def ranked(self, logits: torch.Tensor, sampling: SamplingParams, width: int) -> list[int]:
+        """The `width` best target token ids by the head's logits [N], best first, as chosen
+        tree candidates (q None): at temperature 0 by the logits, ties to the lower id (so rank
+        0 is `draw`'s argmax); else by q after the transforms, tokens it filters out left out."""
+        if sampling.greedy:
+            order = torch.sort(logits, descending=True, stable=True).indices[:width]
+            return self.d2t[order].tolist()
+        kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
+        return self.d2t[ranked_top(kept, width)].tolist()
