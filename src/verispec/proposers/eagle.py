@@ -19,6 +19,20 @@ full vocabulary with zeros elsewhere, after the request's sampling transforms (`
 and verified by the token-level or block rule; at temperature 0 the draft is the head's argmax
 (chosen, q None) and the greedy rule applies. A context of one token has no feature yet: the
 draft is empty and the round decodes plainly.
+
+Trees (`propose_tree`, EAGLE-2's top-k expansion, Li et al. 2406.16858): the tree grows level
+by level in one head forward per level. Every node of the previous level that has children in
+the shape is fed as a pair (its parent's predicted feature, its token) at the position of its
+depth, attending to the true pairs and to its own ancestors' pairs only (a tree mask over the
+head's cache), and its children are the top-ranked tokens of the head's distribution after
+it: a shape node of rank r takes the r-th (`HeadVocab.ranked`). The children are chosen, not
+sampled, at every temperature (q None: verified as point masses without replacement, EAGLE's
+own rule): siblings drawn with replacement from q (SpecInfer) can repeat a token and waste a
+node, while the top-w set holds the most mass of q a set of w distinct tokens can; at depth 1
+the chosen set's acceptance is exactly p's mass on it, see benchmarks/tree_acceptance.py for
+the measured comparison. The shape is the policy's (EAGLE-2's reranking of the expanded nodes
+by path confidence is not applied). At temperature 0 the rank-0 chain is `propose`'s argmax
+chain. The drafted pairs are rolled back at `commit`, as a chain's are.
 """
 
 from __future__ import annotations
@@ -32,9 +46,10 @@ from verispec.heads.checkpoint import check_target
 from verispec.heads.eagle import EagleHead
 from verispec.heads.vocab import HeadVocab
 from verispec.models.base import CausalLM, FeatureChannel
-from verispec.drafts import EMPTY_DRAFT, Draft
+from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
+from verispec.tree_shape import TreeShape, fill_levels, widest
 
 
 class EagleProposer:
@@ -71,10 +86,33 @@ class EagleProposer:
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        if len(context) < 2 or k < 1:
+            return EMPTY_DRAFT
+        return self._draft(self._cache, *self._follow(context), k, rng)
+
+    @torch.inference_mode()
+    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        if len(context) < 2 or k < 1:
+            return EMPTY_DRAFT
+        return self._draft(*self._recomputed(context), k, rng)
+
+    @torch.inference_mode()
+    def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        if len(context) < 2 or not len(shape):
+            return TreeDraft((), ())
+        return self._tree(self._cache, *self._follow(context), shape)
+
+    @torch.inference_mode()
+    def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        if len(context) < 2 or not len(shape):
+            return TreeDraft((), ())
+        return self._tree(*self._recomputed(context), shape)
+
+    def _follow(self, context: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bring the cache to the true pairs of `context` (n >= 2 tokens): the head's logits
+        [N] and predicted feature [H] after the last of them."""
         self.commit(context)
         n = len(context)
-        if n < 2 or k < 1:
-            return EMPTY_DRAFT
         if self.target.length != n - 1:
             raise RuntimeError(
                 f"the target has processed {self.target.length} tokens, the head expects {n - 1} (all but the "
@@ -85,16 +123,15 @@ class EagleProposer:
             logits, predicted = self._pairs_forward(self._cache, context[self._pairs + 1 : n], features)
             self._pairs = n - 1
             self._last = logits[-1], predicted[-1]
-        return self._draft(self._cache, *self._last, k, rng)
+        return self._last
 
-    @torch.inference_mode()
-    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
-        if len(context) < 2 or k < 1:
-            return EMPTY_DRAFT
+    def _recomputed(self, context: Sequence[int]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """A fresh cache of `context`'s true pairs, from the target's stateless features, and
+        the logits [N] and predicted feature [H] after the last."""
         features = self.target.score_features(list(context[:-1]), self.taps)  # [n - 1, F]
         cache = self.head.new_cache()
         logits, predicted = self._pairs_forward(cache, context[1:], features)
-        return self._draft(cache, logits[-1], predicted[-1], k, rng)
+        return cache, logits[-1], predicted[-1]
 
     def _pairs_forward(
         self, cache: DynamicCache, tokens: Sequence[int], features: torch.Tensor
@@ -119,3 +156,30 @@ class EagleProposer:
         if self.sampling.greedy:
             return Draft(tuple(tokens))
         return Draft(tuple(tokens), torch.stack(q_rows))
+
+    def _tree(self, cache: DynamicCache, logits: torch.Tensor, predicted: torch.Tensor, shape: TreeShape) -> TreeDraft:
+        """EAGLE-2's expansion of `shape` after the true pairs in `cache` (logits [N] and
+        predicted [H] after the last of them): one head forward per level."""
+        true_pairs = cache.get_seq_length()
+        width = widest(shape)
+        # path tokens -> (logits [N] after the path, predicted feature [H], cache slots of the path's pairs)
+        after: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]] = {(): (logits, predicted, ())}
+
+        def level(parents: list[tuple[int, ...]]) -> list[list[int]]:
+            fresh = [path for path in parents if path not in after]
+            if fresh:
+                start = cache.get_seq_length()
+                allowed = torch.zeros(len(fresh), start + len(fresh), dtype=torch.bool)  # [T, P + T]
+                allowed[:, :true_pairs] = True
+                for i, path in enumerate(fresh):
+                    allowed[i, list(after[path[:-1]][2])] = True
+                    allowed[i, start + i] = True
+                ids = torch.tensor([[path[-1] for path in fresh]])  # [1, T]
+                hidden = torch.stack([after[path[:-1]][1] for path in fresh])[None]  # [1, T, H]
+                positions = torch.tensor([[true_pairs + len(path) - 1 for path in fresh]])  # [1, T]
+                step_logits, step_predicted = self.head(ids, hidden, cache, positions=positions, allowed=allowed)
+                for i, path in enumerate(fresh):
+                    after[path] = step_logits[0, i], step_predicted[0, i], (*after[path[:-1]][2], start + i)
+            return [self.vocab.ranked(after[path][0], self.sampling, width) for path in parents]
+
+        return fill_levels(shape, level)

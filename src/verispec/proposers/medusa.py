@@ -26,9 +26,10 @@ from verispec.heads.checkpoint import check_target
 from verispec.heads.medusa import MedusaHead
 from verispec.heads.vocab import HeadVocab
 from verispec.models.base import CausalLM, FeatureChannel
-from verispec.drafts import EMPTY_DRAFT, Draft
+from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
+from verispec.tree_shape import TreeShape, fill, widest
 
 
 class MedusaProposer:
@@ -52,21 +53,44 @@ class MedusaProposer:
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
-        n = len(context)
-        if n < 2 or k < 1:
+        if len(context) < 2 or k < 1:
             return EMPTY_DRAFT
-        if self.target.length != n - 1:
-            raise RuntimeError(
-                f"the target has processed {self.target.length} tokens, the heads expect {n - 1} (all but the "
-                "pending token): the proposer must draft for the target the engine drives"
-            )
-        return self._draft(self.target.features(self.taps, n - 2, n - 1), k, rng)
+        return self._draft(self._feature(context), k, rng)
 
     @torch.inference_mode()
     def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         if len(context) < 2 or k < 1:
             return EMPTY_DRAFT
         return self._draft(self.target.score_features(list(context[:-1]), self.taps)[-1:], k, rng)
+
+    @torch.inference_mode()
+    def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        if len(context) < 2 or not len(shape):
+            return TreeDraft((), ())
+        return self._tree(self._feature(context), shape)
+
+    @torch.inference_mode()
+    def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        if len(context) < 2 or not len(shape):
+            return TreeDraft((), ())
+        return self._tree(self.target.score_features(list(context[:-1]), self.taps)[-1:], shape)
+
+    def _feature(self, context: Sequence[int]) -> torch.Tensor:
+        """The target's feature [1, F] of the newest processed position, n - 2."""
+        n = len(context)
+        if self.target.length != n - 1:
+            raise RuntimeError(
+                f"the target has processed {self.target.length} tokens, the heads expect {n - 1} (all but the "
+                "pending token): the proposer must draft for the target the engine drives"
+            )
+        return self.target.features(self.taps, n - 2, n - 1)
+
+    def _tree(self, feature: torch.Tensor, shape: TreeShape) -> TreeDraft:
+        """`shape` filled from the feature [1, F]: depth d from head d - 1's ranked tokens."""
+        logits = self.head(feature)[0]  # [K, N]
+        width = widest(shape)
+        ranked = [self.vocab.ranked(row, self.sampling, width) for row in logits[: shape.depth]]
+        return fill(shape, lambda path: ranked[len(path)] if len(path) < len(ranked) else [])
 
     def _draft(self, feature: torch.Tensor, k: int, rng: Random) -> Draft:
         """Up to k tokens from the feature [1, F]: token i from head i."""
