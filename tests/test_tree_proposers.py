@@ -24,10 +24,12 @@ from verispec.proposers.prompt_lookup import PromptLookup
 from verispec.proposers.suffix_index import SuffixIndex
 from verispec.reference import reference_generate
 from verispec.registry import PROPOSERS
-from verispec.tree_shape import TreeShape
+from verispec.tree_shape import TreeShape, widest
 
 VOCAB = 5
 KINDS = ("lookup", "suffix", "eagle", "medusa", "lookup+eagle", "lookup+medusa")
+DYNAMIC = "eagle dynamic"  # EAGLE-2's own node choice within the shape's size (not a registry kind)
+PROPOSERS_UNDER_TEST = (*KINDS, DYNAMIC)
 SHAPES = [
     TreeShape.chain(3),
     TreeShape.of([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]),
@@ -42,6 +44,8 @@ def build(kind: str, table: TableLM):
         return PromptLookup(max_ngram=2)
     if kind == "suffix":
         return SuffixIndex([[4, 3, 2, 1, 0, 4, 3, 2, 1, 0, 1, 1]], max_match=3, min_prob=0.05)
+    if kind == DYNAMIC:
+        return EagleProposer(tiny_head("eagle", table), table, dynamic=True)
     if kind in ("eagle", "medusa"):
         return (EagleProposer if kind == "eagle" else MedusaProposer)(tiny_head(kind, table), table)
     return CopyOrHead(PromptLookup(min_ngram=2), build(kind.removeprefix("lookup+"), table))
@@ -57,12 +61,15 @@ def follow(table: TableLM, context: list[int]) -> None:
     table.prefill(context[:-1])
 
 
-def check_in_shape(tree: TreeDraft, shape: TreeShape) -> None:
+def check_in_shape(tree: TreeDraft, shape: TreeShape, dynamic: bool = False) -> None:
     assert len(tree) <= len(shape) and tree.depth <= shape.depth
     assert tree.q is None  # every tree proposer chooses its candidates
     for node in [ROOT, *range(len(tree))]:
         siblings = [tree.tokens[child] for child in tree.children(node)]
         assert len(set(siblings)) == len(siblings)  # a repeated chosen sibling could never be accepted
+        assert len(siblings) <= widest(shape)
+    if dynamic:
+        return
     # Each drafted node sits at a path of the shape: its ranks are its sibling indices.
     for node in range(len(tree)):
         path = tree.path_to(node)
@@ -75,7 +82,7 @@ def check_in_shape(tree: TreeDraft, shape: TreeShape) -> None:
 
 @settings(max_examples=25, deadline=None)
 @given(
-    kind=st.sampled_from(KINDS),
+    kind=st.sampled_from(PROPOSERS_UNDER_TEST),
     seed=st.integers(0, 10**6),
     temperature=st.sampled_from([0.0, 1.0, 0.7]),
     prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6),
@@ -97,7 +104,7 @@ def test_tree_equals_stateless_after_any_commits(kind, seed, temperature, prompt
             shape = SHAPES[index]
             tree = proposer.propose_tree(context, shape, rng)
             assert tree == proposer.propose_tree_stateless(context, shape, rng)
-            check_in_shape(tree, shape)
+            check_in_shape(tree, shape, dynamic=kind == DYNAMIC)
 
 
 def test_lookup_ranks_by_frequency_then_recency():
@@ -198,6 +205,37 @@ def test_eagle_children_are_the_heads_ranked_tokens_after_their_own_path(tempera
                 assert values.tolist() == sorted(values.tolist(), reverse=True)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_eagle_dynamic_tree_keeps_the_most_confident_nodes(seed):
+    """Against a brute-force EAGLE-2: expand the w most confident nodes of each level into
+    their top w tokens, keep the n most confident of all (confidence from chain-style head runs
+    on each path alone)."""
+    table = random_table(VOCAB, 2, seed)
+    proposer = build(DYNAMIC, table)
+    context = random.Random(seed).choices(range(VOCAB), k=6)
+    proposer.begin(context, GREEDY)
+    follow(table, context)
+    shape = SHAPES[2]  # 8 nodes, depth 4, widest 2
+    tree = proposer.propose_tree(context, shape, None)
+    d2t = proposer.vocab.d2t.tolist()
+
+    def children(path):
+        logits = eagle_rows_after(proposer, context, path)
+        log_probs = torch.log_softmax(logits.double(), dim=-1)
+        return [(t, float(log_probs[d2t.index(t)])) for t in proposer.vocab.ranked(logits, GREEDY, 2)]
+
+    confidence, made, frontier = {(): 0.0}, [], [()]
+    for _ in range(shape.depth):
+        level = [((*parent, t), confidence[parent] + lp) for parent in frontier for t, lp in children(parent)]
+        confidence.update(level)
+        made += [path for path, _ in level]
+        frontier = sorted((path for path, _ in level), key=lambda path: -confidence[path])[:2]
+    best = sorted(made, key=lambda path: -confidence[path])[: len(shape)]
+    drafted = {tree.path_tokens(tree.path_to(node)) for node in range(len(tree))}
+    assert len(tree) == len(shape) and drafted == set(best)
+    check_in_shape(tree, shape, dynamic=True)
+
+
 def test_medusa_node_of_depth_d_rank_r_is_head_d_rank_r():
     table = random_table(VOCAB, 2, 3)
     proposer = build("medusa", table)
@@ -266,7 +304,7 @@ class Shapes:
 POLICY = [SHAPES[1], SHAPES[2], 2, SHAPES[3], SHAPES[0], 0]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", PROPOSERS_UNDER_TEST)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_engine_equals_reference_with_tree_rounds(kind, temperature):
     for seed in range(6):
@@ -279,7 +317,7 @@ def test_engine_equals_reference_with_tree_rounds(kind, temperature):
         assert ours.stats.tree_rounds > 0
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", PROPOSERS_UNDER_TEST)
 def test_greedy_tree_decoding_equals_plain_greedy_decoding(kind):
     for seed in range(4):
         table = random_table(VOCAB, 2, seed)

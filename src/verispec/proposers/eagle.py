@@ -25,14 +25,18 @@ by level in one head forward per level. Every node of the previous level that ha
 the shape is fed as a pair (its parent's predicted feature, its token) at the position of its
 depth, attending to the true pairs and to its own ancestors' pairs only (a tree mask over the
 head's cache), and its children are the top-ranked tokens of the head's distribution after
-it: a shape node of rank r takes the r-th (`HeadVocab.ranked`). The children are chosen, not
-sampled, at every temperature (q None: verified as point masses without replacement, EAGLE's
-own rule): siblings drawn with replacement from q (SpecInfer) can repeat a token and waste a
-node, while the top-w set holds the most mass of q a set of w distinct tokens can; at depth 1
-the chosen set's acceptance is exactly p's mass on it, see benchmarks/tree_acceptance.py for
-the measured comparison. The shape is the policy's (EAGLE-2's reranking of the expanded nodes
-by path confidence is not applied). At temperature 0 the rank-0 chain is `propose`'s argmax
-chain. The drafted pairs are rolled back at `commit`, as a chain's are.
+it: a shape node of rank r takes the r-th (`HeadVocab.ranked`). At temperature 0 the rank-0
+chain is `propose`'s argmax chain. The drafted pairs are rolled back at `commit`, as a chain's
+are.
+
+The children are chosen, not sampled, at every temperature (q None: verified as point masses
+without replacement, EAGLE's own rule): siblings drawn with replacement from q (SpecInfer) can
+repeat a token and waste a node, while w chosen siblings accept exactly p's mass on them;
+`benchmarks/tree_acceptance.py --sampled` measures both at depth 1.
+
+The shape is the policy's. With `dynamic=True` only its size, depth and widest node are: the
+nodes are EAGLE-2's own choice by path confidence (`_confident_tree`), still chosen from the
+context alone, so exactness is unchanged.
 """
 
 from __future__ import annotations
@@ -46,10 +50,13 @@ from verispec.heads.checkpoint import check_target
 from verispec.heads.eagle import EagleHead
 from verispec.heads.vocab import HeadVocab
 from verispec.models.base import CausalLM, FeatureChannel
-from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
+from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape, fill_levels, widest
+
+# path tokens -> (head logits [N] after the path, predicted feature [H], cache slots of the path's pairs)
+Expanded = dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]]
 
 
 class EagleProposer:
@@ -60,8 +67,9 @@ class EagleProposer:
     >>> generate(target, proposer, prompt_ids, max_new_tokens=64, k=4)
     """
 
-    def __init__(self, head: EagleHead, target: CausalLM) -> None:
+    def __init__(self, head: EagleHead, target: CausalLM, *, dynamic: bool = False) -> None:
         check_target(head.config, target)
+        self.dynamic = dynamic
         self.head = head
         self.target: FeatureChannel = target
         self.taps = head.config.feature_layers
@@ -158,28 +166,62 @@ class EagleProposer:
         return Draft(tuple(tokens), torch.stack(q_rows))
 
     def _tree(self, cache: DynamicCache, logits: torch.Tensor, predicted: torch.Tensor, shape: TreeShape) -> TreeDraft:
-        """EAGLE-2's expansion of `shape` after the true pairs in `cache` (logits [N] and
-        predicted [H] after the last of them): one head forward per level."""
-        true_pairs = cache.get_seq_length()
-        width = widest(shape)
-        # path tokens -> (logits [N] after the path, predicted feature [H], cache slots of the path's pairs)
-        after: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]] = {(): (logits, predicted, ())}
+        """The tree after the true pairs in `cache` (logits [N] and predicted [H] after the
+        last of them): `shape` filled by EAGLE-2's top-k expansion, one head forward per level,
+        or with `dynamic`, EAGLE-2's own choice of nodes within the shape's size."""
+        after: Expanded = {(): (logits, predicted, ())}
+        if self.dynamic:
+            return self._confident_tree(cache, after, shape)
+        true_pairs, width = cache.get_seq_length(), widest(shape)
 
         def level(parents: list[tuple[int, ...]]) -> list[list[int]]:
-            fresh = [path for path in parents if path not in after]
-            if fresh:
-                start = cache.get_seq_length()
-                allowed = torch.zeros(len(fresh), start + len(fresh), dtype=torch.bool)  # [T, P + T]
-                allowed[:, :true_pairs] = True
-                for i, path in enumerate(fresh):
-                    allowed[i, list(after[path[:-1]][2])] = True
-                    allowed[i, start + i] = True
-                ids = torch.tensor([[path[-1] for path in fresh]])  # [1, T]
-                hidden = torch.stack([after[path[:-1]][1] for path in fresh])[None]  # [1, T, H]
-                positions = torch.tensor([[true_pairs + len(path) - 1 for path in fresh]])  # [1, T]
-                step_logits, step_predicted = self.head(ids, hidden, cache, positions=positions, allowed=allowed)
-                for i, path in enumerate(fresh):
-                    after[path] = step_logits[0, i], step_predicted[0, i], (*after[path[:-1]][2], start + i)
+            self._feed(cache, true_pairs, after, [path for path in parents if path not in after])
             return [self.vocab.ranked(after[path][0], self.sampling, width) for path in parents]
 
         return fill_levels(shape, level)
+
+    def _confident_tree(self, cache: DynamicCache, after: Expanded, shape: TreeShape) -> TreeDraft:
+        """EAGLE-2's dynamic tree (2406.16858, Sec. 4): each level, the w most confident nodes
+        of the last level (confidence: the product of the head's probabilities along the path,
+        its softmax over the logits at temperature 1) are expanded into their top w tokens (w:
+        the shape's widest node, as `ranked` picks them); after `shape.depth` levels the
+        len(shape) most confident nodes are kept. A node is never more confident than its parent,
+        so the kept nodes are closed under prefixes (ties: the earlier-made node first)."""
+        true_pairs, width = cache.get_seq_length(), widest(shape)
+        confidence: dict[tuple[int, ...], float] = {(): 0.0}  # path -> log confidence
+        made: list[tuple[int, ...]] = []
+        frontier: list[tuple[int, ...]] = [()]
+        for depth in range(shape.depth):
+            self._feed(cache, true_pairs, after, [path for path in frontier if path not in after])
+            level = []
+            for parent in frontier:
+                log_probs = torch.log_softmax(after[parent][0].double(), dim=-1)  # [N]
+                for token in self.vocab.ranked(after[parent][0], self.sampling, width):
+                    path = (*parent, token)
+                    head_index = int(torch.searchsorted(self.vocab.d2t, token))  # d2t ascends
+                    confidence[path] = confidence[parent] + float(log_probs[head_index])
+                    level.append(path)
+            made += level
+            frontier = sorted(level, key=lambda path: -confidence[path])[:width]
+        kept = sorted(sorted(range(len(made)), key=lambda i: -confidence[made[i]])[: len(shape)])
+        node_of = {(): ROOT} | {made[i]: n for n, i in enumerate(kept)}
+        return TreeDraft(tuple(made[i][-1] for i in kept), tuple(node_of[made[i][:-1]] for i in kept))
+
+    def _feed(self, cache: DynamicCache, true_pairs: int, after: Expanded, paths: list[tuple[int, ...]]) -> None:
+        """Append the pairs (parent's predicted feature, last token) of the nodes at `paths`
+        (their parents in `after`) in one head forward, each at the position of its depth and
+        attending to the true pairs, its ancestors' pairs and itself only; record in `after`."""
+        if not paths:
+            return
+        start = cache.get_seq_length()
+        allowed = torch.zeros(len(paths), start + len(paths), dtype=torch.bool)  # [T, P + T]
+        allowed[:, :true_pairs] = True
+        for i, path in enumerate(paths):
+            allowed[i, list(after[path[:-1]][2])] = True
+            allowed[i, start + i] = True
+        ids = torch.tensor([[path[-1] for path in paths]])  # [1, T]
+        hidden = torch.stack([after[path[:-1]][1] for path in paths])[None]  # [1, T, H]
+        positions = torch.tensor([[true_pairs + len(path) - 1 for path in paths]])  # [1, T]
+        logits, predicted = self.head(ids, hidden, cache, positions=positions, allowed=allowed)
+        for i, path in enumerate(paths):
+            after[path] = logits[0, i], predicted[0, i], (*after[path[:-1]][2], start + i)
