@@ -43,6 +43,7 @@ from verispec import GREEDY, SamplingParams, TorchRandom, generate
 from verispec.bench.workloads import data_file, read_workloads, select
 from verispec.drafts import ROOT, TreeDraft
 from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.proposers.eagle import EagleProposer
 from verispec.registry import build_proposer
 from verispec.sampling import probabilities
 from verispec.tree_shape import TreeShape
@@ -122,11 +123,15 @@ def main() -> int:
     workloads = select(read_workloads(data_file("specbench_dev.jsonl", REPOSITORY)), limit_per_category=args.per_category)
     specs = args.proposers.split(",")
     proposers = {spec: build_proposer(spec, loaded) for spec in specs}
+    # EAGLE-2's own node choice within each tree shape's size, depth and width
+    dynamic = EagleProposer(proposers["eagle"].head, lm, dynamic=True) if "eagle" in proposers else None
+    dynamic_shapes = {f"dynamic {name}": shape for name, shape in SHAPES.items() if dynamic and not shape.is_chain}
     shape = full_shape(args.width, args.depth)
     W, D = args.width, args.depth
     reached = {spec: [0] * D for spec in specs}
     hits = {spec: [[0] * W for _ in range(D)] for spec in specs}
-    tokens = {spec: {name: 0 for name in [*SHAPES, "propose chain 4"]} for spec in specs}
+    tokens = {spec: {name: 0 for name in [*SHAPES, "propose chain 4", *(dynamic_shapes if spec == "eagle" else ())]}
+              for spec in specs}
     sampled = {spec: {"chosen": [0.0] * W, "sampled": [0.0] * W} for spec in specs if args.sampled and spec in ("eagle", "medusa")}
     positions, seconds = 0, {spec: 0.0 for spec in specs}
     allowed = {name: set(s.paths) for name, s in SHAPES.items()}
@@ -139,8 +144,8 @@ def main() -> int:
                           eos_token_id=loaded.eos_token_ids).tokens
         lm.reset()
         lm.prefill(prompt[:-1])
-        for spec in specs:
-            proposers[spec].begin(prompt, GREEDY)
+        for proposer in [*proposers.values(), *([dynamic] if dynamic else [])]:
+            proposer.begin(prompt, GREEDY)
         for t in range(len(output) - D + 1):
             context = prompt + output[:t]  # the target has processed all but its last token
             truth = output[t : t + D]
@@ -161,6 +166,10 @@ def main() -> int:
                 chain = proposer.propose(context, D, TorchRandom(0)).tokens
                 matched = next((i for i, (a, b) in enumerate(zip(chain, truth)) if a != b), min(len(chain), D))
                 tokens[spec]["propose chain 4"] += 1 + matched
+                if spec == "eagle":
+                    for name, dynamic_shape in dynamic_shapes.items():
+                        dynamic_tree = dynamic.propose_tree(context, dynamic_shape, TorchRandom(0))
+                        tokens[spec][name] += 1 + sum(r is not None for r in walk(dynamic_tree, truth))
                 if spec in sampled:
                     logits = proposer._follow(context)[0] if spec == "eagle" else proposer.head(proposer._feature(context))[0, 0]
                     heads_q[spec] = proposer.vocab.q(logits.float(), T1)

@@ -61,13 +61,25 @@ def follow(table: TableLM, context: list[int]) -> None:
     table.prefill(context[:-1])
 
 
+def same_tree(a: TreeDraft, b: TreeDraft) -> bool:
+    """Equal tokens, parents and q rows (bit for bit: the same computation either way)."""
+    if (a.tokens, a.parents) != (b.tokens, b.parents) or (a.q is None) != (b.q is None):
+        return False
+    return a.q is None or torch.equal(a.q, b.q)
+
+
 def check_in_shape(tree: TreeDraft, shape: TreeShape, dynamic: bool = False) -> None:
+    """At most the shape's nodes and depth; chosen siblings distinct (a repeated chosen sibling
+    could never be accepted), sampled ones with a q row that gives them mass."""
     assert len(tree) <= len(shape) and tree.depth <= shape.depth
-    assert tree.q is None  # every tree proposer chooses its candidates
     for node in [ROOT, *range(len(tree))]:
         siblings = [tree.tokens[child] for child in tree.children(node)]
-        assert len(set(siblings)) == len(siblings)  # a repeated chosen sibling could never be accepted
         assert len(siblings) <= widest(shape)
+        if tree.q is None:
+            assert len(set(siblings)) == len(siblings)
+    if tree.q is not None:
+        assert tree.q.dtype == torch.float64 and tree.q.shape == (len(tree), VOCAB)
+        assert all(float(tree.q[i, token]) > 0 for i, token in enumerate(tree.tokens))
     if dynamic:
         return
     # Each drafted node sits at a path of the shape: its ranks are its sibling indices.
@@ -92,18 +104,17 @@ def check_in_shape(tree: TreeDraft, shape: TreeShape, dynamic: bool = False) -> 
 def test_tree_equals_stateless_after_any_commits(kind, seed, temperature, prompt, steps, shapes):
     table = random_table(VOCAB, 2, seed % 7)
     proposer = build(kind, table)
-    rng = TorchRandom(seed)
     context = list(prompt)
     proposer.begin(context, sampling_of(temperature))
-    for step in [[], *steps]:
+    for round_, step in enumerate([[], *steps]):
         context += step
         follow(table, context)
         if step:
             proposer.commit(context)
         for index in shapes:  # several trees per round: drafted state must not leak
             shape = SHAPES[index]
-            tree = proposer.propose_tree(context, shape, rng)
-            assert tree == proposer.propose_tree_stateless(context, shape, rng)
+            tree = proposer.propose_tree(context, shape, TorchRandom(seed + round_))
+            assert same_tree(tree, proposer.propose_tree_stateless(context, shape, TorchRandom(seed + round_)))
             check_in_shape(tree, shape, dynamic=kind == DYNAMIC)
 
 
@@ -183,26 +194,30 @@ def _eagle_rows_after(proposer: EagleProposer, context: list[int], path: tuple[i
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("seed", range(3))
-def test_eagle_children_are_the_heads_ranked_tokens_after_their_own_path(temperature, seed):
-    """The tree mask keeps branches apart: each node's children equal the top tokens of a
-    chain-style head run on that node's path alone."""
+def test_eagle_children_come_from_the_head_after_their_own_path(temperature, seed):
+    """The tree mask keeps branches apart: each node's children are the top tokens (T = 0) or
+    draws from q (T > 0, each with that q as its row) of a chain-style head run on that node's
+    path alone."""
     table = random_table(VOCAB, 2, seed)
     proposer = build("eagle", table)
     context = random.Random(seed).choices(range(VOCAB), k=6)
     proposer.begin(context, sampling_of(temperature))
     follow(table, context)
     shape = SHAPES[2]
-    tree = proposer.propose_tree(context, shape, None)
+    tree = proposer.propose_tree(context, shape, TorchRandom(seed))
     assert len(tree) == len(shape)  # 4 head tokens, widths <= 2: every node is filled
+    assert (tree.q is None) == (temperature == 0)
     for node in [ROOT, *range(len(tree))]:
-        children = [tree.tokens[child] for child in tree.children(node)]
-        if children:
-            path = tree.path_tokens(tree.path_to(node)) if node != ROOT else ()
-            expected = proposer.vocab.ranked(eagle_rows_after(proposer, context, path), proposer.sampling, len(children))
-            assert children == expected
-            if temperature == 0:
-                values = eagle_rows_after(proposer, context, path)[[int(proposer.vocab.d2t.tolist().index(t)) for t in children]]
-                assert values.tolist() == sorted(values.tolist(), reverse=True)
+        children = tree.children(node)
+        if not children:
+            continue
+        path = tree.path_tokens(tree.path_to(node)) if node != ROOT else ()
+        logits = eagle_rows_after(proposer, context, path)
+        if temperature == 0:
+            assert [tree.tokens[child] for child in children] == proposer.vocab.ranked(logits, GREEDY, len(children))
+        else:
+            for child in children:
+                assert torch.allclose(tree.q[child], proposer.vocab.q(logits, proposer.sampling), atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -234,6 +249,23 @@ def test_eagle_dynamic_tree_keeps_the_most_confident_nodes(seed):
     drafted = {tree.path_tokens(tree.path_to(node)) for node in range(len(tree))}
     assert len(tree) == len(shape) and drafted == set(best)
     check_in_shape(tree, shape, dynamic=True)
+
+
+def test_medusa_sampled_tree_draws_each_node_from_its_heads_q():
+    table = random_table(VOCAB, 2, 2)
+    proposer = build("medusa", table)
+    context = [3, 0, 2, 2]
+    proposer.begin(context, SamplingParams(temperature=0.8))
+    follow(table, context)
+    with torch.inference_mode():
+        logits = proposer.head(table.features(proposer.taps, len(context) - 2, len(context) - 1))[0]  # [K, N]
+    tree = proposer.propose_tree(context, SHAPES[1], TorchRandom(5))
+    assert len(tree) == len(SHAPES[1])
+    for node in range(len(tree)):
+        assert torch.equal(tree.q[node], proposer.vocab.q(logits[tree.depths[node] - 1], proposer.sampling))
+    # Siblings are independent draws: the same stream draws the same tree, another may differ.
+    assert same_tree(proposer.propose_tree(context, SHAPES[1], TorchRandom(5)), tree)
+    assert any(proposer.propose_tree(context, SHAPES[1], TorchRandom(s)).tokens != tree.tokens for s in range(6, 12))
 
 
 def test_medusa_node_of_depth_d_rank_r_is_head_d_rank_r():

@@ -122,6 +122,15 @@ def fill_levels(shape: TreeShape, level_candidates: LevelCandidates) -> TreeDraf
     return TreeDraft(tuple(tokens), tuple(parents))
 
 
+def with_q(tree: TreeDraft, q_after: Callable[[tuple[int, ...]], torch.Tensor]) -> TreeDraft:
+    """`tree` as a sampled tree: node i's q row is `q_after(tokens of its parent's path)`, the
+    float64 [V] distribution it was drawn from (() for the first level)."""
+    if not len(tree):
+        return tree
+    rows = [q_after(tree.path_tokens(tree.path_to(parent))) for parent in tree.parents]
+    return TreeDraft(tree.tokens, tree.parents, torch.stack(rows))
+
+
 def widest(shape: TreeShape) -> int:
     """The most children any node of `shape` has (0 for an empty shape): how many ranked
     candidates a proposer needs after any path."""

@@ -81,3 +81,14 @@ class HeadVocab:
             return self.d2t[order].tolist()
         kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
         return self.d2t[ranked_top(kept, width)].tolist()
+
+    def siblings(
+        self, logits: torch.Tensor, sampling: SamplingParams, rng: Random, width: int
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """A tree node's `width` children from the head's logits [N] after it: at temperature 0
+        the best ones (`ranked`, chosen, q None); else independent draws from q with
+        replacement (SpecInfer's sampled siblings, repeats allowed) and that q [V]."""
+        if sampling.greedy:
+            return self.ranked(logits, sampling, width), None
+        kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
+        return [int(self.d2t[rng.categorical(kept)]) for _ in range(width)], self._spread(kept)

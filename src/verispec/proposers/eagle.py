@@ -25,18 +25,19 @@ by level in one head forward per level. Every node of the previous level that ha
 the shape is fed as a pair (its parent's predicted feature, its token) at the position of its
 depth, attending to the true pairs and to its own ancestors' pairs only (a tree mask over the
 head's cache), and its children are the top-ranked tokens of the head's distribution after
-it: a shape node of rank r takes the r-th (`HeadVocab.ranked`). At temperature 0 the rank-0
-chain is `propose`'s argmax chain. The drafted pairs are rolled back at `commit`, as a chain's
-are.
-
-The children are chosen, not sampled, at every temperature (q None: verified as point masses
-without replacement, EAGLE's own rule): siblings drawn with replacement from q (SpecInfer) can
-repeat a token and waste a node, while w chosen siblings accept exactly p's mass on them;
-`benchmarks/tree_acceptance.py --sampled` measures both at depth 1.
+it: a shape node of rank r takes the r-th. At temperature 0 they are the head's best tokens,
+chosen (`HeadVocab.ranked`, q None), and the rank-0 chain is `propose`'s argmax chain. At
+temperature > 0 they are independent draws from the head's q after the node, with replacement
+(SpecInfer's sampled siblings, q rows given: `tree_recursive`'s min(1, r/q) with the residual
+updated between siblings): measured on Spec-Bench dev with the shipped head
+(`benchmarks/tree_acceptance.py --sampled`, T = 1, depth 1), w sampled siblings accept more
+than the head's top w tokens as point masses (0.214 vs 0.185 at w = 1, 0.357 vs 0.350 at
+w = 4): a head far from p gains more from min(p, q) over its whole q than from p's mass on its
+top tokens. The drafted pairs are rolled back at `commit`, as a chain's are.
 
 The shape is the policy's. With `dynamic=True` only its size, depth and widest node are: the
-nodes are EAGLE-2's own choice by path confidence (`_confident_tree`), still chosen from the
-context alone, so exactness is unchanged.
+nodes are EAGLE-2's own choice by path confidence (`_confident_tree`), chosen (q None) at every
+temperature from the context alone, so exactness is unchanged.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from verispec.models.base import CausalLM, FeatureChannel
 from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
-from verispec.tree_shape import TreeShape, fill_levels, widest
+from verispec.tree_shape import TreeShape, fill_levels, widest, with_q
 
 # path tokens -> (head logits [N] after the path, predicted feature [H], cache slots of the path's pairs)
 Expanded = dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]]
@@ -108,13 +109,13 @@ class EagleProposer:
     def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
         if len(context) < 2 or not len(shape):
             return TreeDraft((), ())
-        return self._tree(self._cache, *self._follow(context), shape)
+        return self._tree(self._cache, *self._follow(context), shape, rng)
 
     @torch.inference_mode()
     def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
         if len(context) < 2 or not len(shape):
             return TreeDraft((), ())
-        return self._tree(*self._recomputed(context), shape)
+        return self._tree(*self._recomputed(context), shape, rng)
 
     def _follow(self, context: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Bring the cache to the true pairs of `context` (n >= 2 tokens): the head's logits
@@ -165,20 +166,31 @@ class EagleProposer:
             return Draft(tuple(tokens))
         return Draft(tuple(tokens), torch.stack(q_rows))
 
-    def _tree(self, cache: DynamicCache, logits: torch.Tensor, predicted: torch.Tensor, shape: TreeShape) -> TreeDraft:
+    def _tree(
+        self, cache: DynamicCache, logits: torch.Tensor, predicted: torch.Tensor, shape: TreeShape, rng: Random
+    ) -> TreeDraft:
         """The tree after the true pairs in `cache` (logits [N] and predicted [H] after the
-        last of them): `shape` filled by EAGLE-2's top-k expansion, one head forward per level,
-        or with `dynamic`, EAGLE-2's own choice of nodes within the shape's size."""
+        last of them): `shape` filled by EAGLE-2's top-k expansion, one head forward per level
+        (sampled siblings at temperature > 0), or with `dynamic`, EAGLE-2's own choice of
+        nodes within the shape's size."""
         after: Expanded = {(): (logits, predicted, ())}
         if self.dynamic:
             return self._confident_tree(cache, after, shape)
         true_pairs, width = cache.get_seq_length(), widest(shape)
+        q_after: dict[tuple[int, ...], torch.Tensor] = {}  # path tokens -> q [V] its children were drawn from
 
         def level(parents: list[tuple[int, ...]]) -> list[list[int]]:
-            self._feed(cache, true_pairs, after, [path for path in parents if path not in after])
-            return [self.vocab.ranked(after[path][0], self.sampling, width) for path in parents]
+            self._feed(cache, true_pairs, after, list(dict.fromkeys(path for path in parents if path not in after)))
+            children = []
+            for path in parents:
+                tokens, q = self.vocab.siblings(after[path][0], self.sampling, rng, width)
+                if q is not None:
+                    q_after[path] = q
+                children.append(tokens)
+            return children
 
-        return fill_levels(shape, level)
+        tree = fill_levels(shape, level)
+        return tree if self.sampling.greedy else with_q(tree, q_after.__getitem__)
 
     def _confident_tree(self, cache: DynamicCache, after: Expanded, shape: TreeShape) -> TreeDraft:
         """EAGLE-2's dynamic tree (2406.16858, Sec. 4): each level, the w most confident nodes
