@@ -91,8 +91,9 @@ def fill(shape: TreeShape, candidates: Candidates) -> TreeDraft:
 
 
 LevelCandidates = Callable[[list[tuple[int, ...]]], Sequence[Sequence[int]]]
-"""Ranked candidates after each of several paths of drafted tokens of one depth, at once (a
-proposer that runs one batched forward per level, as EAGLE-2 expands its tree)."""
+"""Candidates after each of several paths of drafted tokens of one depth, at once, ranked (or
+drawn: a sampled tree's siblings, whose q `with_q` attaches): for a proposer that runs one
+batched forward per level, as EAGLE-2 expands its tree."""
 
 
 def fill_levels(shape: TreeShape, level_candidates: LevelCandidates) -> TreeDraft:

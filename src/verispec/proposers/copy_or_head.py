@@ -20,8 +20,9 @@ holds pairs built from the target's true features up to where it last drafted, a
 `propose` appends the pairs of every position emitted since (the target keeps the features of
 every processed position), in one head forward.
 
-Trees: the same choice per round, `copy`'s tree when it has any node, else `head`'s tree (both
-chosen, q None, so every tree round is verified as point masses whichever drafted). Merging
+Trees: the same choice per round, `copy`'s tree when it has any node, else `head`'s tree. Each
+tree carries its own provenance (lookup's chosen, q None; a head's sampled with q rows at
+temperature > 0), so `tree_recursive` verifies every round by the rule of its siblings. Merging
 them (the copy as rank 0, the head's picks as its siblings) would rank a copied token above
 the head's best even where the head is surer, and would make the head expand the copied paths
 too; the per-round choice keeps lookup's rounds as cheap as lookup's own trees.

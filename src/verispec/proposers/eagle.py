@@ -203,7 +203,7 @@ class EagleProposer:
         confidence: dict[tuple[int, ...], float] = {(): 0.0}  # path -> log confidence
         made: list[tuple[int, ...]] = []
         frontier: list[tuple[int, ...]] = [()]
-        for depth in range(shape.depth):
+        for _ in range(shape.depth):
             self._feed(cache, true_pairs, after, [path for path in frontier if path not in after])
             level = []
             for parent in frontier:

@@ -27,6 +27,7 @@ dev at depth 1 (0.156 vs 0.110 at w = 1, 0.268 vs 0.261 at w = 4; see `verispec.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -112,9 +113,13 @@ class MedusaProposer:
         width = widest(shape)
         q_at: dict[int, torch.Tensor] = {}  # depth - 1 -> head q [V] its nodes were drawn from
 
+        best = functools.cache(lambda depth: self.vocab.ranked(logits[depth], self.sampling, width))
+
         def candidates(path: tuple[int, ...]) -> list[int]:
             if len(path) >= logits.shape[0]:
                 return []
+            if self.sampling.greedy:  # the same best tokens under every parent of a depth
+                return best(len(path))
             tokens, q = self.vocab.siblings(logits[len(path)], self.sampling, rng, width)
             if q is not None:
                 q_at[len(path)] = q
