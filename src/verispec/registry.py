@@ -399,12 +399,12 @@ def _default_draft() -> str:
 register(ProposerKind(
     "lookup", "lookup", "chosen", _lookup,
     "prompt lookup: continues the longest recent n-gram match in the request itself",
-    audit=_audit_lookup, example="lookup",
+    audit=_audit_lookup, example="lookup", trees=True,
 ))
 register(ProposerKind(
     "suffix", "suffix", "chosen", _suffix,
     "suffix index over the request and a corpus; drafts the most frequent continuation",
-    audit=_audit_suffix, example="suffix",
+    audit=_audit_suffix, example="suffix", trees=True,
 ))
 register(ProposerKind(
     "draft", "draft:PATH", "sampled", _draft,
@@ -434,21 +434,21 @@ register(ProposerKind(
     "eagle", "eagle[:DIR]", "sampled", _head("eagle"),
     "a trained EAGLE-style head drafting in the target's feature space (DIR: from verispec train; "
     "none: the head shipped for the default model)",
-    audit=_audit_head("eagle"), example=_shipped("eagle"),
+    audit=_audit_head("eagle"), example=_shipped("eagle"), trees=True,
 ))
 register(ProposerKind(
     "medusa", "medusa[:DIR]", "sampled", _head("medusa"),
     "K trained residual heads on the target's last feature (DIR: from verispec train; none: the "
     "shipped head)",
-    audit=_audit_head("medusa"), example=_shipped("medusa"),
+    audit=_audit_head("medusa"), example=_shipped("medusa"), trees=True,
 ))
 register(ProposerKind(
     "lookup+eagle", "lookup+eagle[:DIR]", "mixed", _copy_or_head("eagle"),
     "prompt lookup's draft whenever it has one (chosen), else the EAGLE-style head's sampled draft (DIR as for eagle)",
-    audit=_audit_copy_or_head("eagle"), example=_shipped("eagle", "lookup+eagle"),
+    audit=_audit_copy_or_head("eagle"), example=_shipped("eagle", "lookup+eagle"), trees=True,
 ))
 register(ProposerKind(
     "lookup+medusa", "lookup+medusa[:DIR]", "mixed", _copy_or_head("medusa"),
     "prompt lookup's draft whenever it has one (chosen), else the Medusa heads' sampled draft (DIR as for medusa)",
-    audit=_audit_copy_or_head("medusa"), example=_shipped("medusa", "lookup+medusa"),
+    audit=_audit_copy_or_head("medusa"), example=_shipped("medusa", "lookup+medusa"), trees=True,
 ))

@@ -87,27 +87,56 @@ Candidates = Callable[[tuple[int, ...]], Sequence[int]]
 def fill(shape: TreeShape, candidates: Candidates) -> TreeDraft:
     """A chosen tree (q is None): each node of `shape` takes the candidate of its rank after
     its ancestors' tokens; a node without one is left out, with its descendants. `candidates`
-    is called once per filled parent (and once for the root)."""
+    is called once per filled parent (and once for the root), level by level."""
+    return fill_levels(shape, lambda parents: [candidates(path) for path in parents])
+
+
+LevelCandidates = Callable[[list[tuple[int, ...]]], Sequence[Sequence[int]]]
+"""Candidates after each of several paths of drafted tokens of one depth, at once, ranked (or
+drawn: a sampled tree's siblings, whose q `with_q` attaches): for a proposer that runs one
+batched forward per level, as EAGLE-2 expands its tree."""
+
+
+def fill_levels(shape: TreeShape, level_candidates: LevelCandidates) -> TreeDraft:
+    """`fill`, asking for a whole level at a time: `level_candidates(parents)` gets the path
+    tokens of every filled node of depth d - 1 with children in `shape` (in shape order; [()]
+    for the root) and answers their ranked candidates, once per depth d."""
     tokens: list[int] = []
     parents: list[int] = []
     node_of: dict[RankPath, int] = {(): ROOT}
-    ranked: dict[RankPath, Sequence[int]] = {}
     prefix_tokens: dict[RankPath, tuple[int, ...]] = {(): ()}
-    for path in shape.paths:
-        parent = path[:-1]
-        if parent not in node_of:
-            continue
-        if parent not in ranked:
-            ranked[parent] = candidates(prefix_tokens[parent])
-        options = ranked[parent]
-        if path[-1] >= len(options):
-            continue
-        token = int(options[path[-1]])
-        node_of[path] = len(tokens)
-        prefix_tokens[path] = (*prefix_tokens[parent], token)
-        tokens.append(token)
-        parents.append(node_of[parent])
+    for depth in range(1, shape.depth + 1):
+        level = [path for path in shape.paths if len(path) == depth and path[:-1] in node_of]
+        parent_paths = list(dict.fromkeys(path[:-1] for path in level))
+        if not parent_paths:
+            break
+        answers = level_candidates([prefix_tokens[parent] for parent in parent_paths])
+        ranked = dict(zip(parent_paths, answers, strict=True))
+        for path in level:
+            options = ranked[path[:-1]]
+            if path[-1] >= len(options):
+                continue
+            token = int(options[path[-1]])
+            node_of[path] = len(tokens)
+            prefix_tokens[path] = (*prefix_tokens[path[:-1]], token)
+            tokens.append(token)
+            parents.append(node_of[path[:-1]])
     return TreeDraft(tuple(tokens), tuple(parents))
+
+
+def with_q(tree: TreeDraft, q_after: Callable[[tuple[int, ...]], torch.Tensor]) -> TreeDraft:
+    """`tree` as a sampled tree: node i's q row is `q_after(tokens of its parent's path)`, the
+    float64 [V] distribution it was drawn from (() for the first level)."""
+    if not len(tree):
+        return tree
+    rows = [q_after(tree.path_tokens(tree.path_to(parent))) for parent in tree.parents]
+    return TreeDraft(tree.tokens, tree.parents, torch.stack(rows))
+
+
+def widest(shape: TreeShape) -> int:
+    """The most children any node of `shape` has (0 for an empty shape): how many ranked
+    candidates a proposer needs after any path."""
+    return max((path[-1] + 1 for path in shape.paths), default=0)
 
 
 def ranked_top(row: torch.Tensor, width: int) -> list[int]:

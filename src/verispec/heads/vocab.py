@@ -18,6 +18,7 @@ import torch
 
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities
+from verispec.tree_shape import ranked_top
 
 
 def check_d2t(d2t: torch.Tensor | Sequence[int], vocab_size: int) -> torch.Tensor:
@@ -70,3 +71,24 @@ class HeadVocab:
             return int(self.d2t[int(logits.argmax())]), None
         kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
         return int(self.d2t[rng.categorical(kept)]), self._spread(kept)
+
+    def ranked(self, logits: torch.Tensor, sampling: SamplingParams, width: int) -> list[int]:
+        """The `width` best target token ids by the head's logits [N], best first, as chosen
+        tree candidates (q None): at temperature 0 by the logits, ties to the lower id (so rank
+        0 is `draw`'s argmax); else by q after the transforms, tokens it filters out left out."""
+        if sampling.greedy:
+            order = torch.sort(logits, descending=True, stable=True).indices[:width]
+            return self.d2t[order].tolist()
+        kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
+        return self.d2t[ranked_top(kept, width)].tolist()
+
+    def siblings(
+        self, logits: torch.Tensor, sampling: SamplingParams, rng: Random, width: int
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """A tree node's `width` children from the head's logits [N] after it: at temperature 0
+        the best ones (`ranked`, chosen, q None); else independent draws from q with
+        replacement (SpecInfer's sampled siblings, repeats allowed) and that q [V]."""
+        if sampling.greedy:
+            return self.ranked(logits, sampling, width), None
+        kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
+        return [int(self.d2t[rng.categorical(kept)]) for _ in range(width)], self._spread(kept)

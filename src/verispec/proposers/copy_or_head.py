@@ -20,6 +20,13 @@ holds pairs built from the target's true features up to where it last drafted, a
 `propose` appends the pairs of every position emitted since (the target keeps the features of
 every processed position), in one head forward.
 
+Trees: the same choice per round, `copy`'s tree when it has any node, else `head`'s tree. Each
+tree carries its own provenance (lookup's chosen, q None; a head's sampled with q rows at
+temperature > 0), so `tree_recursive` verifies every round by the rule of its siblings. Merging
+them (the copy as rank 0, the head's picks as its siblings) would rank a copied token above
+the head's best even where the head is surer, and would make the head expand the copied paths
+too; the per-round choice keeps lookup's rounds as cheap as lookup's own trees.
+
     >>> proposer = CopyOrHead(PromptLookup(), EagleProposer(head, target))
 """
 
@@ -27,16 +34,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from verispec.drafts import Draft
-from verispec.proposers.base import Proposer
+from verispec.drafts import Draft, TreeDraft
+from verispec.proposers.base import Proposer, TreeProposer
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
+from verispec.tree_shape import TreeShape
 
 
 class CopyOrHead:
-    """`copy`'s draft when it drafts anything, else `head`'s."""
+    """`copy`'s draft (or tree) when it drafts anything, else `head`'s; trees need both to be
+    `TreeProposer`s."""
 
-    def __init__(self, copy: Proposer, head: Proposer) -> None:
+    def __init__(self, copy: Proposer | TreeProposer, head: Proposer | TreeProposer) -> None:
         self.copy = copy
         self.head = head
 
@@ -55,3 +64,11 @@ class CopyOrHead:
     def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         copied = self.copy.propose_stateless(context, k, rng)
         return copied if len(copied) else self.head.propose_stateless(context, k, rng)
+
+    def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        copied = self.copy.propose_tree(context, shape, rng)
+        return copied if len(copied) else self.head.propose_tree(context, shape, rng)
+
+    def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        copied = self.copy.propose_tree_stateless(context, shape, rng)
+        return copied if len(copied) else self.head.propose_tree_stateless(context, shape, rng)

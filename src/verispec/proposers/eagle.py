@@ -19,6 +19,25 @@ full vocabulary with zeros elsewhere, after the request's sampling transforms (`
 and verified by the token-level or block rule; at temperature 0 the draft is the head's argmax
 (chosen, q None) and the greedy rule applies. A context of one token has no feature yet: the
 draft is empty and the round decodes plainly.
+
+Trees (`propose_tree`, EAGLE-2's top-k expansion, Li et al. 2406.16858): the tree grows level
+by level in one head forward per level. Every node of the previous level that has children in
+the shape is fed as a pair (its parent's predicted feature, its token) at the position of its
+depth, attending to the true pairs and to its own ancestors' pairs only (a tree mask over the
+head's cache), and its children are the top-ranked tokens of the head's distribution after
+it: a shape node of rank r takes the r-th. At temperature 0 they are the head's best tokens,
+chosen (`HeadVocab.ranked`, q None), and the rank-0 chain is `propose`'s argmax chain. At
+temperature > 0 they are independent draws from the head's q after the node, with replacement
+(SpecInfer's sampled siblings, q rows given: `tree_recursive`'s min(1, r/q) with the residual
+updated between siblings): measured on Spec-Bench dev with the shipped head
+(`benchmarks/tree_acceptance.py --sampled`, T = 1, depth 1), w sampled siblings accept more
+than the head's top w tokens as point masses (0.214 vs 0.185 at w = 1, 0.357 vs 0.350 at
+w = 4): a head far from p gains more from min(p, q) over its whole q than from p's mass on its
+top tokens. The drafted pairs are rolled back at `commit`, as a chain's are.
+
+The shape is the policy's. With `dynamic=True` only its size, depth and widest node are: the
+nodes are EAGLE-2's own choice by path confidence (`_confident_tree`), chosen (q None) at every
+temperature from the context alone, so exactness is unchanged.
 """
 
 from __future__ import annotations
@@ -32,9 +51,13 @@ from verispec.heads.checkpoint import check_target
 from verispec.heads.eagle import EagleHead
 from verispec.heads.vocab import HeadVocab
 from verispec.models.base import CausalLM, FeatureChannel
-from verispec.drafts import EMPTY_DRAFT, Draft
+from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
+from verispec.tree_shape import TreeShape, fill_levels, widest, with_q
+
+# path tokens -> (head logits [N] after the path, predicted feature [H], cache slots of the path's pairs)
+Expanded = dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]]
 
 
 class EagleProposer:
@@ -45,8 +68,9 @@ class EagleProposer:
     >>> generate(target, proposer, prompt_ids, max_new_tokens=64, k=4)
     """
 
-    def __init__(self, head: EagleHead, target: CausalLM) -> None:
+    def __init__(self, head: EagleHead, target: CausalLM, *, dynamic: bool = False) -> None:
         check_target(head.config, target)
+        self.dynamic = dynamic
         self.head = head
         self.target: FeatureChannel = target
         self.taps = head.config.feature_layers
@@ -71,10 +95,33 @@ class EagleProposer:
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        if len(context) < 2 or k < 1:
+            return EMPTY_DRAFT
+        return self._draft(self._cache, *self._follow(context), k, rng)
+
+    @torch.inference_mode()
+    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        if len(context) < 2 or k < 1:
+            return EMPTY_DRAFT
+        return self._draft(*self._recomputed(context), k, rng)
+
+    @torch.inference_mode()
+    def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        if len(context) < 2 or not len(shape):
+            return TreeDraft((), ())
+        return self._tree(self._cache, *self._follow(context), shape, rng)
+
+    @torch.inference_mode()
+    def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        if len(context) < 2 or not len(shape):
+            return TreeDraft((), ())
+        return self._tree(*self._recomputed(context), shape, rng)
+
+    def _follow(self, context: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bring the cache to the true pairs of `context` (n >= 2 tokens): the head's logits
+        [N] and predicted feature [H] after the last of them."""
         self.commit(context)
         n = len(context)
-        if n < 2 or k < 1:
-            return EMPTY_DRAFT
         if self.target.length != n - 1:
             raise RuntimeError(
                 f"the target has processed {self.target.length} tokens, the head expects {n - 1} (all but the "
@@ -85,16 +132,15 @@ class EagleProposer:
             logits, predicted = self._pairs_forward(self._cache, context[self._pairs + 1 : n], features)
             self._pairs = n - 1
             self._last = logits[-1], predicted[-1]
-        return self._draft(self._cache, *self._last, k, rng)
+        return self._last
 
-    @torch.inference_mode()
-    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
-        if len(context) < 2 or k < 1:
-            return EMPTY_DRAFT
+    def _recomputed(self, context: Sequence[int]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """A fresh cache of `context`'s true pairs, from the target's stateless features, and
+        the logits [N] and predicted feature [H] after the last."""
         features = self.target.score_features(list(context[:-1]), self.taps)  # [n - 1, F]
         cache = self.head.new_cache()
         logits, predicted = self._pairs_forward(cache, context[1:], features)
-        return self._draft(cache, logits[-1], predicted[-1], k, rng)
+        return cache, logits[-1], predicted[-1]
 
     def _pairs_forward(
         self, cache: DynamicCache, tokens: Sequence[int], features: torch.Tensor
@@ -119,3 +165,75 @@ class EagleProposer:
         if self.sampling.greedy:
             return Draft(tuple(tokens))
         return Draft(tuple(tokens), torch.stack(q_rows))
+
+    def _tree(
+        self, cache: DynamicCache, logits: torch.Tensor, predicted: torch.Tensor, shape: TreeShape, rng: Random
+    ) -> TreeDraft:
+        """The tree after the true pairs in `cache` (logits [N] and predicted [H] after the
+        last of them): `shape` filled by EAGLE-2's top-k expansion, one head forward per level
+        (sampled siblings at temperature > 0), or with `dynamic`, EAGLE-2's own choice of
+        nodes within the shape's size."""
+        after: Expanded = {(): (logits, predicted, ())}
+        if self.dynamic:
+            return self._confident_tree(cache, after, shape)
+        true_pairs, width = cache.get_seq_length(), widest(shape)
+        q_after: dict[tuple[int, ...], torch.Tensor] = {}  # path tokens -> q [V] its children were drawn from
+
+        def level(parents: list[tuple[int, ...]]) -> list[list[int]]:
+            self._feed(cache, true_pairs, after, list(dict.fromkeys(path for path in parents if path not in after)))
+            children = []
+            for path in parents:
+                tokens, q = self.vocab.siblings(after[path][0], self.sampling, rng, width)
+                if q is not None:
+                    q_after[path] = q
+                children.append(tokens)
+            return children
+
+        tree = fill_levels(shape, level)
+        return tree if self.sampling.greedy else with_q(tree, q_after.__getitem__)
+
+    def _confident_tree(self, cache: DynamicCache, after: Expanded, shape: TreeShape) -> TreeDraft:
+        """EAGLE-2's dynamic tree (2406.16858, Sec. 4): each level, the w most confident nodes
+        of the last level (confidence: the product of the head's probabilities along the path,
+        its softmax over the logits at temperature 1) are expanded into their top w tokens (w:
+        the shape's widest node, as `ranked` picks them); after `shape.depth` levels the
+        len(shape) most confident nodes are kept. A node is never more confident than its parent,
+        so the kept nodes are closed under prefixes (ties: the earlier-made node first)."""
+        true_pairs, width = cache.get_seq_length(), widest(shape)
+        confidence: dict[tuple[int, ...], float] = {(): 0.0}  # path -> log confidence
+        made: list[tuple[int, ...]] = []
+        frontier: list[tuple[int, ...]] = [()]
+        for _ in range(shape.depth):
+            self._feed(cache, true_pairs, after, [path for path in frontier if path not in after])
+            level = []
+            for parent in frontier:
+                log_probs = torch.log_softmax(after[parent][0].double(), dim=-1)  # [N]
+                for token in self.vocab.ranked(after[parent][0], self.sampling, width):
+                    path = (*parent, token)
+                    head_index = int(torch.searchsorted(self.vocab.d2t, token))  # d2t ascends
+                    confidence[path] = confidence[parent] + float(log_probs[head_index])
+                    level.append(path)
+            made += level
+            frontier = sorted(level, key=lambda path: -confidence[path])[:width]
+        kept = sorted(sorted(range(len(made)), key=lambda i: -confidence[made[i]])[: len(shape)])
+        node_of = {(): ROOT} | {made[i]: n for n, i in enumerate(kept)}
+        return TreeDraft(tuple(made[i][-1] for i in kept), tuple(node_of[made[i][:-1]] for i in kept))
+
+    def _feed(self, cache: DynamicCache, true_pairs: int, after: Expanded, paths: list[tuple[int, ...]]) -> None:
+        """Append the pairs (parent's predicted feature, last token) of the nodes at `paths`
+        (their parents in `after`) in one head forward, each at the position of its depth and
+        attending to the true pairs, its ancestors' pairs and itself only; record in `after`."""
+        if not paths:
+            return
+        start = cache.get_seq_length()
+        allowed = torch.zeros(len(paths), start + len(paths), dtype=torch.bool)  # [T, P + T]
+        allowed[:, :true_pairs] = True
+        for i, path in enumerate(paths):
+            allowed[i, list(after[path[:-1]][2])] = True
+            allowed[i, start + i] = True
+        ids = torch.tensor([[path[-1] for path in paths]])  # [1, T]
+        hidden = torch.stack([after[path[:-1]][1] for path in paths])[None]  # [1, T, H]
+        positions = torch.tensor([[true_pairs + len(path) - 1 for path in paths]])  # [1, T]
+        logits, predicted = self.head(ids, hidden, cache, positions=positions, allowed=allowed)
+        for i, path in enumerate(paths):
+            after[path] = logits[0, i], predicted[0, i], (*after[path[:-1]][2], start + i)

@@ -28,6 +28,14 @@ would change along whole suffix-link chains; matches longer than max_match add l
 draft. The corpus trie persists across requests; the request trie is rebuilt by `begin`. Memory is O(max_match) nodes per indexed token: keep max_match modest for
 a large corpus.
 
+Trees (`propose_tree`, several continuations, SuffixDecoding's speculation tree): after a
+drafted path, the candidates are the continuations of the longest suffix of context + path,
+ranked as in step 2 (most frequent, ties to the most recent), each kept while it passes the
+test of step 3 with the path probability of its own path; a shape node of rank r takes the
+r-th. Rank 0 at every level is step 2's choice: `propose(k)` is the tree of the chain shape
+of k nodes. In the worked example a tree of two first-level nodes offers 8 (rank 0) and 7 (rank 1,
+path probability 1/2).
+
 The drafts are chosen, not sampled (q = None): they are verified as point masses and consume
 no randomness. `propose_stateless` recounts everything by brute force over the raw sequences.
 """
@@ -36,9 +44,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from verispec.drafts import Draft
+from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
+from verispec.tree_shape import TreeShape, fill
 
 # token -> (N(s, token), indexing position of its most recent occurrence after s)
 Counts = dict[int, tuple[int, int]]
@@ -115,60 +124,52 @@ class SuffixIndex:
         self._indexed = len(context)
 
     def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
-        request, corpus = self._request_suffixes, self._corpus_suffixes
-
-        def continuations(drafted: list[int]) -> Counts:
-            nonlocal request, corpus
-            if drafted:
-                request = _advance(request, drafted[-1], self._request_root, self.max_match)
-                corpus = _advance(corpus, drafted[-1], self._corpus_root, self.max_match)
-            return self._continuations(request, corpus)
-
-        return self._draft(k, continuations)
+        return Draft(self.propose_tree(context, TreeShape.chain(k), rng).tokens)
 
     def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         """The same draft by brute force: rescan every sequence for each drafted token."""
+        return Draft(self.propose_tree_stateless(context, TreeShape.chain(k), rng).tokens)
+
+    def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        suffixes = {(): (self._request_suffixes, self._corpus_suffixes)}  # path -> its suffix nodes
+
+        def continuations(path: tuple[int, ...]) -> Counts:
+            if path not in suffixes:
+                request, corpus = suffixes[path[:-1]]
+                suffixes[path] = (
+                    _advance(request, path[-1], self._request_root, self.max_match),
+                    _advance(corpus, path[-1], self._corpus_root, self.max_match),
+                )
+            return self._continuations(*suffixes[path])
+
+        return self._tree(shape, continuations)
+
+    def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
+        """The same tree by brute force: rescan every sequence for each node's path."""
         texts = [*self.corpus, tuple(int(t) for t in context)]
+        return self._tree(shape, lambda path: _recounted(texts, list(path), self.max_match))
 
-        def continuations(drafted: list[int]) -> Counts:
-            seq = [*texts[-1], *drafted]
-            for m in range(min(self.max_match, len(seq)), 0, -1):
-                counts: Counts = {}
-                pattern, stamp = seq[-m:], 0
-                for text in texts:
-                    for t in range(len(text)):
-                        if t >= m and list(text[t - m : t]) == pattern:
-                            counts[text[t]] = (counts.get(text[t], (0, 0))[0] + 1, stamp)
-                        stamp += 1
-                if counts:
-                    return counts
-            return {}
+    def _tree(self, shape: TreeShape, continuations: Callable[[tuple[int, ...]], Counts]) -> TreeDraft:
+        """`shape` filled with the ranked continuations after each path (`continuations(path)`
+        counts what follows the longest matching suffix of the context plus the path): steps 2
+        and 3 of the walk, each candidate tested with the path probability of its own path (a
+        chain shape is the greedy walk itself)."""
+        path_prob: dict[tuple[int, ...], float] = {(): 1.0}
 
-        return self._draft(k, continuations)
+        def candidates(path: tuple[int, ...]) -> list[int]:
+            counts = continuations(path)
+            total = sum(c for c, _ in counts.values())
+            ranked = []
+            for token in sorted(counts, key=counts.__getitem__, reverse=True):
+                count = counts[token][0]
+                prob = path_prob[path] * (count / total)
+                if count < self.min_count or prob < self.min_prob:
+                    break  # every later candidate has no larger count, so no larger probability
+                path_prob[(*path, token)] = prob
+                ranked.append(token)
+            return ranked
 
-    def _draft(self, k: int, continuations: Callable[[list[int]], Counts]) -> Draft:
-        """The greedy walk: `continuations(drafted)` counts what follows the longest matching
-        suffix of the context plus the tokens drafted so far."""
-        tokens: list[int] = []
-        path_prob = 1.0
-        while len(tokens) < k:
-            counts = continuations(tokens)
-            if not counts:
-                break
-            token, path_prob = self._accept(counts, path_prob)
-            if token is None:
-                break
-            tokens.append(token)
-        return Draft(tuple(tokens))
-
-    def _accept(self, counts: Counts, path_prob: float) -> tuple[int | None, float]:
-        """The best continuation and the new path probability, or None when it is too rare."""
-        token = max(counts, key=lambda x: counts[x])
-        count = counts[token][0]
-        path_prob *= count / sum(c for c, _ in counts.values())
-        if count < self.min_count or path_prob < self.min_prob:
-            return None, path_prob
-        return token, path_prob
+        return fill(shape, candidates)
 
     def _continuations(self, request: list[_Node], corpus: list[_Node]) -> Counts:
         """token -> (N(s, token), stamp) for the longest suffix s with any continuation."""
@@ -195,6 +196,23 @@ class SuffixIndex:
             grown.append(child)
         self._clock += 1
         return grown[: self.max_match + 1]
+
+
+def _recounted(texts: Sequence[Sequence[int]], drafted: list[int], max_match: int) -> Counts:
+    """Counts by brute force: what follows the longest suffix (up to max_match tokens) of
+    texts[-1] + drafted anywhere in `texts`, with a stamp that grows along the texts."""
+    seq = [*texts[-1], *drafted]
+    for m in range(min(max_match, len(seq)), 0, -1):
+        counts: Counts = {}
+        pattern, stamp = seq[-m:], 0
+        for text in texts:
+            for t in range(len(text)):
+                if t >= m and list(text[t - m : t]) == pattern:
+                    counts[text[t]] = (counts.get(text[t], (0, 0))[0] + 1, stamp)
+                stamp += 1
+        if counts:
+            return counts
+    return {}
 
 
 def _advance(suffixes: list[_Node], token: int, root: _Node, max_match: int) -> list[_Node]:
