@@ -50,11 +50,17 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from verispec.cost import Costs, check_costs, check_v_curve
 from verispec.policies import AutoK, counter_growth, decayed, smoothed_rate
 from verispec.stats import Stats
 from verispec.tree_shape import RankPath, TreeShape
+
+if TYPE_CHECKING:
+    from verispec.models.base import CausalLM
+    from verispec.proposers.base import Proposer
+    from verispec.sampling import SamplingParams
 
 # The widest sibling rank a tree policy considers by default: enough for lookup's and suffix's
 # continuations and for the top-k of a head, few enough that unreached ranks' priors stay cheap.
@@ -366,3 +372,38 @@ def _count_empty_siblings(plan: int | TreeShape, attempts: list[list[float]], ac
         if not ranks:
             return
         path = (*path, ranks[0])
+
+
+def shape_from_widths(widths: Sequence[int]) -> TreeShape:
+    """The constant tree `tree:W1xW2x...`: every node at depth d - 1 (the pending token at
+    d = 1) has the top W_d candidates as children.
+
+        >>> shape_from_widths([2, 1]).paths
+        ((0,), (1,), (0, 0), (1, 0))
+    """
+    paths: list[RankPath] = [()]
+    level: list[RankPath] = [()]
+    for width in widths:
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"tree widths must be integers >= 1, got {width!r}")
+        level = [(*parent, r) for parent in level for r in range(width)]
+        paths.extend(level)
+    return TreeShape.of(paths[1:])
+
+
+def measured_tree_policy(
+    target: CausalLM,
+    proposer: Proposer,
+    prompt_ids: Sequence[int],
+    *,
+    max_nodes: int = TREE_NODES,
+    sampling: SamplingParams | None = None,
+    **options,
+) -> TreePolicy:
+    """A TreePolicy from a brief profile of this target and proposer after this prompt: v(n)
+    for n = 1..max_nodes + 1 and c per drafted token (= per level), two timed repeats after a
+    warm-up; `options` go to `TreePolicy`. The profile is its prior, as for `measured_autok`."""
+    from verispec.profile import measure_profile
+
+    profile = measure_profile(target, proposer, prompt_ids, k_max=max_nodes, repeats=2, warmup=1, sampling=sampling)
+    return TreePolicy(profile, **options)
