@@ -194,7 +194,7 @@ def test_a_registered_proposer_is_listed(repeat_registered, capsys):
                            "lookup+eagle", "lookup+medusa", "repeat"}
     assert listed["repeat"] == {
         "name": "repeat", "grammar": "repeat", "drafts": "chosen", "rules": ["greedy", "point-mass", "token", "block"],
-        "audited": True, "not_audited": None, "description": "repeats the last token",
+        "audited": True, "not_audited": None, "description": "repeats the last token", "trees": False,
     }
     assert main(["proposers"]) == 0
     text = capsys.readouterr().out
