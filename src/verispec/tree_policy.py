@@ -94,6 +94,21 @@ class Plan:
         """What a policy answers: k for a chain (0: plain), else the shape."""
         return len(self.shape) if self.shape.is_chain else self.shape
 
+    @property
+    def kind(self) -> str:
+        return "plain" if not self.shape.paths else "chain" if self.shape.is_chain else "tree"
+
+    def as_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "nodes": len(self.shape),
+            "depth": self.shape.depth,
+            "paths": [list(path) for path in self.shape.paths],
+            "expected_tokens": self.expected,
+            "cost": self.cost,
+            "speedup": self.speedup,
+        }
+
     def describe(self) -> str:
         if not self.shape.paths:
             return "plain step"
