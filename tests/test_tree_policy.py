@@ -31,6 +31,7 @@ from verispec.stats import Stats
 from verispec.tree_policy import (
     PLAIN,
     TreePolicy,
+    best_of_each_size,
     estimated_acceptance,
     expected_tokens,
     round_cost,
@@ -96,7 +97,7 @@ def test_the_search_is_optimal_against_every_shape(seed):
     choice = search(acceptance, c, v)
     best = max(expected_tokens(s, acceptance) / round_cost(s, c, v) for s in SHAPES)
     assert choice.best_tree.speedup == pytest.approx(best, rel=1e-12)
-    for plan in choice.by_size:  # each size's shape has the largest E of its size among shapes as shallow
+    for plan in best_of_each_size(acceptance, c, v):  # each size's shape has the largest E of its size among shapes as shallow
         n, depth = len(plan.shape), plan.shape.depth
         rivals = [expected_tokens(s, acceptance) for s in SHAPES if len(s) == n and s.depth <= depth]
         assert plan.expected == pytest.approx(max(rivals), rel=1e-12)

@@ -47,6 +47,7 @@ nothing, as for chains.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -125,14 +126,12 @@ class TreeChoice:
     """The search's answer: the best plan of each kind and the overall choice.
 
     best_tree: the best shape of all (a chain when no branching pays); best_chain: the best
-    chain; by_size: the best shape of each size n = 1.. (sizes whose every node has P = 0
-    left out); speculative: best_tree if it beats best_chain by the tree margin, else
-    best_chain; chosen: speculative if it beats plain decoding by the margin, else plain.
+    chain; speculative: best_tree if it beats best_chain by the tree margin, else best_chain;
+    chosen: speculative if it beats plain decoding by the margin, else plain.
     """
 
     best_tree: Plan
     best_chain: Plan
-    by_size: tuple[Plan, ...]
     speculative: Plan
     chosen: Plan
 
@@ -221,13 +220,43 @@ def search(
         >>> steep.chosen.describe(), round(steep.chosen.speedup, 2)
         ('chain k = 1', 1.14)
     """
+    top = _checked(acceptance, c, v, max_nodes)
+    n, (_, limit) = max(_best_by_size(acceptance, c, v, top).items(), key=lambda item: item[1][0], default=(0, (0, 0)))
+    chain_expected = list(itertools.accumulate(node_probability(acceptance, (0,) * k) for k in range(1, top + 1)))
+    k = max(range(1, top + 1), key=lambda k: (1 + chain_expected[k - 1]) / (c * k + v[k]))
+    best_chain = plan_of(TreeShape.chain(k), acceptance, c, v)
+    best_tree = _greedy_plan(acceptance, c, v, n, limit) if n else best_chain
+    if best_tree.speedup < best_chain.speedup:  # a chain's nodes of P = 0, on a jagged v(n)
+        best_tree = best_chain
+    speculative = best_tree if best_tree.speedup > best_chain.speedup * (1 + tree_margin) else best_chain
+    chosen = speculative if speculative.speedup > 1 + margin else PLAIN
+    return TreeChoice(best_tree, best_chain, speculative, chosen)
+
+
+def best_of_each_size(
+    acceptance: Acceptance, c: float, v: Sequence[float], *, max_nodes: int | None = None
+) -> list[Plan]:
+    """The shape of the best speedup among those of n nodes, for each n = 1..max_nodes (sizes
+    whose every node would have P = 0 left out): what `verispec cost --ranks` tabulates."""
+    top = _checked(acceptance, c, v, max_nodes)
+    best = _best_by_size(acceptance, c, v, top)
+    return [_greedy_plan(acceptance, c, v, n, best[n][1]) for n in sorted(best)]
+
+
+def _checked(acceptance: Acceptance, c: float, v: Sequence[float], max_nodes: int | None) -> int:
+    """The checked inputs' largest tree size."""
     check_acceptance(acceptance)
     check_v_curve(v)
     check_costs(c, v[0])
     top = len(v) - 1 if max_nodes is None else max_nodes
     if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= len(v) - 1:
         raise ValueError(f"max_nodes must be an integer in [1, {len(v) - 1}] (v(n) reaches n = {len(v)}), got {top!r}")
-    best: dict[int, tuple[float, int, int]] = {}  # n -> (speedup, depth limit, its greedy prefix's depth)
+    return top
+
+
+def _best_by_size(acceptance: Acceptance, c: float, v: Sequence[float], top: int) -> dict[int, tuple[float, int]]:
+    """n -> (the best speedup of a greedy tree of n nodes, the depth limit that gives it)."""
+    best: dict[int, tuple[float, int]] = {}
     for limit in range(1, top + 1):
         expected, depth = 1.0, 0
         for n, (path, p) in enumerate(greedy_order(acceptance, top, limit), start=1):
@@ -235,19 +264,15 @@ def search(
             depth = max(depth, len(path))
             ratio = expected / (c * depth + v[n])
             if n not in best or ratio > best[n][0]:
-                best[n] = (ratio, limit, depth)
-    by_size = []
-    for n in sorted(best):
-        order = greedy_order(acceptance, n, best[n][1])
-        by_size.append(plan_of(TreeShape.of(path for path, _ in order), acceptance, c, v))
-    chains = [plan_of(TreeShape.chain(k), acceptance, c, v) for k in range(1, top + 1)]
-    best_chain = max(chains, key=lambda plan: plan.speedup)
-    best_tree = max(by_size, key=lambda plan: plan.speedup, default=best_chain)
-    if best_tree.speedup < best_chain.speedup:  # a chain's nodes of P = 0, on a jagged v(n)
-        best_tree = best_chain
-    speculative = best_tree if best_tree.speedup > best_chain.speedup * (1 + tree_margin) else best_chain
-    chosen = speculative if speculative.speedup > 1 + margin else PLAIN
-    return TreeChoice(best_tree, best_chain, tuple(by_size), speculative, chosen)
+                best[n] = (ratio, limit)
+        if depth < limit:  # no node reached the limit: deeper limits grow the same tree
+            break
+    return best
+
+
+def _greedy_plan(acceptance: Acceptance, c: float, v: Sequence[float], nodes: int, limit: int) -> Plan:
+    order = greedy_order(acceptance, nodes, limit)
+    return plan_of(TreeShape.of(path for path, _ in order), acceptance, c, v)
 
 
 def estimated_acceptance(

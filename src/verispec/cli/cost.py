@@ -21,7 +21,7 @@ from verispec.cost import (
     survival_from_alpha,
 )
 from verispec.profile import Profile
-from verispec.tree_policy import TREE_MARGIN, Plan, TreeChoice, check_acceptance, search
+from verispec.tree_policy import TREE_MARGIN, Plan, TreeChoice, best_of_each_size, check_acceptance, search
 
 PLOT_ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9)
 # The largest k (and --k-max) accepted. Even at alpha 0.99 and a free draft (c = 0) the
@@ -73,8 +73,9 @@ def cost(
         costs, _ = _costs(c, v, profile, k_max, k)
         depths = len(costs.v) - 1
         acceptance += [acceptance[-1]] * (depths - len(acceptance))
-        choice = search(acceptance[:depths], costs.c, costs.v)
-        _print_tree(choice, costs, ranks, as_json)
+        acceptance = acceptance[:depths]
+        choice = search(acceptance, costs.c, costs.v)
+        _print_tree(choice, best_of_each_size(acceptance, costs.c, costs.v), costs, ranks, as_json)
         return
     costs, source = _costs(c, v, profile, k_max, k)
     if alpha is not None:
@@ -168,11 +169,11 @@ def parse_ranks(text: str) -> list[list[float]]:
     return table
 
 
-def _print_tree(choice: TreeChoice, costs: FixedCosts, ranks: str, as_json: bool) -> None:
+def _print_tree(choice: TreeChoice, by_size: list[Plan], costs: FixedCosts, ranks: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps({
             "c": costs.c, "v": list(costs.v), "ranks": ranks, "tree_margin": TREE_MARGIN,
-            "by_size": [plan.as_dict() for plan in choice.by_size],
+            "by_size": [plan.as_dict() for plan in by_size],
             "best_tree": choice.best_tree.as_dict(), "best_chain": choice.best_chain.as_dict(),
             "chosen": choice.chosen.as_dict(),
         }))
@@ -181,7 +182,7 @@ def _print_tree(choice: TreeChoice, costs: FixedCosts, ranks: str, as_json: bool
     table = Table(title=f"best token tree of each size, c = {costs.c:.4g} per level, a(d, r) = {shown}")
     for column in ("nodes", "per depth", "depth", "E (tokens/round)", "cost", "speedup"):
         table.add_column(column, justify="right")
-    for plan in choice.by_size:
+    for plan in by_size:
         style = "bold green" if plan.shape == choice.chosen.shape else None
         widths = plan.shape.describe().partition(": ")[2]
         table.add_row(
