@@ -229,7 +229,7 @@ def test_tree_policy_options_are_checked():
         TreePolicy(FixedCosts(0.0, [1.0] * 3), max_width=0)
     with pytest.raises(ValueError, match="tree_margin"):
         TreePolicy(FixedCosts(0.0, [1.0] * 3), tree_margin=-1)
-    with pytest.raises(ValueError, match=r"k_max must be an integer in \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"max_nodes must be an integer in \[1, 2\]"):
         TreePolicy(FixedCosts(0.0, [1.0] * 3), max_nodes=3)
 
 
@@ -355,7 +355,8 @@ def tree_kind_registered():
 def test_a_tree_policy_needs_a_proposer_that_fills_trees(tree_kind_registered):
     check_policy_proposer("tree", "ranked")
     check_policy_proposer("4", "lookup")
-    with pytest.raises(ValueError, match=r"--k tree:2x2 drafts token trees, which proposer lookup cannot fill; choose a proposer that does \(.*ranked"):
+    says = r"--k tree:2x2 drafts token trees, which proposer lookup cannot fill; choose a proposer that does \(.*ranked"
+    with pytest.raises(ValueError, match=says):
         check_policy_proposer("tree:2x2", "lookup")
 
 

@@ -327,6 +327,13 @@ class TreePolicy(AutoK):
             raise ValueError(f"max_width (siblings per node) must be an integer >= 1, got {max_width!r}")
         if not (isinstance(tree_margin, (int, float)) and math.isfinite(tree_margin) and tree_margin >= 0):
             raise ValueError(f"tree_margin must be a finite number >= 0, got {tree_margin!r}")
+        measured = len(costs.v) - 1
+        top = measured if max_nodes is None else max_nodes
+        if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= measured:
+            raise ValueError(
+                f"max_nodes must be an integer in [1, {measured}] (the costs give v(n) up to n = {measured + 1}), "
+                f"got {max_nodes!r}"
+            )
         self.max_width = max_width
         self.tree_margin = tree_margin
         super().__init__(costs, k_max=max_nodes, **options)
