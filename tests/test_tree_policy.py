@@ -273,12 +273,15 @@ def test_engine_with_the_tree_policy_equals_the_reference(seed, temperature):
     draft = random_table(4, 2, seed + 50)
     options = dict(max_new_tokens=40, sampling=SamplingParams(temperature=temperature), eos_token_id=3)
     costs = FixedCosts(0.05, [1.0 + 0.03 * n for n in range(9)])
-    run = generate(target, RankedDraft(draft), [1, 2], k=TreePolicy(costs), rng=TorchRandom(seed), clock=TickClock(), **options)
+    run_policy = TreePolicy(costs)
+    run = generate(target, RankedDraft(draft), [1, 2], k=run_policy, rng=TorchRandom(seed), clock=TickClock(), **options)
     again = reference_generate(
         target, RankedDraft(draft), [1, 2], k=TreePolicy(costs), rng=TorchRandom(seed), clock=TickClock(), **options
     )
     assert run.tokens == again
     assert run.stats.tree_rounds > 0  # the policy did draft trees
+    plans = run_policy.plan_counts()
+    assert sum(plans.values()) == run.stats.rounds and any(plan.startswith("tree ") for plan in plans)
     plain = generate(target, None, [1, 2], k=0, rng=TorchRandom(seed), **options)
     if temperature == 0:
         assert run.tokens == plain.tokens  # greedy trees are greedy decoding
@@ -429,3 +432,11 @@ def test_cost_explains_a_tree_choice(capsys):
     assert "chosen: the chain" in capsys.readouterr().out
     assert main(["cost", "--ranks", "0.1", "--c", "0.05", "--v", "1.5", "--k-max", "4"]) == 0
     assert "chosen: plain decoding" in capsys.readouterr().out
+
+
+def test_the_docstring_examples_hold():
+    import doctest
+
+    import verispec.tree_policy
+
+    assert doctest.testmod(verispec.tree_policy).failed == 0

@@ -49,6 +49,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -346,6 +347,12 @@ class TreePolicy(AutoK):
         plan = super().choose(stats)
         self._plans.append(plan)
         return plan
+
+    def plan_counts(self) -> dict[str, int]:
+        """How often this request asked for each plan ('tree 8 nodes: 3-3-2', 'chain k = 4',
+        'plain step'), most frequent first: the shapes it chose."""
+        shapes = (plan if isinstance(plan, TreeShape) else TreeShape.chain(plan) for plan in self._plans)
+        return dict(Counter(Plan(shape, 1.0, 1.0).describe() for shape in shapes).most_common())
 
     def acceptance(self) -> list[list[float]]:
         """The current estimate a(d, r), d = 1..max_nodes, r = 0..max_width - 1 (as [d - 1][r])."""

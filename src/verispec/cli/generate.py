@@ -86,6 +86,10 @@ def generate(
         "proposer": proposer,
         "k": k,
     }
+    from verispec.tree_policy import TreePolicy
+
+    if isinstance(policy, TreePolicy):
+        report["plans"] = policy.plan_counts()  # the tree shapes, chains and plain steps it chose
     if compare:
         plain = VerispecRunner(loaded.lm, None, 0, eos, sampling, seed)(prompt_ids, max_new_tokens)
         report["plain_tokens_per_s"] = plain.tokens_per_s
