@@ -434,6 +434,18 @@ def test_cost_explains_a_tree_choice(capsys):
     assert "chosen: plain decoding" in capsys.readouterr().out
 
 
+def test_cost_explains_a_tree_on_a_measured_profile(tmp_path, capsys):
+    target = random_table(3, 1, seed=0)
+    profile = measure_profile(target, RankedDraft(random_table(3, 1, seed=1)), [0, 1, 2, 0], k_max=4, repeats=1)
+    profile.save(tmp_path / "p.json")
+    assert main(["cost", "--profile", str(tmp_path / "p.json"), "--ranks", "0.5,0.2/0.4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["v"] == profile.v and report["c"] == profile.c
+    assert max(plan["nodes"] for plan in report["by_size"]) <= 4
+    chosen = report["chosen"]
+    assert chosen["cost"] == pytest.approx(profile.c * chosen["depth"] + profile.v[chosen["nodes"]])
+
+
 def test_the_docstring_examples_hold():
     import doctest
 
