@@ -367,7 +367,8 @@ class TreePolicy(AutoK):
 
     def survival(self) -> list[float]:
         """The chain survival s_i = a(1, 0) ... a(i, 0) the current estimates imply."""
-        return [node_probability(self.acceptance(), (0,) * i) for i in range(1, self.k_max + 1)]
+        acceptance = self.acceptance()
+        return [node_probability(acceptance, (0,) * i) for i in range(1, self.k_max + 1)]
 
     def _best(self) -> tuple[int | TreeShape, float]:
         speculative = self.explain().speculative
@@ -380,9 +381,9 @@ class TreePolicy(AutoK):
         return min(depth, stats.drafted[r])
 
     def _forget_acceptance(self) -> None:
-        shape = (self.k_max, self.max_width)
-        self._attempts = [[0.0] * shape[1] for _ in range(shape[0])]
-        self._accepts = [[0.0] * shape[1] for _ in range(shape[0])]
+        # [d][r]: decayed rounds whose path reached depth d and offered rank r, and accepted it
+        self._attempts = [[0.0] * self.max_width for _ in range(self.k_max)]
+        self._accepts = [[0.0] * self.max_width for _ in range(self.k_max)]
         self._seen_attempts: list[list[int]] = []
         self._seen_accepts: list[list[int]] = []
         self._plans: list[int | TreeShape] = []  # what this policy answered for each round
