@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import random
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -224,6 +225,22 @@ def test_empty_sibling_slots_count_as_rejected():
     assert not isinstance(plan, TreeShape) or all(p[0] == 0 for p in plan.paths)
 
 
+def test_a_profile_that_timed_trees_prices_them():
+    """`tree_v` (v(nodes + 1) of tree rounds, from `verispec profile`) is the curve a tree policy
+    starts from, as long as it was measured; chains' v(n) otherwise."""
+
+    @dataclass
+    class TimedTrees:
+        c: float = 0.0
+        v: tuple = (1.0, 1.1, 1.2)
+        step_seconds: float | None = None
+        tree_v: tuple = (1.0, 1.15, 1.25, 1.3, 1.35)
+
+    assert TreePolicy(TimedTrees()).v == [1.0, 1.15, 1.25, 1.3, 1.35]
+    assert TreePolicy(TimedTrees()).max_nodes == 4
+    assert TreePolicy(TimedTrees(tree_v=None)).v == [1.0, 1.1, 1.2]
+
+
 def test_tree_policy_options_are_checked():
     with pytest.raises(ValueError, match="max_width"):
         TreePolicy(FixedCosts(0.0, [1.0] * 3), max_width=0)
@@ -346,21 +363,29 @@ TREE_KIND = ProposerKind(
 )
 
 
+CHAIN_KIND = ProposerKind(
+    "chainonly", "chainonly", "chosen", lambda argument, target, corpus: None, "a toy chain proposer",
+    not_audited="a test's toy",
+)
+
+
 @pytest.fixture
-def tree_kind_registered():
+def kinds_registered():
+    """A kind that fills trees and one that does not, whatever the shipped kinds do."""
     register(TREE_KIND)
+    register(CHAIN_KIND)
     try:
-        yield TREE_KIND
+        yield
     finally:
-        del PROPOSERS["ranked"]
+        del PROPOSERS["ranked"], PROPOSERS["chainonly"]
 
 
-def test_a_tree_policy_needs_a_proposer_that_fills_trees(tree_kind_registered):
+def test_a_tree_policy_needs_a_proposer_that_fills_trees(kinds_registered):
     check_policy_proposer("tree", "ranked")
-    check_policy_proposer("4", "lookup")
-    says = r"--k tree:2x2 drafts token trees, which proposer lookup cannot fill; choose a proposer that does \(.*ranked"
+    check_policy_proposer("4", "chainonly")
+    says = r"--k tree:2x2 drafts token trees, which proposer chainonly cannot fill; choose a proposer that does \(.*ranked"
     with pytest.raises(ValueError, match=says):
-        check_policy_proposer("tree:2x2", "lookup")
+        check_policy_proposer("tree:2x2", "chainonly")
 
 
 def test_build_policy_makes_tree_policies(tmp_path):
@@ -400,19 +425,19 @@ def test_build_policy_makes_a_constant_tree():
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (["generate", "hello", "--k", "tree"], "--k tree drafts token trees, which proposer lookup cannot fill"),
+        (["generate", "hello", "--k", "tree", "--proposer", "chainonly"], "--k tree drafts token trees, which proposer chainonly cannot fill"),
         (["generate", "hello", "--k", "tree:0x2"], "integers >= 1 joined by 'x'"),
         (["generate", "hello", "--k", "tree:"], "needs a profile's path or the widths"),
         (["demo", "--k", "tree:9x9x9x9"], "more than 256 nodes"),
-        (["demo", "--k", "tree:2x2", "--proposer", "draft:x"], "which proposer draft cannot fill"),
-        (["bench", "--quick", "--out", "OUT", "--methods", "verispec-lookup-tree"], "the policy tree drafts token trees"),
+        (["demo", "--k", "tree:2x2", "--proposer", "chainonly"], "which proposer chainonly cannot fill"),
+        (["bench", "--quick", "--out", "OUT", "--methods", "verispec-chainonly-tree"], "the policy tree drafts token trees"),
         (["bench", "--quick", "--out", "OUT", "--methods", "verispec-lookup-tree:a.json"], "is not kN, auto, heuristic, tree"),
         (["cost", "--ranks", "0.6,abc", "--c", "0"], "--ranks needs probabilities"),
         (["cost", "--ranks", "0.7,0.5", "--c", "0"], "sum to 1.2 > 1"),
         (["cost", "--ranks", "0.5", "--alpha", "0.5", "--c", "0"], "leave out --alpha, --k and --plot"),
     ],
 )
-def test_tree_cli_errors(capsys, no_model, tmp_path, argv, says):  # noqa: F811
+def test_tree_cli_errors(capsys, no_model, kinds_registered, tmp_path, argv, says):  # noqa: F811
     line = error_line(capsys, [str(tmp_path / "out") if a == "OUT" else a for a in argv])
     assert says in line
 

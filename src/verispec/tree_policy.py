@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from verispec.cost import Costs, check_costs, check_v_curve
+from verispec.cost import Costs, FixedCosts, check_costs, check_v_curve
 from verispec.policies import AutoK, counter_growth, decayed, smoothed_rate
 from verispec.stats import Stats
 from verispec.tree_shape import RankPath, TreeShape
@@ -276,6 +276,18 @@ def _greedy_plan(acceptance: Acceptance, c: float, v: Sequence[float], nodes: in
     return plan_of(TreeShape.of(path for path, _ in order), acceptance, c, v)
 
 
+def tree_costs(costs: Costs) -> Costs:
+    """The costs a tree policy prices its rounds with: a profile that timed tree rounds gives
+    their curve (`tree_v`: v(nodes + 1) of a tree forward with its mask and its compaction, for
+    as many nodes as it timed); otherwise the chains' v(n), which is what a tree forward of
+    nodes + 1 positions costs to first order. Either prices chains too (one curve per n, as the
+    rounds then refine it)."""
+    curve = getattr(costs, "tree_v", None)
+    if not curve:
+        return costs
+    return FixedCosts(costs.c, list(curve), getattr(costs, "step_seconds", None))
+
+
 def estimated_acceptance(
     attempts: Acceptance, accepts: Acceptance, prior_rate: float, prior_weight: float
 ) -> list[list[float]]:
@@ -301,9 +313,9 @@ class TreePolicy(AutoK):
     (`search`), from acceptance and costs learned online.
 
     As `AutoK` for chains (whose probing, margins, cost learning and options it shares): c and
-    v(n) come from the round timings (`OnlineCosts`, the profile `costs` as their prior; a
-    tree round's forward scores nodes + 1 positions, and its proposer time is per level of
-    depth), and a(d, r) from the decayed per-depth, per-rank counts of `Stats`. It considers
+    v(n) come from the round timings (`OnlineCosts`, the profile `costs` as their prior, its
+    tree rounds' curve when it timed them, `tree_costs`; a tree round's forward scores nodes + 1
+    positions, and its proposer time is per level of depth), and a(d, r) from the decayed per-depth, per-rank counts of `Stats`. It considers
     trees of up to `max_nodes` nodes (default: the largest the costs' v(n) covers) and
     `max_width` siblings, answers a chain as an integer k (a tree only when it beats the best
     chain by `tree_margin`) and 0 when nothing beats plain decoding by `margin`. It reads only
@@ -328,6 +340,7 @@ class TreePolicy(AutoK):
             raise ValueError(f"max_width (siblings per node) must be an integer >= 1, got {max_width!r}")
         if not (isinstance(tree_margin, (int, float)) and math.isfinite(tree_margin) and tree_margin >= 0):
             raise ValueError(f"tree_margin must be a finite number >= 0, got {tree_margin!r}")
+        costs = tree_costs(costs)
         measured = len(costs.v) - 1
         top = measured if max_nodes is None else max_nodes
         if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= measured:

@@ -21,7 +21,15 @@ from verispec.cost import (
     survival_from_alpha,
 )
 from verispec.profile import Profile
-from verispec.tree_policy import TREE_MARGIN, Plan, TreeChoice, best_of_each_size, check_acceptance, search
+from verispec.tree_policy import (
+    TREE_MARGIN,
+    Plan,
+    TreeChoice,
+    best_of_each_size,
+    check_acceptance,
+    search,
+    tree_costs,
+)
 
 PLOT_ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9)
 # The largest k (and --k-max) accepted. Even at alpha 0.99 and a free draft (c = 0) the
@@ -70,7 +78,10 @@ def cost(
         acceptance = parse_ranks(ranks)
         if alpha is not None or k is not None or plot is not None:
             raise ValueError("--ranks explains a tree of every size up to --k-max; leave out --alpha, --k and --plot")
-        costs, _ = _costs(c, v, profile, k_max, k)
+        costs, measured = _costs(c, v, profile, k_max, k)
+        if measured is not None:  # its tree rounds' v(n) when it timed them
+            curve = tree_costs(measured).v
+            costs = FixedCosts(costs.c, curve[: len(curve) if k_max is None else k_max + 1])
         depths = len(costs.v) - 1
         acceptance += [acceptance[-1]] * (depths - len(acceptance))
         acceptance = acceptance[:depths]
