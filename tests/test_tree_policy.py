@@ -199,11 +199,11 @@ def test_the_policy_beats_or_matches_autok_in_its_regime(regime):
 def test_the_policy_learns_from_a_wrong_profile():
     """A profile that says scoring is flat where it is steep: the big trees' rounds measure what
     they cost and the policy falls back to chains, as fast as AutoK on the correct profile
-    (measured 1.249 against 1.266). (The other way round, a profile that calls cheap trees
+    (measured 1.236 against 1.266). (The other way round, a profile that calls cheap trees
     dear is believed for the sizes no round has scored, as AutoK believes it for k.)"""
     speed, stats = simulate(TreePolicy(FixedCosts(C, FLAT_V, step_seconds=STEP)), STEEP_V, rounds=2000)
     chains, _ = simulate(AutoK(FixedCosts(C, STEEP_V, step_seconds=STEP)), STEEP_V, rounds=2000)
-    assert max(stats.drafted[:50]) > 8 and max(stats.drafted[-500:]) < 8
+    assert max(stats.drafted[:50]) > 8 and sum(d > 8 for d in stats.drafted[-1000:]) < 10  # rare probes
     assert speed > 0.97 * chains
 
 

@@ -3,12 +3,14 @@ predicted to emit the most tokens per unit of time.
 
 A round that drafts the tree `shape` (n nodes, depth D) costs, in plain target steps,
 
-    cost(shape) = c D + v(n + 1):
+    cost(shape) = c D + v*(n + 1),   v*(n + 1) = max of v(m + 1) over m <= n:
 
 the proposer's c per level of depth (a chain of k tokens is k levels, so this is the chain
 model's k c; a head proposer expanding a tree level by level pays about one head step per
-level, lookup about nothing), then one target forward scoring the pending token and the n
-nodes. It emits E(shape) = 1 + sum over nodes of P(node accepted) tokens in expectation, where
+level, lookup about nothing), then one target forward scoring the pending token and the
+nodes. A proposer may fill any part of a shape, so the forward scores some m <= n nodes: the
+dearest of those v's prices it (the same as v(n + 1) where v(n) grows with n, as it does
+except for kernel quirks and noise). It emits E(shape) = 1 + sum over nodes of P(node accepted) tokens in expectation, where
 a node with rank path (r_1..r_d) is accepted with
 
     P = a(1, r_1) a(2, r_2) ... a(d, r_d),
@@ -170,10 +172,14 @@ def expected_tokens(shape: TreeShape, acceptance: Acceptance) -> float:
 
 
 def round_cost(shape: TreeShape, c: float, v: Sequence[float]) -> float:
-    """c depth + v(n + 1), in plain target steps (v[n - 1] = v(n))."""
+    """c depth + v*(n + 1), in plain target steps (v[n - 1] = v(n)), where v*(n + 1) is the
+    dearest v(m + 1), m <= n: a proposer may fill any part of a shape (lookup often fills five
+    of eleven nodes), so the round scores an unknown m <= n nodes, and a v(n + 1) that noise or
+    a kernel quirk made cheap must not draw the policy to a size its rounds never reach (and so
+    never measure)."""
     if len(shape) >= len(v):
         raise ValueError(f"a shape of {len(shape)} nodes needs v({len(shape) + 1}); the costs reach v({len(v)})")
-    return c * shape.depth + v[len(shape)]
+    return c * shape.depth + max(v[: len(shape) + 1])
 
 
 def plan_of(shape: TreeShape, acceptance: Acceptance, c: float, v: Sequence[float]) -> Plan:
@@ -224,7 +230,8 @@ def search(
     top = _checked(acceptance, c, v, max_nodes)
     n, (_, limit) = max(_best_by_size(acceptance, c, v, top).items(), key=lambda item: item[1][0], default=(0, (0, 0)))
     chain_expected = list(itertools.accumulate(node_probability(acceptance, (0,) * k) for k in range(1, top + 1)))
-    k = max(range(1, top + 1), key=lambda k: (1 + chain_expected[k - 1]) / (c * k + v[k]))
+    dearest = list(itertools.accumulate(v, max))  # v*(n) of `round_cost`
+    k = max(range(1, top + 1), key=lambda k: (1 + chain_expected[k - 1]) / (c * k + dearest[k]))
     best_chain = plan_of(TreeShape.chain(k), acceptance, c, v)
     best_tree = _greedy_plan(acceptance, c, v, n, limit) if n else best_chain
     if best_tree.speedup < best_chain.speedup:  # a chain's nodes of P = 0, on a jagged v(n)
@@ -258,12 +265,13 @@ def _checked(acceptance: Acceptance, c: float, v: Sequence[float], max_nodes: in
 def _best_by_size(acceptance: Acceptance, c: float, v: Sequence[float], top: int) -> dict[int, tuple[float, int]]:
     """n -> (the best speedup of a greedy tree of n nodes, the depth limit that gives it)."""
     best: dict[int, tuple[float, int]] = {}
+    dearest = list(itertools.accumulate(v, max))  # v*(n) of `round_cost`
     for limit in range(1, top + 1):
         expected, depth = 1.0, 0
         for n, (path, p) in enumerate(greedy_order(acceptance, top, limit), start=1):
             expected += p
             depth = max(depth, len(path))
-            ratio = expected / (c * depth + v[n])
+            ratio = expected / (c * depth + dearest[n])
             if n not in best or ratio > best[n][0]:
                 best[n] = (ratio, limit)
         if depth < limit:  # no node reached the limit: deeper limits grow the same tree

@@ -221,8 +221,9 @@ def _print_tree(choice: TreeChoice, by_size: list[Plan], costs: FixedCosts, rank
 
 def _explained(plan: Plan, costs: FixedCosts) -> str:
     n, depth = len(plan.shape), plan.shape.depth
+    scoring = f"v({n + 1})" if costs.v[n] == max(costs.v[: n + 1]) else f"max v(m <= {n + 1})"
     return (
-        f"{plan.describe()}: E = {plan.expected:.3f}, cost = {costs.c:g} * {depth} + v({n + 1}) "
+        f"{plan.describe()}: E = {plan.expected:.3f}, cost = {costs.c:g} * {depth} + {scoring} "
         f"= {plan.cost:.3f} steps, speedup {plan.speedup:.3f}"
     )
 
