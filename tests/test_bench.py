@@ -122,7 +122,7 @@ def test_summary_fields_and_baseline(quick_run):
     ("argv", "message"),
     [
         (["--methods", "verispec-lookup-k0"], "k must be an integer >= 1"),
-        (["--methods", "verispec-lookup-fast"], "not kN, auto or heuristic"),
+        (["--methods", "verispec-lookup-fast"], "not kN, auto, heuristic, tree or tree:W1xW2x..."),
         (["--methods", "vllm"], "unknown method"),
         (["--methods", "verispec-nonsense-k2"], "unknown proposer"),
         (["--methods", "hf-early-exit:9"], "exit layer"),

@@ -41,11 +41,11 @@ def test_method_grammar():
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("verispec-lookup", "verispec-<proposer>-<kN|auto|heuristic>"),
+        ("verispec-lookup", "verispec-<proposer>-<kN|auto|heuristic|tree|tree:W1xW2x...>"),
         ("verispec-lookup-k0", "k must be an integer >= 1, got 0"),
         ("verispec-hydra-k4", "method 'verispec-hydra-k4': unknown proposer 'hydra'"),
         ("verispec-lookup:3-k4", "lookup takes no argument"),
-        ("verispec-lookup-4", "not kN, auto or heuristic"),
+        ("verispec-lookup-4", "not kN, auto, heuristic, tree or tree:W1xW2x..."),
         ("hf-lookup-4", "hf-lookup or hf-lookup-kN"),
         ("hf-early-exit", "layer L >= 1"),
         ("hf-early-exit:0", "layer L >= 1"),

@@ -103,7 +103,7 @@ def test_a_prompt_longer_than_the_context(capsys, models):
 @pytest.mark.parametrize("k", ["0", "-1", "00", "+0", " 0 "])
 def test_k_below_one(capsys, models, k):
     err = one_line_error(capsys, ["generate", "--model", str(models / "target"), "--k", k, "Hello"])
-    assert "--k must be an integer >= 1, auto, auto:PROFILE.json or heuristic" in err and "k = 0 would decode plainly" in err
+    assert "--k must be an integer >= 1, auto, auto:PROFILE.json, heuristic, tree, tree:PROFILE.json or tree:W1xW2x..." in err and "k = 0 would decode plainly" in err
 
 
 def test_demo_refuses_k_below_one(capsys):
@@ -113,7 +113,7 @@ def test_demo_refuses_k_below_one(capsys):
 
 def test_an_unknown_k(capsys, models):
     err = one_line_error(capsys, ["generate", "--model", str(models / "target"), "--k", "many", "Hello"])
-    assert "--k must be an integer >= 1, auto, auto:PROFILE.json or heuristic, got 'many'" in err
+    assert "--k must be an integer >= 1, auto, auto:PROFILE.json, heuristic, tree, tree:PROFILE.json or tree:W1xW2x..., got 'many'" in err
     assert ">= 0" not in err and "k = 0" not in err
 
 

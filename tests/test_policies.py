@@ -222,7 +222,7 @@ def test_build_policy(tmp_path):
     profile.save(tmp_path / "p.json")
     from_file = build_policy(f"auto:{tmp_path / 'p.json'}", target, PromptLookup(), prompt)
     assert (from_file.k_max, from_file.c, from_file.v) == (3, profile.c, profile.v)
-    with pytest.raises(ValueError, match="--k must be an integer >= 1, auto, auto:PROFILE.json or heuristic, got 'fast'"):
+    with pytest.raises(ValueError, match="--k must be an integer >= 1, auto, auto:PROFILE.json, heuristic, tree, tree:PROFILE.json or tree:W1xW2x..., got 'fast'"):
         build_policy("fast", target, PromptLookup(), prompt)
     with pytest.raises(ValueError, match="give a proposer"):
         build_policy("auto", target, None, prompt)

@@ -122,7 +122,7 @@ def test_k_specs_parse_once():
     with pytest.raises(ValueError, match="auto:PROFILE.json needs the profile's path"):
         parse_k("auto:")
     for bad in ("abc", "", "4.5"):
-        with pytest.raises(ValueError, match=r"--k must be an integer >= 1, auto, auto:PROFILE.json or heuristic") as error:
+        with pytest.raises(ValueError, match=r"--k must be an integer >= 1, auto, auto:PROFILE.json, heuristic, tree, tree:PROFILE.json or tree:W1xW2x...") as error:
             parse_k(bad)
         assert "k = 0" not in str(error.value) and ">= 0" not in str(error.value)
     for zero in ("0", "-1", "+0"):

@@ -172,24 +172,20 @@ class AutoK:
     def begin(self) -> None:
         self.costs.begin()
         self._seen_rounds = 0  # rounds whose timings `costs` has absorbed
-        self._attempts = [0.0] * self.k_max  # decayed rounds that reached position i + 1
-        self._accepts = [0.0] * self.k_max  # ... and accepted it
-        self._seen_attempts: list[int] = []  # the Stats counters already absorbed
-        self._seen_accepts: list[int] = []
+        self._forget_acceptance()
         self._probing = False
         self._plain = 0  # plain rounds since speculation stopped or the last probe
         self._wait = self.probe_every
 
     def choose(self, stats: Stats) -> int:
-        attempts, accepts = self._absorb(stats)
+        fresh = self._absorb(stats)
         if self._probing:
             self._probing = False
-            drafted, accepted = stats.drafted[-1], stats.accepted[-1]
-            if drafted == 0:  # the proposer had nothing to offer: probe again
+            if stats.drafted[-1] == 0:  # the proposer had nothing to offer: probe again
                 self._probing = True
                 return self._best()[0]
-            if speedup(accepted + 1, drafted, self.c, self.v[drafted]) > 1 + self.margin:
-                self._attempts, self._accepts = attempts, accepts
+            if self._paid(stats) > 1 + self.margin:
+                self._adopt(fresh)
                 self._wait = self.probe_every
             else:
                 self._wait = min(2 * self._wait, self.probe_cap)
@@ -211,13 +207,13 @@ class AutoK:
         """The current estimate s_1..s_{k_max}."""
         rate, s, out = self.prior_rate, 1.0, []
         for attempts, accepts in zip(self._attempts, self._accepts):
-            rate = (accepts + self.prior_weight * rate) / (attempts + self.prior_weight)
+            rate = smoothed_rate(accepts, attempts, rate, self.prior_weight)
             s *= rate
             out.append(s)
         return out
 
-    def _best(self) -> tuple[int, float]:
-        """The k in 1..k_max with the highest predicted speedup, and that speedup."""
+    def _best(self) -> tuple[int | TreeShape, float]:
+        """The plan (here a k in 1..k_max) with the highest predicted speedup, and that speedup."""
         ratios = speedup_by_k(self.c, self.v, self.survival())
         k = max(range(1, len(ratios)), key=ratios.__getitem__)
         return k, ratios[k]
@@ -227,19 +223,56 @@ class AutoK:
         estimates; return the last round's own counts (a probe's fresh evidence)."""
         for r in range(self._seen_rounds, stats.rounds):
             drafted = stats.drafted[r]
-            self.costs.observe(drafted + 1, stats.round_target_seconds[r], drafted, stats.round_draft_seconds[r])
+            levels = self._draft_levels(stats, r)
+            self.costs.observe(drafted + 1, stats.round_target_seconds[r], levels, stats.round_draft_seconds[r])
+        fresh = self._absorb_acceptance(stats, stats.rounds - self._seen_rounds)
         self._seen_rounds = stats.rounds
-        new_attempts = _growth(stats.position_attempts, self._seen_attempts, self.k_max)
-        new_accepts = _growth(stats.position_accepts, self._seen_accepts, self.k_max)
+        return fresh
+
+    def _paid(self, stats: Stats) -> float:
+        """The last round's own speedup: its emitted tokens over its predicted cost."""
+        drafted, accepted = stats.drafted[-1], stats.accepted[-1]
+        return speedup(accepted + 1, self._draft_levels(stats, stats.rounds - 1), self.c, self.v[drafted])
+
+    def _draft_levels(self, stats: Stats, r: int) -> int:
+        """The proposer steps round r took (c is the cost of one): a chain drafts one token per
+        step."""
+        return stats.drafted[r]
+
+    def _forget_acceptance(self) -> None:
+        self._attempts = [0.0] * self.k_max  # decayed rounds that reached position i + 1
+        self._accepts = [0.0] * self.k_max  # ... and accepted it
+        self._seen_attempts: list[int] = []  # the Stats counters already absorbed
+        self._seen_accepts: list[int] = []
+
+    def _adopt(self, fresh: tuple[list[float], list[float]]) -> None:
+        """A probe paid off: its own counts replace the old evidence."""
+        self._attempts, self._accepts = fresh
+
+    def _absorb_acceptance(self, stats: Stats, new_rounds: int) -> tuple[list[float], list[float]]:
+        """Decay the counts and add the chain position counters' growth since the last call
+        (the last `new_rounds` rounds); return that growth."""
+        new_attempts = counter_growth(stats.position_attempts, self._seen_attempts, self.k_max)
+        new_accepts = counter_growth(stats.position_accepts, self._seen_accepts, self.k_max)
         self._seen_attempts = list(stats.position_attempts)
         self._seen_accepts = list(stats.position_accepts)
         if any(new_attempts):
-            self._attempts = [self.memory * x + d for x, d in zip(self._attempts, new_attempts)]
-            self._accepts = [self.memory * x + d for x, d in zip(self._accepts, new_accepts)]
+            self._attempts = decayed(self._attempts, new_attempts, self.memory)
+            self._accepts = decayed(self._accepts, new_accepts, self.memory)
         return new_attempts, new_accepts
 
 
-def _growth(now: list[int], before: list[int], length: int) -> list[float]:
+def decayed(counts: list[float], new: list[float], memory: float) -> list[float]:
+    """Counts that lose `memory` of their weight per round, plus a round's new counts."""
+    return [memory * x + d for x, d in zip(counts, new)]
+
+
+def smoothed_rate(accepts: float, attempts: float, prior: float, weight: float) -> float:
+    """(accepts + w m) / (attempts + w): a rate pulled towards its prior m by w pseudo-counts."""
+    return (accepts + weight * prior) / (attempts + weight)
+
+
+def counter_growth(now: list[int], before: list[int], length: int) -> list[float]:
     """How much each of the first `length` counters grew since `before` (lists of counters
     grow as deeper positions are reached; a missing counter is 0)."""
     def at(counters: list[int], i: int) -> int:

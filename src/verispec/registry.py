@@ -11,7 +11,7 @@ audit builds it on rational tables (or why it cannot), and a one-line descriptio
     >>> PROPOSERS["lookup"].rules
     ('greedy', 'point-mass', 'token', 'block')
     >>> parse_k("auto:fast.json")
-    KSpec(kind='auto', k=None, profile='fast.json')
+    KSpec(kind='auto', k=None, profile='fast.json', widths=None)
 
 A new proposer is one module (its `Proposer` class) plus one `register(ProposerKind(...))` call
 in this file (or in the module that defines it, imported before use).
@@ -174,33 +174,49 @@ K_POLICIES: dict[str, str] = {
     "auto": "AutoK: the cost model's best k per round (profiles first)",
     "auto:PROFILE.json": "AutoK on a profile from `verispec profile --out`",
     "heuristic": "HF's schedule: k + 2 after a full accept, else k - 1",
+    "tree": "the cost model's best token tree, chain or plain step per round (profiles first)",
+    "tree:PROFILE.json": "the tree policy on a profile from `verispec profile --out` (trees up to its k_max nodes)",
+    "tree:W1xW2x...": "a constant tree: each node at depth d - 1 has the top W_d candidates as children",
 }
-K_GRAMMAR = "an integer >= 1, auto, auto:PROFILE.json or heuristic"
-K_HELP = f"Tokens drafted per round: {K_GRAMMAR}."
+K_GRAMMAR = "an integer >= 1, auto, auto:PROFILE.json, heuristic, tree, tree:PROFILE.json or tree:W1xW2x..."
+K_HELP = f"Tokens drafted per round: {K_GRAMMAR} (trees need a proposer that fills them)."
+# The most nodes a constant tree may have: a typo such as tree:9x9x9x9 (7380 nodes) is refused
+# rather than scored.
+TREE_SHAPE_BOUND = 256
 
 
 @dataclass(frozen=True)
 class KSpec:
-    """A parsed k policy: kind "constant" (k), "heuristic" or "auto" (profile: a file, or None
-    to measure one now)."""
+    """A parsed k policy: kind "constant" (k), "heuristic", "auto" (profile: a file, or None to
+    measure one now) or "tree" (widths: a constant tree's children per node at each depth; else
+    the tree policy on `profile` or on one measured now)."""
 
-    kind: Literal["constant", "heuristic", "auto"]
+    kind: Literal["constant", "heuristic", "auto", "tree"]
     k: int | None = None
     profile: str | None = None
+    widths: tuple[int, ...] | None = None
 
 
 def parse_k(text: str, *, option: str = "--k") -> KSpec:
-    """A k policy spec: an integer >= 1, `auto`, `auto:PROFILE.json` or `heuristic`."""
+    """A k policy spec (`K_GRAMMAR`).
+
+        >>> parse_k("tree:2x2x1")
+        KSpec(kind='tree', k=None, profile=None, widths=(2, 2, 1))
+    """
     spec = text.strip()
-    if spec == "heuristic":
-        return KSpec("heuristic")
-    if spec == "auto":
-        return KSpec("auto")
-    if spec.startswith("auto:"):
-        profile = spec.removeprefix("auto:")
-        if not profile:
-            raise ValueError(f"{option} auto:PROFILE.json needs the profile's path, got {text!r}")
-        return KSpec("auto", profile=profile)
+    if spec in ("heuristic", "auto", "tree"):
+        return KSpec(spec)
+    for kind in ("auto", "tree"):
+        if spec.startswith(f"{kind}:"):
+            argument = spec.removeprefix(f"{kind}:")
+            if not argument:
+                what = "auto:PROFILE.json needs the profile's path" if kind == "auto" else (
+                    "tree:PROFILE.json or tree:W1xW2x... needs a profile's path or the widths"
+                )
+                raise ValueError(f"{option} {what}, got {text!r}")
+            if kind == "tree" and set(argument) <= set("0123456789x"):
+                return KSpec("tree", widths=tree_widths(argument, option))
+            return KSpec(kind, profile=argument)
     try:
         k = int(spec)
     except ValueError:
@@ -213,6 +229,41 @@ def parse_k(text: str, *, option: str = "--k") -> KSpec:
     return KSpec("constant", k=k)
 
 
+def tree_widths(text: str, option: str = "--k") -> tuple[int, ...]:
+    """The widths of `tree:W1xW2x...`: integers >= 1, at most TREE_SHAPE_BOUND nodes in all."""
+    parts = text.split("x")
+    if not all(part.isdigit() for part in parts) or any(int(part) < 1 for part in parts):
+        raise ValueError(
+            f"{option} tree:W1xW2x... needs widths that are integers >= 1 joined by 'x' (e.g. tree:3x2x1), "
+            f"got tree:{text}"
+        )
+    widths = tuple(int(part) for part in parts)
+    nodes, level = 0, 1
+    for width in widths:
+        level *= width
+        nodes += level
+        if nodes > TREE_SHAPE_BOUND:
+            raise ValueError(
+                f"{option} tree:{text} has more than {TREE_SHAPE_BOUND} nodes (each node at depth d - 1 has "
+                f"W_d children); give smaller widths or fewer depths"
+            )
+    return widths
+
+
+def check_policy_proposer(k: str | KSpec, proposer: str, *, option: str = "--k") -> None:
+    """Refuse a tree policy for a proposer kind that cannot fill tree shapes (before any work)."""
+    parsed = parse_k(k, option=option) if isinstance(k, str) else k
+    kind, _ = parse_spec(proposer)
+    if parsed.kind != "tree" or kind.trees:
+        return
+    able = [entry.name for entry in PROPOSERS.values() if entry.trees]
+    choose = f"choose a proposer that does ({', '.join(able)})" if able else "no registered proposer fills trees"
+    raise ValueError(
+        f"{option} {k if isinstance(k, str) else 'tree'} drafts token trees, which proposer {kind.name} cannot "
+        f"fill; {choose}, or give a chain policy (an integer k or auto)"
+    )
+
+
 def build_policy(
     spec: str | KSpec,
     target: CausalLM,
@@ -220,7 +271,8 @@ def build_policy(
     prompt_ids: Sequence[int],
     sampling: SamplingParams | None = None,
 ) -> KPolicy:
-    """The k policy a spec names; `auto` profiles `proposer` on `target` after `prompt_ids`."""
+    """The k policy a spec names; `auto` and `tree` profile `proposer` on `target` after
+    `prompt_ids`. A tree needs a target that scores trees and a proposer that fills them."""
     from verispec.policies import AutoK, ConstantK, HeuristicK
     from verispec.profile import Profile, measured_autok
 
@@ -229,11 +281,33 @@ def build_policy(
         return ConstantK(parsed.k)
     if parsed.kind == "heuristic":
         return HeuristicK()
+    if parsed.kind == "tree":
+        return _tree_policy(parsed, target, proposer, prompt_ids, sampling)
     if parsed.profile is not None:
         return AutoK(Profile.load(parsed.profile))
     if proposer is None:
         raise ValueError("k = auto measures the proposer's cost; give a proposer or an integer k")
     return measured_autok(target, proposer, prompt_ids, sampling=sampling)
+
+
+def _tree_policy(
+    parsed: KSpec, target: CausalLM, proposer: Proposer | None, prompt_ids: Sequence[int], sampling: SamplingParams | None
+) -> KPolicy:
+    from verispec.engine import tree_target
+    from verispec.profile import Profile
+    from verispec.tree_policy import TreePolicy, measured_tree_policy, shape_from_widths
+
+    tree_target(target)
+    if proposer is None or not hasattr(proposer, "propose_tree"):
+        what = "no proposer" if proposer is None else type(proposer).__name__
+        raise ValueError(f"k = tree drafts token trees, which {what} cannot fill; give a proposer that fills trees")
+    if parsed.widths is not None:
+        from verispec.policies import ConstantTree
+
+        return ConstantTree(shape_from_widths(parsed.widths))
+    if parsed.profile is not None:
+        return TreePolicy(Profile.load(parsed.profile))
+    return measured_tree_policy(target, proposer, prompt_ids, sampling=sampling)
 
 
 # ---- the proposer kinds -----------------------------------------------------------------

@@ -5,8 +5,10 @@ Grammar (names are comma-separated):
     verispec-plain                      plain decoding by the verispec engine (the baseline)
     verispec-<proposer>-<policy>        <proposer>: a proposer spec of `verispec.registry`
                                         (`verispec proposers` lists them); <policy>: kN
-                                        (constant k = N), auto (cost-model k) or heuristic
-                                        (HF's schedule)
+                                        (constant k = N), auto (cost-model k), heuristic
+                                        (HF's schedule), tree (cost-model token tree, e.g.
+                                        verispec-lookup-tree) or tree:W1xW2x... (a constant
+                                        tree); trees need a proposer that fills them
     hf-generate                         HF `generate(do_sample=False)`
     hf-lookup[-kN]                      HF prompt lookup, prompt_lookup_num_tokens = N (10)
     hf-early-exit:L[-kN]                HF `assistant_early_exit=L`; kN fixes the draft length
@@ -25,14 +27,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from verispec.registry import KSpec, check_k, parse_k, parse_spec
+from verispec.registry import KSpec, check_k, check_policy_proposer, parse_k, parse_spec
 
 DEFAULT_METHODS = "verispec-plain,verispec-lookup-k4,verispec-lookup-auto,hf-generate,hf-lookup"
 
 PLAIN = "verispec-plain"
 HF_LOOKUP_TOKENS = 10  # HF's documented prompt_lookup_num_tokens example value
 LLAMACPP_LOOKUP_TOKENS = 10  # LlamaPromptLookupDecoding's default num_pred_tokens
-POLICIES = ("auto", "heuristic")
+POLICIES = ("auto", "heuristic", "tree")
+POLICY_GRAMMAR = "kN, auto, heuristic, tree or tree:W1xW2x..."
 _K = re.compile(r"k(\d+)")
 
 
@@ -42,7 +45,7 @@ class Method:
 
     family: "verispec", "hf" or "llamacpp". proposer: the verispec proposer spec, or "lookup"
     for llamacpp-lookup (None: plain decoding).
-    policy: "kN", "auto" or "heuristic" for verispec; None for HF. hf_mode: "generate",
+    policy: "kN", "auto", "heuristic", "tree" or "tree:W1xW2x..." for verispec; None for HF. hf_mode: "generate",
     "lookup", "early-exit" or "assisted". hf_arg: the exit layer or the assistant's path.
     k: the fixed draft length (verispec kN, HF -kN), None when a policy or HF's default
     chooses it.
@@ -89,14 +92,17 @@ def parse_method(name: str) -> Method:
         proposer, dash, policy = name.removeprefix("verispec-").rpartition("-")
         if not dash or not proposer:
             raise ValueError(
-                f"method {name!r}: write verispec-<proposer>-<kN|auto|heuristic>, e.g. verispec-lookup-k4"
+                f"method {name!r}: write verispec-<proposer>-<kN|auto|heuristic|tree|tree:W1xW2x...>, "
+                "e.g. verispec-lookup-k4"
             )
         match = _K.fullmatch(policy)
-        if match is None and policy not in POLICIES:
-            raise ValueError(f"method {name!r}: the policy {policy!r} is not kN, auto or heuristic")
+        if match is None and policy not in POLICIES and not _is_tree_shape(policy, name):
+            raise ValueError(f"method {name!r}: the policy {policy!r} is not {POLICY_GRAMMAR}")
         k = method_k(int(match.group(1)), name) if match else None
         try:
             parse_spec(proposer)
+            if match is None:
+                check_policy_proposer(policy, proposer, option="the policy")
         except ValueError as error:
             raise ValueError(f"method {name!r}: {error}") from None
         return Method(name, "verispec", proposer=proposer, policy=policy, k=k)
@@ -127,10 +133,15 @@ def parse_method(name: str) -> Method:
             raise ValueError(f"method {name!r}: write llamacpp-lookup or llamacpp-lookup-kN")
         return Method(name, "llamacpp", proposer="lookup", k=k or LLAMACPP_LOOKUP_TOKENS)
     raise ValueError(
-        f"unknown method {name!r}; choose verispec-plain, verispec-<proposer>-<kN|auto|heuristic>, "
+        f"unknown method {name!r}; choose verispec-plain, verispec-<proposer>-<kN|auto|heuristic|tree>, "
         "hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain "
         "or llamacpp-lookup[-kN]"
     )
+
+
+def _is_tree_shape(policy: str, name: str) -> bool:
+    """tree:W1xW2x... (checked by `parse_k`); a profile path is no part of a method name."""
+    return policy.startswith("tree:") and parse_k(policy, option=f"method {name!r}: the policy").widths is not None
 
 
 def parse_methods(text: str | Sequence[str]) -> list[Method]:

@@ -1,4 +1,5 @@
-"""`verispec cost`: the speed equation, for one k or every k, from given or measured costs."""
+"""`verispec cost`: the speed equation, for one k or every k, from given or measured costs; with
+--ranks, the token tree the cost model would choose, against the best chain and plain decoding."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ from verispec.cost import (
     survival_from_alpha,
 )
 from verispec.profile import Profile
+from verispec.tree_policy import (
+    TREE_MARGIN,
+    Plan,
+    TreeChoice,
+    best_of_each_size,
+    check_acceptance,
+    search,
+    tree_costs,
+)
 
 PLOT_ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9)
 # The largest k (and --k-max) accepted. Even at alpha 0.99 and a free draft (c = 0) the
@@ -44,18 +54,40 @@ def cost(
     k_max: int | None = typer.Option(
         None, min=1, max=K_BOUND, help="Largest k to tabulate.", show_default="the profile's, else 8"
     ),
+    ranks: str | None = typer.Option(
+        None,
+        help="Explain a token tree: acceptance a(d, r) of the rank-r child at depth d given its parent, "
+        "comma-separated ranks, '/' between depths (the last depth repeats deeper), e.g. 0.6,0.2/0.5,0.15. "
+        "Trees of up to --k-max nodes.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     plot: Path | None = typer.Option(None, help="Draw the speedup against k for several alphas to this .png file."),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
-    """Predicted speedup E / (k c + v(k + 1)) over plain decoding, and the best k.
+    """Predicted speedup E / (k c + v(k + 1)) over plain decoding, and the best k; with --ranks,
+    the best token tree E / (c depth + v(nodes + 1)) against the best chain and plain.
 
     verispec cost --alpha 0.8 --k 6 --c 0.1 --v 1    # E = 3.951424, speedup ~2.47
+    verispec cost --ranks 0.6,0.2 --profile p.json   # the tree the tree policy would draft
     """
     if profile is not None:
         check_input_file(profile, "--profile", "a profile JSON file from `verispec profile --out FILE`")
     if plot is not None:
         check_output_file(plot, "--plot", force, suffix=".png")
+    if ranks is not None:
+        acceptance = parse_ranks(ranks)
+        if alpha is not None or k is not None or plot is not None:
+            raise ValueError("--ranks explains a tree of every size up to --k-max; leave out --alpha, --k and --plot")
+        costs, measured = _costs(c, v, profile, k_max, k)
+        if measured is not None:  # its tree rounds' v(n) when it timed them
+            curve = tree_costs(measured).v
+            costs = FixedCosts(costs.c, curve[: len(curve) if k_max is None else k_max + 1])
+        depths = len(costs.v) - 1
+        acceptance += [acceptance[-1]] * (depths - len(acceptance))
+        acceptance = acceptance[:depths]
+        choice = search(acceptance, costs.c, costs.v)
+        _print_tree(choice, best_of_each_size(acceptance, costs.c, costs.v), costs, ranks, as_json)
+        return
     costs, source = _costs(c, v, profile, k_max, k)
     if alpha is not None:
         survival, acceptance = survival_from_alpha(alpha, len(costs.v) - 1), f"alpha = {alpha:g}"
@@ -133,6 +165,67 @@ def _print_all(
         console.print(f"best k = {best}: predicted speedup {ratios[best]:.3f}")
     else:
         console.print("best k = 0: no k beats plain decoding here; do not speculate")
+
+
+def parse_ranks(text: str) -> list[list[float]]:
+    """'0.6,0.2/0.5' -> [[0.6, 0.2], [0.5]]: a(d, r) per depth, checked."""
+    try:
+        table = [[float(x) for x in depth.split(",")] for depth in text.split("/")]
+    except ValueError:
+        raise ValueError(
+            f"--ranks needs probabilities, comma-separated per rank and '/' between depths (e.g. 0.6,0.2/0.5), "
+            f"got {text!r}"
+        ) from None
+    check_acceptance(table)
+    return table
+
+
+def _print_tree(choice: TreeChoice, by_size: list[Plan], costs: FixedCosts, ranks: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({
+            "c": costs.c, "v": list(costs.v), "ranks": ranks, "tree_margin": TREE_MARGIN,
+            "by_size": [plan.as_dict() for plan in by_size],
+            "best_tree": choice.best_tree.as_dict(), "best_chain": choice.best_chain.as_dict(),
+            "chosen": choice.chosen.as_dict(),
+        }))
+        return
+    shown = " / ".join(", ".join(x.strip() for x in depth.split(",")) for depth in ranks.split("/"))
+    table = Table(title=f"best token tree of each size, c = {costs.c:.4g} per level, a(d, r) = {shown}")
+    for column in ("nodes", "per depth", "depth", "E (tokens/round)", "cost", "speedup"):
+        table.add_column(column, justify="right")
+    for plan in by_size:
+        style = "bold green" if plan.shape == choice.chosen.shape else None
+        widths = plan.shape.describe().partition(": ")[2]
+        table.add_row(
+            str(len(plan.shape)), widths, str(plan.shape.depth), f"{plan.expected:.3f}", f"{plan.cost:.3f}",
+            f"{plan.speedup:.3f}", style=style,
+        )
+    Console().print(table)
+    print(f"best tree:  {_explained(choice.best_tree, costs)}")
+    print(f"best chain: {_explained(choice.best_chain, costs)}")
+    print("plain:      E = 1 token per step, speedup 1")
+    gain = choice.best_tree.speedup / choice.best_chain.speedup
+    if choice.chosen.kind == "tree":
+        verdict = f"the tree, {gain:.3f}x the best chain (a tree must beat it by {TREE_MARGIN:.0%})"
+    elif choice.chosen.kind == "chain":
+        verdict = (
+            f"the chain: the best tree is {gain:.3f}x it, not the {1 + TREE_MARGIN:g}x a tree must reach"
+            if choice.best_tree.kind == "tree" else "the chain: no branching raises E enough to pay for its nodes"
+        )
+    else:
+        verdict = "plain decoding: no tree or chain beats it"
+    print(f"chosen: {verdict}")
+    if choice.chosen.kind == "tree":
+        print("its rank paths: " + " ".join("(" + ",".join(map(str, path)) + ")" for path in choice.chosen.shape.paths))
+
+
+def _explained(plan: Plan, costs: FixedCosts) -> str:
+    n, depth = len(plan.shape), plan.shape.depth
+    scoring = f"v({n + 1})" if costs.v[n] == max(costs.v[: n + 1]) else f"max v(m <= {n + 1})"
+    return (
+        f"{plan.describe()}: E = {plan.expected:.3f}, cost = {costs.c:g} * {depth} + {scoring} "
+        f"= {plan.cost:.3f} steps, speedup {plan.speedup:.3f}"
+    )
 
 
 def draw(path: Path, costs: FixedCosts, alpha: float | None, measured: list[float] | None) -> None:

@@ -16,7 +16,7 @@ from verispec.bench.identity import diagnose, explain, verdict
 from verispec.cli import app
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
-from verispec.registry import K_HELP, build_policy, build_proposer, parse_k, proposer_help
+from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, proposer_help
 from verispec.sampling import GREEDY
 
 ARTICLE = (
@@ -45,7 +45,7 @@ def demo(
     deterministic: DeterministicOption = None,
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
-    parse_k(k)
+    check_policy_proposer(k, proposer)
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
     from verispec.bench.runners import VerispecRunner, warm_up  # transformers: imported when needed

@@ -12,7 +12,7 @@ from verispec.cli import app
 from verispec.bench.identity import diagnose, explain
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
-from verispec.registry import K_HELP, build_policy, build_proposer, parse_k, proposer_help
+from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, proposer_help
 from verispec.sampling import SamplingParams
 from verispec.textstream import TextStream
 
@@ -48,7 +48,7 @@ def generate(
     if not text.strip():
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    parse_k(k)
+    check_policy_proposer(k, proposer)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     from verispec.models.load import load_model  # transformers: imported when needed
@@ -86,6 +86,10 @@ def generate(
         "proposer": proposer,
         "k": k,
     }
+    from verispec.tree_policy import TreePolicy
+
+    if isinstance(policy, TreePolicy):
+        report["plans"] = policy.plan_counts()  # the tree shapes, chains and plain steps it chose
     if compare:
         plain = VerispecRunner(loaded.lm, None, 0, eos, sampling, seed)(prompt_ids, max_new_tokens)
         report["plain_tokens_per_s"] = plain.tokens_per_s
