@@ -297,7 +297,7 @@ def test_engine_with_the_tree_policy_equals_the_reference(seed, temperature):
     )
     assert run.tokens == again
     assert run.stats.tree_rounds > 0  # the policy did draft trees
-    plans = run_policy.plan_counts()
+    plans = run.stats.plan_counts()
     assert sum(plans.values()) == run.stats.rounds and any(plan.startswith("tree ") for plan in plans)
     plain = generate(target, None, [1, 2], k=0, rng=TorchRandom(seed), **options)
     if temperature == 0:

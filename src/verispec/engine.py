@@ -40,7 +40,7 @@ from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
-from verispec.tree_shape import TreeShape
+from verispec.tree_shape import TreeShape, describe_plan
 
 EosIds = int | Collection[int] | None  # one EOS id, several, or none
 
@@ -132,6 +132,7 @@ class Decoding:
         """Stage 1: ask the policy for k (or a tree shape), then the proposer for up to k
         tokens (or at most the shape's nodes), cut after EOS."""
         plan = budgeted(self.policy.choose(self.stats), self.max_new_tokens - len(self.tokens))
+        self.stats.plans[describe_plan(plan)] += 1
         self._draft_seconds = 0.0
         if not plan:
             return EMPTY_DRAFT

@@ -29,6 +29,8 @@ class Stats:
         per-depth, per-rank acceptance a tree's expected length is built from (Sequoia
         2402.12374); a chain offers rank 0 only. tree_rounds: rounds that drafted a tree
         (their drafted[r] counts nodes, and they leave the chain position counters alone).
+    plans: how often the policy asked for each plan, in words ('plain step', 'chain k = 4',
+        'tree 8 nodes: 3-3-2'; `verispec.tree_shape.describe_plan`), after the budget's cut.
     """
 
     new_tokens: int = 0
@@ -47,6 +49,7 @@ class Stats:
     rank_attempts: list[list[int]] = field(default_factory=list)
     rank_accepts: list[list[int]] = field(default_factory=list)
     tree_rounds: int = 0
+    plans: Counter[str] = field(default_factory=Counter)
 
     def record_round(
         self,
@@ -98,6 +101,10 @@ class Stats:
                 attempts[rank] += 1
             if depth < len(ranks):
                 accepts[ranks[depth]] += 1
+
+    def plan_counts(self) -> dict[str, int]:
+        """`plans`, most frequent first."""
+        return dict(self.plans.most_common())
 
     @property
     def rounds(self) -> int:
@@ -155,6 +162,7 @@ class Stats:
             "survival": self.survival(),
             "fallbacks": self.fallbacks,
             "tree_rounds": self.tree_rounds,
+            "plans": self.plan_counts(),
             "rank_attempts": self.rank_attempts,
             "rank_accepts": self.rank_accepts,
             "prefill_seconds": self.prefill_seconds,

@@ -51,7 +51,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -59,7 +58,7 @@ from typing import TYPE_CHECKING
 from verispec.cost import Costs, FixedCosts, check_costs, check_v_curve
 from verispec.policies import AutoK, counter_growth, decayed, smoothed_rate
 from verispec.stats import Stats
-from verispec.tree_shape import RankPath, TreeShape
+from verispec.tree_shape import RankPath, TreeShape, describe_plan
 
 if TYPE_CHECKING:
     from verispec.models.base import CausalLM
@@ -114,11 +113,7 @@ class Plan:
         }
 
     def describe(self) -> str:
-        if not self.shape.paths:
-            return "plain step"
-        if self.shape.is_chain:
-            return f"chain k = {len(self.shape)}"
-        return f"tree {self.shape.describe()}"
+        return describe_plan(self.shape)
 
 
 PLAIN = Plan(TreeShape(()), 1.0, 1.0)
@@ -368,12 +363,6 @@ class TreePolicy(AutoK):
         plan = super().choose(stats)
         self._plans.append(plan)
         return plan
-
-    def plan_counts(self) -> dict[str, int]:
-        """How often this request asked for each plan ('tree 8 nodes: 3-3-2', 'chain k = 4',
-        'plain step'), most frequent first: the shapes it chose."""
-        shapes = (plan if isinstance(plan, TreeShape) else TreeShape.chain(plan) for plan in self._plans)
-        return dict(Counter(Plan(shape, 1.0, 1.0).describe() for shape in shapes).most_common())
 
     def acceptance(self) -> list[list[float]]:
         """The current estimate a(d, r), d = 1..max_nodes, r = 0..max_width - 1 (as [d - 1][r])."""

@@ -80,6 +80,20 @@ class TreeShape:
         return f"{len(self)} nodes: " + "-".join(map(str, widths)) if widths else "0 nodes"
 
 
+def describe_plan(plan: int | TreeShape) -> str:
+    """A round's plan in words: 'plain step', 'chain k = 4' or 'tree 8 nodes: 3-3-2'.
+
+    >>> describe_plan(0), describe_plan(4), describe_plan(TreeShape.of([(0,), (1,), (0, 0)]))
+    ('plain step', 'chain k = 4', 'tree 3 nodes: 2-1')
+    """
+    shape = plan if isinstance(plan, TreeShape) else TreeShape.chain(plan)
+    if not shape.paths:
+        return "plain step"
+    if shape.is_chain:
+        return f"chain k = {len(shape)}"
+    return f"tree {shape.describe()}"
+
+
 Candidates = Callable[[tuple[int, ...]], Sequence[int]]
 """Ranked candidate tokens after a path of drafted tokens (() for the first level)."""
 

@@ -11,7 +11,7 @@ accepted length) is all new tokens over all target forwards after the prompt.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from verispec.bench.methods import PLAIN, Method
@@ -68,6 +68,7 @@ def group_summary(records: Sequence[dict], plain: dict[tuple[str, int], dict]) -
             None if any(r["matches_plain"] is None for r in records) else sum(r["matches_plain"] for r in records)
         ),
         "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
+        "plans": dict(sum((Counter(e.get("plans", {})) for e in engines), Counter()).most_common()),
     }
 
 
@@ -182,6 +183,22 @@ def sampled_section(summary: dict, names: Sequence[str]) -> list[str]:
     return lines
 
 
+def plans_section(summary: dict, names: Sequence[str]) -> list[str]:
+    """What the speculative methods' policies chose per round (k, tree shape or a plain step),
+    over all prompts: the three most frequent plans with their share of rounds."""
+    rows = []
+    for name in names:
+        plans = summary["results"][name][OVERALL].get("plans") or {}
+        total = sum(plans.values())
+        if total and set(plans) != {"plain step"}:
+            top = ", ".join(f"{plan} {count / total:.0%}" for plan, count in list(plans.items())[:3])
+            rows.append([name, str(total), top])
+    if not rows:
+        return []
+    lines = ["", "## Plans chosen per round (all prompts)", ""]
+    return lines + table(["method", "rounds", "most frequent plans (share of rounds)"], rows)
+
+
 def render(summary: dict, plots: Sequence[str]) -> str:
     """report.md."""
     h = summary["header"]
@@ -251,6 +268,7 @@ def render(summary: dict, plots: Sequence[str]) -> str:
             for o in [results[n][OVERALL]]
         ],
     )
+    lines += plans_section(summary, others)
     lines += identity_section(summary, others) if greedy else sampled_section(summary, names)
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]

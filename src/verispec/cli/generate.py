@@ -85,11 +85,8 @@ def generate(
         "exact_weights": loaded.exact_weights,
         "proposer": proposer,
         "k": k,
+        "plans": spec.stats.plan_counts(),  # the tree shapes, chains and plain steps chosen
     }
-    from verispec.tree_policy import TreePolicy
-
-    if isinstance(policy, TreePolicy):
-        report["plans"] = policy.plan_counts()  # the tree shapes, chains and plain steps it chose
     if compare:
         plain = VerispecRunner(loaded.lm, None, 0, eos, sampling, seed)(prompt_ids, max_new_tokens)
         report["plain_tokens_per_s"] = plain.tokens_per_s
