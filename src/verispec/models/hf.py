@@ -53,7 +53,7 @@ from verispec.models.base import (
     check_token_ids,
 )
 from verispec.models.features import FeatureStore
-from verispec.models.scored_tree import PENDING_TREE, ScoredTree
+from verispec.models.scored_tree import PendingTree, ScoredTree
 
 
 class HFCausalLM:
@@ -77,7 +77,7 @@ class HFCausalLM:
         self.num_layers = int(model.config.num_hidden_layers)
         self._features = FeatureStore(self.hidden_size)
         self._captured: dict[Tap, torch.Tensor] | None = None  # set while a forward records
-        self._tree: ScoredTree | None = None  # set from extend_tree to keep_path
+        self._pending = PendingTree()  # the scored tree from extend_tree to keep_path
 
     def _new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -105,7 +105,7 @@ class HFCausalLM:
         self.cache.reset()
         self._features.reset()
         self._length = 0
-        self._tree = None
+        self._pending.tree = None
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int]) -> None:
@@ -116,46 +116,37 @@ class HFCausalLM:
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
-        if self._tree is not None:
-            raise ValueError(PENDING_TREE)
+        self._pending.refuse()
         return self._forward(tokens, keep=keep or 0)[0].float()  # [keep or n, V]
 
     @torch.inference_mode()
     def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         check_extend_tree(tokens, parents, self.vocab_size)
-        if self._tree is not None:
-            raise ValueError(PENDING_TREE)
+        self._pending.refuse()
         tree = ScoredTree(self._length, tuple(parents))
         dtype = self.model.get_input_embeddings().weight.dtype  # the hidden states', so the scores'
         blocked = ~tree.allowed().to(self.device)  # [n, length + n]
         mask = torch.zeros(blocked.shape, dtype=dtype, device=self.device).masked_fill_(blocked, torch.finfo(dtype).min)
         positions = tree.positions().to(self.device)[None]  # [1, n]
         logits = self._forward(tokens, keep=0, attention_mask=mask[None, None], position_ids=positions)
-        self._tree = tree
+        self._pending.tree = tree
         return logits[0].float()  # [n, V]
 
     @torch.inference_mode()
     def keep_path(self, path: Sequence[int]) -> None:
-        if self._tree is None:
-            raise ValueError("keep_path needs a tree scored by extend_tree first")
-        sources, destinations = self._tree.moves(path)
+        start, sources, destinations = self._pending.kept(path)
         if sources:
             source = torch.tensor(sources, device=self.device)
             destination = torch.tensor(destinations, device=self.device)
             for layer in self.cache.layers:
                 layer.move(source, destination)
         self._features.move(sources, destinations)
-        start = self._tree.start
-        self._tree = None
         self.rollback(start + len(path))
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self._length:
             raise ValueError(f"cannot roll back to {length}; {self._length} tokens processed")
-        if self._tree is not None:
-            if length > self._tree.start:
-                raise ValueError(PENDING_TREE)
-            self._tree = None
+        self._pending.rolled_back(length)
         if length == 0:
             self.reset()
         elif length < self._length:
@@ -171,8 +162,7 @@ class HFCausalLM:
         return self.model(input_ids=input_ids, use_cache=False).logits[0].float()  # [T, V]
 
     def record_features(self, taps: Sequence[Tap]) -> None:
-        if self._tree is not None:
-            raise ValueError(PENDING_TREE)
+        self._pending.refuse()
         for tap in check_taps(taps, self.num_layers):
             if tap not in self._features.taps:
                 self._tapped_module(tap).register_forward_hook(self._hook(tap))

@@ -61,7 +61,7 @@ from verispec.models.linear import projection
 from verispec.models.quant import linear_for
 from verispec.models.quantized import stored_weights
 from verispec.models.rope import RopeTables, rope_parameters
-from verispec.models.scored_tree import PENDING_TREE, ScoredTree
+from verispec.models.scored_tree import PendingTree, ScoredTree
 
 QUANTIZED = ("q4", "int8")  # weight formats built by `models.quant`
 
@@ -125,7 +125,7 @@ class LlamaRuntime:
         self.exact_weights = self.dtype == torch.float32
         self.cache = self.new_cache()
         self._features = FeatureStore(shape.hidden)
-        self._tree: ScoredTree | None = None  # set from extend_tree to keep_path
+        self._pending = PendingTree()  # the scored tree from extend_tree to keep_path
 
     @classmethod
     def from_hf(
@@ -218,7 +218,7 @@ class LlamaRuntime:
     def reset(self) -> None:
         self.cache.length = 0
         self._features.reset()
-        self._tree = None
+        self._pending.tree = None
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int]) -> None:
@@ -230,39 +230,30 @@ class LlamaRuntime:
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
-        if self._tree is not None:
-            raise ValueError(PENDING_TREE)
+        self._pending.refuse()
         return self._live_forward(tokens, keep or len(tokens))
 
     @torch.inference_mode()
     def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         check_extend_tree(tokens, parents, self.vocab_size)
-        if self._tree is not None:
-            raise ValueError(PENDING_TREE)
+        self._pending.refuse()
         tree = ScoredTree(self.length, tuple(parents))
         logits = self._live_forward(tokens, len(tokens), tree)  # float32 [n, V]
-        self._tree = tree
+        self._pending.tree = tree
         return logits
 
     @torch.inference_mode()
     def keep_path(self, path: Sequence[int]) -> None:
-        if self._tree is None:
-            raise ValueError("keep_path needs a tree scored by extend_tree first")
-        sources, destinations = self._tree.moves(path)
+        start, sources, destinations = self._pending.kept(path)
         if sources:
             self.cache.move(torch.tensor(sources), torch.tensor(destinations))
         self._features.move(sources, destinations)
-        start = self._tree.start
-        self._tree = None
         self.rollback(start + len(path))
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.cache.length:
             raise ValueError(f"cannot roll back to {length}; {self.cache.length} tokens processed")
-        if self._tree is not None:
-            if length > self._tree.start:
-                raise ValueError(PENDING_TREE)
-            self._tree = None
+        self._pending.rolled_back(length)
         self.cache.length = length
         self._features.truncate(length)
 
@@ -274,8 +265,7 @@ class LlamaRuntime:
     # --- FeatureChannel -------------------------------------------------------------------
 
     def record_features(self, taps: Sequence[Tap]) -> None:
-        if self._tree is not None:
-            raise ValueError(PENDING_TREE)
+        self._pending.refuse()
         for tap in check_taps(taps, self.num_layers):
             self._features.add(tap, self.length)
 

@@ -69,3 +69,33 @@ class ScoredTree:
         check_path(path, self.parents)
         moved = [(self.start + node, self.start + j) for j, node in enumerate(path) if node != j]
         return [source for source, _ in moved], [slot for _, slot in moved]
+
+
+class PendingTree:
+    """The one scored tree a model holds between `extend_tree` and `keep_path`, and the checks
+    every tree-scoring model makes around it."""
+
+    def __init__(self) -> None:
+        self.tree: ScoredTree | None = None
+
+    def refuse(self) -> None:
+        """Before an extend, extend_tree or record_features: nothing may come between a tree
+        and its keep_path."""
+        if self.tree is not None:
+            raise ValueError(PENDING_TREE)
+
+    def kept(self, path: Sequence[int]) -> tuple[int, list[int], list[int]]:
+        """keep_path: close the pending tree; (its start, the slots to copy, their targets)."""
+        if self.tree is None:
+            raise ValueError("keep_path needs a tree scored by extend_tree first")
+        sources, destinations = self.tree.moves(path)
+        start, self.tree = self.tree.start, None
+        return start, sources, destinations
+
+    def rolled_back(self, length: int) -> None:
+        """A rollback to `length`: past a pending tree's start it is refused; to at most its
+        start it forgets the tree."""
+        if self.tree is not None:
+            if length > self.tree.start:
+                raise ValueError(PENDING_TREE)
+            self.tree = None

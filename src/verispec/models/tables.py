@@ -26,7 +26,8 @@ from itertools import product
 
 import torch
 
-from verispec.models.base import FINAL, ROOT, Tap, check_extend_tree, check_path, check_taps
+from verispec.models.base import FINAL, ROOT, Tap, check_extend_tree, check_taps
+from verispec.models.scored_tree import PendingTree, ScoredTree
 
 Row = tuple[Fraction, ...]
 
@@ -61,7 +62,8 @@ class TableLM:
             for key, row in self.rows.items()
         }
         self._processed: list[int] = []
-        self._tree: tuple[int, list[int], list[int]] | None = None  # (prefix length, tokens, parents)
+        self._pending = PendingTree()  # the scored tree from extend_tree to keep_path
+        self._tree_tokens: list[int] = []  # its tokens
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.feature_seed = feature_seed
@@ -82,12 +84,13 @@ class TableLM:
 
     def reset(self) -> None:
         self._processed = []
-        self._tree = None
+        self._pending.tree = None
 
     def prefill(self, ids: Sequence[int]) -> None:
         self._processed = list(ids)
 
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        self._pending.refuse()
         start = len(self._processed)
         self._processed.extend(tokens)
         rows = self._rows_for(self._processed, start)
@@ -96,28 +99,23 @@ class TableLM:
     def rollback(self, length: int) -> None:
         if not 0 <= length <= len(self._processed):
             raise ValueError(f"cannot roll back to {length}; {len(self._processed)} tokens processed")
-        if self._tree is not None:
-            if length > self._tree[0]:
-                raise ValueError("a scored tree is pending: keep_path first, or roll back to before it")
-            self._tree = None
+        self._pending.rolled_back(length)
         del self._processed[length:]
 
     def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         check_extend_tree(tokens, parents, self.vocab_size)
+        self._pending.refuse()
         contexts: list[list[int]] = []
         for token, parent in zip(tokens, parents):
             contexts.append((self._processed if parent == ROOT else contexts[parent]) + [token])
-        self._tree = (len(self._processed), list(tokens), list(parents))
+        self._pending.tree = ScoredTree(len(self._processed), tuple(parents))
+        self._tree_tokens = list(tokens)
         self._processed = self._processed + list(tokens)
         return torch.stack([self._logits[tuple(context[-self.order:])] for context in contexts])
 
     def keep_path(self, path: Sequence[int]) -> None:
-        if self._tree is None:
-            raise ValueError("keep_path needs a tree scored by extend_tree first")
-        start, tokens, parents = self._tree
-        check_path(path, parents)
-        self._processed[start:] = [tokens[node] for node in path]
-        self._tree = None
+        start, _, _ = self._pending.kept(path)
+        self._processed[start:] = [self._tree_tokens[node] for node in path]
 
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         return self._rows_for(list(ids), 0)
