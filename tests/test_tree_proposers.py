@@ -118,18 +118,27 @@ def test_tree_equals_stateless_after_any_commits(kind, seed, temperature, prompt
             check_in_shape(tree, shape, dynamic=kind == DYNAMIC)
 
 
-def test_lookup_ranks_by_frequency_then_recency():
+def test_lookup_ranks_its_copy_first_then_by_frequency_then_recency():
     lookup = PromptLookup()
-    context = [1, 2, 1, 2, 1, 3, 1]  # the 1-gram 1 is followed by 2 twice, by 3 once (last)
+    context = [1, 2, 1, 2, 1, 3, 1]  # the 1-gram 1 is followed by 3 last, by 2 twice before
     lookup.begin(context, GREEDY)
-    shape = TreeShape.of([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+    shape = TreeShape.of([(0,), (1,), (0, 0), (1, 0), (1, 0, 0)])
     tree = lookup.propose_tree(context, shape, None)
-    assert tree == TreeDraft((2, 3, 1, 1, 3), (ROOT, ROOT, 0, 1, 2))
+    assert tree == TreeDraft((3, 2, 1, 1, 3), (ROOT, ROOT, 0, 1, 3))  # after 2 1: 3 (t = 3) before 2 (t = 1)
     assert lookup.propose(context, 3, None).tokens == (3, 1)  # the chain copies the most recent
-    # Equal counts: the most recent occurrence first.
-    context = [7, 1, 4, 1, 5, 1]
+    # After the copy: by count, equal counts to the most recent occurrence.
+    context = [7, 1, 4, 1, 9, 1, 4, 1, 5, 1, 5, 1, 6, 1]
     lookup.begin(context, GREEDY)
-    assert lookup.propose_tree(context, TreeShape.of([(0,), (1,), (2,)]), None).tokens == (5, 4)
+    assert lookup.propose_tree(context, TreeShape.of([(0,), (1,), (2,), (3,)]), None).tokens == (6, 5, 4, 9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(context=st.lists(st.integers(0, 3), min_size=2, max_size=30), k=st.integers(1, 6))
+def test_lookup_chain_shape_is_its_chain_while_the_copy_lasts(context, k):
+    lookup = PromptLookup(max_ngram=2)
+    lookup.begin(context, GREEDY)
+    chain = lookup.propose(context, k, None).tokens
+    assert lookup.propose_tree(context, TreeShape.chain(k), None).tokens[: len(chain)] == chain
 
 
 @settings(max_examples=40, deadline=None)
@@ -143,7 +152,10 @@ def test_lookup_siblings_follow_the_count_of_their_occurrences(context, index):
         path = tree.path_tokens(tree.path_to(node)) if node != ROOT else ()
         following = [t for t in starts if tuple(context[t : t + len(path)]) == path and t + len(path) < len(context)]
         counts = [sum(context[t + len(path)] == tree.tokens[child] for t in following) for child in tree.children(node)]
-        assert counts == sorted(counts, reverse=True) and all(counts)  # drafted only where some occurrence continues
+        assert all(counts)  # drafted only where some occurrence continues
+        if counts:  # the most recent occurrence's token first, then by count
+            assert tree.tokens[tree.children(node)[0]] == context[following[-1] + len(path)]
+            assert counts[1:] == sorted(counts[1:], reverse=True)
 
 
 def test_suffix_index_chain_shape_is_its_chain_and_siblings_by_count():

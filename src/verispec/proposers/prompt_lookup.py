@@ -7,12 +7,12 @@ continuation, oldest first; it grows by one position per emitted token, never by
 
 Trees (`propose_tree`): every occurrence of the longest matching suffix offers its
 continuation, and the continuations form a trie. After a drafted path, the candidates are the
-tokens that follow it in the occurrences whose continuation starts with that path, ranked by
-how many of them do, ties to the most recent occurrence. Worked example: in the context
-1 2 1 2 1 3 1 the longest earlier suffix is the 1-gram 1, followed by 2 twice and by 3 once
-(most recently): first-level candidates 2, 3, and after 2 comes 1 (twice). `propose` copies
-the most recent occurrence, 3 1, so rank 0 is not always `propose`'s token and a chain shape
-is its own draft, not `propose`'s.
+tokens that follow it in the occurrences whose continuation starts with that path: first the
+token of the most recent such occurrence (what `propose` copies), then the others by how many
+occurrences they follow, ties to the most recent. So a chain shape is `propose`'s draft for as
+long as that copy lasts, and siblings only add to it. Worked example: in the context
+1 2 1 2 1 3 1 the longest earlier suffix is the 1-gram 1, followed by 3 most recently and by
+2 twice before: first-level candidates 3, 2; after 3 comes 1, after 2 comes 1.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class PromptLookup:
 def continuation_tree(context: Sequence[int], starts: Sequence[int], shape: TreeShape) -> TreeDraft:
     """The trie of the continuations context[t:] for t in `starts` (ascending), filled into
     `shape`: after a path, the next tokens of the continuations that begin with it, the most
-    frequent first, ties to the most recent occurrence (the larger t)."""
+    recent occurrence's (the largest t) first, then the most frequent, ties to the most recent."""
     following: dict[tuple[int, ...], list[int]] = {(): list(starts)}  # path -> its occurrences
 
     def candidates(path: tuple[int, ...]) -> list[int]:
@@ -94,7 +94,8 @@ def continuation_tree(context: Sequence[int], starts: Sequence[int], shape: Tree
         for t in following[path]:
             if t + len(path) < len(context):
                 by_token.setdefault(int(context[t + len(path)]), []).append(t)
-        ranked = sorted(by_token, key=lambda x: (len(by_token[x]), by_token[x][-1]), reverse=True)
+        latest = max(by_token, key=lambda x: by_token[x][-1], default=None)
+        ranked = sorted(by_token, key=lambda x: (x == latest, len(by_token[x]), by_token[x][-1]), reverse=True)
         for token in ranked:
             following[(*path, token)] = by_token[token]
         return ranked
