@@ -1,6 +1,6 @@
-"""The greedy identity suite: the recorder keeps the logits each token was chosen from, every
-proposer at k = 4 and auto reproduces plain decoding (and HF generate) on a tiny model built in
-code, a corrupted run is a failure and not a near tie, a mismatch is read in every pass; and
+"""The greedy identity suite: the recorder keeps the logits each token was chosen from (in a
+token tree's forward too), every proposer at k = 4 and auto, and every tree-filling proposer at
+a constant tree, reproduces plain decoding (and HF generate) on a tiny model built in code, a corrupted run is a failure and not a near tie, a mismatch is read in every pass; and
 on the default model, real Spec-Bench prompts."""
 
 from __future__ import annotations
@@ -15,17 +15,23 @@ from verispec.bench.identity import diagnose
 from verispec.bench.identity_suite import (
     HF_GENERATE,
     PLAIN,
+    Recorder,
+    TreeRecorder,
     compare,
     hf_run,
     identity_suite,
     identity_summary,
     identity_table,
+    recorder,
     verispec_run,
 )
 from verispec.bench.quick import quick_workloads
 from verispec.bench.suite import QUICK_DRAFT, quick_target
 from verispec.bench.workloads import DATA_VARIABLE, data_file, read_workloads, select
+from verispec.models.base import TreeScoring
+from verispec.policies import ConstantTree
 from verispec.proposers import PromptLookup
+from verispec.tree_shape import TreeShape
 
 SPECBENCH = data_file("specbench_dev.jsonl", Path(__file__).parents[1])
 
@@ -85,19 +91,60 @@ def test_the_recorder_keeps_the_row_each_token_was_chosen_from(tiny):
     torch.testing.assert_close(hf.rows, plain.rows, atol=1e-4, rtol=1e-4)
 
 
+def test_the_tree_recorder_keeps_the_kept_nodes_rows(tiny):
+    """A tree forward's rows are recorded only for the path keep_path keeps (here not the
+    first-child chain), each at its prefix length with the tree's width; a recorder over a
+    model without tree scoring does not claim it."""
+    loaded, _ = tiny
+    ids = quick_workloads()[0].token_ids(loaded)
+    assert isinstance(loaded.lm, TreeScoring) and isinstance(recorder(loaded.lm), TreeRecorder)
+    assert not isinstance(Recorder(loaded.lm), TreeScoring)
+    recording = recorder(loaded.lm)
+    recording.prefill(ids[:-1])
+    tokens, parents = [ids[-1], 7, 9, 11, 13], [-1, 0, 0, 1, 2]  # pending, then 7 | 9 under it, 11 under 7, 13 under 9
+    logits = recording.extend_tree(tokens, parents)  # [5, V]
+    assert recording.rows == {}  # nothing is kept before keep_path
+    recording.keep_path([0, 2, 4])
+    fresh = loaded.lm.score([*ids, 9, 13])[len(ids) - 1 :]  # logits[3, V] after ids, ids + 9, ids + 9 13
+    assert sorted(recording.rows) == [len(ids), len(ids) + 1, len(ids) + 2]
+    for j, node in enumerate([0, 2, 4]):
+        row, width = recording.rows[len(ids) + j]
+        assert width == 5 and torch.equal(row, logits[node])
+        torch.testing.assert_close(row, fresh[j], atol=1e-4, rtol=1e-4)
+    assert loaded.lm.length == len(ids) + 2
+
+
+def test_a_tree_round_records_the_row_each_token_was_chosen_from(tiny):
+    loaded, _ = tiny
+    ids = quick_workloads()[0].token_ids(loaded)
+    policy = ConstantTree(TreeShape.of([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]))  # 5 nodes, two branches
+    spec = verispec_run(loaded, PromptLookup(), policy, ids, 24)
+    plain = verispec_run(loaded, None, 0, ids, 24)
+    assert spec.tokens == plain.tokens and len(spec.tokens) == 24
+    assert spec.rows.argmax(dim=1).tolist() == spec.tokens
+    fresh = loaded.lm.score([*ids, *spec.tokens])[len(ids) - 1 : -1]  # logits[24, V]
+    torch.testing.assert_close(spec.rows, fresh, atol=1e-4, rtol=1e-4)
+    # a width above 1 is a tree forward of pending + at most 5 nodes that emitted more than one token
+    assert 1 < max(spec.widths) <= 6 and spec.tokens_per_round > 1
+
+
 def test_every_proposer_and_k_reproduces_plain_decoding_on_a_tiny_model(tiny):
     loaded, draft = tiny
     proposers = ["lookup", "suffix", "layerskip:2", "selfdraft:q4", "random", f"draft:{draft}"]
+    ks = ["4", "auto", "tree:2x2x1"]
     lines = []
-    records = identity_suite(loaded, quick_workloads()[:3], proposers, ["4", "auto"], 16, progress=lines.append)
-    assert len(records) == 3 * 13 and len(lines) == 3
+    records = identity_suite(loaded, quick_workloads()[:3], proposers, ks, 16, progress=lines.append)
+    # hf-generate, 6 proposers at 4 and auto, and the 4 that fill trees (not layerskip, selfdraft) at tree:2x2x1
+    assert len(records) == 3 * 17 and len(lines) == 3
     summary = identity_summary(records, "float32")
-    assert summary["identical"] == summary["runs"] == 39, [r["mismatch"] for r in records if r["mismatch"]]
+    assert summary["identical"] == summary["runs"] == 51, [r["mismatch"] for r in records if r["mismatch"]]
     assert summary["failures"] == summary["near_ties"] == []
     assert 0 <= summary["top_logit_gap"] < 1e-4 < summary["tolerance"]
+    trees = [r for r in records if r["method"].endswith("k=tree:2x2x1")]
+    assert len(trees) == 12 and any(r["tokens_per_round"] > 1 for r in trees)
     table = identity_table(records).splitlines()
     shorts = ("lookup", "suffix", "layerskip:2", "selfdraft:q4", "random", "draft")
-    columns = [f"{short} k={k}" for short in shorts for k in ("4", "auto")]
+    columns = [f"{short} k={k}" for short in shorts for k in ks if k != "tree:2x2x1" or short not in shorts[2:4]]
     assert table[0].split() == ["prompt", HF_GENERATE, *" ".join(columns).split()]
     assert len(table) == 4 and table[1].startswith("summarization/1") and "FAIL" not in "\n".join(table)
 

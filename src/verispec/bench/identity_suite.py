@@ -2,10 +2,11 @@
 `generate`, reproduce verispec's plain greedy decoding token for token.
 
 For each prompt, verispec-plain is the reference; HF `generate(do_sample=False)` and each
-`<proposer> k=<k>` run are compared with it. Every run keeps the logits it chose each token
+`<proposer> k=<k>` run are compared with it; a tree policy (`tree:2x2x1`) runs for the
+proposers that fill token trees. Every run keeps the logits it chose each token
 from (`Recorder` for the engine, `output_logits` for HF), so a mismatch is diagnosed
 (`identity.diagnose`) with the target's top-2 margin in the very forwards that decided: the
-speculative round's scoring forward of k' + 1 tokens and plain decoding's one-token forward,
+speculative round's scoring forward of k' + 1 tokens (or of a tree's nodes) and plain decoding's one-token forward,
 beside a fresh full forward. Where two runs agree, their rows at the same position come from
 forwards of different shapes over the same prefix; the largest difference between them in the
 logits of the top two tokens (`top_logit_gap`) measures the rounding that can flip a tie.
@@ -27,15 +28,15 @@ from verispec.bench.identity import NEAR_TIE, diagnose, first_mismatch
 from verispec.bench.methods import PLAIN
 from verispec.bench.runners import HFRunner, VerispecRunner
 from verispec.bench.workloads import Workload
-from verispec.models.base import CausalLM
+from verispec.models.base import CausalLM, TreeScoring
 from verispec.models.load import LoadedModel
 from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer
-from verispec.registry import build_policy, build_proposer, proposer_kinds
+from verispec.registry import build_policy, build_proposer, parse_k, parse_spec, proposer_kinds
 from verispec.sampling import GREEDY
 
 HF_GENERATE = "hf-generate"
-KS = ("4", "auto")
+KS = ("4", "auto", "tree:2x2x1")
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Recorder:
 
     A speculative round's rows past the first rejection are rolled back and computed again
     by the next round, so the row kept for every emitted token is the one it was chosen from.
+    `recorder(lm)` picks `TreeRecorder` for a model that scores token trees.
     """
 
     def __init__(self, lm: CausalLM) -> None:
@@ -98,6 +100,34 @@ class Recorder:
         return Run(tokens, rows, [width for _, width in kept], tokens_per_round)
 
 
+class TreeRecorder(Recorder):
+    """A `Recorder` over a `TreeScoring` model, itself one: a tree forward's rows are held
+    until `keep_path` names the nodes the cache keeps, whose rows are then kept for the kept
+    path's prefix lengths, with the tree forward's width (its number of nodes)."""
+
+    def __init__(self, lm: CausalLM) -> None:
+        super().__init__(lm)
+        self.tree: tuple[int, torch.Tensor] | None = None  # (length before the tree, logits[n, V])
+
+    def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        before = self.lm.length
+        logits = self.lm.extend_tree(tokens, parents)  # [n, V]
+        self.tree = (before, logits)
+        return logits
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        self.lm.keep_path(path)  # refuses a path without a pending tree
+        before, logits = self.tree
+        self.tree = None
+        for depth, node in enumerate(path, start=1):  # node path[j] is the token at prefix length before + j
+            self.rows[before + depth] = (logits[node], len(logits))
+
+
+def recorder(lm: CausalLM) -> Recorder:
+    """A recorder of `lm` that scores token trees exactly when `lm` does."""
+    return TreeRecorder(lm) if isinstance(lm, TreeScoring) else Recorder(lm)
+
+
 def verispec_run(
     loaded: LoadedModel,
     proposer: Proposer | None,
@@ -106,9 +136,9 @@ def verispec_run(
     max_new_tokens: int,
 ) -> Run:
     """The verispec engine at temperature 0; plain decoding with proposer None and policy 0."""
-    recorder = Recorder(loaded.lm)
-    outcome = VerispecRunner(recorder, proposer, policy, loaded.eos_token_ids)(prompt_ids, max_new_tokens)
-    return recorder.run(prompt_ids, outcome.tokens, outcome.stats.mean_accepted)
+    recording = recorder(loaded.lm)
+    outcome = VerispecRunner(recording, proposer, policy, loaded.eos_token_ids)(prompt_ids, max_new_tokens)
+    return recording.run(prompt_ids, outcome.tokens, outcome.stats.mean_accepted)
 
 
 def hf_run(loaded: LoadedModel, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
@@ -128,6 +158,12 @@ def method_name(proposer: str, k: str) -> str:
     return f"{proposer} k={k}"
 
 
+def runs_policy(proposer: str, k: str) -> bool:
+    """Whether the suite runs `proposer` at k policy `k`: a tree policy only for a proposer
+    kind that fills token trees."""
+    return parse_k(k).kind != "tree" or parse_spec(proposer)[0].trees
+
+
 def identity_suite(
     loaded: LoadedModel,
     workloads: Sequence[Workload],
@@ -136,12 +172,13 @@ def identity_suite(
     max_new_tokens: int = 64,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[dict]:
-    """One record per prompt and method (HF generate and every proposer at every k), each
-    compared with verispec-plain on that prompt.
+    """One record per prompt and method (HF generate and every proposer at every k it can
+    run, `runs_policy`), each compared with verispec-plain on that prompt.
 
     proposers: proposer specs; None: `identity_proposers()`, one per registered kind.
-    ks: k policy specs ("4", "auto", "heuristic"); `auto` profiles each proposer once, after
-    the first prompt. progress(line) is called after each prompt.
+    ks: k policy specs ("4", "auto", "heuristic", "tree:2x2x1"); `auto` and `tree` profile
+    each proposer once, after the first prompt; a tree policy runs only for the proposers
+    that fill trees. progress(line) is called after each prompt.
     """
     if not workloads:
         raise ValueError("no prompts to check; check --prompts and --per-category")
@@ -151,7 +188,7 @@ def identity_suite(
     methods: dict[str, tuple[Proposer, KPolicy]] = {}
     for spec in identity_proposers() if proposers is None else proposers:
         proposer = build_proposer(spec, loaded)
-        for k in ks:
+        for k in [k for k in ks if runs_policy(spec, k)]:
             policy = build_policy(k, loaded.lm, proposer, prompts[0][1], GREEDY)
             methods[method_name(spec, k)] = (proposer, policy)
     dtype = str(loaded.dtype).removeprefix("torch.")
