@@ -1,9 +1,10 @@
-"""Greedy identity on real text: every proposer, at k = 4 and k = auto, and HF generate produce
-verispec's plain greedy output token for token on the default model.
+"""Greedy identity on real text: every proposer, at k = 4 and k = auto (and at the constant tree
+tree:2x2x1 where it fills trees), and HF generate produce verispec's plain greedy output token
+for token on the default model.
 
     .venv/bin/python benchmarks/greedy_identity.py [--dtype float32|bfloat16] [--runtime auto|fast|hf]
         [--deterministic] [--per-category 2]
-        [--max-new-tokens 64] [--prompts FILE] [--proposers lookup,suffix,...] [--ks 4,auto]
+        [--max-new-tokens 64] [--prompts FILE] [--proposers lookup,suffix,...] [--ks 4,auto,tree:2x2x1]
         [--json OUT [--force]]
 
 The prompts are the first N of each category of a Spec-Bench file (first turn, through the chat
@@ -43,7 +44,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=Path, default=SPECBENCH)
     parser.add_argument("--proposers", default=None, help=f"comma-separated (default: {','.join(identity_proposers())})")
-    parser.add_argument("--ks", default=",".join(KS), help="comma-separated k policies")
+    parser.add_argument("--ks", default=",".join(KS),
+                        help="comma-separated k policies (a tree policy runs only for proposers that fill trees)")
     parser.add_argument("--json", type=Path, default=None, help="write the header, records and summary here")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --json file")
     args = parser.parse_args()
