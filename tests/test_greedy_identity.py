@@ -1,7 +1,8 @@
 """The greedy identity suite: the recorder keeps the logits each token was chosen from (in a
 token tree's forward too), every proposer at k = 4 and auto, and every tree-filling proposer at
-a constant tree, reproduces plain decoding (and HF generate) on a tiny model built in code, a corrupted run is a failure and not a near tie, a mismatch is read in every pass; and
-on the default model, real Spec-Bench prompts."""
+a constant tree, reproduces plain decoding (and HF generate) on a tiny model built in code, a
+corrupted run is a failure and not a near tie, a mismatch is read in every pass; and on the
+default model, real Spec-Bench prompts."""
 
 from __future__ import annotations
 

@@ -3,13 +3,14 @@
 
 For each prompt, verispec-plain is the reference; HF `generate(do_sample=False)` and each
 `<proposer> k=<k>` run are compared with it; a tree policy (`tree:2x2x1`) runs for the
-proposers that fill token trees. Every run keeps the logits it chose each token
-from (`Recorder` for the engine, `output_logits` for HF), so a mismatch is diagnosed
+proposers that fill token trees. Every run keeps the logits it chose each token from
+(`Recorder` for the engine, `output_logits` for HF), so a mismatch is diagnosed
 (`identity.diagnose`) with the target's top-2 margin in the very forwards that decided: the
-speculative round's scoring forward of k' + 1 tokens (or of a tree's nodes) and plain decoding's one-token forward,
-beside a fresh full forward. Where two runs agree, their rows at the same position come from
-forwards of different shapes over the same prefix; the largest difference between them in the
-logits of the top two tokens (`top_logit_gap`) measures the rounding that can flip a tie.
+speculative round's scoring forward of k' + 1 tokens (or of a tree's nodes) and plain
+decoding's one-token forward, beside a fresh full forward. Where two runs agree, their rows at
+the same position come from forwards of different shapes over the same prefix; the largest
+difference between them in the logits of the top two tokens (`top_logit_gap`) measures the
+rounding that can flip a tie.
 
     >>> loaded = load_model(dtype="float32")
     >>> records = identity_suite(loaded, select(read_workloads(PATH), limit_per_category=2))
@@ -119,7 +120,7 @@ class TreeRecorder(Recorder):
         self.lm.keep_path(path)  # refuses a path without a pending tree
         before, logits = self.tree
         self.tree = None
-        for depth, node in enumerate(path, start=1):  # node path[j] is the token at prefix length before + j
+        for depth, node in enumerate(path, start=1):  # the node ends the prefix of length before + depth
             self.rows[before + depth] = (logits[node], len(logits))
 
 
