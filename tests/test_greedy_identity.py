@@ -175,8 +175,8 @@ def test_a_wrong_token_is_a_failure_not_a_near_tie(tiny):
 @pytest.mark.slow
 def test_real_prompts_lookup_and_suffix_reproduce_plain_decoding():
     """The default model in float32 on the first Spec-Bench prompt of three categories, 24 new
-    tokens: HF generate and prompt lookup / suffix index at k = 4 reproduce verispec-plain, or
-    differ only at a diagnosed near tie."""
+    tokens: HF generate and prompt lookup / suffix index at k = 4 and at the constant tree
+    tree:2x2x1 reproduce verispec-plain, or differ only at a diagnosed near tie."""
     from verispec.models import load
 
     try:
@@ -186,8 +186,8 @@ def test_real_prompts_lookup_and_suffix_reproduce_plain_decoding():
     if not SPECBENCH.is_file():
         pytest.skip(f"{SPECBENCH} is not on this machine; set {DATA_VARIABLE} to the directory that holds it")
     workloads = select(read_workloads(SPECBENCH), ["summarization", "qa", "coding"], limit_per_category=1)
-    records = identity_suite(loaded, workloads, ["lookup", "suffix"], ["4"], 24)
+    records = identity_suite(loaded, workloads, ["lookup", "suffix"], ["4", "tree:2x2x1"], 24)
     summary = identity_summary(records, "float32")
-    assert summary["runs"] == 9 and summary["failures"] == [], summary["failures"]
+    assert summary["runs"] == 15 and summary["failures"] == [], summary["failures"]
     assert summary["top_logit_gap"] < summary["tolerance"]
     assert all(r["new_tokens"] >= 1 for r in records)
