@@ -21,7 +21,7 @@ from pathlib import Path
 from verispec import GREEDY, generate
 from verispec.bench.workloads import read_workloads, select
 from verispec.models.load import DEFAULT_MODEL, load_model
-from verispec.proposers.spec import parse_proposer
+from verispec.registry import build_proposer
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
@@ -46,7 +46,7 @@ def main() -> int:
     print(f"{args.model} ({loaded.dtype}), {len(workloads)} prompts, k = {args.k}, greedy, {args.max_new_tokens} new tokens")
     results = {}
     for spec in args.proposers.split(","):
-        proposer = parse_proposer(spec, loaded)
+        proposer = build_proposer(spec, loaded)
         attempts, accepts = [0] * args.k, [0] * args.k
         per_category: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         started = time.perf_counter()
