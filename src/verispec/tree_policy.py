@@ -8,9 +8,11 @@ A round that drafts the tree `shape` (n nodes, depth D) costs, in plain target s
 the proposer's c per level of depth (a chain of k tokens is k levels, so this is the chain
 model's k c; a head proposer expanding a tree level by level pays about one head step per
 level, lookup about nothing), then one target forward scoring the pending token and the
-nodes. A proposer may fill any part of a shape, so the forward scores some m <= n nodes: the
-dearest of those v's prices it (the same as v(n + 1) where v(n) grows with n, as it does
-except for kernel quirks and noise). It emits E(shape) = 1 + sum over nodes of P(node accepted) tokens in expectation, where
+nodes. A proposer may fill any part of a branching shape, so the forward scores some m <= n
+nodes: the dearest of those v's prices it (the same as v(n + 1) where v(n) grows with n, as it
+does except for kernel quirks and noise). A chain is priced as `AutoK` prices it, c k +
+v(k + 1), so where no tree pays the policy makes AutoK's choices: the running maximum of a noisy
+v(n) would price every chain above its measured cost and push the policy to short chains. It emits E(shape) = 1 + sum over nodes of P(node accepted) tokens in expectation, where
 a node with rank path (r_1..r_d) is accepted with
 
     P = a(1, r_1) a(2, r_2) ... a(d, r_d),
@@ -168,13 +170,14 @@ def expected_tokens(shape: TreeShape, acceptance: Acceptance) -> float:
 
 def round_cost(shape: TreeShape, c: float, v: Sequence[float]) -> float:
     """c depth + v*(n + 1), in plain target steps (v[n - 1] = v(n)), where v*(n + 1) is the
-    dearest v(m + 1), m <= n: a proposer may fill any part of a shape (lookup often fills five
-    of eleven nodes), so the round scores an unknown m <= n nodes, and a v(n + 1) that noise or
-    a kernel quirk made cheap must not draw the policy to a size its rounds never reach (and so
-    never measure)."""
+    dearest v(m + 1), m <= n: a proposer may fill any part of a branching shape (lookup often
+    fills five of eleven nodes), so the round scores an unknown m <= n nodes, and a v(n + 1)
+    that noise or a kernel quirk made cheap must not draw the policy to a size its rounds never
+    reach (and so never measure). A chain of k costs c k + v(k + 1), as `AutoK` prices it."""
     if len(shape) >= len(v):
         raise ValueError(f"a shape of {len(shape)} nodes needs v({len(shape) + 1}); the costs reach v({len(v)})")
-    return c * shape.depth + max(v[: len(shape) + 1])
+    forward = v[len(shape)] if shape.is_chain else max(v[: len(shape) + 1])
+    return c * shape.depth + forward
 
 
 def plan_of(shape: TreeShape, acceptance: Acceptance, c: float, v: Sequence[float]) -> Plan:
@@ -225,8 +228,7 @@ def search(
     top = _checked(acceptance, c, v, max_nodes)
     n, (_, limit) = max(_best_by_size(acceptance, c, v, top).items(), key=lambda item: item[1][0], default=(0, (0, 0)))
     chain_expected = list(itertools.accumulate(node_probability(acceptance, (0,) * k) for k in range(1, top + 1)))
-    dearest = list(itertools.accumulate(v, max))  # v*(n) of `round_cost`
-    k = max(range(1, top + 1), key=lambda k: (1 + chain_expected[k - 1]) / (c * k + dearest[k]))
+    k = max(range(1, top + 1), key=lambda k: (1 + chain_expected[k - 1]) / (c * k + v[k]))
     best_chain = plan_of(TreeShape.chain(k), acceptance, c, v)
     best_tree = _greedy_plan(acceptance, c, v, n, limit) if n else best_chain
     if best_tree.speedup < best_chain.speedup:  # a chain's nodes of P = 0, on a jagged v(n)
