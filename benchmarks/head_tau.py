@@ -1,8 +1,11 @@
 """Acceptance of a trained head on held-out benchmark prompts: tau (tokens per target forward)
-at a fixed k and the conditional acceptance at each draft position, greedy.
+at a fixed k and the conditional acceptance at each draft position, greedy by default or
+sampled at `--temperature T` (drafts sampled from q, verified by the engine's `auto` rule; each
+prompt decoded with seed `--seed` + its index).
 
     .venv/bin/python benchmarks/head_tau.py [--proposers eagle,medusa,lookup] [--k 4]
-        [--per-category 1] [--humaneval 3] [--max-new-tokens 128] [--dtype auto] [--json OUT]
+        [--per-category 1] [--humaneval 3] [--max-new-tokens 128] [--dtype auto]
+        [--temperature 0] [--seed 0] [--json OUT]
 
 Prompts: the first N of each Spec-Bench dev category (first turn, chat template) and the
 first M HumanEval dev prompts, read where they lie. A head never trains on them.
@@ -19,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from verispec import GREEDY, generate
+from verispec.sampling import SamplingParams
 from verispec.bench.workloads import read_workloads, select
 from verispec.models.load import DEFAULT_MODEL, load_model
 from verispec.registry import build_proposer
@@ -36,23 +40,27 @@ def main() -> int:
     parser.add_argument("--humaneval", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    sampling = SamplingParams(temperature=args.temperature) if args.temperature > 0 else GREEDY
+    decoding = f"temperature {args.temperature}, seed {args.seed}" if args.temperature > 0 else "greedy"
 
     loaded = load_model(args.model, dtype=args.dtype)
     workloads = select(read_workloads(args.data / "specbench_dev.jsonl"), limit_per_category=args.per_category)
     if args.humaneval:
         workloads += read_workloads(args.data / "humaneval_dev.jsonl")[: args.humaneval]
-    print(f"{args.model} ({loaded.dtype}), {len(workloads)} prompts, k = {args.k}, greedy, {args.max_new_tokens} new tokens")
+    print(f"{args.model} ({loaded.dtype}), {len(workloads)} prompts, k = {args.k}, {decoding}, {args.max_new_tokens} new tokens")
     results = {}
     for spec in args.proposers.split(","):
         proposer = build_proposer(spec, loaded)
         attempts, accepts = [0] * args.k, [0] * args.k
         per_category: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         started = time.perf_counter()
-        for workload in workloads:
+        for index, workload in enumerate(workloads):
             run = generate(loaded.lm, proposer, workload.token_ids(loaded), max_new_tokens=args.max_new_tokens,
-                           sampling=GREEDY, eos_token_id=loaded.eos_token_id, k=args.k)
+                           sampling=sampling, seed=args.seed + index, eos_token_id=loaded.eos_token_id, k=args.k)
             for i, (a, b) in enumerate(zip(run.stats.position_attempts, run.stats.position_accepts)):
                 attempts[i] += a
                 accepts[i] += b
@@ -71,7 +79,7 @@ def main() -> int:
         print(f"{spec:>10}  tau {tokens / rounds:.2f}  acceptance by position {by_position}  ({results[spec]['seconds']} s)")
         print("            " + "  ".join(f"{c} {t}" for c, t in results[spec]["tau_by_category"].items()))
     if args.json:
-        args.json.write_text(json.dumps({"model": args.model, "k": args.k, "prompts": len(workloads), "results": results}, indent=2))
+        args.json.write_text(json.dumps({"model": args.model, "k": args.k, "temperature": args.temperature, "seed": args.seed, "prompts": len(workloads), "results": results}, indent=2))
     return 0
 
 
