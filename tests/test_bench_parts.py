@@ -11,7 +11,7 @@ import torch
 from verispec.bench.identity import diagnose, first_mismatch
 from verispec.bench.methods import HF_LOOKUP_TOKENS, PLAIN, Method, parse_method, parse_methods
 from verispec.bench.protocol import rotated
-from verispec.bench.report import quartiles, summarize
+from verispec.bench.report import OVERALL, by_source, plans_section, quartiles, summarize
 from verispec.bench.runners import emitted_per_round
 from verispec.bench.workloads import (
     DATA_VARIABLE,
@@ -165,3 +165,19 @@ def test_speedup_is_paired_per_repeat_then_median_and_quartiles_across_prompts()
     assert fast["speedup_median"] == 2.0 and fast["speedup_q1"] == 1.5 and fast["speedup_q3"] == 3.5
     assert fast["tokens_per_round"] == 2.0 and fast["prompts"] == 3 and fast["runs"] == 9
     assert summary["results"][PLAIN]["c"]["speedup_median"] == 1.0
+
+
+def test_the_plans_section_lists_each_source_of_a_combined_proposer():
+    runs = [
+        {"copy": {"rounds": 3, "new_tokens": 9, "drafted": 8, "accepted": 6, "plans": {"chain k = 4": 2, "chain k = 2": 1}},
+         "head": {"rounds": 4, "new_tokens": 4, "drafted": 0, "accepted": 0, "plans": {"plain step": 4}}},
+        {"head": {"rounds": 2, "new_tokens": 3, "drafted": 2, "accepted": 1, "plans": {"chain k = 2": 1, "plain step": 1}}},
+    ]
+    merged = by_source(runs)
+    assert merged["head"] == {"rounds": 6, "new_tokens": 7, "drafted": 2, "accepted": 1,
+                              "plans": {"plain step": 5, "chain k = 2": 1}}
+    summary = {"results": {"verispec-lookup+eagle-auto": {OVERALL: {
+        "plans": {"plain step": 5, "chain k = 4": 2, "chain k = 2": 2}, "by_source": merged}}}}
+    lines = plans_section(summary, ["verispec-lookup+eagle-auto"])
+    assert any("copy rounds | 3 | 3.00 | chain k = 4 67%" in line for line in lines)
+    assert any("head rounds | 6 | 1.17 | plain step 83%" in line for line in lines)

@@ -16,6 +16,10 @@ import pytest
 import torch
 
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
+from verispec.clocks import TickClock
+from verispec.cost import FixedCosts
+from verispec.policies import AutoK
+from verispec.randomness import NO_DRAWS
 from verispec.audit.exhaustive import SCENARIOS, Configuration, audit_configuration
 from verispec.drafts import Draft
 from verispec.heads import save_head
@@ -94,6 +98,36 @@ def test_engine_equals_reference_on_a_tiny_llama_with_both_branches(kind, sampli
         assert engine.tokens == reference, prompt
         copied, headed = copied + proposer.copy.drafted, headed + proposer.head.drafted
     assert copied > 0 and headed > 0
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams()], ids=str)
+def test_auto_k_per_source_equals_the_reference_and_reports_each_source(sampling):
+    """With `--k auto` each source has its own policy (`PerSource`); the reference decoder,
+    naming each round's source from the context alone, makes the same choices."""
+    lm = HFCausalLM(tiny_llama())
+    head = hf_head("eagle", lm, taps=(FINAL, 2)).double()
+    costs = FixedCosts(c=0.05, v=[1.0, 1.05, 1.1, 1.15, 1.2])
+    for prompt in PROMPTS:
+        proposer = CopyOrHead(PromptLookup(min_ngram=2), EagleProposer(head, lm))
+        engine = generate(lm, proposer, prompt, max_new_tokens=30, sampling=sampling, k=AutoK(costs), seed=2,
+                          clock=TickClock())
+        reference = reference_generate(lm, CopyOrHead(PromptLookup(min_ngram=2), EagleProposer(head, lm)), prompt,
+                                       max_new_tokens=30, sampling=sampling, k=AutoK(costs), rng=TorchRandom(2),
+                                       clock=TickClock())
+        assert engine.tokens == reference, prompt
+        by_source = engine.stats.by_source
+        assert set(by_source) <= {"copy", "head"} and sum(s.rounds for s in by_source.values()) == engine.stats.rounds
+        assert sum(sum(s.plans.values()) for s in by_source.values()) == sum(engine.stats.plans.values())
+
+
+def test_the_source_comes_from_the_context_without_drawing():
+    table = random_table(4, 2, seed=3)
+    proposer = CopyOrHead(PromptLookup(min_ngram=2), EagleProposer(tiny_head("eagle", table), table))
+    proposer.begin([1, 2, 0, 1, 2], SamplingParams())
+    assert proposer.source([1, 2, 0, 1, 2]) == proposer.source_stateless([1, 2, 0, 1, 2]) == "copy"
+    assert proposer.source_stateless([3, 2, 0, 1]) == "head"
+    with pytest.raises(RuntimeError, match="must not draw"):
+        NO_DRAWS.categorical(torch.tensor([0.5, 0.5], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])

@@ -13,7 +13,7 @@ from verispec.cost import FixedCosts, optimal_k, speedup_by_k, survival_from_alp
 from verispec.drafts import Draft
 from verispec.engine import generate
 from verispec.models.tables import TableLM, random_table, seed_pair
-from verispec.policies import AutoK, ConstantK, HeuristicK, as_policy
+from verispec.policies import AutoK, ConstantK, HeuristicK, PerSource, as_policy
 from verispec.registry import build_policy
 from verispec.profile import measure_profile
 from verispec.proposers.draft_model import DraftModel
@@ -228,3 +228,44 @@ def test_build_policy(tmp_path):
         build_policy("auto", target, None, prompt)
     with pytest.raises(FileNotFoundError):
         build_policy(f"auto:{tmp_path / 'absent.json'}", target, PromptLookup(), prompt)
+
+
+def test_each_source_gets_its_own_policy_and_its_own_rounds():
+    """Two sources interleaved: copies always accepted, head drafts never. One AutoK over the
+    mixture drafts for both; per source, the head is turned off (plain rounds and rare probes)
+    while the copies earn the longest k; one policy over the mixture keeps drafting on the head's
+    rounds."""
+    def run(policies, rounds=200):
+        stats, chosen = Stats(), {"copy": [], "head": []}
+        policies.begin()
+        for r in range(rounds):
+            source = ("copy", "head")[r % 2]
+            k = policies.choose(stats, source)
+            stats.record_round(k, k if source == "copy" else 0, source=source)
+            chosen[source].append(k)
+        return stats, chosen
+
+    stats, chosen = run(PerSource(AutoK(FLAT)))
+    assert chosen["copy"][-20:] == [8] * 20
+    assert sum(k > 0 for k in chosen["head"][20:]) <= 6  # probes, ever more rarely
+    assert stats.by_source["copy"].rounds == stats.by_source["head"].rounds == 100
+    assert stats.rounds == 200 and sum(stats.by_source["copy"].accepted) == sum(stats.accepted)
+    assert stats.by_source["head"].position_accepts == [0] * len(stats.by_source["head"].position_accepts)
+    mixed = PerSource(AutoK(FLAT))
+    mixed_stats, mixed_chosen = Stats(), []
+    mixed.begin()
+    for r in range(200):  # the same rounds without sources: one policy for the mixture
+        k = mixed.choose(mixed_stats, None)
+        mixed_stats.record_round(k, k if r % 2 == 0 else 0)
+        mixed_chosen.append(k)
+    assert sum(k > 0 for k in mixed_chosen[161::2]) >= 15 and not mixed_stats.by_source  # drafts on head rounds
+
+
+def test_a_proposer_with_one_source_is_driven_by_the_policy_itself():
+    policy, stats = AutoK(FLAT), Stats()
+    policies = PerSource(policy)
+    policies.begin()
+    for _ in range(30):
+        k = policies.choose(stats, None)
+        stats.record_round(k, k)
+    assert policies.by_source == {} and policy.survival()[0] > 0.9

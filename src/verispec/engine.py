@@ -18,6 +18,10 @@ seeing its own ancestors, a tree rule picks the accepted root path, and the cach
 path only (`keep_path`) before the usual rollback. A tree deeper than `remaining - 1` is cut
 to that depth before proposing, and nodes below an EOS are dropped.
 
+Sources: a proposer that drafts each round from one of several sources (`SourcedProposer`:
+copying or a head) names the round's source first, and that source's own policy picks k from
+its own rounds (`verispec.policies.PerSource`, `Stats.by_source`).
+
 Devices: the target and the proposer may run on any torch device. Their logits cross to the
 host once a round, as the rows the rule reads (`sampling.rule_rows`); the rules, the random
 draws and the bookkeeping run on the host.
@@ -35,8 +39,8 @@ import torch
 from verispec import verify
 from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict
 from verispec.models.base import CausalLM, TreeScoring
-from verispec.policies import KPolicy, as_policy
-from verispec.proposers.base import Proposer
+from verispec.policies import KPolicy, PerSource, as_policy
+from verispec.proposers.base import Proposer, draft_source
 from verispec.randomness import Random, TorchRandom
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
@@ -85,6 +89,8 @@ class Decoding:
         self.max_new_tokens = max_new_tokens
         self.rng = rng if rng is not None else TorchRandom(seed)
         self.policy = as_policy(k)
+        self.policies = PerSource(self.policy)
+        self._source: str | None = None  # which source drafts this round (`SourcedProposer`)
         self.choose_rule = verify.rule_chooser(verifier, self.sampling.greedy)
         self.tokens: list[int] = []
         self.stats = Stats()
@@ -120,7 +126,7 @@ class Decoding:
         self.stats.prefill_seconds = self.clock() - start
         if self.proposer is not None:
             self.proposer.begin(self.prompt, self.sampling)
-        self.policy.begin()
+        self.policies.begin()
 
     def _round(self) -> list[int]:
         draft = self._propose()
@@ -131,8 +137,9 @@ class Decoding:
     def _propose(self) -> Draft | TreeDraft:
         """Stage 1: ask the policy for k (or a tree shape), then the proposer for up to k
         tokens (or at most the shape's nodes), cut after EOS."""
-        plan = budgeted(self.policy.choose(self.stats), self.max_new_tokens - len(self.tokens))
-        self.stats.plans[describe_plan(plan)] += 1
+        self._source = draft_source(self.proposer, self._context)
+        plan = budgeted(self.policies.choose(self.stats, self._source), self.max_new_tokens - len(self.tokens))
+        self.stats.record_plan(describe_plan(plan), self._source)
         self._draft_seconds = 0.0
         if not plan:
             return EMPTY_DRAFT
@@ -188,8 +195,11 @@ class Decoding:
             draft_seconds=self._draft_seconds,
             target_seconds=self._target_seconds,
             offers=draft.offers(verdict.path) if isinstance(draft, TreeDraft) else None,
+            source=self._source,
         )
         self.stats.new_tokens = len(self.tokens)
+        if self._source is not None:
+            self.stats.source(self._source).new_tokens += len(emitted)
         self.stats.commit_seconds += self.clock() - start
         return emitted
 

@@ -6,6 +6,7 @@ exactness is untouched. k = 0 means a plain decoding step.
 
 from __future__ import annotations
 
+import copy
 from typing import Protocol
 
 from verispec.cost import Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
@@ -279,6 +280,37 @@ def counter_growth(now: list[int], before: list[int], length: int) -> list[float
         return counters[i] if i < len(counters) else 0
 
     return [float(at(now, i) - at(before, i)) for i in range(length)]
+
+
+class PerSource:
+    """A policy per draft source, each choosing from its own source's rounds only.
+
+    A combined proposer (`lookup+eagle`, `verispec.proposers.copy_or_head`) drafts some rounds
+    by copying and the others with a trained head, and says which before each round, from the
+    context alone (`SourcedProposer.source`). Their acceptance and their cost per drafted token
+    differ: one policy fed both would pick one k for a mixture, too short for the copies and
+    too long for the head, or stop speculating in both. Here each source gets a fresh copy of
+    `policy`, reading `stats.by_source[name]`, so a head that does not pay is turned off (its
+    rounds decode plainly and probe) while copying keeps its own k. Every choice still reads
+    the past only, so exactness is untouched. A proposer with one source (source None) is
+    driven by `policy` itself, on the request's whole `Stats`.
+    """
+
+    def __init__(self, policy: KPolicy) -> None:
+        self.policy = policy
+        self.by_source: dict[str, KPolicy] = {}
+
+    def begin(self) -> None:
+        self.policy.begin()
+        self.by_source = {}
+
+    def choose(self, stats: Stats, source: str | None) -> int | TreeShape:
+        if source is None:
+            return self.policy.choose(stats)
+        if source not in self.by_source:
+            self.by_source[source] = copy.deepcopy(self.policy)
+            self.by_source[source].begin()
+        return self.by_source[source].choose(stats.source(source))
 
 
 def as_policy(k: int | KPolicy) -> KPolicy:

@@ -47,3 +47,18 @@ class TorchRandom:
             )
         u = float(torch.rand((), generator=self.generator, dtype=torch.float64))
         return int(torch.searchsorted(cdf, u * total, right=True))
+
+
+class NoDraws:
+    """A `Random` for a call that must not draw, such as a deterministic copy proposer asked
+    which source will draft (`CopyOrHead.source`): a draw there would shift the request's
+    random stream, so it is refused."""
+
+    def bernoulli(self, prob: float) -> bool:
+        raise RuntimeError("this call must not draw randomness (bernoulli was called)")
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        raise RuntimeError("this call must not draw randomness (categorical was called)")
+
+
+NO_DRAWS = NoDraws()

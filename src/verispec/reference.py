@@ -22,8 +22,8 @@ from verispec import verify
 from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
 from verispec.engine import EosIds, budgeted, check_request, cut_after_eos, emitted_tokens
 from verispec.models.base import CausalLM
-from verispec.policies import KPolicy, as_policy
-from verispec.proposers.base import Proposer
+from verispec.policies import KPolicy, PerSource, as_policy
+from verispec.proposers.base import Proposer, draft_source
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
@@ -46,15 +46,16 @@ def reference_generate(
     sampling = sampling or SamplingParams()
     context, eos_ids = check_request(target.vocab_size, prompt_ids, max_new_tokens, eos_token_id)
     choose_rule = verify.rule_chooser(verifier, sampling.greedy)
-    policy = as_policy(k)
-    policy.begin()
+    policies = PerSource(as_policy(k))
+    policies.begin()
     if proposer is not None:
         # A request configures its proposer (a draft model's q uses the request's sampling).
         proposer.begin(list(context), sampling)
     stats = Stats()
     out: list[int] = []
     while len(out) < max_new_tokens and (not out or out[-1] not in eos_ids):
-        plan = budgeted(policy.choose(stats), max_new_tokens - len(out))
+        source = draft_source(proposer, context, stateless=True)
+        plan = budgeted(policies.choose(stats, source), max_new_tokens - len(out))
         draft, draft_seconds = EMPTY_DRAFT, 0.0
         if plan:
             start = clock()
@@ -76,6 +77,7 @@ def reference_generate(
             draft_seconds=draft_seconds,
             target_seconds=target_seconds,
             offers=draft.offers(verdict.path) if isinstance(draft, TreeDraft) else None,
+            source=source,
         )
         context += emitted
         out += emitted

@@ -31,6 +31,9 @@ class Stats:
         (their drafted[r] counts nodes, and they leave the chain position counters alone).
     plans: how often the policy asked for each plan, in words ('plain step', 'chain k = 4',
         'tree 8 nodes: 3-3-2'; `verispec.tree_shape.describe_plan`), after the budget's cut.
+    by_source: for a proposer that drafts from several sources (`lookup+eagle`: 'copy' or
+        'head', `verispec.proposers.base.SourcedProposer`), the same counters over each
+        source's rounds only (plans included); each source's policy reads its own.
     """
 
     new_tokens: int = 0
@@ -50,6 +53,16 @@ class Stats:
     rank_accepts: list[list[int]] = field(default_factory=list)
     tree_rounds: int = 0
     plans: Counter[str] = field(default_factory=Counter)
+    by_source: dict[str, Stats] = field(default_factory=dict)
+
+    def source(self, name: str | None) -> Stats:
+        """The counters of one draft source's rounds (these, for a proposer with one)."""
+        return self if name is None else self.by_source.setdefault(name, Stats())
+
+    def record_plan(self, plan: str, source: str | None = None) -> None:
+        self.plans[plan] += 1
+        if source is not None:
+            self.source(source).plans[plan] += 1
 
     def record_round(
         self,
@@ -60,9 +73,15 @@ class Stats:
         draft_seconds: float = 0.0,
         target_seconds: float = 0.0,
         offers: tuple[list[int], list[int]] | None = None,
+        source: str | None = None,
     ) -> None:
         """Round r's counts and seconds (added to the totals too). offers: a tree round's
-        (offered, ranks) along its accepted path (`TreeDraft.offers`); None for a chain."""
+        (offered, ranks) along its accepted path (`TreeDraft.offers`); None for a chain.
+        source: which source drafted it (`by_source`), None for a proposer with one."""
+        if source is not None:
+            self.source(source).record_round(
+                drafted, accepted, fallback, draft_seconds=draft_seconds, target_seconds=target_seconds, offers=offers
+            )
         if offers is None:
             self._record_chain(drafted, accepted)
             offered = [1] * min(accepted + 1, drafted)
@@ -163,6 +182,11 @@ class Stats:
             "fallbacks": self.fallbacks,
             "tree_rounds": self.tree_rounds,
             "plans": self.plan_counts(),
+            "by_source": {
+                name: {"rounds": part.rounds, "new_tokens": part.new_tokens, "drafted": sum(part.drafted),
+                       "accepted": sum(part.accepted), "plans": part.plan_counts()}
+                for name, part in sorted(self.by_source.items())
+            },
             "rank_attempts": self.rank_attempts,
             "rank_accepts": self.rank_accepts,
             "prefill_seconds": self.prefill_seconds,

@@ -69,7 +69,21 @@ def group_summary(records: Sequence[dict], plain: dict[tuple[str, int], dict]) -
         ),
         "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
         "plans": dict(sum((Counter(e.get("plans", {})) for e in engines), Counter()).most_common()),
+        "by_source": by_source([e.get("by_source", {}) for e in engines]),
     }
+
+
+def by_source(parts: Sequence[dict]) -> dict:
+    """The per-source counters of runs (`Stats.as_dict()["by_source"]`), summed: rounds, new
+    tokens, drafted and accepted, and plans."""
+    total: dict[str, dict] = {}
+    for part in parts:
+        for name, counts in part.items():
+            into = total.setdefault(name, {"rounds": 0, "new_tokens": 0, "drafted": 0, "accepted": 0, "plans": Counter()})
+            for key in ("rounds", "new_tokens", "drafted", "accepted"):
+                into[key] += counts[key]
+            into["plans"] += Counter(counts["plans"])
+    return {name: {**counts, "plans": dict(counts["plans"].most_common())} for name, counts in sorted(total.items())}
 
 
 def summarize(records: Sequence[dict], methods: Sequence[Method], header: dict) -> dict:
@@ -185,18 +199,25 @@ def sampled_section(summary: dict, names: Sequence[str]) -> list[str]:
 
 def plans_section(summary: dict, names: Sequence[str]) -> list[str]:
     """What the speculative methods' policies chose per round (k, tree shape or a plain step),
-    over all prompts: the three most frequent plans with their share of rounds."""
+    over all prompts: the three most frequent plans with their share of rounds; for a proposer
+    with several sources (`lookup+eagle`), each source's rounds, tau and plans below it."""
+    def top(plans: dict) -> str:
+        total = sum(plans.values())
+        return ", ".join(f"{plan} {count / total:.0%}" for plan, count in list(plans.items())[:3])
+
     rows = []
     for name in names:
-        plans = summary["results"][name][OVERALL].get("plans") or {}
-        total = sum(plans.values())
-        if total and set(plans) != {"plain step"}:
-            top = ", ".join(f"{plan} {count / total:.0%}" for plan, count in list(plans.items())[:3])
-            rows.append([name, str(total), top])
+        overall = summary["results"][name][OVERALL]
+        plans = overall.get("plans") or {}
+        if sum(plans.values()) and set(plans) != {"plain step"}:
+            rows.append([name, str(sum(plans.values())), "-", top(plans)])
+            for source, part in (overall.get("by_source") or {}).items():
+                tau = part["new_tokens"] / part["rounds"] if part["rounds"] else 0.0
+                rows.append([f"{name}: {source} rounds", str(part["rounds"]), f"{tau:.2f}", top(part["plans"])])
     if not rows:
         return []
     lines = ["", "## Plans chosen per round (all prompts)", ""]
-    return lines + table(["method", "rounds", "most frequent plans (share of rounds)"], rows)
+    return lines + table(["method", "rounds", "tau", "most frequent plans (share of rounds)"], rows)
 
 
 def render(summary: dict, plots: Sequence[str]) -> str:

@@ -9,12 +9,15 @@ decoder uses it to check that the proposer's incremental state never drifts.
 
 A `TreeProposer` also fills tree shapes (`verispec.tree_shape`): several continuations per
 round, verified as a token tree.
+
+A `SourcedProposer` drafts each round from one of several sources (copying or a head) and says
+which before the round, so each source gets its own k policy (`verispec.policies.PerSource`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
@@ -50,3 +53,22 @@ class TreeProposer(Proposer, Protocol):
     def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
         """The tree `propose_tree` must return, recomputed from `context` alone (slow)."""
         ...
+
+
+@runtime_checkable
+class SourcedProposer(Protocol):
+    def source(self, context: Sequence[int]) -> str:
+        """The name of the source that will draft after `context`, decided from the context
+        alone, before the round's k is chosen."""
+        ...
+
+    def source_stateless(self, context: Sequence[int]) -> str:
+        """The source `source` must name, recomputed from `context` alone (slow)."""
+        ...
+
+
+def draft_source(proposer: Proposer | None, context: Sequence[int], stateless: bool = False) -> str | None:
+    """The source of the next round's draft; None for a proposer with one source."""
+    if not isinstance(proposer, SourcedProposer):
+        return None
+    return proposer.source_stateless(context) if stateless else proposer.source(context)

@@ -20,6 +20,13 @@ holds pairs built from the target's true features up to where it last drafted, a
 `propose` appends the pairs of every position emitted since (the target keeps the features of
 every processed position), in one head forward.
 
+Sources: `source(context)` names the round's drafter ('copy' or 'head') before k is chosen,
+so the engine keeps one k policy per source (`verispec.policies.PerSource`): with `--k auto`
+copying keeps the long k its matches earn while a head that does not pay is turned off, its
+rounds decoded plainly (with probes) rather than dragging the copy rounds' k down with it. It
+assumes what prompt lookup and the suffix index do: a copy proposer that drafts at k = 1 drafts
+at every k (and its tree has a node), and it does not draw from the round's randomness.
+
 Trees: the same choice per round, `copy`'s tree when it has any node, else `head`'s tree. Each
 tree carries its own provenance (lookup's chosen, q None; a head's sampled with q rows at
 temperature > 0), so `tree_recursive` verifies every round by the rule of its siblings. Merging
@@ -36,9 +43,12 @@ from collections.abc import Sequence
 
 from verispec.drafts import Draft, TreeDraft
 from verispec.proposers.base import Proposer, TreeProposer
-from verispec.randomness import Random
+from verispec.randomness import NO_DRAWS, Random
 from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape
+
+
+COPY, HEAD = "copy", "head"
 
 
 class CopyOrHead:
@@ -52,6 +62,12 @@ class CopyOrHead:
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self.copy.begin(prompt_ids, sampling)
         self.head.begin(prompt_ids, sampling)
+
+    def source(self, context: Sequence[int]) -> str:
+        return COPY if len(self.copy.propose(context, 1, NO_DRAWS)) else HEAD
+
+    def source_stateless(self, context: Sequence[int]) -> str:
+        return COPY if len(self.copy.propose_stateless(context, 1, NO_DRAWS)) else HEAD
 
     def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         copied = self.copy.propose(context, k, rng)
