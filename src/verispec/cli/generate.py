@@ -86,6 +86,7 @@ def generate(
         "proposer": proposer,
         "k": k,
         "plans": spec.stats.plan_counts(),  # the tree shapes, chains and plain steps chosen
+        "by_source": spec.stats.as_dict()["by_source"],  # lookup+eagle: the copy and head rounds apart
     }
     if compare:
         plain = VerispecRunner(loaded.lm, None, 0, eos, sampling, seed)(prompt_ids, max_new_tokens)
