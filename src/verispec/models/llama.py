@@ -11,7 +11,7 @@ A forward of M new tokens on top of `start` cached positions, per layer:
 
 then only the last `keep` rows go through the final norm and the output head. Against
 transformers' eager Llama: 121 prepacked projections instead of 211 matrix products, RoPE in
-three kernels instead of rotate_half's slicing and concatenation, no mask or cache rebuilt
+four kernels instead of rotate_half's slicing and concatenation, no mask or cache rebuilt
 per forward (measured per one-token forward, float32: ~4,450 op calls against ~6,200).
 `deterministic` selects the attention whose rows do not depend on M
 (`verispec.models.attention`).
