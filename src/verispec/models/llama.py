@@ -138,7 +138,10 @@ class LlamaRuntime:
     ) -> LlamaRuntime:
         """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc).
 
-        weight_format "q4" or "int8": projections from `models.quant.linear_for`, on `blocks`
+        weight_format "float": prepacked oneDNN projections (`models.linear.projection`);
+        "dense": `F.linear` on the same weights, slower, but transformers' own products, so a
+        float32 runtime then returns transformers' logits bit for bit (the tests' reference);
+        "q4" or "int8": projections from `models.quant.linear_for`, on `blocks`
         (the GGUF file's own codes, `gguf_blocks.gguf_weights`) where given, else quantized on
         load; `exact` as there (False: q4's cheaper single plane, for drafts). The runtime's
         `exact_weights` then says whether every projection holds its float32 weight bit for bit.
