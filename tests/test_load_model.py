@@ -152,7 +152,7 @@ def test_runtime_choice(tmp_path) -> None:
 def test_local_checkpoint_in_bfloat16(tmp_path) -> None:
     save_checkpoint(tmp_path)
     loaded = load_model(tmp_path, dtype="bfloat16")
-    assert loaded.model.dtype == torch.bfloat16 == loaded.dtype
+    assert loaded.transformers_model().dtype == torch.bfloat16 == loaded.dtype == loaded.lm.dtype
     assert loaded.lm.extend([5, 6]).dtype == torch.float32
 
 
@@ -225,11 +225,11 @@ def test_default_model_and_its_cached_copy(default_models) -> None:
     assert [p.name for p in (cache / "models").iterdir()] == [load.converted_dir(converted.source).name]
     for loaded in (converted, cached):
         assert loaded.name == "smollm2-135m-instruct"
-        assert loaded.lm.vocab_size == 49152 and loaded.model.config.num_hidden_layers == 30
+        assert loaded.lm.vocab_size == 49152 and loaded.config.num_hidden_layers == 30
         assert loaded.tokenizer.convert_ids_to_tokens(loaded.eos_token_ids) == ["<|im_end|>"]
         assert loaded.chat_template is not None
-    weights = cached.model.state_dict()
-    assert all(torch.equal(tensor, weights[name]) for name, tensor in converted.model.state_dict().items())
+    weights = cached.transformers_model().state_dict()
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in converted.transformers_model().state_dict().items())
     assert check_tokenizers(converted.tokenizer, cached.tokenizer).identical
     ids = cached.encode("What is 2 + 2?")
     assert cached.decode(ids).endswith("What is 2 + 2?\nassistant\n")

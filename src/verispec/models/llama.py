@@ -19,8 +19,11 @@ per forward (measured per one-token forward, float32: ~4,450 op calls against ~6
 Projections are modules from `verispec.models.linear.projection`, chosen by weight format,
 so quantized layouts drop in without touching this file. The runtime is built from a
 transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file), whose
-weights are fused and packed here; the transformers model is left as it was, so both can run
-(HF generate in the benchmark), at the cost of a second copy of the weights.
+weights are fused and packed here. By default the transformers model is left as it was, so
+both can run (at the cost of a second copy of the projections); `consume=True` releases each
+layer's projection weights from it as soon as they are packed (`load_model` does this), so
+the weights are never held twice, not even while packing. The embedding, the norms and the
+head's weight are shared, not copied.
 
 Feature channel (`FeatureChannel`): after `record_features(taps)`, every forward also keeps,
 for all its rows, the residual stream after the tapped decoder layers (layer taps 1..L) and
@@ -135,6 +138,7 @@ class LlamaRuntime:
         deterministic: bool = False,
         blocks: Mapping[str, GGUFWeight] | None = None,
         exact: bool = True,
+        consume: bool = False,
     ) -> LlamaRuntime:
         """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc).
 
@@ -145,6 +149,9 @@ class LlamaRuntime:
         (the GGUF file's own codes, `gguf_blocks.gguf_weights`) where given, else quantized on
         load; `exact` as there (False: q4's cheaper single plane, for drafts). The runtime's
         `exact_weights` then says whether every projection holds its float32 weight bit for bit.
+        consume: release each decoder layer's projection weights from `model` once packed
+        (they become None), so the peak memory is one copy of the weights; `model` can no
+        longer run afterwards.
         """
         refusal = fast_runtime_refusal(model)
         if refusal:
@@ -184,6 +191,9 @@ class LlamaRuntime:
                         down=_fused(mlp.down_proj),
                     )
                 )
+                if consume:
+                    for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                        linear.weight = linear.bias = None
             embed = base.embed_tokens.weight.detach()
             head = _fused(model.get_output_embeddings())
         model.eval()

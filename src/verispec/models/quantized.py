@@ -31,7 +31,8 @@ def quantized_model(
     "float32"), sharing all other tensors; `.exact` tells whether its weights are unchanged.
     exact=False: q4's cheaper single plane (`quant.linear_for`), for drafts.
 
-    >>> draft = quantized_model(loaded.model, "q4", gguf_weights(loaded.source, loaded.model))
+    >>> model = loaded.transformers_model()
+    >>> draft = quantized_model(model, "q4", gguf_weights(loaded.source, model))
     >>> draft.exact   # True for the default model's Q4_1/Q8_0 file
     True
     """
