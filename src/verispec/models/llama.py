@@ -41,7 +41,7 @@ the first-child chain of a depth-first tree), then moves `length`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -139,6 +139,7 @@ class LlamaRuntime:
         blocks: Mapping[str, GGUFWeight] | None = None,
         exact: bool = True,
         consume: bool = False,
+        checkpoint: Callable[[str], torch.Tensor | None] | None = None,
     ) -> LlamaRuntime:
         """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc).
 
@@ -152,6 +153,12 @@ class LlamaRuntime:
         consume: release each decoder layer's projection weights from `model` once packed
         (they become None), so the peak memory is one copy of the weights; `model` can no
         longer run afterwards.
+        checkpoint: reads a tensor by parameter name from `model`'s checkpoint files
+        (`load.checkpoint_tensors`: a tensor of its own, whose file mapping goes when it does);
+        where it has a weight in the parameter's dtype and shape, that is used instead of the
+        parameter. transformers maps its safetensors files into memory once, and every page
+        read while packing would stay resident beside the packed copy as long as any of the
+        model's tensors lives.
         """
         refusal = fast_runtime_refusal(model)
         if refusal:
@@ -170,23 +177,37 @@ class LlamaRuntime:
             vocab_size=int(model.get_output_embeddings().weight.shape[0]),
             eps=float(config.rms_norm_eps),
         )
-        stored = stored_weights(model, blocks)
+        tensor = stored_weights(model, None, checkpoint)  # parameter -> its float tensor
+        stored = stored_weights(model, blocks, checkpoint)  # -> the GGUF blocks where there are some
 
         def _fused(*linears: nn.Linear) -> nn.Module:
             if weight_format in QUANTIZED:
-                return linear_for([stored(linear) for linear in linears], weight_format, exact)
-            return _fused_float(weight_format, *linears)
+                return linear_for([stored(linear.weight) for linear in linears], weight_format, exact)
+            weights = [tensor(linear.weight) for linear in linears]
+            biases = [None if linear.bias is None else tensor(linear.bias) for linear in linears]
+            return _fused_float(weight_format, weights, biases)
 
         layers = []
         with torch.no_grad():
+            # The head first: packing it (and probing its shape, `linear.single_row_matches`)
+            # takes several times its weight for a moment, best spent before the layers exist.
+            # Read apart from the embedding even where tied: a file's page is resident once read,
+            # and the embedding's are read only as tokens are looked up.
+            embed, output = tensor(base.embed_tokens.weight), model.get_output_embeddings()
+            head = _fused(output)
+            # The dense head [V, H] (pruned heads read it): the embedding itself where tied.
+            head_linear = nn.Linear(shape.hidden, shape.vocab_size, bias=output.bias is not None, device="meta")
+            head_weight = embed if output.weight is base.embed_tokens.weight else tensor(output.weight)
+            head_linear.weight = nn.Parameter(head_weight, requires_grad=False)
+            head_linear.bias = None if output.bias is None else nn.Parameter(tensor(output.bias), requires_grad=False)
             for layer in base.layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 layers.append(
                     LlamaLayer(
-                        attn_norm=layer.input_layernorm.weight.detach(),
+                        attn_norm=tensor(layer.input_layernorm.weight),
                         qkv=_fused(attn.q_proj, attn.k_proj, attn.v_proj),
                         o=_fused(attn.o_proj),
-                        mlp_norm=layer.post_attention_layernorm.weight.detach(),
+                        mlp_norm=tensor(layer.post_attention_layernorm.weight),
                         gate_up=_fused(mlp.gate_proj, mlp.up_proj),
                         down=_fused(mlp.down_proj),
                     )
@@ -194,13 +215,10 @@ class LlamaRuntime:
                 if consume:
                     for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
                         linear.weight = linear.bias = None
-            embed = base.embed_tokens.weight.detach()
-            head = _fused(model.get_output_embeddings())
+            norm = tensor(base.norm.weight)
         model.eval()
         rope = RopeTables(inv_freq, scaling, embed.dtype)
-        runtime = cls(
-            shape, embed, layers, base.norm.weight.detach(), head, rope, deterministic, model.get_output_embeddings()
-        )
+        runtime = cls(shape, embed, layers, norm, head, rope, deterministic, head_linear)
         if weight_format in QUANTIZED:
             projections = [head, *(p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))]
             runtime.exact_weights = all(p.exact for p in projections)
@@ -385,11 +403,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return nn.functional.rms_norm(x, weight.shape, weight, eps)
 
 
-def _fused_float(weight_format: str, *linears: nn.Linear) -> nn.Module:
-    """One projection computing every linear's output side by side ([M, sum of outs])."""
-    weights = [linear.weight.detach() for linear in linears]  # each [out, in]
-    biases = [linear.bias for linear in linears]
+def _fused_float(
+    weight_format: str, weights: list[torch.Tensor], biases: list[torch.Tensor | None]
+) -> nn.Module:
+    """One projection computing every weight's [out, in] output side by side ([M, sum of outs])."""
     bias = None
     if any(b is not None for b in biases):
-        bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
     return projection(torch.cat(weights) if len(weights) > 1 else weights[0], bias, weight_format)

@@ -235,7 +235,7 @@ def load_model(
         if chosen == "hf":
             lm = HFCausalLM(model)
         else:
-            lm = LlamaRuntime.from_hf(model, deterministic=deterministic, consume=True)
+            lm = LlamaRuntime.from_hf(model, deterministic=deterministic, consume=True, checkpoint=checkpoint_tensors(source))
             model = None
     else:
         blocks = gguf_blocks(source, model) if source.is_file() else None
@@ -243,7 +243,10 @@ def load_model(
             quantized = quantized_model(model, weight_format, blocks)
             lm, exact = HFCausalLM(quantized), quantized.exact
         else:
-            lm = LlamaRuntime.from_hf(model, weight_format, deterministic=deterministic, blocks=blocks, consume=True)
+            lm = LlamaRuntime.from_hf(
+                model, weight_format, deterministic=deterministic, blocks=blocks, consume=True,
+                checkpoint=checkpoint_tensors(source),
+            )
             exact, model = lm.exact_weights, None
     return LoadedModel(
         name=str(name_or_path),
@@ -353,6 +356,27 @@ def converted_dir(gguf: Path) -> Path:
     identity = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return cache_root() / "models" / f"{gguf.stem}-{key}"
+
+
+def checkpoint_tensors(source: Path) -> Callable[[str], torch.Tensor | None]:
+    """name -> that tensor from the safetensors files of `source` (a checkpoint directory, or a
+    GGUF file's converted copy), or None where they lack it. Each read maps the file anew
+    (safetensors), and the mapping goes when its tensor does: the fast runtime packs a weight
+    and drops it, so its pages leave memory with it and the weights are held once
+    (`LlamaRuntime.from_hf`), where transformers' one mapping would keep every page read."""
+    directory = converted_dir(source) if source.is_file() else source
+    files: dict[str, Path] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as stored:
+            files.update(dict.fromkeys(stored.keys(), path))
+
+    def read(name: str) -> torch.Tensor | None:
+        if name not in files:
+            return None
+        with safe_open(files[name], framework="pt") as stored:
+            return stored.get_tensor(name)
+
+    return read
 
 
 def gguf_blocks(gguf: Path, model: PreTrainedModel) -> dict[str, GGUFWeight]:
