@@ -136,6 +136,22 @@ def test_local_checkpoint_directory(tmp_path) -> None:
     torch.testing.assert_close(on_hf.lm.score(ids), expected, atol=0, rtol=0)
 
 
+def test_the_fast_runtime_keeps_one_copy_of_the_weights(tmp_path) -> None:
+    """The fast runtime lets the transformers model go once packed (weights read through their
+    own file mappings) and loads it again, the same weights, only when asked."""
+    original = save_checkpoint(tmp_path)
+    loaded = load_model(tmp_path, dtype="float32")
+    assert loaded.model is None and loaded.config.num_hidden_layers == 1
+    ids = list(range(3, 40))
+    assert torch.equal(loaded.lm.score(ids), LlamaRuntime.from_hf(original).score(ids))
+    again = loaded.transformers_model()
+    assert again is loaded.transformers_model()  # loaded once, then kept
+    weights = again.state_dict()
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in original.state_dict().items())
+    on_hf = load_model(tmp_path, dtype="float32", runtime="hf")
+    assert on_hf.transformers_model() is on_hf.model is on_hf.lm.model and on_hf.config is on_hf.model.config
+
+
 def test_runtime_choice(tmp_path) -> None:
     save_checkpoint(tmp_path)
     assert isinstance(load_model(tmp_path, runtime="fast", deterministic=True).lm, LlamaRuntime)
