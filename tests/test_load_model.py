@@ -264,6 +264,6 @@ def test_default_model_cache_contract_bfloat16(default_models) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VERISPEC_CACHE", str(cache))
         bf16 = load_model(dtype="bfloat16")
-    assert bf16.model.dtype == torch.bfloat16
+    assert bf16.lm.dtype == torch.bfloat16 and bf16.model is None  # the fast runtime keeps no transformers model
     prompt = bf16.encode("Summarize: the cat sat on the mat.")
     check_random_history(bf16.lm, prompt, seed=1, steps=4, atol=ATOL[torch.bfloat16])
