@@ -246,6 +246,8 @@ def test_unsupported_models_are_refused_with_the_reason() -> None:
     dynamic.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
     assert "changes its frequencies with the sequence length" in fast_runtime_refusal(dynamic)
     assert "not float16" in fast_runtime_refusal(tiny_llama(0).half())
+    assert "not float16" in fast_runtime_refusal(tiny_llama(0), torch.float16)  # the dtype asked for
+    assert fast_runtime_refusal(tiny_llama(0), torch.bfloat16) is None
 
 
 LONG_TEXT = (

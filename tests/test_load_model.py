@@ -266,4 +266,8 @@ def test_default_model_cache_contract_bfloat16(default_models) -> None:
         bf16 = load_model(dtype="bfloat16")
     assert bf16.lm.dtype == torch.bfloat16 and bf16.model is None  # the fast runtime keeps no transformers model
     prompt = bf16.encode("Summarize: the cat sat on the mat.")
+    # Cast weight by weight while packing: the bits of transformers' bfloat16 model.
+    transformers = bf16.transformers_model()
+    assert transformers.dtype == torch.bfloat16
+    assert torch.equal(bf16.lm.score(prompt), LlamaRuntime.from_hf(transformers, deterministic=True).score(prompt))
     check_random_history(bf16.lm, prompt, seed=1, steps=4, atol=ATOL[torch.bfloat16])

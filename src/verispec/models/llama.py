@@ -140,6 +140,7 @@ class LlamaRuntime:
         exact: bool = True,
         consume: bool = False,
         checkpoint: Callable[[str], torch.Tensor | None] | None = None,
+        dtype: torch.dtype | None = None,
     ) -> LlamaRuntime:
         """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc).
 
@@ -159,8 +160,10 @@ class LlamaRuntime:
         parameter. transformers maps its safetensors files into memory once, and every page
         read while packing would stay resident beside the packed copy as long as any of the
         model's tensors lives.
+        dtype: what the runtime computes in (default: the model's); each float weight is cast
+        to it as it is packed (torch's rounding, as transformers' own cast on load).
         """
-        refusal = fast_runtime_refusal(model)
+        refusal = fast_runtime_refusal(model, dtype)
         if refusal:
             raise ValueError(refusal)
         config = model.config
@@ -177,7 +180,12 @@ class LlamaRuntime:
             vocab_size=int(model.get_output_embeddings().weight.shape[0]),
             eps=float(config.rms_norm_eps),
         )
-        tensor = stored_weights(model, None, checkpoint)  # parameter -> its float tensor
+        float_weight = stored_weights(model, None, checkpoint)
+        dtype = dtype or model.get_output_embeddings().weight.dtype
+
+        def tensor(weight: torch.Tensor) -> torch.Tensor:
+            """A parameter's float tensor in the runtime's dtype."""
+            return float_weight(weight).to(dtype)
         stored = stored_weights(model, blocks, checkpoint)  # -> the GGUF blocks where there are some
 
         def _fused(*linears: nn.Linear) -> nn.Module:
@@ -377,8 +385,9 @@ class LlamaRuntime:
         return self.head(normed).float(), captured  # [keep, V]
 
 
-def fast_runtime_refusal(model: nn.Module) -> str | None:
-    """Why the fast runtime cannot run this transformers model (None: it can)."""
+def fast_runtime_refusal(model: nn.Module, dtype: torch.dtype | None = None) -> str | None:
+    """Why the fast runtime cannot run this transformers model in `dtype` (default: the
+    model's own) (None: it can)."""
     config = model.config
     kind = getattr(config, "model_type", None)
     if kind != "llama":
@@ -388,7 +397,7 @@ def fast_runtime_refusal(model: nn.Module) -> str | None:
     weight = model.get_output_embeddings().weight
     if weight.device.type != "cpu":
         return f"the fast runtime runs on the CPU and this model is on {weight.device}; use runtime 'hf'"
-    dtype = weight.dtype
+    dtype = dtype or weight.dtype
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the fast runtime computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}; use runtime 'hf'"
     try:

@@ -205,7 +205,9 @@ def load_model(
     torch_dtype = torch.float32 if weight_format == "q4" else resolve_dtype(dtype)
     source = locate(name_or_path)
     if source.is_file():
-        model, tokenizer = _gguf_model(source, torch_dtype)
+        # Its converted copy is float32: the fast runtime casts each weight as it packs it,
+        # where transformers would read and cast all of them first (bfloat16's peak memory).
+        model, tokenizer = _gguf_model(source, torch.float32 if runtime != "hf" else torch_dtype)
 
         def reload() -> PreTrainedModel:
             return _gguf_model(source, torch_dtype)[0]
@@ -221,12 +223,14 @@ def load_model(
 
         model = reload()
         tokenizer = _directory_tokenizer(source, trust_remote_code)
-    refusal = fast_runtime_refusal(model)
+    refusal = fast_runtime_refusal(model, torch_dtype)
     if runtime == "fast" and refusal:
         raise ValueError(f"{source}: {refusal}")
     if deterministic and refusal:
         raise ValueError(f"{source}: deterministic scoring needs the fast runtime, but {refusal}")
     chosen = "hf" if runtime == "hf" or refusal else "fast"
+    if chosen == "hf":
+        model = model.to(torch_dtype)
     if deterministic is None:
         deterministic = chosen == "fast" and torch_dtype == torch.bfloat16
     exact = torch_dtype == torch.float32  # float weights: exact unless rounded to a narrower dtype
@@ -235,7 +239,9 @@ def load_model(
         if chosen == "hf":
             lm = HFCausalLM(model)
         else:
-            lm = LlamaRuntime.from_hf(model, deterministic=deterministic, consume=True, checkpoint=checkpoint_tensors(source))
+            lm = LlamaRuntime.from_hf(
+                model, deterministic=deterministic, consume=True, checkpoint=checkpoint_tensors(source), dtype=torch_dtype
+            )
             model = None
     else:
         blocks = gguf_blocks(source, model) if source.is_file() else None
