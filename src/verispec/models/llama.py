@@ -22,8 +22,9 @@ transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file
 weights are fused and packed here. By default the transformers model is left as it was, so
 both can run (at the cost of a second copy of the projections); `consume=True` releases each
 layer's projection weights from it as soon as they are packed (`load_model` does this), so
-the weights are never held twice, not even while packing. The embedding, the norms and the
-head's weight are shared, not copied.
+the weights are never held twice, not even while packing; `checkpoint` reads the weights to
+pack from the model's files instead of its tensors (`from_hf` says why). Otherwise the
+embedding, the norms and the dense head are the model's own tensors, shared, not copied.
 
 Feature channel (`FeatureChannel`): after `record_features(taps)`, every forward also keeps,
 for all its rows, the residual stream after the tapped decoder layers (layer taps 1..L) and
@@ -186,6 +187,7 @@ class LlamaRuntime:
         def tensor(weight: torch.Tensor) -> torch.Tensor:
             """A parameter's float tensor in the runtime's dtype."""
             return float_weight(weight).to(dtype)
+
         stored = stored_weights(model, blocks, checkpoint)  # -> the GGUF blocks where there are some
 
         def _fused(*linears: nn.Linear) -> nn.Module:

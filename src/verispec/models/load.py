@@ -120,7 +120,8 @@ class LoadedModel:
 
     def transformers_model(self) -> PreTrainedModel:
         """The transformers model of these weights: `model` where it was kept, else loaded
-        again (`reload`, ~1-4 s for the default model) on first use and kept from then on,
+        again (`reload`: 0.25 s for the default model, whose file is mapped, not read) on first
+        use and kept from then on,
         so asking costs the memory of a second copy of the weights only when something uses it."""
         if self.model is None:
             if self.reload is None:
@@ -206,7 +207,8 @@ def load_model(
     source = locate(name_or_path)
     if source.is_file():
         # Its converted copy is float32: the fast runtime casts each weight as it packs it,
-        # where transformers would read and cast all of them first (bfloat16's peak memory).
+        # where transformers would read and cast all of them first (bfloat16's peak memory);
+        # a model the fast runtime refuses is cast below.
         model, tokenizer = _gguf_model(source, torch.float32 if runtime != "hf" else torch_dtype)
 
         def reload() -> PreTrainedModel:
