@@ -121,8 +121,8 @@ class LoadedModel:
     def transformers_model(self) -> PreTrainedModel:
         """The transformers model of these weights: `model` where it was kept, else loaded
         again (`reload`: 0.25 s for the default model, whose file is mapped, not read) on first
-        use and kept from then on,
-        so asking costs the memory of a second copy of the weights only when something uses it."""
+        use and kept from then on, so a second copy of the weights costs memory only where
+        something runs transformers itself."""
         if self.model is None:
             if self.reload is None:
                 raise ValueError(f"{self.name} keeps no transformers model and cannot load one again")
