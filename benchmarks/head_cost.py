@@ -35,7 +35,7 @@ TEXT = ("Explain, step by step, how a lighthouse keeper in the nineteenth centur
 def build(loaded, kind: str, taps, n: int, dtype: torch.dtype):
     lm = loaded.lm
     config = HeadConfig(kind, target_info(lm, loaded.name), taps, vocab_size=n,
-                        layer=default_layer(loaded.model.config) if kind == "eagle" else {},
+                        layer=default_layer(loaded.config) if kind == "eagle" else {},
                         heads=K if kind == "medusa" else 0)
     torch.manual_seed(0)
     head = new_head(config, torch.arange(n), lm).to(dtype).eval()
@@ -57,7 +57,7 @@ def main() -> None:
     head_dtypes = [getattr(torch, name) for name in args.head_dtypes.split(",")]
     lm = loaded.lm
     ids = loaded.encode(TEXT * 20)[: args.context]
-    L = loaded.model.config.num_hidden_layers
+    L = loaded.config.num_hidden_layers
     proposers = {}
     for n in map(int, args.vocab.split(",")):
         for dtype in head_dtypes:

@@ -83,9 +83,9 @@ def main() -> None:
         default=["float32", "packed-float32", "bfloat16", "packed-bfloat16", "q4", "q4-1plane", "int8"],
     )
     args = parser.parse_args()
-    loaded = load_model(dtype="float32")
+    loaded = load_model(dtype="float32", runtime="hf")  # its transformers model: the weights to pack
     blocks = gguf_blocks(loaded.source, loaded.model)
-    layers = loaded.model.config.num_hidden_layers
+    layers = loaded.config.num_hidden_layers
     built = {fmt: build(blocks, layers, fmt) for fmt in args.formats}
     for fmt, (groups, head) in built.items():
         exact = all(getattr(m, "exact", fmt == "packed-float32") for m in [*groups, head])

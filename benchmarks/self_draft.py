@@ -46,7 +46,7 @@ def main() -> None:
               f"exact weights {loads[name].exact_weights}")
     fp32 = loads["fp32"]
     eos = fp32.eos_token_ids
-    methods = {"HF generate fp32": (HFRunner(fp32.model, eos), "fp32 plain")}
+    methods = {"HF generate fp32": (HFRunner(fp32.transformers_model(), eos), "fp32 plain")}
     for name in ("fp32", "bf16"):
         lm = loads[name].lm
         methods[f"{name} plain"] = (VerispecRunner(lm, None, 0, eos), f"{name} plain")

@@ -386,7 +386,7 @@ def default_model_head(kind: str):
         head = load_head(default_head(kind), lm)
     else:
         config = HeadConfig(kind, target_info(lm, loaded.name), (FINAL,), vocab_size=8192,
-                            layer=default_layer(loaded.model.config) if kind == "eagle" else {},
+                            layer=default_layer(loaded.config) if kind == "eagle" else {},
                             heads=4 if kind == "medusa" else 0)
         with torch.random.fork_rng():
             torch.manual_seed(0)

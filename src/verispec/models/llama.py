@@ -11,7 +11,7 @@ A forward of M new tokens on top of `start` cached positions, per layer:
 
 then only the last `keep` rows go through the final norm and the output head. Against
 transformers' eager Llama: 121 prepacked projections instead of 211 matrix products, RoPE in
-three kernels instead of rotate_half's slicing and concatenation, no mask or cache rebuilt
+four kernels instead of rotate_half's slicing and concatenation, no mask or cache rebuilt
 per forward (measured per one-token forward, float32: ~4,450 op calls against ~6,200).
 `deterministic` selects the attention whose rows do not depend on M
 (`verispec.models.attention`).
@@ -19,8 +19,12 @@ per forward (measured per one-token forward, float32: ~4,450 op calls against ~6
 Projections are modules from `verispec.models.linear.projection`, chosen by weight format,
 so quantized layouts drop in without touching this file. The runtime is built from a
 transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file), whose
-weights are fused and packed here; the transformers model is left as it was, so both can run
-(HF generate in the benchmark), at the cost of a second copy of the weights.
+weights are fused and packed here. By default the transformers model is left as it was, so
+both can run (at the cost of a second copy of the projections); `consume=True` releases each
+layer's projection weights from it as soon as they are packed (`load_model` does this), so
+the weights are never held twice, not even while packing; `checkpoint` reads the weights to
+pack from the model's files instead of its tensors (`from_hf` says why). Otherwise the
+embedding, the norms and the dense head are the model's own tensors, shared, not copied.
 
 Feature channel (`FeatureChannel`): after `record_features(taps)`, every forward also keeps,
 for all its rows, the residual stream after the tapped decoder layers (layer taps 1..L) and
@@ -38,7 +42,7 @@ the first-child chain of a depth-first tree), then moves `length`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -135,15 +139,32 @@ class LlamaRuntime:
         deterministic: bool = False,
         blocks: Mapping[str, GGUFWeight] | None = None,
         exact: bool = True,
+        consume: bool = False,
+        checkpoint: Callable[[str], torch.Tensor | None] | None = None,
+        dtype: torch.dtype | None = None,
     ) -> LlamaRuntime:
         """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc).
 
-        weight_format "q4" or "int8": projections from `models.quant.linear_for`, on `blocks`
+        weight_format "float": prepacked oneDNN projections (`models.linear.projection`);
+        "dense": `F.linear` on the same weights, slower, but transformers' own products, so a
+        float32 runtime then returns transformers' logits bit for bit (the tests' reference);
+        "q4" or "int8": projections from `models.quant.linear_for`, on `blocks`
         (the GGUF file's own codes, `gguf_blocks.gguf_weights`) where given, else quantized on
         load; `exact` as there (False: q4's cheaper single plane, for drafts). The runtime's
         `exact_weights` then says whether every projection holds its float32 weight bit for bit.
+        consume: release each decoder layer's projection weights from `model` once packed
+        (they become None), so the peak memory is one copy of the weights; `model` can no
+        longer run afterwards.
+        checkpoint: reads a tensor by parameter name from `model`'s checkpoint files
+        (`load.checkpoint_tensors`: a tensor of its own, whose file mapping goes when it does);
+        where it has a weight in the parameter's dtype and shape, that is used instead of the
+        parameter. transformers maps its safetensors files into memory once, and every page
+        read while packing would stay resident beside the packed copy as long as any of the
+        model's tensors lives.
+        dtype: what the runtime computes in (default: the model's); each float weight is cast
+        to it as it is packed (torch's rounding, as transformers' own cast on load).
         """
-        refusal = fast_runtime_refusal(model)
+        refusal = fast_runtime_refusal(model, dtype)
         if refusal:
             raise ValueError(refusal)
         config = model.config
@@ -160,34 +181,54 @@ class LlamaRuntime:
             vocab_size=int(model.get_output_embeddings().weight.shape[0]),
             eps=float(config.rms_norm_eps),
         )
-        stored = stored_weights(model, blocks)
+        float_weight = stored_weights(model, None, checkpoint)
+        dtype = dtype or model.get_output_embeddings().weight.dtype
+
+        def tensor(weight: torch.Tensor) -> torch.Tensor:
+            """A parameter's float tensor in the runtime's dtype."""
+            return float_weight(weight).to(dtype)
+
+        stored = stored_weights(model, blocks, checkpoint)  # -> the GGUF blocks where there are some
 
         def _fused(*linears: nn.Linear) -> nn.Module:
             if weight_format in QUANTIZED:
-                return linear_for([stored(linear) for linear in linears], weight_format, exact)
-            return _fused_float(weight_format, *linears)
+                return linear_for([stored(linear.weight) for linear in linears], weight_format, exact)
+            weights = [tensor(linear.weight) for linear in linears]
+            biases = [None if linear.bias is None else tensor(linear.bias) for linear in linears]
+            return _fused_float(weight_format, weights, biases)
 
         layers = []
         with torch.no_grad():
+            # The head first: packing it (and probing its shape, `linear.single_row_matches`)
+            # takes several times its weight for a moment, best spent before the layers exist.
+            # Read apart from the embedding even where tied: a file's page is resident once read,
+            # and the embedding's are read only as tokens are looked up.
+            embed, output = tensor(base.embed_tokens.weight), model.get_output_embeddings()
+            head = _fused(output)
+            # The dense head [V, H] (pruned heads read it): the embedding itself where tied.
+            head_linear = nn.Linear(shape.hidden, shape.vocab_size, bias=output.bias is not None, device="meta")
+            head_weight = embed if output.weight is base.embed_tokens.weight else tensor(output.weight)
+            head_linear.weight = nn.Parameter(head_weight, requires_grad=False)
+            head_linear.bias = None if output.bias is None else nn.Parameter(tensor(output.bias), requires_grad=False)
             for layer in base.layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 layers.append(
                     LlamaLayer(
-                        attn_norm=layer.input_layernorm.weight.detach(),
+                        attn_norm=tensor(layer.input_layernorm.weight),
                         qkv=_fused(attn.q_proj, attn.k_proj, attn.v_proj),
                         o=_fused(attn.o_proj),
-                        mlp_norm=layer.post_attention_layernorm.weight.detach(),
+                        mlp_norm=tensor(layer.post_attention_layernorm.weight),
                         gate_up=_fused(mlp.gate_proj, mlp.up_proj),
                         down=_fused(mlp.down_proj),
                     )
                 )
-            embed = base.embed_tokens.weight.detach()
-            head = _fused(model.get_output_embeddings())
+                if consume:
+                    for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                        linear.weight = linear.bias = None
+            norm = tensor(base.norm.weight)
         model.eval()
         rope = RopeTables(inv_freq, scaling, embed.dtype)
-        runtime = cls(
-            shape, embed, layers, base.norm.weight.detach(), head, rope, deterministic, model.get_output_embeddings()
-        )
+        runtime = cls(shape, embed, layers, norm, head, rope, deterministic, head_linear)
         if weight_format in QUANTIZED:
             projections = [head, *(p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))]
             runtime.exact_weights = all(p.exact for p in projections)
@@ -346,8 +387,9 @@ class LlamaRuntime:
         return self.head(normed).float(), captured  # [keep, V]
 
 
-def fast_runtime_refusal(model: nn.Module) -> str | None:
-    """Why the fast runtime cannot run this transformers model (None: it can)."""
+def fast_runtime_refusal(model: nn.Module, dtype: torch.dtype | None = None) -> str | None:
+    """Why the fast runtime cannot run this transformers model in `dtype` (default: the
+    model's own) (None: it can)."""
     config = model.config
     kind = getattr(config, "model_type", None)
     if kind != "llama":
@@ -357,7 +399,7 @@ def fast_runtime_refusal(model: nn.Module) -> str | None:
     weight = model.get_output_embeddings().weight
     if weight.device.type != "cpu":
         return f"the fast runtime runs on the CPU and this model is on {weight.device}; use runtime 'hf'"
-    dtype = weight.dtype
+    dtype = dtype or weight.dtype
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the fast runtime computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}; use runtime 'hf'"
     try:
@@ -372,11 +414,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return nn.functional.rms_norm(x, weight.shape, weight, eps)
 
 
-def _fused_float(weight_format: str, *linears: nn.Linear) -> nn.Module:
-    """One projection computing every linear's output side by side ([M, sum of outs])."""
-    weights = [linear.weight.detach() for linear in linears]  # each [out, in]
-    biases = [linear.bias for linear in linears]
+def _fused_float(
+    weight_format: str, weights: list[torch.Tensor], biases: list[torch.Tensor | None]
+) -> nn.Module:
+    """One projection computing every weight's [out, in] output side by side ([M, sum of outs])."""
     bias = None
     if any(b is not None for b in biases):
-        bias = torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
     return projection(torch.cat(weights) if len(weights) > 1 else weights[0], bias, weight_format)

@@ -19,8 +19,10 @@ weights, cast afterwards to the requested dtype.
 
 Runtimes: Llama-architecture models run on the fast runtime (`LlamaRuntime`, built from the
 transformers model's weights) unless `runtime="hf"`; other architectures run on `HFCausalLM`.
-The transformers model is loaded either way and stays in `LoadedModel.model`, so HF generate
-can run on the same weights (the benchmark's HF methods).
+The transformers model is loaded either way. The HF runtime keeps it (`LoadedModel.model`);
+the fast runtime consumes it while packing, one layer at a time, so the weights are never held
+twice, and `LoadedModel.transformers_model()` loads it again from the same files for whatever
+needs transformers itself (HF generate in the benchmark, a self-draft, training's features).
 """
 
 from __future__ import annotations
@@ -34,15 +36,21 @@ import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
 import shutil  # noqa: E402
 import warnings  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from verispec.machine import native_bf16  # noqa: E402
@@ -83,7 +91,10 @@ class LoadedModel:
 
     name: what it was loaded as (the embedded name or the path given).
     lm: the `CausalLM` the engine drives: `LlamaRuntime` (runtime "fast") or `HFCausalLM`
-        ("hf"). model: the transformers model (the weights `lm` was built from).
+        ("hf"). model: the transformers model `lm` runs (runtime "hf"), or None where it was
+        not kept (the fast runtime packed its weights and let it go); `transformers_model()`
+        gives it either way. config: its transformers config.
+    reload: loads the transformers model again from `source` in `dtype` (the same weights).
     eos_token_ids: every id that ends a generation (generation config first, then the
         tokenizer's); the engine stops at any of them. `eos_token_id` is the first, for
         callers that take a single id.
@@ -92,7 +103,7 @@ class LoadedModel:
 
     name: str
     lm: CausalLM
-    model: PreTrainedModel
+    model: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype
@@ -100,6 +111,23 @@ class LoadedModel:
     runtime: str = "hf"
     weight_format: str = "float"  # "float" (weights in `dtype`) or "q4"
     exact_weights: bool = True  # every weight equals the source's float32 weight, bit for bit
+    config: PretrainedConfig | None = None  # None: `model`'s
+    reload: Callable[[], PreTrainedModel] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.config is None and self.model is not None:
+            self.config = self.model.config
+
+    def transformers_model(self) -> PreTrainedModel:
+        """The transformers model of these weights: `model` where it was kept, else loaded
+        again (`reload`: 0.25 s for the default model, whose file is mapped, not read) on first
+        use and kept from then on, so a second copy of the weights costs memory only where
+        something runs transformers itself."""
+        if self.model is None:
+            if self.reload is None:
+                raise ValueError(f"{self.name} keeps no transformers model and cannot load one again")
+            self.model = self.reload()
+        return self.model
 
     @property
     def dtype_name(self) -> str:
@@ -178,47 +206,69 @@ def load_model(
     torch_dtype = torch.float32 if weight_format == "q4" else resolve_dtype(dtype)
     source = locate(name_or_path)
     if source.is_file():
-        model, tokenizer = _gguf_model(source, torch_dtype)
+        # Its converted copy is float32: the fast runtime casts each weight as it packs it,
+        # where transformers would read and cast all of them first (bfloat16's peak memory);
+        # a model the fast runtime refuses is cast below.
+        model, tokenizer = _gguf_model(source, torch.float32 if runtime != "hf" else torch_dtype)
+
+        def reload() -> PreTrainedModel:
+            return _gguf_model(source, torch_dtype)[0]
     else:
         if not (source / "config.json").is_file():
             raise ValueError(
                 f"{source} has no config.json, so it is not a Hugging Face model directory; "
                 "give a checkpoint directory, a .gguf file or an embedded name"
             )
-        model = _from_directory(
-            AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=trust_remote_code
-        )
+
+        def reload() -> PreTrainedModel:
+            return _from_directory(AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+
+        model = reload()
         tokenizer = _directory_tokenizer(source, trust_remote_code)
-    refusal = fast_runtime_refusal(model)
+    refusal = fast_runtime_refusal(model, torch_dtype)
     if runtime == "fast" and refusal:
         raise ValueError(f"{source}: {refusal}")
     if deterministic and refusal:
         raise ValueError(f"{source}: deterministic scoring needs the fast runtime, but {refusal}")
     chosen = "hf" if runtime == "hf" or refusal else "fast"
+    if chosen == "hf":
+        model = model.to(torch_dtype)
     if deterministic is None:
         deterministic = chosen == "fast" and torch_dtype == torch.bfloat16
     exact = torch_dtype == torch.float32  # float weights: exact unless rounded to a narrower dtype
+    config, eos_token_ids = model.config, eos_ids(model, tokenizer)
     if weight_format == "float":
-        lm = HFCausalLM(model) if chosen == "hf" else LlamaRuntime.from_hf(model, deterministic=deterministic)
+        if chosen == "hf":
+            lm = HFCausalLM(model)
+        else:
+            lm = LlamaRuntime.from_hf(
+                model, deterministic=deterministic, consume=True, checkpoint=checkpoint_tensors(source), dtype=torch_dtype
+            )
+            model = None
     else:
         blocks = gguf_blocks(source, model) if source.is_file() else None
         if chosen == "hf":
             quantized = quantized_model(model, weight_format, blocks)
             lm, exact = HFCausalLM(quantized), quantized.exact
         else:
-            lm = LlamaRuntime.from_hf(model, weight_format, deterministic=deterministic, blocks=blocks)
-            exact = lm.exact_weights
+            lm = LlamaRuntime.from_hf(
+                model, weight_format, deterministic=deterministic, blocks=blocks, consume=True,
+                checkpoint=checkpoint_tensors(source),
+            )
+            exact, model = lm.exact_weights, None
     return LoadedModel(
         name=str(name_or_path),
         lm=lm,
         model=model,
         tokenizer=tokenizer,
-        eos_token_ids=eos_ids(model, tokenizer),
+        eos_token_ids=eos_token_ids,
         dtype=torch_dtype,
         source=source,
         runtime=chosen,
         weight_format=weight_format,
         exact_weights=exact,
+        config=config,
+        reload=reload,
     )
 
 
@@ -314,6 +364,27 @@ def converted_dir(gguf: Path) -> Path:
     identity = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return cache_root() / "models" / f"{gguf.stem}-{key}"
+
+
+def checkpoint_tensors(source: Path) -> Callable[[str], torch.Tensor | None]:
+    """name -> that tensor from the safetensors files of `source` (a checkpoint directory, or a
+    GGUF file's converted copy), or None where they lack it. Each read maps the file anew
+    (safetensors), and the mapping goes when its tensor does: the fast runtime packs a weight
+    and drops it, so its pages leave memory with it and the weights are held once
+    (`LlamaRuntime.from_hf`), where transformers' one mapping would keep every page read."""
+    directory = converted_dir(source) if source.is_file() else source
+    files: dict[str, Path] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as stored:
+            files.update(dict.fromkeys(stored.keys(), path))
+
+    def read(name: str) -> torch.Tensor | None:
+        if name not in files:
+            return None
+        with safe_open(files[name], framework="pt") as stored:
+            return stored.get_tensor(name)
+
+    return read
 
 
 def gguf_blocks(gguf: Path, model: PreTrainedModel) -> dict[str, GGUFWeight]:

@@ -31,7 +31,8 @@ def quantized_model(
     "float32"), sharing all other tensors; `.exact` tells whether its weights are unchanged.
     exact=False: q4's cheaper single plane (`quant.linear_for`), for drafts.
 
-    >>> draft = quantized_model(loaded.model, "q4", gguf_weights(loaded.source, loaded.model))
+    >>> model = loaded.transformers_model()
+    >>> draft = quantized_model(model, "q4", gguf_weights(loaded.source, model))
     >>> draft.exact   # True for the default model's Q4_1/Q8_0 file
     True
     """
@@ -46,7 +47,7 @@ def quantized_model(
             raise ValueError(
                 f"{name} has a bias; quantized formats support bias-free linear layers (Llama-style models)"
             )
-        layer = linear_for(stored(module), fmt, exact=exact)
+        layer = linear_for(stored(module.weight), fmt, exact=exact)
         view.set_submodule(name, layer)
         exact = exact and layer.exact
     view.exact = exact
@@ -54,18 +55,26 @@ def quantized_model(
 
 
 def stored_weights(
-    model: PreTrainedModel, blocks: Mapping[str, GGUFWeight] | None
-) -> Callable[[nn.Linear], GGUFWeight | torch.Tensor]:
-    """A lookup: linear layer of `model` -> its weight as the GGUF file stores it (in `blocks`,
-    by parameter name; a tied head finds the embedding's blocks), else its float weight."""
+    model: PreTrainedModel,
+    blocks: Mapping[str, GGUFWeight] | None,
+    checkpoint: Callable[[str], torch.Tensor | None] | None = None,
+) -> Callable[[torch.Tensor], GGUFWeight | torch.Tensor]:
+    """A lookup: a parameter of `model` -> that weight as the GGUF file stores it (in `blocks`,
+    by parameter name; a tied head finds the embedding's blocks), else as the checkpoint file
+    holds it (`checkpoint(name)`, used only in the parameter's dtype and shape), else the
+    parameter's own tensor."""
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
 
-    def stored(linear: nn.Linear) -> GGUFWeight | torch.Tensor:
-        for name in names.get(id(linear.weight), []):
+    def stored(weight: torch.Tensor) -> GGUFWeight | torch.Tensor:
+        for name in names.get(id(weight), []):
             if blocks is not None and name in blocks:
                 return blocks[name]
-        return linear.weight.detach()
+        for name in names.get(id(weight), []) if checkpoint is not None else ():
+            read = checkpoint(name)
+            if read is not None and read.dtype == weight.dtype and read.shape == weight.shape:
+                return read
+        return weight.detach()
 
     return stored

@@ -41,7 +41,7 @@ class SelfDraft(DraftModel):
     model with quantized linears, behind `HFCausalLM`) or "auto" (fast where it supports the
     model).
 
-    >>> proposer = SelfDraft(loaded.model, "q4", gguf=loaded.source)
+    >>> proposer = SelfDraft(loaded.transformers_model(), "q4", gguf=loaded.source)
     >>> generate(loaded.lm, proposer, prompt_ids, max_new_tokens=64, k=4)
     """
 
