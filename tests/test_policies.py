@@ -269,11 +269,3 @@ def test_a_proposer_with_one_source_is_driven_by_the_policy_itself():
         k = policies.choose(stats, None)
         stats.record_round(k, k)
     assert policies.by_source == {} and policy.survival()[0] > 0.9
-
-
-def test_autok_does_not_restart_on_a_probe_that_paid_as_often_as_expected():
-    """A head accepted 30 % of the time, drafting too dear to pay (k = 1: 1.3 / (0.35 + 1.08)
-    < 1): every third probe wins its own round, which is no news; speculation stays off."""
-    costs = FixedCosts(c=0.35, v=[1.0] + [1.08] * 8)
-    chosen = simulate(AutoK(costs), lambda r: 0.3, 600, seed=1)
-    assert sum(k > 0 for k in chosen[100:]) <= 0.06 * 500

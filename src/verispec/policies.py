@@ -100,12 +100,9 @@ class AutoK:
     When no k beats plain decoding by `margin`, the policy decodes plainly and probes: one
     speculative round, at the k the current estimates favour, after `probe_every` plain
     rounds, the wait doubling (up to `probe_cap`) while probes lose. A probe that pays off in
-    its own round, (accepted + 1) / (k c + v(k + 1)) > 1 + margin, and that the estimates
-    before it called unlikely (accepting that many had probability s_accepted < `SURPRISE`),
-    means the acceptance has changed: the old evidence is dropped, the wait is reset and
-    speculation resumes if the fresh estimate says so. A probe that paid as often as expected
-    only adds its counts: a head accepted a third of the time would otherwise win every third
-    probe, restart speculating on one round's evidence, and lose it again.
+    its own round, (accepted + 1) / (k c + v(k + 1)) > 1 + margin, means the acceptance has
+    changed: the old evidence is dropped, the wait is reset and speculation resumes if the
+    fresh estimate says so.
 
     It reads only past rounds, so the verifier's exactness is untouched; it is deterministic
     given the sequence of `Stats` it sees (counts and seconds), so the engine and the reference
@@ -182,14 +179,13 @@ class AutoK:
         self._wait = self.probe_every
 
     def choose(self, stats: Stats) -> int:
-        expected = self.survival()  # before the last round's evidence
         fresh = self._absorb(stats)
         if self._probing:
             self._probing = False
             if stats.drafted[-1] == 0:  # the proposer had nothing to offer: probe again
                 self._probing = True
                 return self._best()[0]
-            if self._paid(stats) > 1 + self.margin and surprising(stats.accepted[-1], expected):
+            if self._paid(stats) > 1 + self.margin:
                 self._adopt(fresh)
                 self._wait = self.probe_every
             else:
@@ -265,17 +261,6 @@ class AutoK:
             self._attempts = decayed(self._attempts, new_attempts, self.memory)
             self._accepts = decayed(self._accepts, new_accepts, self.memory)
         return new_attempts, new_accepts
-
-
-# A probe whose acceptance the estimates gave less than this probability restarts speculation.
-SURPRISE = 0.1
-
-
-def surprising(accepted: int, survival: list[float]) -> bool:
-    """Whether accepting `accepted` drafted tokens or more was unlikely under the survival
-    estimate s_1.. (a tree's path counts as a chain: it had more chances, so this errs towards
-    surprise)."""
-    return accepted > 0 and survival[min(accepted, len(survival)) - 1] < SURPRISE
 
 
 def decayed(counts: list[float], new: list[float], memory: float) -> list[float]:
