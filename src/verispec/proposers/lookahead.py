@@ -27,10 +27,10 @@ e - N + 1 .. e is kept when N - 1 successive observations, the latest last, fed 
 position and guessed x_{j+1} right after it. So each token of an n-gram is the target's argmax
 after the one before it, each in its own round, as a Jacobi trajectory gives them. Worked
 example, N = 3: round 1 feeds the pending 7 at position 9 and the guess 4 at 10, and the
-target's argmaxes are 5 at 10 and 6 at 11; round 2 (nothing emitted yet, say) feeds 7 at 9,
-then 5 at 10 (the update), and its argmaxes are 5 at 10 and 8 at 11: the diagonal 7 (round 1
-at 9), 5 (round 1's guess at 10, fed by round 2), 8 (round 2's guess at 11) is the 3-gram
-7 5 8, and the pool offers 5 8 after a pending 7.
+target's argmaxes are 5 at 10 and 6 at 11; the round emits 5. Round 2 feeds the pending 5 at
+10 and the updated guess 6 at 11, and its argmaxes are 8 at 11 and 9 at 12. The diagonals are
+7 (fed by round 1 at 9), 5 (round 1's guess at 10, fed by round 2), 8 (round 2's guess at 11),
+and 4, 6, 9: the pool offers 5 8 after a pending 7, and 6 9 after a 4.
 
 Window shift (`commit`): the window follows the emitted prefix: emitted positions drop out (the
 guesses there are confirmed or refuted), and the positions entering at the end get their first
@@ -90,9 +90,9 @@ def diagonal_ngrams(levels: Sequence[Observation], n: int) -> list[tuple[int, ..
     observations, oldest first), by end position: x_1..x_n at positions p..p + n - 1 where the
     j-th of the last n - 1 observations fed x_j at p + j - 1 and guessed x_{j+1} after it.
 
-    >>> first, second = Observation(9, (7, 4), (5, 6)), Observation(9, (7, 5), (5, 8))
+    >>> first, second = Observation(9, (7, 4), (5, 6)), Observation(10, (5, 6), (8, 9))
     >>> diagonal_ngrams([first, second], 3)
-    [(7, 5, 8)]
+    [(7, 5, 8), (4, 6, 9)]
     """
     if len(levels) < n - 1:
         return []
