@@ -201,10 +201,11 @@ class RowsSeen:
 
 def test_engine_and_reference_observe_the_same_rows_every_round():
     target = random_table(4, 2, 3)
-    options = dict(max_new_tokens=9, sampling=SamplingParams(temperature=1.0), k=AutoK(FixedCosts(c=0.4, v=[1, 1.5, 2, 3])))
+    options = dict(max_new_tokens=9, sampling=SamplingParams(temperature=1.0))
     engine, reference = RowsSeen(), RowsSeen()
-    generation = generate(target, engine, [1, 2, 3], seed=5, **options)
-    reference_generate(target, reference, [1, 2, 3], rng=TorchRandom(5), **options)
+    generation = generate(target, engine, [1, 2, 3], seed=5, k=AutoK(FixedCosts(c=0.4, v=[1, 1.5, 2, 3])), **options)
+    reference_generate(target, reference, [1, 2, 3], rng=TorchRandom(5), k=AutoK(FixedCosts(c=0.4, v=[1, 1.5, 2, 3])),
+                       **options)
     assert engine.seen == reference.seen and len(engine.seen) == generation.stats.rounds
     assert all(shape == (len(tokens) + 1, 4) for _, tokens, _, shape in engine.seen)
     assert any(not tokens for _, tokens, _, _ in engine.seen)  # plain steps observe their one row too

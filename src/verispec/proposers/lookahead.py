@@ -135,7 +135,8 @@ class LookaheadProposer:
         self._guesses: list[int] = []  # the window: guesses for positions _start .. _start + W - 1
         self._levels: deque[Observation] = deque(maxlen=ngram - 1)
         self._pool: dict[int, list[tuple[int, ...]]] = {}
-        self._log: list[Observation] = []  # every observation of the request, for the stateless drafts
+        # every observation of the request (a few ints per round), for the stateless drafts
+        self._log: list[Observation] = []
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self._start, self._guesses = len(prompt_ids), []
@@ -210,7 +211,8 @@ class LookaheadProposer:
             first = observation.start + 1  # the window's first position in that round
             for position in range(first, first + min(len(observation.guessed), self.window)):
                 guesses[position] = observation.guessed_at(position)
-        return tuple(guesses.get(p, self._first_guess(context, p)) for p in range(len(context), len(context) + self.window))
+        window = range(len(context), len(context) + self.window)
+        return tuple(guesses.get(p, self._first_guess(context, p)) for p in window)
 
     def _recollected(self, token: int) -> list[tuple[int, ...]]:
         """The pool's continuations of `token`, recollected from every observation: the G
