@@ -152,7 +152,7 @@ def test_every_proposer_meets_every_valid_rule():
 
 def test_select_proposers_by_name():
     assert select_proposers(["lookup", "draft"]) == [LOOKUP, DRAFT]
-    with pytest.raises(ValueError, match="unknown proposer 'nope'; choose from lookup, suffix, draft, random"):
+    with pytest.raises(ValueError, match="unknown proposer 'nope'; choose from lookup, suffix, lookahead, draft, random"):
         select_proposers(["nope"])
     with pytest.raises(ValueError, match="proposer 'layerskip' is not audited \\(it needs a transformer's layers"):
         select_proposers(["layerskip"])

@@ -131,21 +131,21 @@ def test_a_tree_round_records_the_row_each_token_was_chosen_from(tiny):
 
 def test_every_proposer_and_k_reproduces_plain_decoding_on_a_tiny_model(tiny):
     loaded, draft = tiny
-    proposers = ["lookup", "suffix", "layerskip:2", "selfdraft:q4", "random", f"draft:{draft}"]
+    proposers = ["lookup", "suffix", "lookahead", "layerskip:2", "selfdraft:q4", "random", f"draft:{draft}"]
     ks = ["4", "auto", "tree:2x2x1"]
     lines = []
     records = identity_suite(loaded, quick_workloads()[:3], proposers, ks, 16, progress=lines.append)
-    # hf-generate, 6 proposers at 4 and auto, and the 4 that fill trees (not layerskip, selfdraft) at tree:2x2x1
-    assert len(records) == 3 * 17 and len(lines) == 3
+    # hf-generate, 7 proposers at 4 and auto, and the 5 that fill trees (not layerskip, selfdraft) at tree:2x2x1
+    assert len(records) == 3 * 20 and len(lines) == 3
     summary = identity_summary(records, "float32")
-    assert summary["identical"] == summary["runs"] == 51, [r["mismatch"] for r in records if r["mismatch"]]
+    assert summary["identical"] == summary["runs"] == 60, [r["mismatch"] for r in records if r["mismatch"]]
     assert summary["failures"] == summary["near_ties"] == []
     assert 0 <= summary["top_logit_gap"] < 1e-4 < summary["tolerance"]
     trees = [r for r in records if r["method"].endswith("k=tree:2x2x1")]
-    assert len(trees) == 12 and any(r["tokens_per_round"] > 1 for r in trees)
+    assert len(trees) == 15 and any(r["tokens_per_round"] > 1 for r in trees)
     table = identity_table(records).splitlines()
-    shorts = ("lookup", "suffix", "layerskip:2", "selfdraft:q4", "random", "draft")
-    columns = [f"{short} k={k}" for short in shorts for k in ks if k != "tree:2x2x1" or short not in shorts[2:4]]
+    shorts = ("lookup", "suffix", "lookahead", "layerskip:2", "selfdraft:q4", "random", "draft")
+    columns = [f"{short} k={k}" for short in shorts for k in ks if k != "tree:2x2x1" or short not in shorts[3:5]]
     assert table[0].split() == ["prompt", HF_GENERATE, *" ".join(columns).split()]
     assert len(table) == 4 and table[1].startswith("summarization/1") and "FAIL" not in "\n".join(table)
 
@@ -173,10 +173,10 @@ def test_a_wrong_token_is_a_failure_not_a_near_tie(tiny):
 
 
 @pytest.mark.slow
-def test_real_prompts_lookup_and_suffix_reproduce_plain_decoding():
+def test_real_prompts_lookup_suffix_and_lookahead_reproduce_plain_decoding():
     """The default model in float32 on the first Spec-Bench prompt of three categories, 24 new
-    tokens: HF generate and prompt lookup / suffix index at k = 4 and at the constant tree
-    tree:2x2x1 reproduce verispec-plain, or differ only at a diagnosed near tie."""
+    tokens: HF generate and prompt lookup / suffix index / lookahead at k = 4 and at the
+    constant tree tree:2x2x1 reproduce verispec-plain, or differ only at a diagnosed near tie."""
     from verispec.models import load
 
     try:
@@ -186,8 +186,8 @@ def test_real_prompts_lookup_and_suffix_reproduce_plain_decoding():
     if not SPECBENCH.is_file():
         pytest.skip(f"{SPECBENCH} is not on this machine; set {DATA_VARIABLE} to the directory that holds it")
     workloads = select(read_workloads(SPECBENCH), ["summarization", "qa", "coding"], limit_per_category=1)
-    records = identity_suite(loaded, workloads, ["lookup", "suffix"], ["4", "tree:2x2x1"], 24)
+    records = identity_suite(loaded, workloads, ["lookup", "suffix", "lookahead"], ["4", "tree:2x2x1"], 24)
     summary = identity_summary(records, "float32")
-    assert summary["runs"] == 15 and summary["failures"] == [], summary["failures"]
+    assert summary["runs"] == 21 and summary["failures"] == [], summary["failures"]
     assert summary["top_logit_gap"] < summary["tolerance"]
     assert all(r["new_tokens"] >= 1 for r in records)

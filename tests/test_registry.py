@@ -63,7 +63,7 @@ def test_each_spec_builds_its_proposer(target):
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("", "unknown proposer ''; choose lookup, suffix, draft:PATH, layerskip:L"),
+        ("", "unknown proposer ''; choose lookup, suffix, lookahead"),
         ("hydra", "unknown proposer 'hydra'"),
         ("lookup:3", "lookup takes no argument"),
         ("random:7", "random takes no argument"),
@@ -79,6 +79,8 @@ def test_each_spec_builds_its_proposer(target):
         ("selfdraft:q8", "selfdraft:FORMAT takes q4 or int8, got 'selfdraft:q8'"),
         ("selfdraft", "int4 layers need K a multiple of 32, got 16"),
         ("layerskip:1:65", r"1 <= N <= 64"),
+        ("lookahead:3", r"lookahead options are W=window, N=n-gram size and G=pool width joined by ':'"),
+        ("lookahead:N=1", "lookahead's n-gram size N must be an integer >= 2, got 1"),
     ],
 )
 def test_malformed_specs_are_refused(target, spec, message):
@@ -190,8 +192,8 @@ def quick(tmp_path_factory):
 def test_a_registered_proposer_is_listed(repeat_registered, capsys):
     assert main(["proposers", "--json"]) == 0
     listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)["proposers"]}
-    assert set(listed) == {"lookup", "suffix", "draft", "layerskip", "selfdraft", "random", "eagle", "medusa",
-                           "lookup+eagle", "lookup+medusa", "repeat"}
+    assert set(listed) == {"lookup", "suffix", "lookahead", "draft", "layerskip", "selfdraft", "random", "eagle",
+                           "medusa", "lookup+eagle", "lookup+medusa", "repeat"}
     assert listed["repeat"] == {
         "name": "repeat", "grammar": "repeat", "drafts": "chosen", "rules": ["greedy", "point-mass", "token", "block"],
         "audited": True, "not_audited": None, "description": "repeats the last token", "trees": False,

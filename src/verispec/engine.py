@@ -12,6 +12,9 @@ several EOS ids (a generation config can list more than one) and stops at the fi
 The budget is exact because a round drafts at most `remaining - 1` tokens (the +1 is the
 repair or bonus token).
 
+Observation: a proposer that learns from the target's rows (`ObservingProposer`) receives
+each round's scored logits between scoring and verification.
+
 Trees: a policy may answer a `TreeShape` instead of k. The proposer (a `TreeProposer`) fills
 it, the target (a `TreeScoring` model) scores [pending, nodes] in one forward with each node
 seeing its own ancestors, a tree rule picks the accepted root path, and the cache keeps that
@@ -40,7 +43,7 @@ from verispec import verify
 from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict
 from verispec.models.base import CausalLM, TreeScoring
 from verispec.policies import KPolicy, PerSource, as_policy
-from verispec.proposers.base import Proposer, draft_source
+from verispec.proposers.base import ObservingProposer, Proposer, draft_source
 from verispec.randomness import Random, TorchRandom
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
@@ -131,6 +134,7 @@ class Decoding:
     def _round(self) -> list[int]:
         draft = self._propose()
         logits = self._score(draft)
+        self._observe(draft, logits)
         verdict = self._verify(logits, draft)
         return self._commit(draft, verdict)
 
@@ -167,6 +171,15 @@ class Decoding:
             logits = self.target.extend([self._pending, *draft.tokens])
         self._target_seconds = self.clock() - start
         return logits
+
+    def _observe(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> None:
+        """Stage 2b: a proposer that learns from the target's rows (`ObservingProposer`, e.g.
+        lookahead's Jacobi iteration) sees this round's logits[k' + 1, V] before the verdict;
+        its seconds count as drafting."""
+        if isinstance(self.proposer, ObservingProposer):
+            start = self.clock()
+            self.proposer.observe(self._context, draft, logits)
+            self._draft_seconds += self.clock() - start
 
     def _verify(self, logits: torch.Tensor, draft: Draft | TreeDraft) -> Verdict | TreeVerdict:
         """Stage 3: build the rule's rows on the host (p with the request's transforms, or the

@@ -6,9 +6,12 @@ with the engine only pure pieces (proposers' stateless drafts, the verification 
 cut), so any disagreement is a fault of the engine's incremental state: cache rollback, the
 pending token, a proposer's index or cache, the budget.
 
-It times each round's drafting and scoring on `clock` as the engine does (two reads around
-each), so a policy that learns from round timings (`AutoK`) sees the same seconds in both when
-both run on the same fake clock (one that advances by a fixed tick per read).
+A proposer that learns from the target's rows (`ObservingProposer`) observes the recomputed
+rows at the engine's point: after scoring, before the verdict.
+
+It times each round's drafting (and observing) and scoring on `clock` as the engine does (two
+reads around each), so a policy that learns from round timings (`AutoK`) sees the same seconds
+in both when both run on the same fake clock (one that advances by a fixed tick per read).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
 from verispec.engine import EosIds, budgeted, check_request, cut_after_eos, emitted_tokens
 from verispec.models.base import CausalLM
 from verispec.policies import KPolicy, PerSource, as_policy
-from verispec.proposers.base import Proposer, draft_source
+from verispec.proposers.base import ObservingProposer, Proposer, draft_source
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
@@ -68,6 +71,10 @@ def reference_generate(
         start = clock()
         logits = _recomputed_rows(target, context, draft)
         target_seconds = clock() - start
+        if isinstance(proposer, ObservingProposer):
+            start = clock()
+            proposer.observe(context, draft, logits)
+            draft_seconds += clock() - start
         verdict = choose_rule(draft)(rule_rows(logits, sampling), draft, rng)
         emitted = emitted_tokens(draft, verdict, eos_ids)
         stats.record_round(

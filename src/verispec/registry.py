@@ -7,7 +7,7 @@ its drafts are chosen or sampled (and so which verification rules are exact for 
 audit builds it on rational tables (or why it cannot), and a one-line description.
 
     >>> sorted(PROPOSERS)
-    ['draft', 'eagle', 'layerskip', 'lookup', 'lookup+eagle', 'lookup+medusa', 'medusa', 'random', 'selfdraft', 'suffix']
+    ['draft', 'eagle', 'layerskip', 'lookahead', 'lookup', 'lookup+eagle', 'lookup+medusa', 'medusa', 'random', 'selfdraft', 'suffix']
     >>> PROPOSERS["lookup"].rules
     ('greedy', 'point-mass', 'token', 'block')
     >>> parse_k("auto:fast.json")
@@ -368,6 +368,35 @@ def _random(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
     return RandomTokens(target.lm.vocab_size)
 
 
+LOOKAHEAD_OPTIONS = {"W": "window", "N": "ngram", "G": "pool"}
+
+
+def _lookahead(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+    from verispec.proposers.lookahead import LookaheadProposer
+
+    return LookaheadProposer(**lookahead_options(argument))
+
+
+def lookahead_options(argument: str) -> dict[str, int]:
+    """The keyword arguments of `lookahead:W=5:N=4:G=5` (any of the three, in any order).
+
+    >>> lookahead_options("N=3:W=8")
+    {'ngram': 3, 'window': 8}
+    """
+    options: dict[str, int] = {}
+    for part in argument.split(":") if argument else []:
+        key, equals, value = part.partition("=")
+        if not equals or key not in LOOKAHEAD_OPTIONS:
+            raise ValueError(
+                f"lookahead options are W=window, N=n-gram size and G=pool width joined by ':' "
+                f"(e.g. lookahead:W=5:N=4:G=5), got {part!r} in 'lookahead:{argument}'"
+            )
+        if LOOKAHEAD_OPTIONS[key] in options:
+            raise ValueError(f"lookahead option {key} is given twice in 'lookahead:{argument}'")
+        options[LOOKAHEAD_OPTIONS[key]] = _integer(value, f"lookahead option {key} needs an integer")
+    return options
+
+
 def _integer(text: str, message: str) -> int:
     try:
         return int(text)
@@ -399,6 +428,13 @@ def _audit_random(tables: Tables) -> Proposer:
     from verispec.proposers.random_tokens import RandomTokens
 
     return RandomTokens(tables.target.vocab_size)
+
+
+def _audit_lookahead(tables: Tables) -> Proposer:
+    from verispec.proposers.lookahead import LookaheadProposer
+
+    # Bigrams, so the pool offers continuations from the second round of a 3-4 token request.
+    return LookaheadProposer(window=3, ngram=2, pool=2)
 
 
 def _head(kind: str) -> Callable[[str, LoadedModel, Corpus], Proposer]:
@@ -479,6 +515,11 @@ register(ProposerKind(
     "suffix", "suffix", "chosen", _suffix,
     "suffix index over the request and a corpus; drafts the most frequent continuation",
     audit=_audit_suffix, example="suffix", trees=True,
+))
+register(ProposerKind(
+    "lookahead", "lookahead[:W=5:N=4:G=5]", "chosen", _lookahead,
+    "lookahead decoding: Jacobi guesses on a window of W tokens feed a pool of N-grams (G per first token)",
+    audit=_audit_lookahead, example="lookahead", trees=True,
 ))
 register(ProposerKind(
     "draft", "draft:PATH", "sampled", _draft,

@@ -10,6 +10,13 @@ decoder uses it to check that the proposer's incremental state never drifts.
 A `TreeProposer` also fills tree shapes (`verispec.tree_shape`): several continuations per
 round, verified as a token tree.
 
+An `ObservingProposer` also learns from the target's rows at its drafted positions (lookahead
+decoding's Jacobi iteration, `verispec.proposers.lookahead`): the engine passes them right after
+scoring, before verification, and the reference decoder passes its recomputed rows at the same
+point. The rows are a deterministic function of the context and the draft, so a draft built
+from the context and earlier rounds' rows is still a function of the emitted prefix (never of
+a random draw), and the rules' guarantee holds round by round.
+
 A `SourcedProposer` drafts each round from one of several sources (copying or a head) and says
 which before the round, so each source gets its own k policy (`verispec.policies.PerSource`).
 """
@@ -18,6 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
+
+import torch
 
 from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
@@ -52,6 +61,17 @@ class TreeProposer(Proposer, Protocol):
 
     def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
         """The tree `propose_tree` must return, recomputed from `context` alone (slow)."""
+        ...
+
+
+@runtime_checkable
+class ObservingProposer(Protocol):
+    def observe(self, context: Sequence[int], draft: Draft | TreeDraft, logits: torch.Tensor) -> None:
+        """The target's raw logits[n + 1, V] (any device) for `[pending, *draft.tokens]` after
+        `context` (its last token the pending one): row 0 after the pending token, row i + 1
+        after drafted node i (a tree's rows see each node's own path). Called once per round,
+        a plain step's empty draft included, before the verdict; use only what is a
+        deterministic function of the rows (e.g. their argmax), never a random draw."""
         ...
 
 

@@ -14,11 +14,12 @@ sampled with its q (token-level or block). The engine picks the rule per draft
 depends on the emitted context only, like any proposer's draft, so the rules' guarantee (each
 round's output follows p given that context) holds whichever sub-proposer drafted.
 
-State: both sub-proposers `begin` and `commit` every round, whichever drafted, so each follows
-the emitted prefix. An EAGLE head that did not draft for some rounds stays aligned: its cache
-holds pairs built from the target's true features up to where it last drafted, and its next
-`propose` appends the pairs of every position emitted since (the target keeps the features of
-every processed position), in one head forward.
+State: both sub-proposers `begin`, `commit` (and, when they learn from the target's rows,
+`observe`) every round, whichever drafted, so each follows the emitted prefix. An EAGLE head
+that did not draft for some rounds stays aligned: its cache holds pairs built from the
+target's true features up to where it last drafted, and its next `propose` appends the pairs
+of every position emitted since (the target keeps the features of every processed position),
+in one head forward.
 
 Sources: `source(context)` names the round's drafter ('copy' or 'head') before k is chosen,
 so the engine keeps one k policy per source (`verispec.policies.PerSource`): with `--k auto`
@@ -41,8 +42,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from verispec.drafts import Draft, TreeDraft
-from verispec.proposers.base import Proposer, TreeProposer
+from verispec.proposers.base import ObservingProposer, Proposer, TreeProposer
 from verispec.randomness import NO_DRAWS, Random
 from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape
@@ -76,6 +79,12 @@ class CopyOrHead:
     def commit(self, context: Sequence[int]) -> None:
         self.copy.commit(context)
         self.head.commit(context)
+
+    def observe(self, context: Sequence[int], draft: Draft | TreeDraft, logits: torch.Tensor) -> None:
+        """Pass the round's rows to each sub-proposer that learns from them, whichever drafted."""
+        for proposer in (self.copy, self.head):
+            if isinstance(proposer, ObservingProposer):
+                proposer.observe(context, draft, logits)
 
     def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         copied = self.copy.propose_stateless(context, k, rng)
