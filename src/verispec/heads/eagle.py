@@ -123,6 +123,7 @@ class EagleHead(nn.Module):
         *,
         positions: torch.Tensor | None = None,
         allowed: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens: LongTensor[B, T], token t + 1 of each pair; hidden: [B, T, H], the fused
         feature of position t (or the head's own prediction of it). With a cache the pairs
@@ -133,8 +134,9 @@ class EagleHead(nn.Module):
         training-time-test unroll passes its own: step j at positions t + j, attending to the
         causal prefix of step 0 and to its own earlier steps' diagonal.
 
-        Returns logits [B, T, N] (the distribution of token t + 2 over d2t) and predicted
-        features [B, T, H] (of position t + 1)."""
+        Returns logits [B, T, N] (the distribution of token t + 2 over d2t; of the last
+        `logits_to_keep` pairs only when it is above 0, as the output layer over N tokens costs
+        most of a long catch-up) and predicted features [B, T, H] (of position t + 1)."""
         B, T = tokens.shape
         past = 0 if cache is None else cache.get_seq_length()
         dtype = self.fc.weight.dtype
@@ -152,4 +154,4 @@ class EagleHead(nn.Module):
             use_cache=cache is not None,
             position_embeddings=self.rotary(x, positions),
         )  # [B, T, H]
-        return self.output(self.norm(h)), h
+        return self.output(self.norm(h[:, -logits_to_keep:] if logits_to_keep else h)), h

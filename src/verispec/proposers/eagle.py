@@ -129,9 +129,8 @@ class EagleProposer:
             )
         if self._pairs < n - 1:
             features = self.target.features(self.taps, self._pairs, n - 1)  # [new, F]
-            logits, predicted = self._pairs_forward(self._cache, context[self._pairs + 1 : n], features)
+            self._last = self._pairs_forward(self._cache, context[self._pairs + 1 : n], features)
             self._pairs = n - 1
-            self._last = logits[-1], predicted[-1]
         return self._last
 
     def _recomputed(self, context: Sequence[int]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
@@ -139,16 +138,17 @@ class EagleProposer:
         the logits [N] and predicted feature [H] after the last."""
         features = self.target.score_features(list(context[:-1]), self.taps)  # [n - 1, F]
         cache = self.head.new_cache()
-        logits, predicted = self._pairs_forward(cache, context[1:], features)
-        return cache, logits[-1], predicted[-1]
+        return cache, *self._pairs_forward(cache, context[1:], features)
 
     def _pairs_forward(
         self, cache: DynamicCache, tokens: Sequence[int], features: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append pairs (features[j], tokens[j]) to the cache: logits [n, N], predicted [n, H]."""
+        """Append pairs (features[j], tokens[j]) to the cache: the logits [N] and predicted
+        feature [H] after the last (the output layer runs on that pair only)."""
         ids = torch.tensor([list(tokens)], dtype=torch.long)  # [1, n]
-        logits, predicted = self.head(ids, self.head.fuse(features[None].to(self.head.fc.weight.dtype)), cache)
-        return logits[0], predicted[0]
+        fused = self.head.fuse(features[None].to(self.head.fc.weight.dtype))  # [1, n, H]
+        logits, predicted = self.head(ids, fused, cache, logits_to_keep=1)  # [1, 1, N], [1, n, H]
+        return logits[0, -1], predicted[0, -1]
 
     def _draft(
         self, cache: DynamicCache, logits: torch.Tensor, predicted: torch.Tensor, k: int, rng: Random
