@@ -132,13 +132,7 @@ class AutoK:
     ) -> None:
         check_v_curve(costs.v)
         check_costs(costs.c, costs.v[0])
-        measured = len(costs.v) - 1
-        k_max = measured if k_max is None else k_max
-        if isinstance(k_max, bool) or not isinstance(k_max, int) or not 1 <= k_max <= measured:
-            raise ValueError(
-                f"k_max must be an integer in [1, {measured}] (the profile measured v(n) up to "
-                f"n = {measured + 1}), got {k_max!r}"
-            )
+        k_max = checked_limit(k_max, len(costs.v) - 1, "k_max")
         if not 0 < prior_rate < 1:
             raise ValueError(f"prior_rate (acceptance assumed before data) must be in (0, 1), got {prior_rate!r}")
         if not prior_weight > 0:
@@ -261,6 +255,17 @@ class AutoK:
             self._attempts = decayed(self._attempts, new_attempts, self.memory)
             self._accepts = decayed(self._accepts, new_accepts, self.memory)
         return new_attempts, new_accepts
+
+
+def checked_limit(limit: int | None, measured: int, name: str) -> int:
+    """`limit` (None: `measured`), the most drafted tokens or tree nodes a plan may hold, checked
+    to be an integer in [1, measured]: v(n) is known up to n = measured + 1."""
+    top = measured if limit is None else limit
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= measured:
+        raise ValueError(
+            f"{name} must be an integer in [1, {measured}] (v(n) is measured up to n = {measured + 1}), got {limit!r}"
+        )
+    return top
 
 
 def decayed(counts: list[float], new: list[float], memory: float) -> list[float]:

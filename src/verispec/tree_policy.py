@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from verispec.cost import Costs, FixedCosts, check_costs, check_v_curve
-from verispec.policies import AutoK, counter_growth, decayed, smoothed_rate
+from verispec.policies import AutoK, checked_limit, counter_growth, decayed, smoothed_rate
 from verispec.stats import Stats
 from verispec.tree_shape import RankPath, TreeShape, describe_plan
 
@@ -253,10 +253,7 @@ def _checked(acceptance: Acceptance, c: float, v: Sequence[float], max_nodes: in
     check_acceptance(acceptance)
     check_v_curve(v)
     check_costs(c, v[0])
-    top = len(v) - 1 if max_nodes is None else max_nodes
-    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= len(v) - 1:
-        raise ValueError(f"max_nodes must be an integer in [1, {len(v) - 1}] (v(n) reaches n = {len(v)}), got {top!r}")
-    return top
+    return checked_limit(max_nodes, len(v) - 1, "max_nodes")
 
 
 def _best_by_size(acceptance: Acceptance, c: float, v: Sequence[float], top: int) -> dict[int, tuple[float, int]]:
@@ -346,13 +343,7 @@ class TreePolicy(AutoK):
         if not (isinstance(tree_margin, (int, float)) and math.isfinite(tree_margin) and tree_margin >= 0):
             raise ValueError(f"tree_margin must be a finite number >= 0, got {tree_margin!r}")
         costs = tree_costs(costs)
-        measured = len(costs.v) - 1
-        top = measured if max_nodes is None else max_nodes
-        if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= measured:
-            raise ValueError(
-                f"max_nodes must be an integer in [1, {measured}] (the costs give v(n) up to n = {measured + 1}), "
-                f"got {max_nodes!r}"
-            )
+        checked_limit(max_nodes, len(costs.v) - 1, "max_nodes")  # named as the caller named it
         self.max_width = max_width
         self.tree_margin = tree_margin
         super().__init__(costs, k_max=max_nodes, **options)
