@@ -3,7 +3,8 @@
 One forward over a token tree must give each node the logits `extend` gives its root path
 (float32: within FP32_ATOL, the cached-forward tolerance of tests/test_hf_adapter.py; the
 deterministic fast runtime: bit for bit where the attention guarantees it, see
-`models.attention.InvariantAttention`), and `keep_path` must leave the cache, and the
+`models.attention`: every node with `RowAttention` (float32), the first-child chain with
+`InvariantAttention` (bfloat16)), and `keep_path` must leave the cache, and the
 features, exactly as if the kept path had been extended as a chain, copying only the kept
 nodes not yet in their slots. The engine on these models equals the reference decoder with a
 chosen tree proposer, and greedy tree decoding equals plain greedy decoding.
@@ -22,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from verispec import GREEDY, SamplingParams, generate
 from verispec.drafts import ROOT
+from verispec.models.attention import RowAttention
 from verispec.models.base import FINAL, TreeScoring
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
@@ -114,10 +116,16 @@ def test_bfloat16_tree_rows_equal_their_paths_within_rounding(kind: str) -> None
     check_rows_against_paths(build(kind, torch.bfloat16), kind, random.Random(5), trees=3, sizes=(10, 10), atol=BF16_ATOL)
 
 
+def by_rows(lm) -> bool:
+    """Whether every row of `lm` attends alone (`RowAttention`), so every tree node's row is its
+    chain's bits, not only the first-child chain's."""
+    return isinstance(getattr(lm, "attention", None), RowAttention)
+
+
 def check_rows_against_paths(lm, kind: str, rng: random.Random, *, trees: int, sizes: tuple[int, int], atol: float) -> None:
     """`trees` random trees of sizes[0]..sizes[1] nodes after random prompts: each node's row
     [V] (float32) equals its root path extended as a chain within `atol`, and bit for bit on a
-    deterministic runtime's first-child chain."""
+    deterministic runtime's first-child chain (every node with row attention)."""
     for _ in range(trees):
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 80))]
         tokens, parents = random_tree(rng, rng.randint(*sizes))
@@ -128,7 +136,7 @@ def check_rows_against_paths(lm, kind: str, rng: random.Random, *, trees: int, s
         for node in range(len(tokens)):
             lm.rollback(len(prompt))
             chain = lm.extend([tokens[i] for i in path_to(parents, node)])[-1]
-            if kind == "fast-deterministic" and node in first_child_chain(parents):
+            if kind == "fast-deterministic" and (node in first_child_chain(parents) or by_rows(lm)):
                 assert torch.equal(tree[node], chain)
             else:
                 torch.testing.assert_close(tree[node], chain, atol=atol, rtol=0)
@@ -152,7 +160,7 @@ def test_keep_path_then_extend_equals_a_fresh_prefill_of_the_path(kind: str, dty
         kept = lm.extend(after)
         lm.prefill(prompt + [tokens[i] for i in path])
         fresh = lm.extend(after)
-        if kind == "fast-deterministic" and set(path) <= first_child_chain(parents):
+        if kind == "fast-deterministic" and (set(path) <= first_child_chain(parents) or by_rows(lm)):
             assert torch.equal(kept, fresh)
         else:
             torch.testing.assert_close(kept, fresh, atol=atol, rtol=0)
@@ -332,7 +340,7 @@ def test_default_model_tree_rows_equal_their_paths(default_float32, dtype: torch
             for node in range(len(tokens)):
                 lm.rollback(len(prompt))
                 chain = lm.extend([tokens[i] for i in path_to(parents, node)])[-1]
-                if getattr(lm, "deterministic", False) and node in first_child_chain(parents):
+                if getattr(lm, "deterministic", False) and (node in first_child_chain(parents) or by_rows(lm)):
                     assert torch.equal(tree[node], chain)
                 else:
                     torch.testing.assert_close(tree[node], chain, atol=atol, rtol=0)

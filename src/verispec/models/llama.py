@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from verispec.models.attention import InvariantAttention, SdpaAttention
+from verispec.models.attention import InvariantAttention, RowAttention, SdpaAttention
 from verispec.models.base import (
     FINAL,
     Tap,
@@ -122,9 +122,11 @@ class LlamaRuntime:
         self.hidden_size, self.num_layers = shape.hidden, shape.layers
         self.rope = rope
         self.deterministic = deterministic
-        kind = InvariantAttention if deterministic else SdpaAttention
-        self.attention = kind(shape.heads, shape.kv_heads, shape.head_dim)
         self.dtype = embed.dtype
+        kind = SdpaAttention
+        if deterministic:
+            kind = InvariantAttention if self.dtype == torch.bfloat16 else RowAttention
+        self.attention = kind(shape.heads, shape.kv_heads, shape.head_dim)
         # Float projections hold the model's weights in its dtype: exact in float32 only.
         self.exact_weights = self.dtype == torch.float32
         self.cache = self.new_cache()

@@ -195,8 +195,10 @@ def load_model(
     directory; off unless asked for. runtime: "auto" (the fast runtime where it supports the
     model, else transformers), "fast" or "hf". deterministic: the fast runtime's
     shape-invariant attention (a row's logits do not depend on how many rows are scored
-    with it; see `verispec.models.attention`); None: on in bfloat16, where it is also the
-    faster attention, off in float32, where it costs ~15-50% of a one-token forward.
+    with it; see `verispec.models.attention`); None: on wherever the fast runtime runs. It
+    costs a one-token forward nothing (float32 and q4 score each row through the fused
+    kernel's one-row call, which plain decoding makes anyway; in bfloat16 it is the faster
+    attention) and a forward of M rows M - 1 more attention calls per layer in float32/q4.
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
@@ -234,7 +236,7 @@ def load_model(
     if chosen == "hf":
         model = model.to(torch_dtype)
     if deterministic is None:
-        deterministic = chosen == "fast" and torch_dtype == torch.bfloat16
+        deterministic = chosen == "fast"
     exact = torch_dtype == torch.float32  # float weights: exact unless rounded to a narrower dtype
     config, eos_token_ids = model.config, eos_ids(model, tokenizer)
     if weight_format == "float":

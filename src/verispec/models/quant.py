@@ -91,9 +91,12 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]
-        rows = rows.repeat(1, self.planes) if self.planes > 1 else rows.contiguous()  # [M, P K]
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, BLOCK, self.scales_and_zeros)
-        return y[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        # One concatenation, not `repeat` (which dispatches several ops: ~5 us against ~1 us).
+        rows = torch.cat((rows,) * self.planes, dim=1) if self.planes > 1 else rows.contiguous()  # [M, P K]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, BLOCK, self.scales_and_zeros)  # [M, N + pad]
+        if y.shape[1] != self.out_features:
+            y = y[:, : self.out_features]
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
 class Int8Linear(nn.Module):
