@@ -91,6 +91,8 @@ def train(
     if resume and not checkpoint.is_file():
         raise ValueError(f"--resume: no checkpoint at {checkpoint}; run without --resume to start")
 
+    if dtype == "auto":  # the data's features in a float dtype, never load_model's auto q4
+        dtype = "bfloat16" if native_bf16() else "float32"
     loaded = load_model(model, dtype=dtype)
     transformers = loaded.transformers_model().requires_grad_(False)  # it writes the data and its features
     deadline = started + minutes * 60

@@ -42,6 +42,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from gguf import GGUFReader  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import (  # noqa: E402
@@ -57,7 +58,7 @@ from verispec.machine import native_bf16  # noqa: E402
 from verispec.models import DEFAULT_MODEL  # noqa: E402
 from verispec.models.base import CausalLM  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
-from verispec.models.gguf_blocks import GGUFWeight, gguf_weights  # noqa: E402
+from verispec.models.gguf_blocks import CODED, GGUFWeight, gguf_weights  # noqa: E402
 from verispec.models.llama import LlamaRuntime, fast_runtime_refusal  # noqa: E402
 from verispec.models.quantized import quantized_model  # noqa: E402
 
@@ -111,6 +112,7 @@ class LoadedModel:
     runtime: str = "hf"
     weight_format: str = "float"  # "float" (weights in `dtype`) or "q4"
     exact_weights: bool = True  # every weight equals the source's float32 weight, bit for bit
+    auto_choice: str | None = None  # why dtype "auto" chose what it did, where that is not the plain rule
     config: PretrainedConfig | None = None  # None: `model`'s
     reload: Callable[[], PreTrainedModel] | None = field(default=None, repr=False)
 
@@ -140,10 +142,11 @@ class LoadedModel:
         if self.weight_format == "float":
             return None
         if self.exact_weights:
-            return (
+            note = (
                 f"{self.weight_format}: the GGUF file's own 4-bit blocks, held exactly (the same weights as "
                 "float32); projections compute in bfloat16 with float32 accumulation"
             )
+            return f"{note} ({self.auto_choice})" if self.auto_choice else note
         return (
             f"{self.weight_format}: weights quantized to 4 bits on load, so this is a different model from "
             f"{self.name} in float32 (its outputs are not that model's)"
@@ -186,7 +189,9 @@ def load_model(
 ) -> LoadedModel:
     """Load a causal LM from local files (see the module docstring for accepted names).
 
-    dtype: "auto" (bfloat16 where the CPU computes bf16 natively, else float32), "float32",
+    dtype: "auto" (where the CPU computes bf16 natively: q4 for a GGUF file whose every matrix
+    is Q4_0/Q4_1/Q8_0 on the fast runtime, since q4 holds those weights exactly and is faster,
+    else bfloat16; float32 elsewhere; `auto_choice` says when q4 was chosen), "float32",
     "bfloat16", "float16" or "q4". q4: projections on torch's int4 kernel (`models.quant`);
     for a GGUF file of Q4_0/Q4_1/Q8_0 blocks they hold the file's own blocks exactly (the
     same target as float32, activations rounded to bfloat16); otherwise the weights are
@@ -233,6 +238,14 @@ def load_model(
     if deterministic and refusal:
         raise ValueError(f"{source}: deterministic scoring needs the fast runtime, but {refusal}")
     chosen = "hf" if runtime == "hf" or refusal else "fast"
+    auto_choice = None
+    if dtype == "auto" and chosen == "fast" and source.is_file() and native_bf16() and coded_exactly(source):
+        weight_format, torch_dtype = "q4", torch.float32  # `reload` reads torch_dtype when called
+        auto_choice = (
+            "chosen by --dtype auto: every matrix of this GGUF file is Q4_0/Q4_1/Q8_0, which q4 holds "
+            "exactly, and on a CPU with native bf16 its int4 kernel beats bfloat16, which rounds the "
+            "weights; --dtype bfloat16 or float32 overrides"
+        )
     if chosen == "hf":
         model = model.to(torch_dtype)
     if deterministic is None:
@@ -269,6 +282,7 @@ def load_model(
         runtime=chosen,
         weight_format=weight_format,
         exact_weights=exact,
+        auto_choice=auto_choice,
         config=config,
         reload=reload,
     )
@@ -389,11 +403,30 @@ def checkpoint_tensors(source: Path) -> Callable[[str], torch.Tensor | None]:
     return read
 
 
+def coded_exactly(gguf: Path) -> bool:
+    """Whether every matrix of the GGUF file is stored in a block type q4 holds exactly (Q4_0,
+    Q4_1, Q8_0; one-dimensional tensors, the norms, stay float32 anyway). Read from the cached
+    blocks' metadata where `gguf_blocks` has cached them, else from the file's tensor table."""
+    cached = _blocks_cache(gguf)
+    if cached.is_file():
+        with safe_open(cached, framework="pt") as stored:
+            part = {kind: "codes" if kind in CODED else "values" for kind in stored.metadata().values()}
+            kinds = [(kind, len(stored.get_slice(f"{name}:{part[kind]}").get_shape())) for name, kind in stored.metadata().items()]
+    else:
+        kinds = [(tensor.tensor_type.name, len(tensor.shape)) for tensor in GGUFReader(gguf).tensors]
+    matrices = [kind for kind, dims in kinds if dims == 2]
+    return bool(matrices) and all(kind in CODED for kind in matrices)
+
+
+def _blocks_cache(gguf: Path) -> Path:
+    return converted_dir(gguf).with_name(converted_dir(gguf).name + "-blocks.safetensors")
+
+
 def gguf_blocks(gguf: Path, model: PreTrainedModel) -> dict[str, GGUFWeight]:
     """The GGUF file's weights as stored (`gguf_blocks.gguf_weights`), cached beside its
     converted checkpoint as one safetensors file: reading the file's metadata and decoding
     its blocks takes ~10-20 s for the default model, reading the cached copy well under 1 s."""
-    cached = converted_dir(gguf).with_name(converted_dir(gguf).name + "-blocks.safetensors")
+    cached = _blocks_cache(gguf)
     if cached.is_file():
         with safe_open(cached, framework="pt") as stored:
             kinds = stored.metadata()
