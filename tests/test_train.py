@@ -1,12 +1,14 @@
-"""`verispec train` on the tiny byte-level Llama of `bench --quick`: Magpie prompts, cached
-features (equal to the feature channel's), the unrolled EAGLE loss (equal to drafting), the
-vocabulary, determinism and resumption, and a trained head that the engine accepts far more
-often than an untrained one on held-back sequences."""
+"""`verispec train` on the tiny byte-level Llama of `bench --quick`: Magpie and document
+prompts, cached features (equal to the feature channel's), the unrolled EAGLE loss (equal to
+drafting), the vocabulary, determinism and resumption, fitting on several data directories
+(`--also`), and a trained head that the engine accepts far more often than an untrained one on
+held-back sequences."""
 
 from __future__ import annotations
 
-import functools
+import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +21,11 @@ from verispec.models.base import FINAL
 from verispec.models.hf import HFCausalLM
 from verispec.proposers.eagle import EagleProposer
 from verispec.train import data as data_module
-from verispec.train.data import DataCache, InstructionRecipe, ResponseRecipe, grow, load_features
+from verispec.train.data import (
+    DataCache, InstructionRecipe, ResponseRecipe, answer_groups, compute_features, concatenate_features, data_recipe, grow,
+    load_features,
+)
+from verispec.train.documents import DocumentRecipe, Documents, Passage, quoted
 from verispec.train.loop import (
     TrainSettings, TrainingData, build_head, choose_vocab, eagle_steps, evaluate, fit,
 )
@@ -29,6 +35,14 @@ END = 2  # <|im_end|> of the tiny tokenizer
 # The tiny random model never closes a user turn by itself, so its turns are cut at max_tokens.
 TINY_INSTRUCTIONS = InstructionRecipe(batch=24, max_tokens=20, min_chars=1, closed_only=False)
 TINY_RESPONSES = ResponseRecipe(max_new_tokens=40, batch=24)
+# Short passages: the tiny tokenizer spends a token per byte.
+TINY_DOCUMENTS = DocumentRecipe(min_chars=40, max_chars=200, batch=6, answer_batch_tokens=1200, python_distributions=False)
+PASSAGES = [
+    Passage("alpha", "The alpha tool reads its settings from alpha.conf and prints a report."),
+    Passage("beta", "Run beta --check to verify the archive before you unpack it with beta -x."),
+    Passage("gamma", "Gamma keeps one log per day under /var/log/gamma and rotates them weekly."),
+    Passage("python:delta", "Delta parses dates written in many formats and returns them as timestamps."),
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +76,61 @@ def test_grow_is_deterministic_and_resumes_round_by_round(tiny, tmp_path):
     assert 20 <= len(first) < 40 and grown == resumed == parts.conversations()
     assert len({fold(c.instruction) for c in grown}) == len(grown)
     assert {c.sampled for c in grown} == {False, True}
+
+
+def test_magpie_recipe_is_unchanged_so_existing_data_directories_keep_growing():
+    recipe = data_recipe("smollm2-135m-instruct", 0, InstructionRecipe(), ResponseRecipe())
+    assert json.dumps(recipe) == (
+        '{"model": "smollm2-135m-instruct", "seed": 0, "instructions": {"method": "magpie: sample the user turn from '
+        'the chat template\'s empty user prefix", "temperature": 1.0, "top_p": 0.95, "max_tokens": 96, "min_chars": 12, '
+        '"max_chars": 400, "batch": 64, "closed_only": true}, "responses": {"answers": "the target\'s own, greedy and '
+        'sampled at temperature 1 (top-k/top-p off)", "max_new_tokens": 192, "sampled_one_in": 3, "batch": 64}}'
+    )
+
+
+def test_grow_with_documents_quotes_passages_resumes_and_runs_out(tiny, tmp_path):
+    """Every instruction is one template over one quoted passage; the rounds resumed one at a
+    time equal one run; growth stops when every (passage, template) pair was used."""
+    model, tokenizer = tiny
+    documents = Documents(TINY_DOCUMENTS, PASSAGES)
+    whole, parts = DataCache(tmp_path / "whole"), DataCache(tmp_path / "parts")
+    grown = grow(whole, model, tokenizer, (END,), 5, time.monotonic() + 600, documents, TINY_RESPONSES)
+    first = grow(parts, model, tokenizer, (END,), 5, time.monotonic() + 600, documents, TINY_RESPONSES, max_sequences=10)
+    resumed = grow(parts, model, tokenizer, (END,), 5, time.monotonic() + 600, documents, TINY_RESPONSES)
+    assert len(first) == 12 and grown == resumed == parts.conversations()
+    assert len(grown) == len(PASSAGES) * len(TINY_DOCUMENTS.templates) == len({c.instruction for c in grown})
+    assert [c.round for c in grown] == sorted(c.round for c in grown) and {c.sampled for c in grown} == {False, True}
+    made = {t.format(text=quoted(p.text)) for t in TINY_DOCUMENTS.templates for p in PASSAGES}
+    assert {c.instruction for c in grown} == made
+    for c in grown:
+        assert tokenizer.decode(c.prompt_ids).count(c.instruction) == 1
+        assert c.answer_ids and (c.answer_ids[-1] == END or len(c.answer_ids) == TINY_RESPONSES.max_new_tokens)
+
+
+def test_answer_groups_keep_magpie_batches_and_group_long_prompts_by_length():
+    prompts = [[1] * n for n in (50, 400, 60, 390, 55, 410, 70)]
+    responses = ResponseRecipe(max_new_tokens=100, batch=3)
+    assert answer_groups(prompts, responses, None) == [[0, 1, 2], [3, 4, 5], [6]]
+    groups = answer_groups(prompts, responses, 1600)
+    assert sorted(i for g in groups for i in g) == list(range(len(prompts)))
+    assert groups == [[0, 4, 2], [6], [3, 1, 5]]
+    for g in groups:
+        assert len(g) <= 3 and (len(g) == 1 or len(g) * max(len(prompts[i]) + 100 for i in g) <= 1600)
+
+
+def test_concatenated_features_equal_one_cache_holding_both(tiny, tiny_data, tmp_path):
+    model, tokenizer = tiny
+    _, conversations, stored, taps = tiny_data
+    documents = Documents(TINY_DOCUMENTS, PASSAGES)
+    other = grow(DataCache(tmp_path), model, tokenizer, (END,), 1, time.monotonic() + 600, documents, TINY_RESPONSES, max_sequences=6)
+    other_stored, _ = compute_features(model, other)
+    union = concatenate_features([stored, other_stored])
+    together, together_taps = compute_features(model, conversations + other)
+    assert together_taps == taps
+    for name in ("tokens", "starts", "answer_starts", "argmax"):
+        assert torch.equal(union[name], together[name]), name
+    assert torch.allclose(union["features"].float(), together["features"].float(), atol=0.05, rtol=0.02)
+    assert torch.allclose(union["logsumexp"], together["logsumexp"], atol=1e-4)
 
 
 def test_cached_features_are_the_feature_channels(tiny, tiny_data):

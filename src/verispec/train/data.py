@@ -192,7 +192,7 @@ def grow(
         sampled = r % responses.sampled_one_in == responses.sampled_one_in - 1
         prompts = [chat_prompt(tokenizer, t) for t in fresh]
         replies: list[list[int]] = [[] for _ in fresh]
-        for group in answer_groups(prompts, responses, instructions.answer_batch_tokens if documents else None):
+        for group in answer_groups(prompts, responses, instructions.recipe.answer_batch_tokens if documents else None):
             for i, reply in zip(group, answer(model, [prompts[i] for i in group], stops, sampled, responses.max_new_tokens)):
                 replies[i] = reply
         made = [Conversation(r, text, sampled, prompt, reply) for text, prompt, reply in zip(fresh, prompts, replies)]
