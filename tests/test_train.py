@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from verispec import GREEDY, generate
 from verispec.bench.quick import tiny_llama, tiny_tokenizer
@@ -260,9 +261,67 @@ def test_cli_trains_a_head_that_the_proposer_loads(tiny_model_dir, tmp_path, mon
     assert len(err) == 1 and err[0].startswith("error: ") and "--force" in err[0]
 
 
+def _documents_tree(root):
+    for p in PASSAGES:
+        (root / p.source.replace("python:", "")).mkdir(parents=True)
+        (root / p.source.replace("python:", "") / "README").write_text(p.text + "\n")
+    return replace(TINY_DOCUMENTS, doc_roots=(str(root),), min_chars=60)
+
+
+def _one_error(capsys) -> str:
+    """The one `error:` line, last on stderr after progress lines, without a traceback."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in err if line.startswith("error: ")] == err[-1:] and "Traceback" not in "".join(err), err
+    return err[-1]
+
+
+def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """`--prompts documents --data-only` makes its own data directory; `--also` fits on it
+    and the work directory's magpie data together, recording both; data made for another
+    model or other taps is refused."""
+    monkeypatch.setattr(data_module, "InstructionRecipe", lambda: TINY_INSTRUCTIONS)
+    monkeypatch.setattr(data_module, "ResponseRecipe", lambda: TINY_RESPONSES)
+    monkeypatch.setattr(data_module, "DocumentRecipe", lambda: _documents_tree(tmp_path / "doc"))
+    common = ["--model", str(tiny_model_dir), "--head", "eagle", "--minutes", "5", "--threads", "1", "--dtype", "float32"]
+    magpie, documents = tmp_path / "magpie", tmp_path / "documents"
+    assert main(["train", *common, "--out", str(tmp_path / "unused"), "--work", str(documents), "--prompts", "documents", "--data-only"]) == 0
+    recipe = json.loads((documents / "data" / "recipe.json").read_text())
+    assert recipe["instructions"]["method"].startswith("documents:") and recipe["instructions"]["passages"] == len(PASSAGES)
+    out = tmp_path / "head"
+    fit_args = ["train", *common, "--out", str(out), "--work", str(magpie), "--max-sequences", "24", "--steps", "2",
+                "--vocab", "64", "--taps", "final"]
+    assert main([*fit_args, "--also", str(documents)]) == 0
+    data = read_config(out).training["data"]
+    [also] = data["also"]
+    magpie_sequences = len(DataCache(magpie / "data").conversations())
+    assert data["instructions"]["method"].startswith("magpie") and data["sequences"] == magpie_sequences
+    assert also["instructions"] == recipe["instructions"] and also["sequences"] == len(PASSAGES) * len(TINY_DOCUMENTS.templates)
+    assert data["total_sequences"] == data["sequences"] + also["sequences"] and data["total_tokens"] == data["tokens"] + also["tokens"]
+    assert data["heldout_sequences"] == round(0.05 * data["total_sequences"])
+    union = concatenate_features([load_file(w / "data" / "features.safetensors") for w in (magpie, documents)])
+    head = load_head(out, HFCausalLM(tiny_llama(len(tiny_tokenizer()))))
+    assert torch.equal(head.d2t, choose_vocab(union["tokens"], 64, (END,)))
+    alone = load_file(magpie / "data" / "features.safetensors")["tokens"]
+    assert not torch.equal(head.d2t, choose_vocab(alone, 64, (END,)))  # the documents' tokens count
+    capsys.readouterr()
+
+    other = tmp_path / "other-model" / "data"
+    other.mkdir(parents=True)
+    (other / "recipe.json").write_text(json.dumps({**recipe, "model": "another-model"}))
+    assert main([*fit_args, "--force", "--also", str(other.parent)]) == 2
+    assert "another-model" in _one_error(capsys)
+    stored = load_file(documents / "data" / "features.safetensors")
+    save_file(stored, str(documents / "data" / "features.safetensors"), metadata={"taps": json.dumps(["final", 1])})
+    assert main([*fit_args, "--force", "--also", str(documents / "data")]) == 2
+    assert "taps" in _one_error(capsys)
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
+        (["--prompts", "wiki"], "--prompts must be magpie or documents"),
+        (["--also", "/nonexistent/verispec-data"], "no such directory"),
+        (["--also", ".", "--data-only"], "--also adds data to the fitting"),
         (["--head", "lstm"], "--head must be eagle or medusa"),
         (["--minutes", "0"], "--minutes must be > 0"),
         (["--data-minutes", "9"], "--data-minutes must lie in"),
