@@ -305,6 +305,8 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
     assert not torch.equal(head.d2t, choose_vocab(alone, 64, (END,)))  # the documents' tokens count
     capsys.readouterr()
 
+    assert main([*fit_args, "--force", "--also", str(documents), "--also", str(documents / "data")]) == 2
+    assert "twice" in _one_error(capsys)
     other = tmp_path / "other-model" / "data"
     other.mkdir(parents=True)
     (other / "recipe.json").write_text(json.dumps({**recipe, "model": "another-model"}))

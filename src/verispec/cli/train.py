@@ -98,6 +98,8 @@ def train(
     work = work or cache_root() / "train" / f"{Path(str(model)).name}-seed{seed}{suffix}"
     cache = DataCache(work / "data")
     extra = [_also_cache(path, str(model), cache) for path in also or []]
+    if len({other.root.resolve() for other in extra}) < len(extra):
+        raise ValueError("--also names one data directory twice, which would count its sequences twice; give each once")
     if prompts == "documents":
         instructions = Documents(DocumentRecipe())
         print(f"documents: {len(instructions.passages)} passages, {instructions.rounds} rounds of instructions", file=sys.stderr)
