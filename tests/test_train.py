@@ -1,15 +1,18 @@
-"""`verispec train` on the tiny byte-level Llama of `bench --quick`: Magpie prompts, cached
-features (equal to the feature channel's), the unrolled EAGLE loss (equal to drafting), the
-vocabulary, determinism and resumption, and a trained head that the engine accepts far more
-often than an untrained one on held-back sequences."""
+"""`verispec train` on the tiny byte-level Llama of `bench --quick`: Magpie and document
+prompts, cached features (equal to the feature channel's), the unrolled EAGLE loss (equal to
+drafting), the vocabulary, determinism and resumption, fitting on several data directories
+(`--also`), and a trained head that the engine accepts far more often than an untrained one on
+held-back sequences."""
 
 from __future__ import annotations
 
-import functools
+import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from verispec import GREEDY, generate
 from verispec.bench.quick import tiny_llama, tiny_tokenizer
@@ -19,7 +22,11 @@ from verispec.models.base import FINAL
 from verispec.models.hf import HFCausalLM
 from verispec.proposers.eagle import EagleProposer
 from verispec.train import data as data_module
-from verispec.train.data import DataCache, InstructionRecipe, ResponseRecipe, grow, load_features
+from verispec.train.data import (
+    DataCache, InstructionRecipe, ResponseRecipe, answer_groups, compute_features, concatenate_features, data_recipe, grow,
+    load_features,
+)
+from verispec.train.documents import DocumentRecipe, Documents, Passage, quoted
 from verispec.train.loop import (
     TrainSettings, TrainingData, build_head, choose_vocab, eagle_steps, evaluate, fit,
 )
@@ -29,6 +36,14 @@ END = 2  # <|im_end|> of the tiny tokenizer
 # The tiny random model never closes a user turn by itself, so its turns are cut at max_tokens.
 TINY_INSTRUCTIONS = InstructionRecipe(batch=24, max_tokens=20, min_chars=1, closed_only=False)
 TINY_RESPONSES = ResponseRecipe(max_new_tokens=40, batch=24)
+# Short passages: the tiny tokenizer spends a token per byte.
+TINY_DOCUMENTS = DocumentRecipe(min_chars=40, max_chars=200, batch=6, answer_batch_tokens=1200, python_distributions=False)
+PASSAGES = [
+    Passage("alpha", "The alpha tool reads its settings from alpha.conf and prints a report."),
+    Passage("beta", "Run beta --check to verify the archive before you unpack it with beta -x."),
+    Passage("gamma", "Gamma keeps one log per day under /var/log/gamma and rotates them weekly."),
+    Passage("python:delta", "Delta parses dates written in many formats and returns them as timestamps."),
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +77,61 @@ def test_grow_is_deterministic_and_resumes_round_by_round(tiny, tmp_path):
     assert 20 <= len(first) < 40 and grown == resumed == parts.conversations()
     assert len({fold(c.instruction) for c in grown}) == len(grown)
     assert {c.sampled for c in grown} == {False, True}
+
+
+def test_magpie_recipe_is_unchanged_so_existing_data_directories_keep_growing():
+    recipe = data_recipe("smollm2-135m-instruct", 0, InstructionRecipe(), ResponseRecipe())
+    assert json.dumps(recipe) == (
+        '{"model": "smollm2-135m-instruct", "seed": 0, "instructions": {"method": "magpie: sample the user turn from '
+        'the chat template\'s empty user prefix", "temperature": 1.0, "top_p": 0.95, "max_tokens": 96, "min_chars": 12, '
+        '"max_chars": 400, "batch": 64, "closed_only": true}, "responses": {"answers": "the target\'s own, greedy and '
+        'sampled at temperature 1 (top-k/top-p off)", "max_new_tokens": 192, "sampled_one_in": 3, "batch": 64}}'
+    )
+
+
+def test_grow_with_documents_quotes_passages_resumes_and_runs_out(tiny, tmp_path):
+    """Every instruction is one template over one quoted passage; the rounds resumed one at a
+    time equal one run; growth stops when every (passage, template) pair was used."""
+    model, tokenizer = tiny
+    documents = Documents(TINY_DOCUMENTS, PASSAGES)
+    whole, parts = DataCache(tmp_path / "whole"), DataCache(tmp_path / "parts")
+    grown = grow(whole, model, tokenizer, (END,), 5, time.monotonic() + 600, documents, TINY_RESPONSES)
+    first = grow(parts, model, tokenizer, (END,), 5, time.monotonic() + 600, documents, TINY_RESPONSES, max_sequences=10)
+    resumed = grow(parts, model, tokenizer, (END,), 5, time.monotonic() + 600, documents, TINY_RESPONSES)
+    assert len(first) == 12 and grown == resumed == parts.conversations()
+    assert len(grown) == len(PASSAGES) * len(TINY_DOCUMENTS.templates) == len({c.instruction for c in grown})
+    assert [c.round for c in grown] == sorted(c.round for c in grown) and {c.sampled for c in grown} == {False, True}
+    made = {t.format(text=quoted(p.text)) for t in TINY_DOCUMENTS.templates for p in PASSAGES}
+    assert {c.instruction for c in grown} == made
+    for c in grown:
+        assert tokenizer.decode(c.prompt_ids).count(c.instruction) == 1
+        assert c.answer_ids and (c.answer_ids[-1] == END or len(c.answer_ids) == TINY_RESPONSES.max_new_tokens)
+
+
+def test_answer_groups_keep_magpie_batches_and_group_long_prompts_by_length():
+    prompts = [[1] * n for n in (50, 400, 60, 390, 55, 410, 70)]
+    responses = ResponseRecipe(max_new_tokens=100, batch=3)
+    assert answer_groups(prompts, responses, None) == [[0, 1, 2], [3, 4, 5], [6]]
+    groups = answer_groups(prompts, responses, 1600)
+    assert sorted(i for g in groups for i in g) == list(range(len(prompts)))
+    assert groups == [[0, 4, 2], [6], [3, 1, 5]]
+    for g in groups:
+        assert len(g) <= 3 and (len(g) == 1 or len(g) * max(len(prompts[i]) + 100 for i in g) <= 1600)
+
+
+def test_concatenated_features_equal_one_cache_holding_both(tiny, tiny_data, tmp_path):
+    model, tokenizer = tiny
+    _, conversations, stored, taps = tiny_data
+    documents = Documents(TINY_DOCUMENTS, PASSAGES)
+    other = grow(DataCache(tmp_path), model, tokenizer, (END,), 1, time.monotonic() + 600, documents, TINY_RESPONSES, max_sequences=6)
+    other_stored, _ = compute_features(model, other)
+    union = concatenate_features([stored, other_stored])
+    together, together_taps = compute_features(model, conversations + other)
+    assert together_taps == taps
+    for name in ("tokens", "starts", "answer_starts", "argmax"):
+        assert torch.equal(union[name], together[name]), name
+    assert torch.allclose(union["features"].float(), together["features"].float(), atol=0.05, rtol=0.02)
+    assert torch.allclose(union["logsumexp"], together["logsumexp"], atol=1e-4)
 
 
 def test_cached_features_are_the_feature_channels(tiny, tiny_data):
@@ -191,9 +261,69 @@ def test_cli_trains_a_head_that_the_proposer_loads(tiny_model_dir, tmp_path, mon
     assert len(err) == 1 and err[0].startswith("error: ") and "--force" in err[0]
 
 
+def _documents_tree(root):
+    for p in PASSAGES:
+        (root / p.source.replace("python:", "")).mkdir(parents=True)
+        (root / p.source.replace("python:", "") / "README").write_text(p.text + "\n")
+    return replace(TINY_DOCUMENTS, doc_roots=(str(root),), min_chars=60)
+
+
+def _one_error(capsys) -> str:
+    """The one `error:` line, last on stderr after progress lines, without a traceback."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in err if line.startswith("error: ")] == err[-1:] and "Traceback" not in "".join(err), err
+    return err[-1]
+
+
+def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """`--prompts documents --data-only` makes its own data directory; `--also` fits on it
+    and the work directory's magpie data together, recording both; data made for another
+    model or other taps is refused."""
+    monkeypatch.setattr(data_module, "InstructionRecipe", lambda: TINY_INSTRUCTIONS)
+    monkeypatch.setattr(data_module, "ResponseRecipe", lambda: TINY_RESPONSES)
+    monkeypatch.setattr(data_module, "DocumentRecipe", lambda: _documents_tree(tmp_path / "doc"))
+    common = ["--model", str(tiny_model_dir), "--head", "eagle", "--minutes", "5", "--threads", "1", "--dtype", "float32"]
+    magpie, documents = tmp_path / "magpie", tmp_path / "documents"
+    assert main(["train", *common, "--out", str(tmp_path / "unused"), "--work", str(documents), "--prompts", "documents", "--data-only"]) == 0
+    recipe = json.loads((documents / "data" / "recipe.json").read_text())
+    assert recipe["instructions"]["method"].startswith("documents:") and recipe["instructions"]["passages"] == len(PASSAGES)
+    out = tmp_path / "head"
+    fit_args = ["train", *common, "--out", str(out), "--work", str(magpie), "--max-sequences", "24", "--steps", "2",
+                "--vocab", "64", "--taps", "final"]
+    assert main([*fit_args, "--also", str(documents)]) == 0
+    data = read_config(out).training["data"]
+    [also] = data["also"]
+    magpie_sequences = len(DataCache(magpie / "data").conversations())
+    assert data["instructions"]["method"].startswith("magpie") and data["sequences"] == magpie_sequences
+    assert also["instructions"] == recipe["instructions"] and also["sequences"] == len(PASSAGES) * len(TINY_DOCUMENTS.templates)
+    assert data["total_sequences"] == data["sequences"] + also["sequences"] and data["total_tokens"] == data["tokens"] + also["tokens"]
+    assert data["heldout_sequences"] == round(0.05 * data["total_sequences"])
+    union = concatenate_features([load_file(w / "data" / "features.safetensors") for w in (magpie, documents)])
+    head = load_head(out, HFCausalLM(tiny_llama(len(tiny_tokenizer()))))
+    assert torch.equal(head.d2t, choose_vocab(union["tokens"], 64, (END,)))
+    alone = load_file(magpie / "data" / "features.safetensors")["tokens"]
+    assert not torch.equal(head.d2t, choose_vocab(alone, 64, (END,)))  # the documents' tokens count
+    capsys.readouterr()
+
+    assert main([*fit_args, "--force", "--also", str(documents), "--also", str(documents / "data")]) == 2
+    assert "twice" in _one_error(capsys)
+    other = tmp_path / "other-model" / "data"
+    other.mkdir(parents=True)
+    (other / "recipe.json").write_text(json.dumps({**recipe, "model": "another-model"}))
+    assert main([*fit_args, "--force", "--also", str(other.parent)]) == 2
+    assert "another-model" in _one_error(capsys)
+    stored = load_file(documents / "data" / "features.safetensors")
+    save_file(stored, str(documents / "data" / "features.safetensors"), metadata={"taps": json.dumps(["final", 1])})
+    assert main([*fit_args, "--force", "--also", str(documents / "data")]) == 2
+    assert "taps" in _one_error(capsys)
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
+        (["--prompts", "wiki"], "--prompts must be magpie or documents"),
+        (["--also", "/nonexistent/verispec-data"], "no such directory"),
+        (["--also", ".", "--data-only"], "--also adds data to the fitting"),
         (["--head", "lstm"], "--head must be eagle or medusa"),
         (["--minutes", "0"], "--minutes must be > 0"),
         (["--data-minutes", "9"], "--data-minutes must lie in"),

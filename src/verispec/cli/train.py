@@ -1,10 +1,12 @@
 """`verispec train`: self-distil an EAGLE-style or Medusa head for a model on this machine.
 
-Stages, each resumable: (1) data: instructions the target writes itself and its own answers,
-grown for `--data-minutes` (`verispec.train.data`); (2) features: the target's hidden states
-over the data, computed once and cached beside it; (3) fitting for the rest of `--minutes`
-(`verispec.train.loop`), checkpointed; (4) the head directory in --out, which
-`--proposer eagle:DIR` / `medusa:DIR` loads, its config recording how it was made.
+Stages, each resumable: (1) data: instructions (`--prompts`: magpie, those the target writes
+itself; documents, local package texts under a task) and the target's own answers, grown for
+`--data-minutes` (`verispec.train.data`); (2) features: the target's hidden states over the
+data, computed once and cached beside it; (3) fitting for the rest of `--minutes`
+(`verispec.train.loop`) on that data and each `--also` directory's, checkpointed; (4) the head
+directory in --out, which `--proposer eagle:DIR` / `medusa:DIR` loads, its config recording
+how it was made.
 
 Data and checkpoints live in the work directory (`--work`, default under the verispec cache),
 never in --out, so a head directory holds only config.json and model.safetensors.
@@ -25,6 +27,7 @@ from verispec.cli import app
 from verispec.models import DEFAULT_MODEL
 
 HEAD_KINDS = ("eagle", "medusa")
+PROMPT_SOURCES = ("magpie", "documents")
 
 
 @app.command()
@@ -46,6 +49,8 @@ def train(
     lr: Annotated[float, typer.Option(help="AdamW learning rate after warm-up.")] = 1e-3,
     batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Padded tokens per batch.")] = 4096,
     max_sequences: Annotated[Optional[int], typer.Option("--max-sequences", help="Stop growing the data at this many sequences.")] = None,
+    prompts: Annotated[str, typer.Option(help="magpie (instructions the target writes itself) or documents (local package texts under a task); each makes its own data directory.")] = "magpie",
+    also: Annotated[Optional[list[Path]], typer.Option("--also", help="Also fit on this data (a work directory of `--data-only`, or its data/ directory), for the same model; repeatable.")] = None,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
     dtype: Annotated[str, typer.Option(help="The target's dtype for data and features: auto, float32, bfloat16.")] = "auto",
     train_dtype: Annotated[str, typer.Option("--train-dtype", help="The head's matrix products while fitting: auto (bfloat16 autocast where the CPU has it natively), float32, bfloat16.")] = "auto",
@@ -59,6 +64,10 @@ def train(
     if not minutes > 0:
         raise ValueError(f"--minutes must be > 0, got {minutes}")
     data_minutes = minutes / 2 if data_minutes is None else data_minutes
+    if prompts not in PROMPT_SOURCES:
+        raise ValueError(f"--prompts must be magpie or documents, got {prompts!r}")
+    if also and data_only:
+        raise ValueError("--also adds data to the fitting, which --data-only skips; drop one of them")
     if not 0 <= data_minutes <= minutes:
         raise ValueError(f"--data-minutes must lie in [0, --minutes = {minutes}], got {data_minutes}")
     for name, value in (("--vocab", vocab), ("--unroll", unroll), ("--batch-tokens", batch_tokens), ("--threads", threads)):
@@ -76,15 +85,27 @@ def train(
     import torch
 
     from verispec.models.load import cache_root, load_model, native_bf16
-    from verispec.train.data import DataCache, InstructionRecipe, ResponseRecipe, data_recipe, grow, load_features
+    from verispec.train.data import (
+        DataCache, DocumentRecipe, Documents, InstructionRecipe, ResponseRecipe, cached_features, concatenate_features,
+        data_recipe, grow, load_features,
+    )
     from verispec.train.loop import TrainSettings, TrainingData, build_head, choose_vocab, evaluate, expected_tokens, fit, vocab_coverage
     from verispec.heads import save_head
     from verispec.train.prompts import end_of_turn_ids
 
     torch.set_num_threads(threads)
-    work = work or cache_root() / "train" / f"{Path(str(model)).name}-seed{seed}"
+    suffix = "" if prompts == "magpie" else f"-{prompts}"
+    work = work or cache_root() / "train" / f"{Path(str(model)).name}-seed{seed}{suffix}"
     cache = DataCache(work / "data")
-    instructions, responses = InstructionRecipe(), ResponseRecipe()
+    extra = [_also_cache(path, str(model), cache) for path in also or []]
+    if len({other.root.resolve() for other in extra}) < len(extra):
+        raise ValueError("--also names one data directory twice, which would count its sequences twice; give each once")
+    if prompts == "documents":
+        instructions = Documents(DocumentRecipe())
+        print(f"documents: {len(instructions.passages)} passages, {instructions.rounds} rounds of instructions", file=sys.stderr)
+    else:
+        instructions = InstructionRecipe()
+    responses = ResponseRecipe()
     recipe = data_recipe(str(model), seed, instructions, responses)
     cache.check_recipe(recipe)
     checkpoint = work / f"{head}-checkpoint.pt"
@@ -112,6 +133,20 @@ def train(
     if data_only:
         print(f"data: {len(conversations)} sequences, {int(stored['tokens'].numel())} tokens in {cache.root}")
         return
+    sources = [_data_record(recipe, conversations, stored)]
+    parts = [stored]
+    for other in extra:
+        other_conversations = other.conversations()
+        cached = cached_features(other, len(other_conversations))
+        if cached is None:
+            raise ValueError(_no_features(other))
+        other_stored, other_taps = cached
+        if list(other_taps) != list(stored_taps):
+            raise ValueError(f"--also {other.root} holds features of the taps {list(other_taps)}, this run's data {list(stored_taps)}; recompute them with `verispec train --data-only`")
+        parts.append(other_stored)
+        sources.append({"directory": str(other.root), **_data_record(json.loads(other.recipe_path.read_text()), other_conversations, other_stored)})
+    if extra:
+        stored = concatenate_features(parts)
 
     bf16 = train_dtype == "bfloat16" or (train_dtype == "auto" and native_bf16())
     settings = TrainSettings(kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16)
@@ -136,10 +171,8 @@ def train(
     record = {
         "command": "verispec train " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["train"] else sys.argv[1:]),
         "data": {
-            **recipe,
-            "sequences": len(conversations),
-            "tokens": int(stored["tokens"].numel()),
-            "answer_tokens": sum(len(c.answer_ids) for c in conversations),
+            **sources[0],
+            **({"also": sources[1:], "total_sequences": len(data.lengths), "total_tokens": int(stored["tokens"].numel())} if extra else {}),
             "heldout_sequences": len(data.heldout),
         },
         "settings": settings.as_dict(),
@@ -158,6 +191,40 @@ def train(
     trained.config.training.update(record)
     save_head(trained, out)
     print(json.dumps({"out": str(out), **{k: record[k] for k in ("steps", "tokens_seen", "heldout_top1_by_step", "heldout_expected_tokens_per_round")}}))
+
+
+def _also_cache(path: Path, model: str, own: "DataCache") -> "DataCache":
+    """The data directory an `--also` PATH names (PATH itself or PATH/data), checked: features
+    cached, made for `model`, and not this run's own data."""
+    from verispec.train.data import DataCache
+
+    if not path.is_dir():
+        raise ValueError(f"--also {path}: no such directory; give a work directory made by `verispec train --data-only --work W`")
+    cache = next((DataCache(p) for p in (path, path / "data") if (p / "recipe.json").is_file()), None)
+    if cache is None:
+        raise ValueError(f"--also {path}: no recipe.json in it or in its data/; give a work directory made by `verispec train --data-only --work W`")
+    if cache.root.resolve() == own.root.resolve():
+        raise ValueError(f"--also {path} is this run's own data directory; give another one")
+    made_for = json.loads(cache.recipe_path.read_text()).get("model")
+    if made_for != model:
+        raise ValueError(f"--also {path} holds data of the model {made_for!r}, not {model!r}; give data made for the same --model")
+    if not cache.features_path.is_file():
+        raise ValueError(_no_features(cache))
+    return cache
+
+
+def _no_features(cache: "DataCache") -> str:
+    return f"--also {cache.root} has no features for its sequences; run `verispec train --data-only` on it with its settings first"
+
+
+def _data_record(recipe: dict, conversations: list, stored: dict) -> dict:
+    """What the head's config records of one data directory: its recipe and size."""
+    return {
+        **recipe,
+        "sequences": len(conversations),
+        "tokens": int(stored["tokens"].numel()),
+        "answer_tokens": sum(len(c.answer_ids) for c in conversations),
+    }
 
 
 def _bar():

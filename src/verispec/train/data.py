@@ -1,12 +1,15 @@
 """Training data for a head: the target's own conversations, grown in rounds, and the
 target's features over them, cached on disk.
 
-A round samples a batch of instructions from the empty user turn (`prompts`), keeps the new
-ones, and has the target answer them in one batched `generate` call: greedily, or by sampling
-at temperature 1 in every `sampled_one_in`-th round (one mode per round keeps the batch whole). Rounds are appended to
-`sequences.jsonl` as they finish, so an interrupted run keeps what it made and a later run
-continues with the next round. Round r draws its randomness from the torch seed
-`seed * 1_000_003 + r`, so the data is a function of the seed and the number of rounds.
+A round takes a batch of instructions from one source, keeps the new ones, and has the target
+answer them in batched `generate` calls: greedily, or by sampling at temperature 1 in every
+`sampled_one_in`-th round (one mode per round keeps the batch whole). The sources: Magpie
+instructions sampled from the empty user turn (`prompts`), or passages of local package texts
+under a task (`documents`), whose long prompts are answered in groups of similar length within
+`answer_batch_tokens`. Rounds are appended to `sequences.jsonl` as they finish, so an
+interrupted run keeps what it made and a later run continues with the next round. Round r
+draws its randomness from the torch seed `seed * 1_000_003 + r`, so the data is a function of
+the seed and the number of rounds.
 
 Features (`features.safetensors`) are computed once over every sequence, in the target's dtype,
 and stored per token as bfloat16, for the taps `feature_taps(L)`: FINAL (the final norm's
@@ -36,8 +39,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from verispec.heads.config import eagle3_layers
 from verispec.models.base import FINAL, Tap
+from verispec.train.documents import DocumentRecipe, Documents  # noqa: F401 (the CLI takes both recipes from here)
+from verispec.train.loop import padded_groups
 from verispec.train.prompts import InstructionRecipe, end_of_turn_ids, fold, sample_instructions
-
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,7 @@ class DataCache:
         self.features_path.unlink(missing_ok=True)  # stale once sequences change
 
 
-def data_recipe(model: str, seed: int, instructions: InstructionRecipe, responses: ResponseRecipe) -> dict:
+def data_recipe(model: str, seed: int, instructions: InstructionRecipe | Documents, responses: ResponseRecipe) -> dict:
     """What the data is a function of (besides the number of rounds); stored in the cache."""
     return {"model": model, "seed": seed, "instructions": instructions.as_dict(), "responses": responses.as_dict()}
 
@@ -155,39 +159,63 @@ def grow(
     eos_token_ids: tuple[int, ...],
     seed: int,
     deadline: float,
-    instructions: InstructionRecipe = InstructionRecipe(),
+    instructions: InstructionRecipe | Documents = InstructionRecipe(),
     responses: ResponseRecipe = ResponseRecipe(),
     max_sequences: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Conversation]:
-    """Append rounds to `cache` until `time.monotonic()` passes `deadline` or at least
-    `max_sequences` exist (a round started is finished, so the data stays a function of the
-    seed and the number of rounds); returns every conversation in the cache.
-    `progress(sequences, answer_tokens)` is called after each round."""
+    """Append rounds to `cache` until `time.monotonic()` passes `deadline`, at least
+    `max_sequences` exist, or a `Documents` source has no instruction left (a round started is
+    finished, so the data stays a function of the seed and the number of rounds); returns
+    every conversation in the cache. `progress(sequences, answer_tokens)` is called after each
+    round."""
     have = cache.conversations()
     seen = {fold(c.instruction) for c in have}
     next_round = max((c.round for c in have), default=-1) + 1
     stops = list(end_of_turn_ids(tokenizer, eos_token_ids))
+    documents = isinstance(instructions, Documents)
     while time.monotonic() < deadline and (max_sequences is None or len(have) < max_sequences):
         r = next_round
         next_round += 1
+        if documents and r >= instructions.rounds:
+            break
+        if documents:
+            torch.manual_seed(seed * 1_000_003 + r)  # the sampled answers' randomness
+            texts = instructions.instructions(seed, r)
+        else:
+            texts = sample_instructions(model, tokenizer, eos_token_ids, seed * 1_000_003 + r, instructions)
         fresh = []
-        for text in sample_instructions(model, tokenizer, eos_token_ids, seed * 1_000_003 + r, instructions):
+        for text in texts:
             if fold(text) not in seen:
                 seen.add(fold(text))
                 fresh.append(text)
         sampled = r % responses.sampled_one_in == responses.sampled_one_in - 1
-        made = []
-        for start in range(0, len(fresh), responses.batch):
-            group = fresh[start:start + responses.batch]
-            prompts = [chat_prompt(tokenizer, t) for t in group]
-            for text, prompt, reply in zip(group, prompts, answer(model, prompts, stops, sampled, responses.max_new_tokens)):
-                made.append(Conversation(r, text, sampled, prompt, reply))
+        prompts = [chat_prompt(tokenizer, t) for t in fresh]
+        replies: list[list[int]] = [[] for _ in fresh]
+        for group in answer_groups(prompts, responses, instructions.recipe.answer_batch_tokens if documents else None):
+            for i, reply in zip(group, answer(model, [prompts[i] for i in group], stops, sampled, responses.max_new_tokens)):
+                replies[i] = reply
+        made = [Conversation(r, text, sampled, prompt, reply) for text, prompt, reply in zip(fresh, prompts, replies)]
         cache.append(made)
         have.extend(made)
         if progress is not None:
             progress(len(have), sum(len(c.answer_ids) for c in have))
     return have
+
+
+def answer_groups(prompts: list[list[int]], responses: ResponseRecipe, batch_tokens: int | None) -> list[list[int]]:
+    """Indices of `prompts` answered together: consecutive runs of `responses.batch`, or, with
+    `batch_tokens`, runs of similar length (shortest first) whose left-padded rows, prompt and
+    answer, stay within `batch_tokens` and `responses.batch` rows."""
+    if batch_tokens is None:
+        return [list(range(i, min(i + responses.batch, len(prompts)))) for i in range(0, len(prompts), responses.batch)]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    lengths = [len(p) + responses.max_new_tokens for p in prompts]
+    return [
+        group[start:start + responses.batch]
+        for group in padded_groups(order, lengths, batch_tokens)
+        for start in range(0, len(group), responses.batch)
+    ]
 
 
 @torch.inference_mode()
@@ -240,16 +268,33 @@ def _features_of(model, seqs: list[list[int]], taps: tuple[Tap, ...], out: dict[
         out["logsumexp"][offset:offset + n] = logits[row, :n].logsumexp(-1)
 
 
+def cached_features(cache: DataCache, sequences: int) -> tuple[dict[str, torch.Tensor], tuple[Tap, ...]] | None:
+    """The features stored in `cache` and their taps, or None when missing or not over
+    `sequences` sequences (stale)."""
+    if not cache.features_path.is_file():
+        return None
+    with safe_open(cache.features_path, "pt") as f:
+        taps = tuple(json.loads(f.metadata()["taps"]))
+    stored = load_file(cache.features_path)
+    return (stored, taps) if int(stored["starts"].numel()) == sequences + 1 else None
+
+
 def load_features(
     cache: DataCache, model: PreTrainedModel, conversations: list[Conversation]
 ) -> tuple[dict[str, torch.Tensor], tuple[Tap, ...]]:
     """The cached features and their taps, computed and saved first if missing or stale."""
-    if cache.features_path.is_file():
-        with safe_open(cache.features_path, "pt") as f:
-            taps = tuple(json.loads(f.metadata()["taps"]))
-        stored = load_file(cache.features_path)
-        if int(stored["starts"].numel()) == len(conversations) + 1:
-            return stored, taps
+    cached = cached_features(cache, len(conversations))
+    if cached is not None:
+        return cached
     computed, taps = compute_features(model, conversations)
     save_file(computed, str(cache.features_path), metadata={"taps": json.dumps(list(taps))})
     return computed, taps
+
+
+def concatenate_features(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One set of feature tensors holding every part's sequences, part after part: the
+    per-token tensors concatenated, each part's `starts` offset by the tokens before it."""
+    out = {name: torch.cat([p[name] for p in parts]) for name in ("features", "tokens", "argmax", "logsumexp", "answer_starts")}
+    offsets = torch.tensor([0, *[int(p["starts"][-1]) for p in parts]]).cumsum(0)  # [len(parts) + 1]
+    out["starts"] = torch.cat([offsets[:1], *[p["starts"][1:] + offset for p, offset in zip(parts, offsets)]])  # [S + 1]
+    return out

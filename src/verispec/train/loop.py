@@ -150,13 +150,15 @@ class TrainingData:
         padded size stays within `batch_tokens`."""
         generator = torch.Generator().manual_seed(self.settings.seed * 1000 + epoch)
         order = [self.train[i] for i in torch.randperm(len(self.train), generator=generator).tolist()]
-        return list(_groups(order, self.lengths, self.settings.batch_tokens))
+        return list(padded_groups(order, self.lengths, self.settings.batch_tokens))
 
     def heldout_batches(self) -> list[list[int]]:
-        return list(_groups(self.heldout, self.lengths, self.settings.batch_tokens))
+        return list(padded_groups(self.heldout, self.lengths, self.settings.batch_tokens))
 
 
-def _groups(order: Sequence[int], lengths: Sequence[int], budget: int) -> Iterator[list[int]]:
+def padded_groups(order: Sequence[int], lengths: Sequence[int], budget: int) -> Iterator[list[int]]:
+    """`order` cut into consecutive groups whose rows, padded to the group's longest
+    (`lengths[i]`), hold at most `budget` tokens (a longer row alone)."""
     group: list[int] = []
     for i in order:
         if group and (len(group) + 1) * max(lengths[j] for j in [*group, i]) > budget:
