@@ -271,3 +271,54 @@ def test_default_model_cache_contract_bfloat16(default_models) -> None:
     assert transformers.dtype == torch.bfloat16
     assert torch.equal(bf16.lm.score(prompt), LlamaRuntime.from_hf(transformers, deterministic=True).score(prompt))
     check_random_history(bf16.lm, prompt, seed=1, steps=4, atol=ATOL[torch.bfloat16])
+
+
+BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q6_K": (256, 210)}  # weights, bytes per block
+
+
+def write_gguf(path, matrix_kind: str) -> None:
+    """A GGUF file of one float32 norm and one 4 x 256 matrix stored as `matrix_kind`."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(256, dtype=np.float32))
+    if matrix_kind == "F16":
+        writer.add_tensor("blk.0.attn_q.weight", np.zeros((4, 256), dtype=np.float16))
+    else:
+        weights, size = BLOCKS[matrix_kind]
+        raw = np.zeros((4, 256 // weights * size), dtype=np.uint8)  # [rows, bytes per row]
+        writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=GGMLQuantizationType[matrix_kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize(("kind", "exact"), [("Q4_0", True), ("Q4_1", True), ("Q8_0", True), ("F16", False), ("Q6_K", False)])
+def test_auto_q4_needs_every_matrix_in_a_block_type_q4_holds_exactly(tmp_path, monkeypatch, kind: str, exact: bool) -> None:
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))  # no cached blocks: the file's own table
+    path = tmp_path / f"{kind}.gguf"
+    write_gguf(path, kind)
+    assert load.coded_exactly(path) is exact
+
+
+@pytest.mark.parametrize(("machine", "native", "faster"), [("x86_64", True, True), ("x86_64", False, False), ("aarch64", True, False)])
+def test_int4_is_taken_as_faster_only_where_measured(monkeypatch, machine: str, native: bool, faster: bool) -> None:
+    monkeypatch.setattr(load.platform, "machine", lambda: machine)
+    monkeypatch.setattr(load, "native_bf16", lambda: native)
+    assert load.int4_faster() is faster
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("faster", [True, False])
+def test_auto_chooses_q4_for_the_default_gguf_where_int4_is_faster(monkeypatch, faster: bool) -> None:
+    monkeypatch.setattr(load, "int4_faster", lambda: faster)
+    monkeypatch.setattr(load, "native_bf16", lambda: faster)
+    loaded = load_model()
+    if faster:
+        assert loaded.dtype_name == "q4" and loaded.exact_weights and loaded.auto_choice
+        assert "chosen by --dtype auto" in loaded.target_note and loaded.lm.deterministic
+    else:
+        assert loaded.dtype_name == "float32" and loaded.auto_choice is None and loaded.target_note is None
+    assert load_model(dtype="bfloat16").auto_choice is None  # an explicit dtype is taken as given

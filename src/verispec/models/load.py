@@ -28,6 +28,7 @@ needs transformers itself (HF generate in the benchmark, a self-draft, training'
 from __future__ import annotations
 
 import os
+import platform
 
 # Before transformers (and huggingface_hub) read it at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -190,7 +191,7 @@ def load_model(
     """Load a causal LM from local files (see the module docstring for accepted names).
 
     dtype: "auto" (where the CPU computes bf16 natively: q4 for a GGUF file whose every matrix
-    is Q4_0/Q4_1/Q8_0 on the fast runtime, since q4 holds those weights exactly and is faster,
+    is Q4_0/Q4_1/Q8_0 on the fast runtime on x86-64 (`int4_faster`), since q4 holds those weights exactly and is faster,
     else bfloat16; float32 elsewhere; `auto_choice` says when q4 was chosen), "float32",
     "bfloat16", "float16" or "q4". q4: projections on torch's int4 kernel (`models.quant`);
     for a GGUF file of Q4_0/Q4_1/Q8_0 blocks they hold the file's own blocks exactly (the
@@ -239,7 +240,7 @@ def load_model(
         raise ValueError(f"{source}: deterministic scoring needs the fast runtime, but {refusal}")
     chosen = "hf" if runtime == "hf" or refusal else "fast"
     auto_choice = None
-    if dtype == "auto" and chosen == "fast" and source.is_file() and native_bf16() and coded_exactly(source):
+    if dtype == "auto" and chosen == "fast" and source.is_file() and int4_faster() and coded_exactly(source):
         weight_format, torch_dtype = "q4", torch.float32  # `reload` reads torch_dtype when called
         auto_choice = (
             "chosen by --dtype auto: every matrix of this GGUF file is Q4_0/Q4_1/Q8_0, which q4 holds "
@@ -401,6 +402,12 @@ def checkpoint_tensors(source: Path) -> Callable[[str], torch.Tensor | None]:
             return stored.get_tensor(name)
 
     return read
+
+
+def int4_faster() -> bool:
+    """Whether torch's int4 kernel beats bfloat16 here, as measured: an x86-64 CPU with native
+    bf16 (its vectorised path takes bfloat16 activations; other CPUs are unmeasured)."""
+    return platform.machine().lower() in ("x86_64", "amd64") and native_bf16()
 
 
 def coded_exactly(gguf: Path) -> bool:
