@@ -126,7 +126,7 @@ class InvariantAttention:
 
 
 
-class RowAttention:
+class RowAttention(SdpaAttention):
     """Attention whose rows do not depend on M: each row attends alone, through torch's fused
     kernel with one query row and no mask, over exactly the positions it sees, laid out as
     plain decoding of its path lays them out:
@@ -143,17 +143,9 @@ class RowAttention:
     float32, 300 cached positions: 26 us per row against 51 us for four rows together).
     Chosen for deterministic scoring in float32 and for q4, whose activations are float32:
     torch's fused kernel is fast for one float32 row but slow for one bfloat16 row (128 us
-    at 300 positions), so bfloat16 uses `InvariantAttention`.
+    at 300 positions), so bfloat16 uses `InvariantAttention`. Its cache and widths are the fused
+    attention's.
     """
-
-    value_ones = False
-
-    def __init__(self, heads: int, kv_heads: int, head_dim: int) -> None:
-        self.heads, self.head_dim = heads, head_dim
-
-    def width(self, end: int) -> int:
-        """How many cached positions a forward ending at `end` reads."""
-        return end
 
     def mask(
         self, start: int, m: int, dtype: torch.dtype, visible: torch.Tensor | None = None
