@@ -125,7 +125,6 @@ class InvariantAttention:
         return out.view(heads, m, d).transpose(0, 1).reshape(m, heads * d)  # [M, Hq D]
 
 
-
 class RowAttention(SdpaAttention):
     """Attention whose rows do not depend on M: each row attends alone, through torch's fused
     kernel with one query row and no mask, over exactly the positions it sees, laid out as
