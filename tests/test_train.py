@@ -22,6 +22,7 @@ from verispec.models.base import FINAL
 from verispec.models.hf import HFCausalLM
 from verispec.proposers.eagle import EagleProposer
 from verispec.train import data as data_module
+from verispec.train import documents as documents_module
 from verispec.train.data import (
     DataCache, InstructionRecipe, ResponseRecipe, answer_groups, compute_features, concatenate_features, data_recipe, grow,
     load_features,
@@ -281,7 +282,7 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
     model or other taps is refused."""
     monkeypatch.setattr(data_module, "InstructionRecipe", lambda: TINY_INSTRUCTIONS)
     monkeypatch.setattr(data_module, "ResponseRecipe", lambda: TINY_RESPONSES)
-    monkeypatch.setattr(data_module, "DocumentRecipe", lambda: _documents_tree(tmp_path / "doc"))
+    monkeypatch.setattr(documents_module, "DocumentRecipe", lambda: _documents_tree(tmp_path / "doc"))
     common = ["--model", str(tiny_model_dir), "--head", "eagle", "--minutes", "5", "--threads", "1", "--dtype", "float32"]
     magpie, documents = tmp_path / "magpie", tmp_path / "documents"
     assert main(["train", *common, "--out", str(tmp_path / "unused"), "--work", str(documents), "--prompts", "documents", "--data-only"]) == 0

@@ -86,9 +86,9 @@ def train(
 
     from verispec.models.load import cache_root, load_model, native_bf16
     from verispec.train.data import (
-        DataCache, DocumentRecipe, Documents, InstructionRecipe, ResponseRecipe, cached_features, concatenate_features,
-        data_recipe, grow, load_features,
+        DataCache, InstructionRecipe, ResponseRecipe, cached_features, concatenate_features, data_recipe, grow, load_features,
     )
+    from verispec.train.documents import DocumentRecipe, Documents
     from verispec.train.loop import TrainSettings, TrainingData, build_head, choose_vocab, evaluate, expected_tokens, fit, vocab_coverage
     from verispec.heads import save_head
     from verispec.train.prompts import end_of_turn_ids

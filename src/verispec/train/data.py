@@ -39,7 +39,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from verispec.heads.config import eagle3_layers
 from verispec.models.base import FINAL, Tap
-from verispec.train.documents import DocumentRecipe, Documents  # noqa: F401 (the CLI takes both recipes from here)
+from verispec.train.documents import Documents
 from verispec.train.loop import padded_groups
 from verispec.train.prompts import InstructionRecipe, end_of_turn_ids, fold, sample_instructions
 
@@ -236,13 +236,8 @@ def compute_features(
         "logsumexp": torch.empty(total, dtype=torch.float32),  # [N]
     }
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    group: list[int] = []
-    for position, i in enumerate(order):
-        group.append(i)
-        last = position == len(order) - 1
-        if last or (len(group) + 1) * len(seqs[order[position + 1]]) > batch_tokens:
-            _features_of(model, [seqs[j] for j in group], taps, out, [int(starts[j]) for j in group])
-            group = []
+    for group in padded_groups(order, [len(s) for s in seqs], batch_tokens):
+        _features_of(model, [seqs[j] for j in group], taps, out, [int(starts[j]) for j in group])
     out["tokens"] = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
     out["starts"] = starts
     out["answer_starts"] = torch.tensor([len(c.prompt_ids) for c in conversations], dtype=torch.long)
