@@ -30,6 +30,7 @@ from torch import nn
 
 class SdpaAttention:
     value_ones = False
+    keys_by_column = False
 
     def __init__(self, heads: int, kv_heads: int, head_dim: int) -> None:
         self.heads, self.head_dim = heads, head_dim
@@ -85,6 +86,7 @@ class InvariantAttention:
     """
 
     value_ones = True
+    keys_by_column = True
     WIDTH_STEP = 64
 
     def __init__(self, heads: int, kv_heads: int, head_dim: int) -> None:
@@ -111,17 +113,15 @@ class InvariantAttention:
         return torch.zeros(blocked.shape, dtype=dtype).masked_fill_(blocked, float("-inf"))
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """keys [Hkv, D, width] (the cache keeps them by column), values [Hkv, width, D + 1]."""
         heads, m, d = q.shape
         group = heads // self.kv_heads
         width = mask.shape[1]
         grouped = (q * self.scale).reshape(self.kv_heads, group * m, d)  # [Hkv, G M, D]
-        out = q.new_empty(self.kv_heads, group * m, d)
-        for h in range(self.kv_heads):
-            scores = torch.ops.mkldnn._linear_pointwise(grouped[h], keys[h], None, "none", [], "")  # [G M, width]
-            scores = scores.view(group, m, width) + mask
-            weights = (scores - scores.amax(-1, keepdim=True)).exp_().view(group * m, width)
-            summed = torch.ops.mkldnn._linear_pointwise(weights, values[h].t(), None, "none", [], "")  # [G M, D + 1]
-            torch.div(summed[:, :d], summed[:, d:], out=out[h])
+        scores = torch.bmm(grouped, keys).view(self.kv_heads, group, m, width) + mask
+        weights = (scores - scores.amax(-1, keepdim=True)).exp_().view(self.kv_heads, group * m, width)
+        summed = torch.bmm(weights, values)  # [Hkv, G M, D + 1]
+        out = summed[..., :d] / summed[..., d:]  # [Hkv, G M, D]
         return out.view(heads, m, d).transpose(0, 1).reshape(m, heads * d)  # [M, Hq D]
 
 

@@ -250,7 +250,8 @@ class LlamaRuntime:
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         s = self.shape
-        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity, self.attention.value_ones)
+        attention = self.attention
+        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity, attention.value_ones, attention.keys_by_column)
 
     # --- CausalLM -------------------------------------------------------------------------
 
