@@ -60,10 +60,13 @@ class SdpaAttention:
 class InvariantAttention:
     """Attention whose rows do not depend on M, built from parts that each are invariant:
 
-    - scores and the weighted sum are oneDNN linear products (rows independent of M, and of
-      extra key columns or extra zero-weight key rows; checked for the shapes used here);
-      the G query heads sharing a key/value head make G*M >= 2 rows, and the key axis is
-      at least two wide, so no product takes the one-row (gemv) path;
+    - scores and the weighted sum are batched matrix products over the key/value heads
+      (`torch.bmm`: oneDNN's matmul in bfloat16), whose rows are independent of M, and of
+      extra key columns or extra zero-weight key rows (checked for the shapes used here, up
+      to 4,096 positions, and by the tests); the G query heads sharing a key/value head make
+      G*M >= 2 rows, and the key axis is at least two wide, so no product takes a one-row
+      (gemv) path. The cache keeps keys by column ([Hkv, D, width]) so the scores' product
+      reads contiguous rows instead of copying a transposed view on every call;
     - masked positions get -inf, so exp gives exact zeros, which add nothing to any sum;
     - every row reads a multiple of WIDTH_STEP positions (the ones past the end masked), so
       elementwise kernels never leave a remainder to their scalar loop, whose exp and
