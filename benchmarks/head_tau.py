@@ -5,10 +5,14 @@ prompt decoded with seed `--seed` + its index).
 
     .venv/bin/python benchmarks/head_tau.py [--proposers eagle,medusa,lookup] [--k 4]
         [--per-category 1] [--humaneval 3] [--max-new-tokens 128] [--dtype auto]
-        [--temperature 0] [--seed 0] [--json OUT]
+        [--temperature 0] [--seed 0] [--json OUT] [--heldout DIR [--heldout-count 16]]
 
 Prompts: the first N of each Spec-Bench dev category (first turn, chat template) and the
 first M HumanEval dev prompts, read where they lie. A head never trains on them.
+With `--heldout DIR` (a `verispec train` work or data directory) the prompts are instead the
+instructions of DIR's held-back conversations (the trainer's 5 % split for `--split-seed`,
+greedy ones only, at most `--heldout-count`), decoded afresh: the head's own distribution,
+which the trainer scores it on, so the two scores compare drafting with training.
 Position i's acceptance is accepted / attempted over the rounds whose draft reached position
 i with the positions before it accepted (`Stats.position_attempts`); tau = new tokens / rounds.
 """
@@ -23,9 +27,11 @@ from pathlib import Path
 
 from verispec import GREEDY, generate
 from verispec.sampling import SamplingParams
-from verispec.bench.workloads import read_workloads, select
+from verispec.bench.workloads import Workload, read_workloads, select
 from verispec.models.load import DEFAULT_MODEL, load_model
 from verispec.registry import build_proposer
+from verispec.train.data import DataCache
+from verispec.train.loop import TrainSettings, heldout_split
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
@@ -43,14 +49,20 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--heldout", type=Path, default=None, help="a training work or data directory")
+    parser.add_argument("--heldout-count", type=int, default=16)
+    parser.add_argument("--split-seed", type=int, default=0, help="the training run's --seed")
     args = parser.parse_args()
     sampling = SamplingParams(temperature=args.temperature) if args.temperature > 0 else GREEDY
     decoding = f"temperature {args.temperature}, seed {args.seed}" if args.temperature > 0 else "greedy"
 
     loaded = load_model(args.model, dtype=args.dtype)
-    workloads = select(read_workloads(args.data / "specbench_dev.jsonl"), limit_per_category=args.per_category)
-    if args.humaneval:
-        workloads += read_workloads(args.data / "humaneval_dev.jsonl")[: args.humaneval]
+    if args.heldout:
+        workloads = heldout_workloads(args.heldout, args.split_seed, args.heldout_count)
+    else:
+        workloads = select(read_workloads(args.data / "specbench_dev.jsonl"), limit_per_category=args.per_category)
+        if args.humaneval:
+            workloads += read_workloads(args.data / "humaneval_dev.jsonl")[: args.humaneval]
     print(f"{args.model} ({loaded.dtype}), {len(workloads)} prompts, k = {args.k}, {decoding}, {args.max_new_tokens} new tokens")
     results = {}
     for spec in args.proposers.split(","):
@@ -81,6 +93,17 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"model": args.model, "k": args.k, "temperature": args.temperature, "seed": args.seed, "prompts": len(workloads), "results": results}, indent=2))
     return 0
+
+
+def heldout_workloads(directory: Path, seed: int, count: int) -> list[Workload]:
+    """The instructions of the greedy conversations a training run with `seed` held back."""
+    data = directory / "data" if (directory / "data").is_dir() else directory
+    conversations = DataCache(data).conversations()
+    if not conversations:
+        raise SystemExit(f"error: {data} holds no conversations; give a work or data directory of verispec train")
+    held, _ = heldout_split(len(conversations), seed, TrainSettings(kind="eagle").holdout)
+    greedy = [i for i in held if not conversations[i].sampled][:count]
+    return [Workload(str(i), "held-back", conversations[i].instruction, True) for i in greedy]
 
 
 if __name__ == "__main__":

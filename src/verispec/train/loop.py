@@ -101,6 +101,15 @@ class Batch:
         return int(self.valid.sum())
 
 
+def heldout_split(count: int, seed: int, holdout: float) -> tuple[list[int], list[int]]:
+    """(held back, trained on): indices of `count` sequences, each list ascending. The first
+    round(holdout * count) of a permutation drawn from `seed` are held back (at least one when
+    there are two or more sequences)."""
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+    held = max(1, round(holdout * count)) if count > 1 else 0
+    return sorted(order[:held].tolist()), sorted(order[held:].tolist())
+
+
 class TrainingData:
     """Cached features (`verispec.train.data`) split into training and held-back sequences."""
 
@@ -114,10 +123,7 @@ class TrainingData:
         self.stored = stored
         starts = stored["starts"]
         self.lengths = (starts[1:] - starts[:-1]).tolist()
-        order = torch.randperm(len(self.lengths), generator=torch.Generator().manual_seed(settings.seed))
-        held = max(1, round(settings.holdout * len(order))) if len(order) > 1 else 0
-        self.heldout = sorted(order[:held].tolist())
-        self.train = sorted(order[held:].tolist())
+        self.heldout, self.train = heldout_split(len(self.lengths), settings.seed, settings.holdout)
         self.settings = settings
 
     def batch(self, indices: Sequence[int]) -> Batch:
