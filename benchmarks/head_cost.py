@@ -1,11 +1,13 @@
 """The cost c of a head's draft step against one target step, on the default model.
 
-    .venv/bin/python benchmarks/head_cost.py [--dtype auto] [--head-dtypes float32,bfloat16] [--vocab 8192,49152] [--repeats 15] [--context 200] [--threads 1]
+    .venv/bin/python benchmarks/head_cost.py [--dtype auto] [--head-dtypes float32,bfloat16] [--vocab 8192,49152]
+        [--forms as-loaded,for-drafting] [--repeats 15] [--context 200] [--threads 1]
 
 Builds heads of the shipped shapes with untrained weights (time does not depend on the
 weights): EAGLE on the FINAL feature (EAGLE-1), EAGLE on three fused layers (EAGLE-3), and
 Medusa with K = 4 heads, each with a head vocabulary of N = 8192 and of the full 49152, in
-float32 and bfloat16. At one
+float32 and bfloat16, as loaded (`nn.Linear` layers, as trained) and packed for drafting
+(`heads.for_drafting`, as `--proposer eagle|medusa` runs them). At one
 context length it interleaves, per repeat: one target step (extend 1 token + rollback), and
 each proposer's `propose(context, k = 4)` after its state has caught up with the context (the
 drafting alone), then one round's catch-up (the new true pairs EAGLE reads after 2 accepted
@@ -21,7 +23,7 @@ import time
 import torch
 
 from verispec import GREEDY, SamplingParams, load_model
-from verispec.heads import HeadConfig, new_head, target_info
+from verispec.heads import HeadConfig, for_drafting, new_head, target_info
 from verispec.heads.config import FINAL, default_layer, eagle3_layers
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
@@ -32,13 +34,15 @@ TEXT = ("Explain, step by step, how a lighthouse keeper in the nineteenth centur
         "through a winter night, what could go wrong, and how the keeper's logbook recorded it. ")
 
 
-def build(loaded, kind: str, taps, n: int, dtype: torch.dtype):
+def build(loaded, kind: str, taps, n: int, dtype: torch.dtype, form: str):
     lm = loaded.lm
     config = HeadConfig(kind, target_info(lm, loaded.name), taps, vocab_size=n,
                         layer=default_layer(loaded.config) if kind == "eagle" else {},
                         heads=K if kind == "medusa" else 0)
     torch.manual_seed(0)
-    head = new_head(config, torch.arange(n), lm).to(dtype).eval()
+    head = new_head(config, torch.arange(n), lm).to(dtype).eval().requires_grad_(False)
+    if form == "for-drafting":
+        head = for_drafting(head)
     return (EagleProposer if kind == "eagle" else MedusaProposer)(head, lm)
 
 
@@ -47,6 +51,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--head-dtypes", default="float32,bfloat16", help="comma-separated, interleaved")
     parser.add_argument("--vocab", default="8192,49152", help="head vocabulary sizes N, comma-separated")
+    parser.add_argument("--forms", default="as-loaded,for-drafting", help="comma-separated, interleaved")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -61,10 +66,11 @@ def main() -> None:
     proposers = {}
     for n in map(int, args.vocab.split(",")):
         for dtype in head_dtypes:
-            label = str(dtype).removeprefix("torch.")
-            proposers[f"eagle-1 N={n} {label}"] = build(loaded, "eagle", (FINAL,), n, dtype)
-            proposers[f"eagle-3 N={n} {label}"] = build(loaded, "eagle", eagle3_layers(L), n, dtype)
-            proposers[f"medusa K={K} N={n} {label}"] = build(loaded, "medusa", (FINAL,), n, dtype)
+            for form in args.forms.split(","):
+                label = f"{str(dtype).removeprefix('torch.')} {form}"
+                proposers[f"eagle-1 N={n} {label}"] = build(loaded, "eagle", (FINAL,), n, dtype, form)
+                proposers[f"eagle-3 N={n} {label}"] = build(loaded, "eagle", eagle3_layers(L), n, dtype, form)
+                proposers[f"medusa K={K} N={n} {label}"] = build(loaded, "medusa", (FINAL,), n, dtype, form)
     times: dict[str, list[float]] = {"target step": [], **{f"{name} {mode}": [] for name in proposers
                                                           for mode in ("greedy", "T=1")}}
     catchup: dict[str, list[float]] = {name: [] for name in proposers if name.startswith("eagle")}
@@ -97,15 +103,15 @@ def main() -> None:
     step = statistics.median(times["target step"][2:])
     print(f"default model {loaded.dtype}, heads {args.head_dtypes}, context {len(ids)} tokens, "
           f"{torch.get_num_threads()} threads, {args.repeats} repeats (2 warm-ups dropped)")
-    print(f"{'what':40s} {'median ms':>10s} {'IQR ms':>14s} {'c':>7s}")
+    print(f"{'what':52s} {'median ms':>10s} {'IQR ms':>14s} {'c':>7s}")
     for name, values in times.items():
         v = values[2:]
         q = statistics.quantiles(v, n=4)
-        print(f"{name:40s} {statistics.median(v) * 1e3:10.3f} {q[0] * 1e3:6.3f}-{q[2] * 1e3:6.3f} "
+        print(f"{name:52s} {statistics.median(v) * 1e3:10.3f} {q[0] * 1e3:6.3f}-{q[2] * 1e3:6.3f} "
               f"{statistics.median(v) / step:7.3f}")
     for name, values in catchup.items():
         v = values[2:]
-        print(f"{name + ' round (2 pairs + 4 drafts)':40s} {statistics.median(v) * 1e3:10.3f} "
+        print(f"{name + ' round (2 pairs + 4 drafts)':52s} {statistics.median(v) * 1e3:10.3f} "
               f"{'':14s} {statistics.median(v) / step:7.3f}")
 
 

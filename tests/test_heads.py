@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
 from verispec.heads.untrained import TINY_LAYER, tiny_head
-from verispec.heads import HeadConfig, HeadVocab, load_head, new_head, read_config, save_head, target_info
+from verispec.heads import HeadConfig, HeadVocab, for_drafting, load_head, new_head, read_config, save_head, target_info
 from verispec.heads.config import FINAL, eagle3_layers
 from verispec.models.features import FeatureStore
 from verispec.models.hf import HFCausalLM
@@ -242,6 +243,38 @@ def test_save_and_load_round_trip(tmp_path, kind, trained_output):
         assert torch.equal(halved.state_dict()[name], expected), name
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
+def test_a_head_packed_for_drafting_computes_the_same_function(tmp_path, kind, dtype, tolerance):
+    """`for_drafting` swaps every projection, the target's output rows included, for a
+    prepacked one: the same logits and features up to summation order, no matrix left as a
+    parameter, and nothing to save."""
+    lm = HFCausalLM(tiny_llama())
+    taps = eagle3_layers(3) if kind == "eagle" else (FINAL,)
+    lm.record_features(taps)
+    directory = save_head(hf_head(kind, lm, taps=taps), tmp_path / kind)
+    unpacked, packed = load_head(directory, lm, dtype), for_drafting(load_head(directory, lm, dtype))
+    assert not any(isinstance(m, nn.Linear) for m in packed.modules())
+    assert all(p.dim() == 1 for p in packed.parameters())  # the norms' weights only
+    assert packed.dtype == dtype
+    ids = [3, 5, 7, 9, 11, 13]
+    features = lm.score_features(ids, taps)  # [T, F]
+    with torch.no_grad():
+        if kind == "eagle":
+            outputs = []
+            for head in (unpacked, packed):
+                cache = head.new_cache()
+                first = head(torch.tensor([ids[1:4]]), head.fuse(features[None, :3].to(dtype)), cache)
+                step = head(torch.tensor([ids[4:5]]), first[1][:, -1:], cache)  # a drafting step
+                outputs.append([*first, *step])
+        else:
+            outputs = [[head(features)] for head in (unpacked, packed)]
+    for expected, actual in zip(*outputs):
+        torch.testing.assert_close(actual, expected, atol=tolerance, rtol=tolerance)
+    with pytest.raises(ValueError, match="packed for drafting"):
+        save_head(packed, tmp_path / "again")
+
+
 def test_a_head_refuses_another_target(tmp_path):
     lm = HFCausalLM(tiny_llama())
     directory = save_head(hf_head("eagle", lm), tmp_path / "eagle")
@@ -262,9 +295,12 @@ def test_a_head_refuses_another_target(tmp_path):
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(), SamplingParams(0.7, top_p=0.9)], ids=str)
-def test_engine_equals_reference_on_a_tiny_llama(kind, sampling):
+@pytest.mark.parametrize("packed", [False, True], ids=["as-trained", "for-drafting"])
+def test_engine_equals_reference_on_a_tiny_llama(kind, sampling, packed):
     lm = HFCausalLM(tiny_llama())
     head = hf_head(kind, lm, taps=(FINAL, 2) if kind == "eagle" else (FINAL,)).double()
+    if packed:
+        head = for_drafting(head)
     proposer = (EagleProposer if kind == "eagle" else MedusaProposer)
     engine = generate(lm, proposer(head, lm), [5, 6, 7], max_new_tokens=20, sampling=sampling, k=3, seed=4)
     reference = reference_generate(lm, proposer(head, lm), [5, 6, 7], max_new_tokens=20, sampling=sampling, k=3,

@@ -4,12 +4,13 @@
 - `vocab`: the pruned head vocabulary (d2t) and q over the full vocabulary;
 - `eagle`: `EagleHead`, one decoder layer drafting in feature space with a KV cache;
 - `medusa`: `MedusaHead`, K residual heads on one feature;
-- `checkpoint`: `new_head`, `save_head`, `load_head` (a directory `--proposer eagle:DIR` loads).
+- `checkpoint`: `new_head`, `save_head`, `load_head` (a directory `--proposer eagle:DIR` loads),
+  `for_drafting` (a loaded head with its projections prepacked, as the proposers run it).
 
 The proposers that drive them are `verispec.proposers.eagle` and `verispec.proposers.medusa`.
 """
 
-from verispec.heads.checkpoint import load_head, new_head, read_config, save_head, target_info
+from verispec.heads.checkpoint import for_drafting, load_head, new_head, read_config, save_head, target_info
 from verispec.heads.config import HeadConfig, TargetInfo, default_layer, eagle3_layers
 from verispec.heads.eagle import EagleHead
 from verispec.heads.medusa import MedusaHead
@@ -17,5 +18,5 @@ from verispec.heads.vocab import HeadVocab
 
 __all__ = [
     "EagleHead", "HeadConfig", "HeadVocab", "MedusaHead", "TargetInfo", "default_layer", "eagle3_layers",
-    "load_head", "new_head", "read_config", "save_head", "target_info",
+    "for_drafting", "load_head", "new_head", "read_config", "save_head", "target_info",
 ]

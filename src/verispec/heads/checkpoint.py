@@ -8,6 +8,7 @@ differs from the one it was trained for.
     >>> head = new_head(config, d2t, target)           # fresh weights, for training
     >>> save_head(head, "out/eagle")
     >>> head = load_head("out/eagle", target)          # EagleHead or MedusaHead, eval mode
+    >>> proposer = EagleProposer(for_drafting(head), target)   # its projections prepacked
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from verispec.heads.config import HeadConfig, TargetInfo
-from verispec.heads.eagle import EagleHead
+from verispec.heads.eagle import EagleHead, FrozenRows
 from verispec.heads.medusa import MedusaHead
 from verispec.models.base import FeatureChannel
+from verispec.models.linear import DenseLinear, PackedLinear, packed_linears, projection
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -68,6 +70,8 @@ def save_head(head: Head, directory: str | Path, dtype: torch.dtype | None = Non
     """Write `config.json` and `model.safetensors` into `directory` (created if missing).
     dtype: store the floating weights in it (e.g. bfloat16 halves a float32 head's file;
     `load_head` casts them to the dtype it runs in); None keeps the head's."""
+    if any(isinstance(module, (PackedLinear, DenseLinear)) for module in head.modules()):
+        raise ValueError("this head is packed for drafting (for_drafting) and holds no weights to save; save it as loaded or trained")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CONFIG).write_text(json.dumps(head.config.to_json(), indent=2) + "\n")
@@ -105,6 +109,20 @@ def load_head(directory: str | Path, target: FeatureChannel, dtype: torch.dtype 
             f"{path} does not match its config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
     return _frozen(head)
+
+
+def for_drafting(head: Head) -> Head:
+    """`head` (loaded, frozen) with its projections prepacked for drafting, in place: every
+    linear layer and the target's output rows for the head vocabulary
+    (`models.linear.projection`). Its logits are the same function, up to the order in which
+    the products sum. Measured on a 2-core AMD EPYC (bfloat16, the shipped EAGLE head, one pair
+    after 300 cached ones): a step took 2.0 ms unpacked, most of it `F.linear` reordering
+    bfloat16 weights (and the fusion layer's 3-D input copying its weight) on every call.
+    Drafting only: the packed head cannot train, and `save_head` refuses it."""
+    packed_linears(head)
+    if isinstance(head.output, FrozenRows):
+        head.output = projection(head.output.rows)
+    return head
 
 
 def _frozen(head: nn.Module) -> Head:

@@ -109,6 +109,11 @@ class EagleHead(nn.Module):
         self.norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
         self.output = output_layer(config, d2t, output_weight)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """What the head computes in (its norm is never packed, see `checkpoint.for_drafting`)."""
+        return self.norm.weight.dtype
+
     def new_cache(self) -> DynamicCache:
         """An empty KV cache for one sequence; roll back with `cache.crop(length - cache_length)`."""
         cache = DynamicCache(config=self.layer_config)
@@ -139,7 +144,7 @@ class EagleHead(nn.Module):
         most of a long catch-up) and predicted features [B, T, H] (of position t + 1)."""
         B, T = tokens.shape
         past = 0 if cache is None else cache.get_seq_length()
-        dtype = self.fc.weight.dtype
+        dtype = self.dtype
         embedded = nn.functional.embedding(tokens, self.embedding).to(dtype)  # [B, T, H]
         x = self.fc(torch.cat([embedded, hidden.to(dtype)], dim=-1))  # [B, T, H]
         if positions is None:

@@ -54,12 +54,16 @@ class MedusaHead(nn.Module):
         self.fuse = fuse_layer(config)
         self.blocks = nn.ModuleList(ResBlock(config.hidden_size) for _ in range(config.heads))
         self.output = output_layer(config, d2t, output_weight)
+        # Follows the head's dtype through `.to()`; not saved. Its projections may be packed
+        # (`checkpoint.for_drafting`), after which they hold no parameters to read it from.
+        self.register_buffer("dtype_marker", torch.zeros(()), persistent=False)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., F] -> logits [..., K, N]."""
-        hidden = self.fuse(features.to(self.output_dtype))  # [..., H]
+        hidden = self.fuse(features.to(self.dtype))  # [..., H]
         return torch.stack([self.output(block(hidden)) for block in self.blocks], dim=-2)
 
     @property
-    def output_dtype(self) -> torch.dtype:
-        return next(iter(self.blocks.parameters())).dtype
+    def dtype(self) -> torch.dtype:
+        """What the head computes in."""
+        return self.dtype_marker.dtype

@@ -33,7 +33,7 @@ class DenseLinear(nn.Module):
         self.bias = bias  # [out] or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x[M, in] -> y[M, out]."""
+        """x[..., in] -> y[..., out]."""
         return nn.functional.linear(x, self.weight, self.bias)
 
 
@@ -53,7 +53,9 @@ class PackedLinear(nn.Module):
         self.pad_single_row = not single_row_matches(*weight.shape, weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x[M, in] -> y[M, out]."""
+        """x[M, in] -> y[M, out] (or x[..., in] -> y[..., out], as M rows)."""
+        if x.dim() != 2:
+            return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], -1)
         if self.pad_single_row and x.shape[0] == 1:
             return self._linear(x.expand(2, -1).contiguous())[:1]
         return self._linear(x)
@@ -101,3 +103,15 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None = None, weight_fo
     if weight_format == "dense":
         return DenseLinear(weight.contiguous(), bias)
     raise ValueError(f"unknown weight format {weight_format!r}; the fast runtime knows: float, dense")
+
+
+def packed_linears(module: nn.Module) -> nn.Module:
+    """`module` with every `nn.Linear` inside it replaced, in place, by `projection` of its
+    weight and bias: prepacked for oneDNN where torch has it. For inference only: the
+    projections hold no parameters, so nothing trains or saves through them afterwards."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                bias = None if child.bias is None else child.bias.detach()
+                setattr(parent, name, projection(child.weight.detach(), bias))
+    return module

@@ -146,7 +146,7 @@ class EagleProposer:
         """Append pairs (features[j], tokens[j]) to the cache: the logits [N] and predicted
         feature [H] after the last (the output layer runs on that pair only)."""
         ids = torch.tensor([list(tokens)], dtype=torch.long)  # [1, n]
-        fused = self.head.fuse(features[None].to(self.head.fc.weight.dtype))  # [1, n, H]
+        fused = self.head.fuse(features[None].to(self.head.dtype))  # [1, n, H]
         logits, predicted = self.head(ids, fused, cache, logits_to_keep=1)  # [1, 1, N], [1, n, H]
         return logits[0, -1], predicted[0, -1]
 

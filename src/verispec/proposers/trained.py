@@ -30,7 +30,7 @@ def head_proposer(kind: str, directory: str | None, target: CausalLM, dtype: tor
     with the head in `directory`, or the shipped one when None, run in `dtype` (the target's
     is a good choice: a bfloat16 head step measured 20-40 % faster than float32 on a CPU with
     native bf16; the dtype changes q, never the exactness of the output)."""
-    from verispec.heads import load_head
+    from verispec.heads import for_drafting, load_head
     from verispec.proposers.eagle import EagleProposer
     from verispec.proposers.medusa import MedusaProposer
 
@@ -48,4 +48,4 @@ def head_proposer(kind: str, directory: str | None, target: CausalLM, dtype: tor
     head = load_head(directory, target, dtype)
     if head.config.kind != kind:
         raise ValueError(f"{directory} holds a {head.config.kind} head, not a {kind} head; use {head.config.kind}:{directory}")
-    return (EagleProposer if kind == "eagle" else MedusaProposer)(head, target)
+    return (EagleProposer if kind == "eagle" else MedusaProposer)(for_drafting(head), target)
