@@ -83,9 +83,11 @@ class InvariantAttention:
     see their ancestors in later slots, with masked slots between them: the zeros add
     nothing, but the weighted sum may pair or block the key axis differently, so their rows
     are only promised to equal the chain's within rounding. Measured on a 2-core AMD EPYC
-    (oneDNN, AVX-512 BF16): every row was bit-equal anyway, in float32 and bfloat16, on the
-    default model (trees of 3, 8 and 16 nodes, `benchmarks/tree_cost.py`) and on 589 rows of
-    random trees of a tiny model.
+    (oneDNN, AVX-512 BF16): on the default model's random-token trees every row was bit-equal
+    (trees of 3, 8 and 16 nodes, `benchmarks/tree_cost.py`; an 8-node tree after 5 to 2,600
+    positions), and so were 589 rows of random trees of a tiny model; decoding real prompts,
+    EAGLE trees met rows one bfloat16 step of the logits away from their chains (README,
+    "bf16 trees and exact ties").
     """
 
     value_ones = True
