@@ -68,7 +68,9 @@ class HeadVocab:
         `TorchRandom` it is even the same token for the same stream, since d2t is ascending and
         zeros leave the cumulative sums unchanged."""
         if sampling.greedy:
-            return int(self.d2t[int(logits.argmax())]), None
+            # float32 (exact for any head dtype, same first maximum): torch's bfloat16 argmax
+            # over 8,192 logits took 28 us against 7 us for the cast and argmax together.
+            return int(self.d2t[int(logits.float().argmax())]), None
         kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
         return int(self.d2t[rng.categorical(kept)]), self._spread(kept)
 
