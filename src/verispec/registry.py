@@ -441,7 +441,7 @@ def _head(kind: str) -> Callable[[str, LoadedModel, Corpus], Proposer]:
     def build(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
         from verispec.proposers.trained import head_proposer
 
-        return head_proposer(kind, argument or None, target.lm, target.dtype)
+        return head_proposer(kind, argument or None, target.lm)
 
     return build
 
