@@ -74,14 +74,14 @@ def random_tree(rng: random.Random, n: int) -> tuple[list[int], list[int]]:
     return [rng.randrange(VOCAB) for _ in range(n)], parents
 
 
-def first_child_chain(parents: list[int]) -> set[int]:
-    """Nodes 0..d-1 while each is the child of the previous: they sit in a chain's slots."""
-    chain = set()
-    for node, parent in enumerate(parents):
-        if parent != node - 1:
-            break
-        chain.add(node)
-    return chain
+def first_child_path(parents: list[int]) -> set[int]:
+    """The first root, its first child, that one's first child, ...: the fast runtime lays
+    trees out depth first, so these sit in a chain's slots, whatever the caller's order."""
+    path, node = set(), parents.index(ROOT)
+    while node is not None:
+        path.add(node)
+        node = next((child for child, parent in enumerate(parents) if parent == node), None)
+    return path
 
 
 def test_scored_tree_positions_mask_and_moves() -> None:
@@ -125,7 +125,7 @@ def by_rows(lm) -> bool:
 def check_rows_against_paths(lm, kind: str, rng: random.Random, *, trees: int, sizes: tuple[int, int], atol: float) -> None:
     """`trees` random trees of sizes[0]..sizes[1] nodes after random prompts: each node's row
     [V] (float32) equals its root path extended as a chain within `atol`, and bit for bit on a
-    deterministic runtime's first-child chain (every node with row attention)."""
+    deterministic runtime's first-child path (every node with row attention)."""
     for _ in range(trees):
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 80))]
         tokens, parents = random_tree(rng, rng.randint(*sizes))
@@ -136,7 +136,7 @@ def check_rows_against_paths(lm, kind: str, rng: random.Random, *, trees: int, s
         for node in range(len(tokens)):
             lm.rollback(len(prompt))
             chain = lm.extend([tokens[i] for i in path_to(parents, node)])[-1]
-            if kind == "fast-deterministic" and (node in first_child_chain(parents) or by_rows(lm)):
+            if kind == "fast-deterministic" and (node in first_child_path(parents) or by_rows(lm)):
                 assert torch.equal(tree[node], chain)
             else:
                 torch.testing.assert_close(tree[node], chain, atol=atol, rtol=0)
@@ -160,7 +160,7 @@ def test_keep_path_then_extend_equals_a_fresh_prefill_of_the_path(kind: str, dty
         kept = lm.extend(after)
         lm.prefill(prompt + [tokens[i] for i in path])
         fresh = lm.extend(after)
-        if kind == "fast-deterministic" and (set(path) <= first_child_chain(parents) or by_rows(lm)):
+        if kind == "fast-deterministic" and (set(path) <= first_child_path(parents) or by_rows(lm)):
             assert torch.equal(kept, fresh)
         else:
             torch.testing.assert_close(kept, fresh, atol=atol, rtol=0)
@@ -234,6 +234,29 @@ def test_keep_path_copies_only_the_nodes_not_in_their_slots(kind: str, parents, 
     assert counter.written == moved * row_elements(lm)
     torch.testing.assert_close(lm.extend([9]), lm.score(list(range(3, 20)) + [tokens[i] for i in path] + [9])[-1:],
                                atol=FP32_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(("kind", "moved"), [("hf", 1), ("fast", 0), ("fast-deterministic", 0)])
+def test_the_fast_runtime_lays_a_tree_out_depth_first(kind: str, moved: int) -> None:
+    """A tree drafted breadth first, as the engine's proposers fill them: the fast runtime puts
+    its first-child path in a chain's slots, so keeping that path copies nothing (the HF
+    adapter keeps the caller's order and moves node 3), and the rows still come back in the
+    caller's order."""
+    lm = build(kind)
+    lm.record_features([FINAL])
+    prompt = list(range(3, 20))
+    lm.prefill(prompt)
+    tokens, parents = [30, 31, 32, 33, 34], [ROOT, 0, 0, 1, 2]
+    lm.extend_tree(tokens, parents)
+    with WrittenElements() as counter:
+        lm.keep_path([0, 1, 3])
+    assert counter.written == moved * row_elements(lm)
+    expected = lm.score(prompt + [30, 31, 33, 9])[-1:]
+    torch.testing.assert_close(lm.extend([9]), expected, atol=FP32_ATOL, rtol=0)
+    lm.prefill(prompt)
+    chain = lm.extend([30, 32, 34])  # node 4's root path, row by row
+    lm.prefill(prompt)
+    torch.testing.assert_close(lm.extend_tree(tokens, parents)[[0, 2, 4]], chain, atol=FP32_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -340,7 +363,7 @@ def test_default_model_tree_rows_equal_their_paths(default_float32, dtype: torch
             for node in range(len(tokens)):
                 lm.rollback(len(prompt))
                 chain = lm.extend([tokens[i] for i in path_to(parents, node)])[-1]
-                if getattr(lm, "deterministic", False) and (node in first_child_chain(parents) or by_rows(lm)):
+                if getattr(lm, "deterministic", False) and (node in first_child_path(parents) or by_rows(lm)):
                     assert torch.equal(tree[node], chain)
                 else:
                     torch.testing.assert_close(tree[node], chain, atol=atol, rtol=0)

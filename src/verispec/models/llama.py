@@ -32,12 +32,13 @@ the final norm's output (FINAL), in a `FeatureStore` that rolls back with the ca
 tensors the forward computes anyway (FINAL only widens the final norm from the kept rows to
 all rows), so no extra forward runs.
 
-Tree scoring (`TreeScoring`): `extend_tree` is the same forward with node i in cache slot
-length + i, rotated at its depth position length + depth(i) - 1, and an attention mask that
-shows each node the cached prefix, its ancestors and itself (`attention` says what the
-deterministic mode then guarantees for tree rows). `keep_path` copies, in every layer and in
-the feature store, only the kept nodes not yet in their slots (`ScoredTree.moves`; none for
-the first-child chain of a depth-first tree), then moves `length`.
+Tree scoring (`TreeScoring`): `extend_tree` is the same forward with the nodes laid out
+depth first (`ScoredTree.depth_first`: the first-child path in the slots a chain would use),
+each rotated at its depth position length + depth - 1, and an attention mask that shows each
+node the cached prefix, its ancestors and itself (`attention` says what the deterministic
+mode then guarantees for tree rows); the logits come back in the caller's node order.
+`keep_path` copies, in every layer and in the feature store, only the kept nodes not yet in
+their slots (`ScoredTree.moves`; none for the first-child path), then moves `length`.
 """
 
 from __future__ import annotations
@@ -281,10 +282,10 @@ class LlamaRuntime:
     def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         check_extend_tree(tokens, parents, self.vocab_size)
         self._pending.refuse()
-        tree = ScoredTree(self.length, tuple(parents))
-        logits = self._live_forward(tokens, len(tokens), tree)  # float32 [n, V]
+        tree = ScoredTree.depth_first(self.length, parents)
+        logits = self._live_forward([tokens[node] for node in tree.nodes], len(tokens), tree)  # float32 [n, V], by row
         self._pending.tree = tree
-        return logits
+        return tree.by_node(logits)
 
     @torch.inference_mode()
     def keep_path(self, path: Sequence[int]) -> None:

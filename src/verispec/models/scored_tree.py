@@ -1,14 +1,22 @@
 """`ScoredTree`: what a model's cache needs to know about a token tree it has just scored.
 
 A tree of n nodes after `start` cached positions is scored in one forward (`TreeScoring`):
-node i is written to cache slot start + i, but sits at rotary position start + depth(i) - 1
-and attends to the cached prefix and its own ancestors only. Afterwards the cache keeps one
-root path: path[j] (depth j + 1) must end in slot start + j, where a chain would have put it.
+the node in row (and cache slot) start + j sits at rotary position start + depth - 1 and
+attends to the cached prefix and its own ancestors only. Afterwards the cache keeps one root
+path: path[j] (depth j + 1) must end in slot start + j, where a chain would have put it.
 
-Because parents precede children, path[j] >= j: a kept node never moves right, and a node
-already in its slot (path[j] == j, e.g. the first-child chain of a depth-first tree) is not
-copied at all. `moves` lists only the others; copying them in ascending order never
-overwrites a row still to be read (every later source lies right of every earlier slot).
+Rows follow the caller's node order, or with `depth_first` a depth-first (pre-order) layout:
+then the first-child path, each node's first child after it (the drafter's best guesses, and
+the chain `propose` would have drafted), fills slots start, start + 1, ... exactly as a chain
+does, so keeping it copies nothing, and a model whose rows are only promised a chain's bits
+where the ancestors sit in the chain's slots (bfloat16's `InvariantAttention`) gets them all
+along that path. `nodes[j]` is the caller's node in row j; `by_node` puts rows back in the
+caller's order, and `moves` takes the caller's node indices.
+
+Parents precede children in either layout, so a kept node never moves right, and a node
+already in its slot is not copied at all. `moves` lists only the others; copying them in
+ascending order never overwrites a row still to be read (every later source lies right of
+every earlier slot).
 
     >>> tree = ScoredTree(start=10, parents=(-1, 0, 0, 1, 2))
     >>> tree.positions().tolist()          # depths 1, 2, 2, 3, 3
@@ -19,7 +27,13 @@ overwrites a row still to be read (every later source lies right of every earlie
     ([], [])
     >>> tree.moves([0, 1, 3])              # node 3 -> slot 12
     ([13], [12])
+    >>> laid = ScoredTree.depth_first(10, (-1, 0, 0, 1, 2))
+    >>> laid.nodes, laid.parents           # rows: nodes 0, 1, 3, 2, 4
+    ((0, 1, 3, 2, 4), (-1, 0, 1, 0, 3))
+    >>> laid.moves([0, 1, 3])              # the first-child path is in place
+    ([], [])
 """
+
 
 from __future__ import annotations
 
@@ -37,7 +51,48 @@ PENDING_TREE = "a scored token tree is pending: call keep_path first, or roll ba
 @dataclass(frozen=True)
 class ScoredTree:
     start: int  # cache length before the tree
-    parents: tuple[int, ...]  # [n], as `extend_tree` took them
+    parents: tuple[int, ...]  # [n]: row j's parent row (ROOT for a first-level node)
+    nodes: tuple[int, ...] | None = None  # [n]: the caller's node in row j (None: rows are the caller's nodes)
+
+    @classmethod
+    def depth_first(cls, start: int, parents: Sequence[int]) -> ScoredTree:
+        """The tree of the caller's `parents` laid out in depth-first pre-order, each node's
+        children in the caller's order."""
+        children: list[list[int]] = [[] for _ in parents]
+        roots = []
+        for node, parent in enumerate(parents):
+            (roots if parent == ROOT else children[parent]).append(node)
+        order: list[int] = []
+        stack = roots[::-1]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(children[node][::-1])
+        row = {node: j for j, node in enumerate(order)}
+        laid = tuple(ROOT if parents[node] == ROOT else row[parents[node]] for node in order)
+        return cls(start, laid, tuple(order))
+
+    def _rows(self) -> list[int]:
+        """rows[node]: the row (slot - start) of each of the caller's nodes."""
+        if self.nodes is None:
+            return list(range(len(self.parents)))
+        rows = [0] * len(self.nodes)
+        for j, node in enumerate(self.nodes):
+            rows[node] = j
+        return rows
+
+    def by_node(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [n, ...] in row order -> the same in the caller's node order."""
+        return rows if self.nodes is None else rows[torch.tensor(self._rows())]
+
+    def caller_parents(self) -> tuple[int, ...]:
+        """The parents as the caller gave them (node indices)."""
+        if self.nodes is None:
+            return self.parents
+        parents = [ROOT] * len(self.nodes)
+        for j, node in enumerate(self.nodes):
+            parents[node] = ROOT if self.parents[j] == ROOT else self.nodes[self.parents[j]]
+        return tuple(parents)
 
     def positions(self) -> torch.Tensor:
         """LongTensor [n]: rotary position start + depth(i) - 1 of each node."""
@@ -64,10 +119,12 @@ class ScoredTree:
         return all(parent == node - 1 for node, parent in enumerate(self.parents))
 
     def moves(self, path: Sequence[int]) -> tuple[list[int], list[int]]:
-        """(sources, destinations): the cache slots of the kept nodes that are not yet where
-        `path` puts them, and those slots, in ascending order (`path` is checked first)."""
-        check_path(path, self.parents)
-        moved = [(self.start + node, self.start + j) for j, node in enumerate(path) if node != j]
+        """(sources, destinations): the cache slots of the kept nodes (the caller's indices)
+        that are not yet where `path` puts them, and those slots, in ascending order (`path`
+        is checked first)."""
+        check_path(path, self.caller_parents())
+        rows = self._rows()
+        moved = [(self.start + rows[node], self.start + j) for j, node in enumerate(path) if rows[node] != j]
         return [source for source, _ in moved], [slot for _, slot in moved]
 
 
