@@ -283,9 +283,9 @@ class LlamaRuntime:
         check_extend_tree(tokens, parents, self.vocab_size)
         self._pending.refuse()
         tree = ScoredTree.depth_first(self.length, parents)
-        logits = self._live_forward([tokens[node] for node in tree.nodes], len(tokens), tree)  # float32 [n, V], by row
+        logits = self._live_forward([tokens[node] for node in tree.nodes], len(tokens), tree)  # float32 [n, V]
         self._pending.tree = tree
-        return tree.by_node(logits)
+        return logits
 
     @torch.inference_mode()
     def keep_path(self, path: Sequence[int]) -> None:
@@ -350,7 +350,8 @@ class LlamaRuntime:
         """Run `tokens` after `cache.length` cached positions and advance the cache; logits
         of the last `keep` rows (float32 [keep, V]; None when keep = 0) and the features of
         all M rows at `taps` ({tap: [M, H]} in the model's dtype). With `tree` the rows are
-        its nodes: depth positions and an ancestor mask instead of a chain's."""
+        its nodes in its slot order: depth positions and an ancestor mask instead of a
+        chain's; the logits come out in the caller's node order (`ScoredTree.by_node`)."""
         s = self.shape
         m, start = len(tokens), cache.length
         end = start + m
@@ -388,6 +389,8 @@ class LlamaRuntime:
             normed = rms_norm(x[m - keep :], self.norm, s.eps)  # [keep, H]
         if keep == 0:
             return None, captured
+        if tree is not None:
+            normed = tree.by_node(normed)  # a tree's logits in the caller's node order (rows are slots)
         return self.head(normed).float(), captured  # [keep, V]
 
 
