@@ -90,13 +90,16 @@ class Int4Linear(nn.Module):
         self.in_features, self.out_features = width // planes, rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]
+        """x[M, in] -> y[M, out] (or x[..., in] -> y[..., out], as M rows)."""
+        if x.dim() != 2:
+            return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], -1)
+        rows = x.to(torch.bfloat16)  # [M, K]
         # One concatenation, not `repeat` (which dispatches several ops: ~5 us against ~1 us).
         rows = torch.cat((rows,) * self.planes, dim=1) if self.planes > 1 else rows.contiguous()  # [M, P K]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, BLOCK, self.scales_and_zeros)  # [M, N + pad]
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y.to(x.dtype)
 
 
 class Int8Linear(nn.Module):
