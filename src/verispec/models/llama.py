@@ -369,11 +369,12 @@ class LlamaRuntime:
             positions = tree.positions()  # [M]
             mask = self.attention.mask(start, m, self.dtype, tree.visible())
         captured = {}
+        cos, sin = self.rope.at(positions)  # [M, 1, D] each
         q_end, k_end = s.heads, s.heads + s.kv_heads
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, s.eps)
             qkv = layer.qkv(h).view(m, k_end + s.kv_heads, s.head_dim)  # [M, Hq + 2 Hkv, D]
-            qk = self.rope.rotate(qkv[:, :k_end], positions)  # [M, Hq + Hkv, D]
+            qk = self.rope.rotate(qkv[:, :k_end], cos, sin)  # [M, Hq + Hkv, D]
             keys, values = cache.write(index, start, qk[:, q_end:], qkv[:, k_end:], width)  # [Hkv, width, D]
             attended = self.attention(qk[:, :q_end].transpose(0, 1), keys, values, mask)  # [M, Hq D]
             x = x + layer.o(attended)

@@ -67,11 +67,14 @@ class RopeTables:
         self.cos = (angles.cos() * self.scaling).to(self.dtype)
         self.sin = ((angles.sin() * self.scaling).to(self.dtype) * sign.to(self.dtype)).contiguous()
 
-    def rotate(self, x: torch.Tensor, positions: slice | torch.Tensor) -> torch.Tensor:
-        """x[M, heads, D] at `positions` (a slice of M positions, or a LongTensor [M], e.g. a
-        token tree's depth positions) -> rotated copy [M, heads, D]."""
+    def at(self, positions: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) [M, 1, D] at `positions` (a slice of M positions, or a LongTensor
+        [M], e.g. a token tree's depth positions): looked up once per forward, for every layer."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x[M, heads, D] with (cos, sin) from `at` -> rotated copy [M, heads, D]."""
         m, heads, d = x.shape
-        cos = self.cos[positions][:, None, :]  # [M, 1, D]
-        sin = self.sin[positions][:, None, :]
         swapped = x.reshape(m, heads, 2, d // 2).flip(2).reshape(m, heads, d)  # (x2, x1)
         return (x * cos).add_(swapped * sin)
