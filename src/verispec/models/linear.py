@@ -37,7 +37,24 @@ class DenseLinear(nn.Module):
         return nn.functional.linear(x, self.weight, self.bias)
 
 
-class PackedLinear(nn.Module):
+class RowProjection(nn.Module):
+    """A projection of rows x[M, in] -> y[M, out] (`rows`); `forward` also takes x[..., in],
+    whose leading dimensions it flattens into M rows and restores. The fast runtime's
+    activations are 2-D already and skip the reshapes (a microsecond each, per projection)."""
+
+    in_features: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x[..., in] -> y[..., out]."""
+        if x.dim() == 2:
+            return self.rows(x)
+        return self.rows(x.reshape(-1, self.in_features)).view(*x.shape[:-1], -1)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PackedLinear(RowProjection):
     """y = x W^T (+ b) through oneDNN with W[out, in] prepacked (float32 or bfloat16).
 
     Rows are shape-invariant: row i of the output depends only on row i of x, whatever M,
@@ -52,10 +69,8 @@ class PackedLinear(nn.Module):
         self.bias = bias  # [out] or None
         self.pad_single_row = not single_row_matches(*weight.shape, weight.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x[M, in] -> y[M, out] (or x[..., in] -> y[..., out], as M rows)."""
-        if x.dim() != 2:
-            return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], -1)
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x[M, in] -> y[M, out]."""
         if self.pad_single_row and x.shape[0] == 1:
             return self._linear(x.expand(2, -1).contiguous())[:1]
         return self._linear(x)

@@ -43,6 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from verispec.models.gguf_blocks import BLOCK, GGUFWeight
+from verispec.models.linear import RowProjection
 
 Weight = GGUFWeight | torch.Tensor
 FORMATS = ("float32", "bfloat16", "q4", "int8")
@@ -64,7 +65,7 @@ class DenseLinear(nn.Module):
         return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(RowProjection):
     """y = x W^T on torch's CPU int4 kernel, W held as P planes of 4-bit codes (see the module
     docstring); x and y in any float dtype, computed in bfloat16 with float32 accumulation.
 
@@ -89,10 +90,8 @@ class Int4Linear(nn.Module):
         self.exact = exact
         self.in_features, self.out_features = width // planes, rows
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x[M, in] -> y[M, out] (or x[..., in] -> y[..., out], as M rows)."""
-        if x.dim() != 2:
-            return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], -1)
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x[M, in] -> y[M, out]."""
         rows = x.to(torch.bfloat16)  # [M, K]
         # One concatenation, not `repeat` (which dispatches several ops: ~5 us against ~1 us).
         rows = torch.cat((rows,) * self.planes, dim=1) if self.planes > 1 else rows.contiguous()  # [M, P K]
@@ -102,7 +101,7 @@ class Int4Linear(nn.Module):
         return y.to(x.dtype)
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(RowProjection):
     """y = x W^T with W = scale[n] * q[n, k], q int8 per output channel, in bfloat16."""
 
     def __init__(self, weight: torch.Tensor) -> None:
@@ -113,10 +112,10 @@ class Int8Linear(nn.Module):
         self.exact = False
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [M, K]
-        y = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x[M, in] -> y[M, out]."""
+        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.codes, self.scales)
+        return y.to(x.dtype)
 
 
 def linear_for(weights: Weight | Sequence[Weight], fmt: str, exact: bool = True) -> nn.Module:
