@@ -56,13 +56,13 @@ def main() -> int:
     sampling = SamplingParams(temperature=args.temperature) if args.temperature > 0 else GREEDY
     decoding = f"temperature {args.temperature}, seed {args.seed}" if args.temperature > 0 else "greedy"
 
-    loaded = load_model(args.model, dtype=args.dtype)
     if args.heldout:
         workloads = heldout_workloads(args.heldout, args.split_seed, args.heldout_count)
     else:
         workloads = select(read_workloads(args.data / "specbench_dev.jsonl"), limit_per_category=args.per_category)
         if args.humaneval:
             workloads += read_workloads(args.data / "humaneval_dev.jsonl")[: args.humaneval]
+    loaded = load_model(args.model, dtype=args.dtype)
     print(f"{args.model} ({loaded.dtype}), {len(workloads)} prompts, k = {args.k}, {decoding}, {args.max_new_tokens} new tokens")
     results = {}
     for spec in args.proposers.split(","):
@@ -97,6 +97,8 @@ def main() -> int:
 
 def heldout_workloads(directory: Path, seed: int, count: int) -> list[Workload]:
     """The instructions of the greedy conversations a training run with `seed` held back."""
+    if count < 1:
+        raise SystemExit(f"error: --heldout-count must be at least 1, got {count}")
     data = directory / "data" if (directory / "data").is_dir() else directory
     conversations = DataCache(data).conversations()
     if not conversations:
