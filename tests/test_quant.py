@@ -22,7 +22,8 @@ from gguf import GGMLQuantizationType, dequantize
 from verispec.models import quant
 from verispec.models.gguf_blocks import BLOCK, GGUFWeight, decode_blocks
 from verispec.models.llama import LlamaRuntime
-from verispec.models.quant import DenseLinear, Int4Linear, Int8Linear, exact_planes, linear_for, planes_weight
+from verispec.models.linear import DenseLinear
+from verispec.models.quant import Int4Linear, Int8Linear, exact_planes, linear_for, planes_weight
 
 
 def raw_blocks(kind: str, rows: int, width: int, seed: int = 0, m_scale: float = 1.0) -> np.ndarray:

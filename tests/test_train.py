@@ -215,6 +215,25 @@ def test_training_raises_acceptance_on_held_back_sequences(tiny, tiny_data, tmp_
     assert min(evaluate(trained, data, rows, settings)) > 0.6
 
 
+def test_turns_scores_the_users_words_and_answers_but_never_the_template(tiny, tiny_data):
+    """`score="turns"` adds the positions whose next token is the user's (from `turn_start`)
+    to the answer positions; the template before the user's words is never scored, and the
+    held-back evaluation stays on answers."""
+    model, tokenizer = tiny
+    _, conversations, stored, taps = tiny_data
+    settings = TrainSettings(kind="eagle", taps="final", vocab_size=96, score="turns")
+    turn_start = len(user_turn_prefix(tokenizer))
+    data = TrainingData(stored, taps, settings.head_taps(model.config.num_hidden_layers), settings, turn_start)
+    indices = [0, 1, 2]
+    answers, turns = data.batch(indices), data.batch(indices, "turns")
+    assert torch.equal(answers.valid, turns.valid)
+    for row, i in enumerate(indices):
+        n, prompt = data.lengths[i], len(conversations[i].prompt_ids)
+        assert turns.scored[row, :n].tolist() == [u + 1 >= turn_start for u in range(n)]
+        assert answers.scored[row, :n].tolist() == [u + 1 >= prompt for u in range(n)]
+        assert turn_start < prompt and not turns.scored[row, n:].any()
+
+
 def test_medusa_training_raises_held_back_agreement(tiny, tiny_data, tmp_path):
     untrained, _, data, rows, settings = _trained(tiny, tiny_data, 0, kind="medusa")
     trained, *_ = _trained(tiny, tiny_data, 40, kind="medusa", work=tmp_path)
@@ -330,6 +349,7 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
         (["--data-minutes", "9"], "--data-minutes must lie in"),
         (["--taps", "low"], "--taps must be eagle3 or final"),
         (["--vocab", "0"], "--vocab must be >= 1"),
+        (["--score", "all"], "--score must be answers or turns"),
     ],
 )
 def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, capsys):

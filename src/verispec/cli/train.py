@@ -53,6 +53,7 @@ def train(
     also: Annotated[Optional[list[Path]], typer.Option("--also", help="Also fit on this data (a work directory of `--data-only`, or its data/ directory), for the same model; repeatable.")] = None,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
     dtype: Annotated[str, typer.Option(help="The target's dtype for data and features: auto, float32, bfloat16.")] = "auto",
+    score: Annotated[str, typer.Option(help="Positions fitted: answers (the target's answers) or turns (the user's turn too, e.g. quoted text); held-back scores are always on answers.")] = "answers",
     train_dtype: Annotated[str, typer.Option("--train-dtype", help="The head's matrix products while fitting: auto (bfloat16 autocast where the CPU has it natively), float32, bfloat16.")] = "auto",
 ) -> None:
     """Train a head that drafts for MODEL, by self-distillation, within --minutes."""
@@ -75,6 +76,8 @@ def train(
             raise ValueError(f"{name} must be >= 1, got {value}")
     if train_dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"--train-dtype must be auto, float32 or bfloat16, got {train_dtype!r}")
+    if score not in ("answers", "turns"):
+        raise ValueError(f"--score must be answers or turns, got {score!r}")
     if steps is not None and steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
     if not data_only and (out / "config.json").exists() and not force:
@@ -91,7 +94,7 @@ def train(
     from verispec.train.documents import DocumentRecipe, Documents
     from verispec.train.loop import TrainSettings, TrainingData, build_head, choose_vocab, evaluate, expected_tokens, fit, vocab_coverage
     from verispec.heads import save_head
-    from verispec.train.prompts import end_of_turn_ids
+    from verispec.train.prompts import end_of_turn_ids, user_turn_prefix
 
     torch.set_num_threads(threads)
     suffix = "" if prompts == "magpie" else f"-{prompts}"
@@ -149,10 +152,10 @@ def train(
         stored = concatenate_features(parts)
 
     bf16 = train_dtype == "bfloat16" or (train_dtype == "auto" and native_bf16())
-    settings = TrainSettings(kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16)
+    settings = TrainSettings(kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16, score=score)
     target = loaded.lm
     d2t = choose_vocab(stored["tokens"], vocab, end_of_turn_ids(loaded.tokenizer, loaded.eos_token_ids))
-    data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings)
+    data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings, len(user_turn_prefix(loaded.tokenizer)))
     trained = build_head(head, settings, target, loaded.config, str(model), d2t)
     rows = target.output_embeddings()[d2t].detach().float()  # [N, H]
     untrained = evaluate(trained, data, rows, settings)

@@ -25,16 +25,20 @@ PACK_ROWS = 2
 
 
 class DenseLinear(nn.Module):
-    """y = x W^T (+ b) with W[out, in] kept as given (float32 or bfloat16), through `F.linear`."""
+    """y = x W^T (+ b) through `F.linear`, W[out, in] kept as given (float32 or bfloat16); x is
+    cast to W's dtype and y back to x's (no-ops when they match). `exact`: W holds the source
+    weights bit for bit (False where a weight format rounded them, e.g. float32 to bfloat16)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, exact: bool = True) -> None:
         super().__init__()
-        self.weight = weight  # [out, in]
-        self.bias = bias  # [out] or None
+        self.register_buffer("weight", weight.contiguous())  # [out, in]
+        self.register_buffer("bias", bias)  # [out] or None
+        self.exact = exact
+        self.out_features, self.in_features = weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x[..., in] -> y[..., out]."""
-        return nn.functional.linear(x, self.weight, self.bias)
+        return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
 
 
 class RowProjection(nn.Module):

@@ -43,26 +43,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from verispec.models.gguf_blocks import BLOCK, GGUFWeight
-from verispec.models.linear import RowProjection
+from verispec.models.linear import DenseLinear, RowProjection
 
 Weight = GGUFWeight | torch.Tensor
 FORMATS = ("float32", "bfloat16", "q4", "int8")
 MAX_PIECES = 3  # bfloat16 pieces a scale or zero may be split into before falling back
 CODES = torch.arange(16, dtype=torch.float64) - 8  # u - 8 for every 4-bit code u
 PACK_CHUNK_ROWS = 4096  # a multiple of the kernel's 64-row blocks
-
-
-class DenseLinear(nn.Module):
-    """`F.linear` on a dense weight [N, K] (float32 or bfloat16); x is cast to its dtype."""
-
-    def __init__(self, weight: torch.Tensor, exact: bool) -> None:
-        super().__init__()
-        self.register_buffer("weight", weight.contiguous())  # [N, K]
-        self.exact = exact
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
 
 
 class Int4Linear(RowProjection):

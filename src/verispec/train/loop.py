@@ -1,6 +1,7 @@
 """Fitting a head to the target: vocabulary, batches, the loss with its unroll, checkpoints.
 
-Loss. At every answer position u the target's next-token distribution is p_u = softmax(
+Loss. At every scored position u (the answer's; with `score="turns"` the user's turn's too, text
+the target reads, whose p is as exact a label as its answers'), the target's next-token distribution is p_u = softmax(
 FINAL_u @ W^T) (W the target's output weight). The head drafts only its vocabulary d2t, so its
 q is zero elsewhere; among such q the acceptance sum_x min(p, q) is largest (= p(d2t)) exactly
 when q >= p on d2t, and p renormalised on d2t is the one such q that is also the target's own
@@ -57,6 +58,7 @@ class TrainSettings:
     holdout: float = 0.05  # share of sequences held back to measure draft accuracy
     eval_every: int = 100  # steps between held-back evaluations; the best evaluated head is kept
     bf16: bool = False  # matrix products under bfloat16 autocast (weights and optimizer stay float32)
+    score: str = "answers"  # fitted positions: "answers" (the target's answers) or "turns" (the user's words too)
 
     def head_taps(self, num_layers: int) -> tuple[Tap, ...]:
         if self.taps == "final" or self.kind == "medusa":
@@ -85,15 +87,16 @@ class Batch:
 
     ids [B, T] long; features [B, T, F] float32 (the head's taps, concatenated); final [B, T, H]
     float32 (FINAL: the target's logits are final @ W^T); argmax [B, T] long (the target's top
-    token after each position); logsumexp [B, T] float32 (of the target's full logits); answer [B, T] bool (the next token belongs to the answer, so
-    p_u is a training target); valid [B, T] bool (a real position)."""
+    token after each position); logsumexp [B, T] float32 (of the target's full logits); scored [B, T] bool (p_u is a
+    loss target: the next token belongs to the answer, or with `positions="turns"` to the user's turn too);
+    valid [B, T] bool (a real position)."""
 
     ids: torch.Tensor
     features: torch.Tensor
     final: torch.Tensor
     argmax: torch.Tensor
     logsumexp: torch.Tensor
-    answer: torch.Tensor
+    scored: torch.Tensor
     valid: torch.Tensor
 
     @property
@@ -111,9 +114,14 @@ def heldout_split(count: int, seed: int, holdout: float) -> tuple[list[int], lis
 
 
 class TrainingData:
-    """Cached features (`verispec.train.data`) split into training and held-back sequences."""
+    """Cached features (`verispec.train.data`) split into training and held-back sequences.
+    `turn_start`: where a user's words start in every sequence (the chat template's fixed
+    system turn and user header before it are never scored)."""
 
-    def __init__(self, stored: dict[str, torch.Tensor], stored_taps: Sequence[Tap], head_taps: Sequence[Tap], settings: TrainSettings) -> None:
+    def __init__(
+        self, stored: dict[str, torch.Tensor], stored_taps: Sequence[Tap], head_taps: Sequence[Tap], settings: TrainSettings,
+        turn_start: int = 0,
+    ) -> None:
         stored_taps = [tap if tap == FINAL else int(tap) for tap in stored_taps]
         missing = [tap for tap in head_taps if tap not in stored_taps]
         if missing:
@@ -125,8 +133,11 @@ class TrainingData:
         self.lengths = (starts[1:] - starts[:-1]).tolist()
         self.heldout, self.train = heldout_split(len(self.lengths), settings.seed, settings.holdout)
         self.settings = settings
+        self.turn_start = turn_start
 
-    def batch(self, indices: Sequence[int]) -> Batch:
+    def batch(self, indices: Sequence[int], positions: str = "answers") -> Batch:
+        """The sequences `indices`, right-padded; `positions` ("answers" or "turns") says which
+        are scored."""
         starts, answer_starts = self.stored["starts"], self.stored["answer_starts"]
         width = max(self.lengths[i] for i in indices)
         B, F, H = len(indices), len(self.columns), self.stored["features"].shape[-1]
@@ -135,7 +146,7 @@ class TrainingData:
         final = torch.zeros(B, width, H)
         argmax = torch.zeros(B, width, dtype=torch.long)
         logsumexp = torch.zeros(B, width)
-        answer = torch.zeros(B, width, dtype=torch.bool)
+        scored = torch.zeros(B, width, dtype=torch.bool)
         valid = torch.zeros(B, width, dtype=torch.bool)
         for row, i in enumerate(indices):
             a, b = int(starts[i]), int(starts[i + 1])
@@ -147,9 +158,10 @@ class TrainingData:
             argmax[row, :n] = self.stored["argmax"][a:b].long()
             logsumexp[row, :n] = self.stored["logsumexp"][a:b]
             # p_u predicts token u + 1, an answer token when u + 1 >= the answer's start.
-            answer[row, max(0, int(answer_starts[i]) - 1):n] = True
+            first = int(answer_starts[i]) if positions == "answers" else min(self.turn_start, int(answer_starts[i]))
+            scored[row, max(0, first - 1):n] = True
             valid[row, :n] = True
-        return Batch(ids, features, final, argmax, logsumexp, answer, valid)
+        return Batch(ids, features, final, argmax, logsumexp, scored, valid)
 
     def epoch(self, epoch: int) -> list[list[int]]:
         """The training batches of epoch `epoch`: a seeded permutation cut into groups whose
@@ -230,7 +242,7 @@ def head_loss(head: Head, batch: Batch, rows: torch.Tensor, settings: TrainSetti
 def _head_loss(head: Head, batch: Batch, rows: torch.Tensor, settings: TrainSettings) -> StepResult:
     with torch.autocast("cpu", enabled=False):
         p = target_probabilities(batch.final, rows)  # [B, T, N]
-    scored = batch.answer & batch.valid  # [B, T]
+    scored = batch.scored & batch.valid  # [B, T]
     if isinstance(head, EagleHead):
         outputs = eagle_steps(head, batch.ids, head.fuse(batch.features), settings.unroll)
         per_step = [(logits, predicted, j + 1) for j, (logits, predicted) in enumerate(outputs)]
@@ -274,7 +286,8 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
 
 @torch.no_grad()
 def evaluate(head: Head, data: TrainingData, rows: torch.Tensor, settings: TrainSettings) -> list[float]:
-    """Held-back top-1 agreement with the target by draft step (teacher-forced history)."""
+    """Held-back top-1 agreement with the target by draft step (teacher-forced history), over
+    answer positions, where drafting happens, whatever positions the fitting scores."""
     correct = counted = None
     for group in data.heldout_batches():
         result = head_loss(head, data.batch(group), rows, settings)
@@ -292,7 +305,7 @@ def vocab_coverage(data: TrainingData, rows: torch.Tensor, d2t: torch.Tensor) ->
     top = mass = count = 0.0
     for group in data.heldout_batches():
         batch = data.batch(group)
-        scored = batch.answer & batch.valid
+        scored = batch.scored & batch.valid
         inside = torch.logsumexp(batch.final @ rows.T, -1) - batch.logsumexp  # log p(d2t) [B, T]
         top += float((torch.isin(batch.argmax, d2t) & scored).sum())
         mass += float((inside.exp() * scored).sum())
@@ -394,7 +407,7 @@ def fit(
             progress.epoch += 1
             progress.position = 0
             batches = data.epoch(progress.epoch)
-        batch = data.batch(batches[progress.position])
+        batch = data.batch(batches[progress.position], settings.score)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(progress.step, settings)
         result = head_loss(head, batch, rows, settings)
