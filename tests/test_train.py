@@ -341,7 +341,7 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--prompts", "wiki"], "--prompts must be magpie or documents"),
+        (["--prompts", "wiki"], "--prompts must be magpie, documents or texts"),
         (["--also", "/nonexistent/verispec-data"], "no such directory"),
         (["--also", ".", "--data-only"], "--also adds data to the fitting"),
         (["--head", "lstm"], "--head must be eagle or medusa"),

@@ -1,7 +1,8 @@
 """`verispec train`: self-distil an EAGLE-style or Medusa head for a model on this machine.
 
 Stages, each resumable: (1) data: instructions (`--prompts`: magpie, those the target writes
-itself; documents, local package texts under a task) and the target's own answers, grown for
+itself; documents, local package texts under a task) and the target's own answers, or raw
+local texts (texts: Python source and documentation, nothing generated), grown for
 `--data-minutes` (`verispec.train.data`); (2) features: the target's hidden states over the
 data, computed once and cached beside it; (3) fitting for the rest of `--minutes`
 (`verispec.train.loop`) on that data and each `--also` directory's, checkpointed; (4) the head
@@ -27,7 +28,7 @@ from verispec.cli import app
 from verispec.models import DEFAULT_MODEL
 
 HEAD_KINDS = ("eagle", "medusa")
-PROMPT_SOURCES = ("magpie", "documents")
+PROMPT_SOURCES = ("magpie", "documents", "texts")
 
 
 @app.command()
@@ -49,7 +50,7 @@ def train(
     lr: Annotated[float, typer.Option(help="AdamW learning rate after warm-up.")] = 1e-3,
     batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Padded tokens per batch.")] = 4096,
     max_sequences: Annotated[Optional[int], typer.Option("--max-sequences", help="Stop growing the data at this many sequences.")] = None,
-    prompts: Annotated[str, typer.Option(help="magpie (instructions the target writes itself) or documents (local package texts under a task); each makes its own data directory.")] = "magpie",
+    prompts: Annotated[str, typer.Option(help="magpie (instructions the target writes itself), documents (local package texts under a task) or texts (local Python source and documentation as they are, nothing generated); each makes its own data directory.")] = "magpie",
     also: Annotated[Optional[list[Path]], typer.Option("--also", help="Also fit on this data (a work directory of `--data-only`, or its data/ directory), for the same model; repeatable.")] = None,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
     dtype: Annotated[str, typer.Option(help="The target's dtype for data and features: auto, float32, bfloat16.")] = "auto",
@@ -66,7 +67,7 @@ def train(
         raise ValueError(f"--minutes must be > 0, got {minutes}")
     data_minutes = minutes / 2 if data_minutes is None else data_minutes
     if prompts not in PROMPT_SOURCES:
-        raise ValueError(f"--prompts must be magpie or documents, got {prompts!r}")
+        raise ValueError(f"--prompts must be magpie, documents or texts, got {prompts!r}")
     if also and data_only:
         raise ValueError("--also adds data to the fitting, which --data-only skips; drop one of them")
     if not 0 <= data_minutes <= minutes:
@@ -92,6 +93,7 @@ def train(
         DataCache, InstructionRecipe, ResponseRecipe, cached_features, concatenate_features, data_recipe, grow, load_features,
     )
     from verispec.train.documents import DocumentRecipe, Documents
+    from verispec.train.texts import TextRecipe, Texts
     from verispec.train.loop import TrainSettings, TrainingData, build_head, choose_vocab, evaluate, expected_tokens, fit, vocab_coverage
     from verispec.heads import save_head
     from verispec.train.prompts import end_of_turn_ids, user_turn_prefix
@@ -106,6 +108,9 @@ def train(
     if prompts == "documents":
         instructions = Documents(DocumentRecipe())
         print(f"documents: {len(instructions.passages)} passages, {instructions.rounds} rounds of instructions", file=sys.stderr)
+    elif prompts == "texts":
+        instructions = Texts(TextRecipe())
+        print(f"texts: {len(instructions.passages)} passages, {instructions.rounds} rounds", file=sys.stderr)
     else:
         instructions = InstructionRecipe()
     responses = ResponseRecipe()
@@ -150,6 +155,7 @@ def train(
         sources.append({"directory": str(other.root), **_data_record(json.loads(other.recipe_path.read_text()), other_conversations, other_stored)})
     if extra:
         stored = concatenate_features(parts)
+        del parts, other_stored, cached  # the parts' tensors: the union holds a copy of each
 
     bf16 = train_dtype == "bfloat16" or (train_dtype == "auto" and native_bf16())
     settings = TrainSettings(kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16, score=score)

@@ -6,7 +6,8 @@ answer them in batched `generate` calls: greedily, or by sampling at temperature
 `sampled_one_in`-th round (one mode per round keeps the batch whole). The sources: Magpie
 instructions sampled from the empty user turn (`prompts`), or passages of local package texts
 under a task (`documents`), whose long prompts are answered in groups of similar length within
-`answer_batch_tokens`. Rounds are appended to `sequences.jsonl` as they finish, so an
+`answer_batch_tokens`; or raw texts (`texts`), local Python source and documentation as they
+are, one sequence each with no prompt and nothing generated. Rounds are appended to `sequences.jsonl` as they finish, so an
 interrupted run keeps what it made and a later run continues with the next round. Round r
 draws its randomness from the torch seed `seed * 1_000_003 + r`, so the data is a function of
 the seed and the number of rounds.
@@ -42,6 +43,7 @@ from verispec.models.base import FINAL, Tap
 from verispec.train.documents import Documents
 from verispec.train.loop import padded_groups
 from verispec.train.prompts import InstructionRecipe, end_of_turn_ids, fold, sample_instructions
+from verispec.train.texts import Texts
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,14 @@ class ResponseRecipe:
 
 @dataclass(frozen=True)
 class Conversation:
-    """One training sequence: the chat-formatted instruction and the target's answer."""
+    """One training sequence: the chat-formatted instruction and the target's answer; for a
+    raw text, the text as `instruction`, no prompt, and its tokens as the scored `answer_ids`."""
 
     round: int
     instruction: str
     sampled: bool
     prompt_ids: list[int]
-    answer_ids: list[int]  # ends with the end-of-turn token unless cut at max_new_tokens
+    answer_ids: list[int]  # ends with the end-of-turn token unless cut at max_new_tokens (or a raw text)
 
 
 def feature_taps(num_layers: int) -> tuple[Tap, ...]:
@@ -112,9 +115,11 @@ class DataCache:
         self.features_path.unlink(missing_ok=True)  # stale once sequences change
 
 
-def data_recipe(model: str, seed: int, instructions: InstructionRecipe | Documents, responses: ResponseRecipe) -> dict:
-    """What the data is a function of (besides the number of rounds); stored in the cache."""
-    return {"model": model, "seed": seed, "instructions": instructions.as_dict(), "responses": responses.as_dict()}
+def data_recipe(model: str, seed: int, instructions: InstructionRecipe | Documents | Texts, responses: ResponseRecipe) -> dict:
+    """What the data is a function of (besides the number of rounds); stored in the cache.
+    Raw texts have no answers, so no response recipe."""
+    answers = None if isinstance(instructions, Texts) else responses.as_dict()
+    return {"model": model, "seed": seed, "instructions": instructions.as_dict(), "responses": answers}
 
 
 def chat_prompt(tokenizer: PreTrainedTokenizerBase, instruction: str) -> list[int]:
@@ -159,27 +164,28 @@ def grow(
     eos_token_ids: tuple[int, ...],
     seed: int,
     deadline: float,
-    instructions: InstructionRecipe | Documents = InstructionRecipe(),
+    instructions: InstructionRecipe | Documents | Texts = InstructionRecipe(),
     responses: ResponseRecipe = ResponseRecipe(),
     max_sequences: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Conversation]:
     """Append rounds to `cache` until `time.monotonic()` passes `deadline`, at least
-    `max_sequences` exist, or a `Documents` source has no instruction left (a round started is
-    finished, so the data stays a function of the seed and the number of rounds); returns
-    every conversation in the cache. `progress(sequences, answer_tokens)` is called after each
-    round."""
+    `max_sequences` exist, or a `Documents` or `Texts` source has nothing left (a round started
+    is finished, so the data stays a function of the seed and the number of rounds); returns
+    every conversation in the cache. A `Texts` round is its passages as they are (no prompt,
+    nothing generated). `progress(sequences, answer_tokens)` is called after each round."""
     have = cache.conversations()
     seen = {fold(c.instruction) for c in have}
     next_round = max((c.round for c in have), default=-1) + 1
     stops = list(end_of_turn_ids(tokenizer, eos_token_ids))
-    documents = isinstance(instructions, Documents)
     while time.monotonic() < deadline and (max_sequences is None or len(have) < max_sequences):
         r = next_round
         next_round += 1
-        if documents and r >= instructions.rounds:
+        if isinstance(instructions, (Documents, Texts)) and r >= instructions.rounds:
             break
-        if documents:
+        if isinstance(instructions, Texts):
+            texts = instructions.texts(seed, r)
+        elif isinstance(instructions, Documents):
             torch.manual_seed(seed * 1_000_003 + r)  # the sampled answers' randomness
             texts = instructions.instructions(seed, r)
         else:
@@ -189,18 +195,30 @@ def grow(
             if fold(text) not in seen:
                 seen.add(fold(text))
                 fresh.append(text)
-        sampled = r % responses.sampled_one_in == responses.sampled_one_in - 1
-        prompts = [chat_prompt(tokenizer, t) for t in fresh]
-        replies: list[list[int]] = [[] for _ in fresh]
-        for group in answer_groups(prompts, responses, instructions.recipe.answer_batch_tokens if documents else None):
-            for i, reply in zip(group, answer(model, [prompts[i] for i in group], stops, sampled, responses.max_new_tokens)):
-                replies[i] = reply
-        made = [Conversation(r, text, sampled, prompt, reply) for text, prompt, reply in zip(fresh, prompts, replies)]
+        if isinstance(instructions, Texts):
+            made = [Conversation(r, text, False, [], list(tokenizer(text).input_ids)) for text in fresh]
+        else:
+            made = _answered(model, tokenizer, r, fresh, stops, instructions, responses)
         cache.append(made)
         have.extend(made)
         if progress is not None:
             progress(len(have), sum(len(c.answer_ids) for c in have))
     return have
+
+
+def _answered(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, r: int, instructions: list[str], stops: list[int],
+    source: InstructionRecipe | Documents, responses: ResponseRecipe,
+) -> list[Conversation]:
+    """Round `r`'s instructions, chat-formatted, with the target's answers."""
+    sampled = r % responses.sampled_one_in == responses.sampled_one_in - 1
+    prompts = [chat_prompt(tokenizer, t) for t in instructions]
+    replies: list[list[int]] = [[] for _ in instructions]
+    batch_tokens = source.recipe.answer_batch_tokens if isinstance(source, Documents) else None
+    for group in answer_groups(prompts, responses, batch_tokens):
+        for i, reply in zip(group, answer(model, [prompts[i] for i in group], stops, sampled, responses.max_new_tokens)):
+            replies[i] = reply
+    return [Conversation(r, text, sampled, prompt, reply) for text, prompt, reply in zip(instructions, prompts, replies)]
 
 
 def answer_groups(prompts: list[list[int]], responses: ResponseRecipe, batch_tokens: int | None) -> list[list[int]]:
