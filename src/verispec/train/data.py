@@ -7,10 +7,10 @@ answer them in batched `generate` calls: greedily, or by sampling at temperature
 instructions sampled from the empty user turn (`prompts`), or passages of local package texts
 under a task (`documents`), whose long prompts are answered in groups of similar length within
 `answer_batch_tokens`; or raw texts (`texts`), local Python source and documentation as they
-are, one sequence each with no prompt and nothing generated. Rounds are appended to `sequences.jsonl` as they finish, so an
-interrupted run keeps what it made and a later run continues with the next round. Round r
-draws its randomness from the torch seed `seed * 1_000_003 + r`, so the data is a function of
-the seed and the number of rounds.
+are, one sequence each with no prompt and nothing generated. Rounds are appended to
+`sequences.jsonl` as they finish, so an interrupted run keeps what it made and a later run
+continues with the next round. Round r draws its randomness from the torch seed
+`seed * 1_000_003 + r`, so the data is a function of the seed and the number of rounds.
 
 Features (`features.safetensors`) are computed once over every sequence, in the target's dtype,
 and stored per token as bfloat16, for the taps `feature_taps(L)`: FINAL (the final norm's
