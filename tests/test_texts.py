@@ -46,7 +46,7 @@ def test_code_passages_come_from_python_files_outside_skipped_and_benchmark_dire
     names = [p.text.split("(")[0].removeprefix("def ") for p in passages]
     # alpha.py is cut into one passage per function (each ~600 characters), at most 3 of them.
     assert names == ["alpha_0", "alpha_1", "alpha_2", "beta", "beta_two"]
-    assert [p.source for p in passages] == ["python:alpha.py"] * 3 + ["python:pkg/beta.py"] * 2
+    assert [p.source for p in passages] == ["source:alpha.py"] * 3 + ["source:pkg/beta.py"] * 2
     assert all(200 <= len(p.text) <= 700 for p in passages)
     with pytest.raises(ValueError, match="benchmark data"):
         code_passages(TextRecipe(python_roots=(str(source / "shared"),), documents=None))

@@ -85,7 +85,7 @@ def code_passages(recipe: TextRecipe) -> list[Passage]:
                 p for p in split_passages(text, recipe.code_min_chars, recipe.code_max_chars)
                 if "<|" not in p and all(line.isprintable() for line in p.split("\n"))
             ]
-            source = f"python:{path.relative_to(root)}"
+            source = f"source:{path.relative_to(root)}"
             passages.extend(Passage(source, p) for p in kept[: recipe.code_per_file])
     return passages
 
@@ -107,7 +107,7 @@ class Texts:
 
     def as_dict(self) -> dict:
         digest = hashlib.sha256("\x00".join(p.text for p in self.passages).encode()).hexdigest()
-        code = sum(p.source.startswith("python:") and p.source.endswith(".py") for p in self.passages)
+        code = sum(p.source.startswith("source:") for p in self.passages)
         return {**self.recipe.as_dict(), "passages": len(self.passages), "code_passages": code, "passages_sha256": digest}
 
     def texts(self, seed: int, round: int) -> list[str]:
