@@ -89,3 +89,26 @@ def test_grown_texts_are_their_own_tokens_scored_from_the_first_position(source,
         assert c.prompt_ids == [] and c.answer_ids == list(tokenizer(c.instruction).input_ids) and not c.sampled
     stored, _ = compute_features(tiny_llama(len(tokenizer)), grown[:2])
     assert stored["answer_starts"].tolist() == [0, 0]
+
+
+def test_cli_trains_on_raw_texts_with_turns_scored(source, tmp_path, monkeypatch):
+    """`--prompts texts` makes data without generating (a tiny model saved here), `--score
+    turns` is recorded, and the head's config names the texts recipe with no response recipe."""
+    from verispec.cli import main
+    from verispec.heads import read_config
+    from verispec.train import texts as texts_module
+
+    tokenizer = tiny_tokenizer()
+    model_dir = tmp_path / "tiny-model"
+    tiny_llama(len(tokenizer)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    recipe = TextRecipe(python_roots=(str(source),), code_min_chars=200, code_max_chars=700, batch=3, documents=None)
+    monkeypatch.setattr(texts_module, "TextRecipe", lambda: recipe)
+    out = tmp_path / "head"
+    args = ["train", "--model", str(model_dir), "--head", "eagle", "--prompts", "texts", "--minutes", "5", "--out", str(out),
+            "--work", str(tmp_path / "work"), "--steps", "3", "--vocab", "64", "--taps", "final", "--score", "turns",
+            "--threads", "1", "--dtype", "float32"]
+    assert main(args) == 0
+    training = read_config(out).training
+    assert training["data"]["instructions"]["method"].startswith("texts:") and training["data"]["responses"] is None
+    assert training["data"]["sequences"] == 7 and training["settings"]["score"] == "turns" and training["steps"] == 3
