@@ -112,3 +112,26 @@ def test_cli_trains_on_raw_texts_with_turns_scored(source, tmp_path, monkeypatch
     training = read_config(out).training
     assert training["data"]["instructions"]["method"].startswith("texts:") and training["data"]["responses"] is None
     assert training["data"]["sequences"] == 7 and training["settings"]["score"] == "turns" and training["steps"] == 3
+
+
+def test_cli_refuses_turns_but_trains_on_texts_for_a_model_without_a_chat_template(source, tmp_path, monkeypatch, capsys):
+    from verispec.cli import main
+    from verispec.train import texts as texts_module
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = None
+    model_dir = tmp_path / "plain-model"
+    tiny_llama(len(tokenizer)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    recipe = TextRecipe(python_roots=(str(source),), code_min_chars=200, code_max_chars=700, batch=3, documents=None)
+    monkeypatch.setattr(texts_module, "TextRecipe", lambda: recipe)
+    capsys.readouterr()
+    args = ["train", "--model", str(model_dir), "--head", "eagle", "--prompts", "texts", "--minutes", "5",
+            "--out", str(tmp_path / "head"), "--work", str(tmp_path / "work"), "--steps", "1", "--vocab", "64",
+            "--taps", "final", "--score", "turns", "--threads", "1", "--dtype", "float32"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in err if line.startswith("error: ")] == err[-1:] and "--score answers" in err[-1]
+    assert not (tmp_path / "head").exists() and not (tmp_path / "work" / "data" / "sequences.jsonl").exists()
+    args[args.index("turns")] = "answers"  # raw texts need no template: EOS alone closes a text
+    assert main(args) == 0 and (tmp_path / "head" / "config.json").is_file()

@@ -123,6 +123,8 @@ def train(
     if dtype == "auto":  # the data's features in a float dtype, never load_model's auto q4
         dtype = "bfloat16" if native_bf16() else "float32"
     loaded = load_model(model, dtype=dtype)
+    if score == "turns" and loaded.tokenizer.chat_template is None:
+        raise ValueError(f"--score turns finds the user's turn through the chat template, which {model} lacks; use --score answers")
     transformers = loaded.transformers_model().requires_grad_(False)  # it writes the data and its features
     deadline = started + minutes * 60
     with _bar() as bar:
@@ -161,7 +163,8 @@ def train(
     settings = TrainSettings(kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16, score=score)
     target = loaded.lm
     d2t = choose_vocab(stored["tokens"], vocab, end_of_turn_ids(loaded.tokenizer, loaded.eos_token_ids))
-    data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings, len(user_turn_prefix(loaded.tokenizer)))
+    turn_start = len(user_turn_prefix(loaded.tokenizer)) if score == "turns" else 0
+    data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings, turn_start)
     trained = build_head(head, settings, target, loaded.config, str(model), d2t)
     rows = target.output_embeddings()[d2t].detach().float()  # [N, H]
     untrained = evaluate(trained, data, rows, settings)

@@ -1,9 +1,9 @@
 """Fitting a head to the target: vocabulary, batches, the loss with its unroll, checkpoints.
 
-Loss. At every scored position u (the answer's; with `score="turns"` the user's turn's too, text
-the target reads, whose p is as exact a label as its answers'), the target's next-token distribution is p_u = softmax(
-FINAL_u @ W^T) (W the target's output weight). The head drafts only its vocabulary d2t, so its
-q is zero elsewhere; among such q the acceptance sum_x min(p, q) is largest (= p(d2t)) exactly
+Loss. At every scored position u (the answer's; with `score="turns"` the user's turn's too,
+text the target reads, whose p is as exact a label as its answers') the target's next-token
+distribution is p_u = softmax(FINAL_u @ W^T) (W the target's output weight). The head drafts
+only its vocabulary d2t, so its q is zero elsewhere; among such q the acceptance sum_x min(p, q) is largest (= p(d2t)) exactly
 when q >= p on d2t, and p renormalised on d2t is the one such q that is also the target's own
 shape. The loss is therefore the soft cross-entropy H(p|d2t, q) over the N head tokens, whose
 minimiser is q = p|d2t: no "outside" bucket, which q could not spend anyway.

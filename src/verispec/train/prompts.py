@@ -51,7 +51,10 @@ def user_turn_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 
 def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase, eos_token_ids: tuple[int, ...]) -> tuple[int, ...]:
-    """Ids that close a turn: the template's text right after the user's content, and EOS."""
+    """Ids that close a turn: the template's text right after the user's content, and EOS
+    (EOS alone for a model without a chat template)."""
+    if tokenizer.chat_template is None:
+        return tuple(dict.fromkeys(eos_token_ids))
     text = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False)
     after = text.partition(_SENTINEL)[2]
     ids = tokenizer(after, add_special_tokens=False).input_ids if after else []
