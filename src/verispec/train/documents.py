@@ -117,21 +117,29 @@ def read_text(path: Path, limit: int) -> str | None:
         return None
 
 
-def doc_texts(root: Path, recipe: DocumentRecipe) -> Iterator[tuple[str, str]]:
-    """(package, text) of every wanted file under `root`, in sorted path order; directories
-    that may hold benchmark data are not entered and links into them are not read."""
+def files_under(root: Path, skip_dirs: tuple[str, ...] = ()) -> Iterator[Path]:
+    """Every file under `root` in sorted path order, outside directories named in `skip_dirs`;
+    directories that may hold benchmark data are not entered and links into them are not
+    returned. A `root` that may hold benchmark data is refused."""
     if forbidden(root):
         raise ValueError(f"{root} may hold benchmark data (a `shared` directory or the repository's `data`); verispec never trains on it")
     for directory, subdirectories, files in os.walk(root):
-        subdirectories[:] = sorted(d for d in subdirectories if not forbidden(Path(directory) / d))
+        subdirectories[:] = sorted(d for d in subdirectories if d not in skip_dirs and not forbidden(Path(directory) / d))
         for name in sorted(files):
             path = Path(directory) / name
-            relative = path.relative_to(root)
-            if forbidden(path) or not wanted(relative, recipe):
-                continue
-            text = read_text(path, recipe.max_file_bytes)
-            if text is not None:
-                yield relative.parts[0] if len(relative.parts) > 1 else root.name, text
+            if not forbidden(path):
+                yield path
+
+
+def doc_texts(root: Path, recipe: DocumentRecipe) -> Iterator[tuple[str, str]]:
+    """(package, text) of every wanted file under `root` (`files_under`), in sorted path order."""
+    for path in files_under(root):
+        relative = path.relative_to(root)
+        if not wanted(relative, recipe):
+            continue
+        text = read_text(path, recipe.max_file_bytes)
+        if text is not None:
+            yield relative.parts[0] if len(relative.parts) > 1 else root.name, text
 
 
 def distribution_texts(recipe: DocumentRecipe) -> Iterator[tuple[str, str]]:
@@ -201,6 +209,11 @@ def find_passages(recipe: DocumentRecipe) -> list[Passage]:
     return passages
 
 
+def passages_digest(passages: list[Passage]) -> str:
+    """SHA-256 of the passages' texts in order: what a data recipe records of its corpus."""
+    return hashlib.sha256("\x00".join(p.text for p in passages).encode()).hexdigest()
+
+
 def quoted(passage: str) -> str:
     return f'"""\n{passage}\n"""'
 
@@ -226,8 +239,7 @@ class Documents:
         self.rounds = -(-len(self.passages) * len(recipe.templates) // recipe.batch)
 
     def as_dict(self) -> dict:
-        digest = hashlib.sha256("\x00".join(p.text for p in self.passages).encode()).hexdigest()
-        return {**self.recipe.as_dict(), "passages": len(self.passages), "passages_sha256": digest}
+        return {**self.recipe.as_dict(), "passages": len(self.passages), "passages_sha256": passages_digest(self.passages)}
 
     def instructions(self, seed: int, round: int) -> list[str]:
         """Round `round`'s instructions (empty once every pair was used)."""

@@ -24,16 +24,15 @@ all passages drawn from `random.Random(seed)`; the data runs out after ceil(P / 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import random
 import sysconfig
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from verispec.train.documents import DocumentRecipe, Passage, find_passages, forbidden, read_text, split_passages
+from verispec.train.documents import (
+    DocumentRecipe, Passage, files_under, find_passages, passages_digest, read_text, split_passages,
+)
 
 
 @dataclass(frozen=True)
@@ -56,28 +55,15 @@ class TextRecipe:
         return json.loads(json.dumps({"method": method, **asdict(self), "python_roots": list(self.roots())}))
 
 
-def python_files(root: Path, recipe: TextRecipe) -> Iterator[Path]:
-    """Every .py file under `root` in sorted path order, outside `skip_dirs` and outside any
-    directory that may hold benchmark data."""
-    if forbidden(root):
-        raise ValueError(f"{root} may hold benchmark data (a `shared` directory or the repository's `data`); verispec never trains on it")
-    for directory, subdirectories, files in os.walk(root):
-        subdirectories[:] = sorted(
-            d for d in subdirectories if d not in recipe.skip_dirs and not forbidden(Path(directory) / d)
-        )
-        for name in sorted(files):
-            path = Path(directory) / name
-            if name.endswith(".py") and not forbidden(path):
-                yield path
-
-
 def code_passages(recipe: TextRecipe) -> list[Passage]:
     """The Python source passages of the recipe on this machine, in a fixed order."""
     passages = []
     for root in recipe.roots():
         if not Path(root).is_dir():
             continue
-        for path in python_files(Path(root), recipe):
+        for path in files_under(Path(root), recipe.skip_dirs):
+            if path.suffix != ".py":
+                continue
             text = read_text(path, 1_000_000)
             if text is None:
                 continue
@@ -106,9 +92,11 @@ class Texts:
         self.rounds = -(-len(self.passages) // recipe.batch)
 
     def as_dict(self) -> dict:
-        digest = hashlib.sha256("\x00".join(p.text for p in self.passages).encode()).hexdigest()
         code = sum(p.source.startswith("source:") for p in self.passages)
-        return {**self.recipe.as_dict(), "passages": len(self.passages), "code_passages": code, "passages_sha256": digest}
+        return {
+            **self.recipe.as_dict(), "passages": len(self.passages), "code_passages": code,
+            "passages_sha256": passages_digest(self.passages),
+        }
 
     def texts(self, seed: int, round: int) -> list[str]:
         """Round `round`'s passages (empty once every passage was dealt)."""
