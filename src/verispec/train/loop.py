@@ -3,10 +3,11 @@
 Loss. At every scored position u (the answer's; with `score="turns"` the user's turn's too,
 text the target reads, whose p is as exact a label as its answers') the target's next-token
 distribution is p_u = softmax(FINAL_u @ W^T) (W the target's output weight). The head drafts
-only its vocabulary d2t, so its q is zero elsewhere; among such q the acceptance sum_x min(p, q) is largest (= p(d2t)) exactly
-when q >= p on d2t, and p renormalised on d2t is the one such q that is also the target's own
-shape. The loss is therefore the soft cross-entropy H(p|d2t, q) over the N head tokens, whose
-minimiser is q = p|d2t: no "outside" bucket, which q could not spend anyway.
+only its vocabulary d2t, so its q is zero elsewhere; among such q the acceptance
+sum_x min(p, q) is largest (= p(d2t)) exactly when q >= p on d2t, and p renormalised on d2t is
+the one such q that is also the target's own shape. The loss is therefore the soft
+cross-entropy H(p|d2t, q) over the N head tokens, whose minimiser is q = p|d2t: no "outside"
+bucket, which q could not spend anyway.
 
 EAGLE's unroll (training-time test, Li et al. 2503.01840). Step 0 is teacher forcing: pair
 (feature t, token t + 1) -> logits for token t + 2 and a predicted feature of t + 1. Step j
