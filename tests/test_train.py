@@ -29,7 +29,7 @@ from verispec.train.data import (
 )
 from verispec.train.documents import DocumentRecipe, Documents, Passage, quoted
 from verispec.train.loop import (
-    TrainSettings, TrainingData, build_head, choose_vocab, eagle_steps, evaluate, fit,
+    TrainSettings, TrainingData, build_head, choose_vocab, eagle_steps, evaluate, fit, learning_rate,
 )
 from verispec.train.prompts import end_of_turn_ids, fold, user_turn_prefix
 
@@ -252,6 +252,13 @@ def test_fitting_is_deterministic_and_resumes_exactly(tiny, tiny_data, tmp_path)
         assert torch.equal(tensor, resumed.state_dict()[name]), name
 
 
+def test_learning_rate_warms_up_holds_and_decays_to_zero_over_the_planned_steps():
+    constant = TrainSettings(kind="eagle", lr=1.0, warmup_steps=4)
+    decayed = TrainSettings(kind="eagle", lr=1.0, warmup_steps=4, steps=100, decay=0.2)
+    assert [learning_rate(s, constant) for s in (0, 3, 50, 99, 500)] == [0.25, 1.0, 1.0, 1.0, 1.0]
+    assert [learning_rate(s, decayed) for s in (0, 3, 80, 90, 99, 100, 130)] == [0.25, 1.0, 1.0, 0.5, 0.05, 0.0, 0.0]
+
+
 @pytest.fixture()
 def tiny_model_dir(tiny, tmp_path):
     model, tokenizer = tiny
@@ -267,10 +274,11 @@ def test_cli_trains_a_head_that_the_proposer_loads(tiny_model_dir, tmp_path, mon
     out, work = tmp_path / "head", tmp_path / "work"
     args = ["train", "--model", str(tiny_model_dir), "--head", "eagle", "--minutes", "5", "--out", str(out),
             "--work", str(work), "--max-sequences", "30", "--steps", "5", "--vocab", "64", "--taps", "final",
-            "--threads", "1", "--dtype", "float32"]
+            "--threads", "1", "--dtype", "float32", "--decay", "0.4"]
     assert main(args) == 0
     config = read_config(out)
     assert config.training["steps"] == 5 and config.training["data"]["sequences"] >= 30
+    assert config.training["settings"]["steps"] == 5 and config.training["settings"]["decay"] == 0.4
     assert config.training["tokens_seen"] > 0 and config.training["settings"]["seed"] == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     head = load_head(out, HFCausalLM(tiny_llama(len(tiny_tokenizer()))))
@@ -350,6 +358,8 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
         (["--taps", "low"], "--taps must be eagle3 or final"),
         (["--vocab", "0"], "--vocab must be >= 1"),
         (["--score", "all"], "--score must be answers or turns"),
+        (["--decay", "0.2"], "--decay plans the learning rate over --steps"),
+        (["--decay", "1.5", "--steps", "10"], "--decay must lie in [0, 1]"),
     ],
 )
 def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, capsys):

@@ -48,6 +48,7 @@ def train(
     taps: Annotated[str, typer.Option(help="eagle3 (low/mid/high layers fused) or final (the last hidden state); Medusa reads final.")] = "eagle3",
     unroll: Annotated[int, typer.Option(help="EAGLE: training-time-test steps; Medusa: the number of heads K.")] = 3,
     lr: Annotated[float, typer.Option(help="AdamW learning rate after warm-up.")] = 1e-3,
+    decay: Annotated[float, typer.Option(help="Share of --steps at the end over which the learning rate falls linearly to 0 (0: constant to the end); needs --steps.")] = 0.0,
     batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Padded tokens per batch.")] = 4096,
     max_sequences: Annotated[Optional[int], typer.Option("--max-sequences", help="Stop growing the data at this many sequences.")] = None,
     prompts: Annotated[str, typer.Option(help="magpie (instructions the target writes itself), documents (local package texts under a task) or texts (local Python source and documentation as they are, nothing generated); each makes its own data directory.")] = "magpie",
@@ -81,6 +82,10 @@ def train(
         raise ValueError(f"--score must be answers or turns, got {score!r}")
     if steps is not None and steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
+    if not 0 <= decay <= 1:
+        raise ValueError(f"--decay must lie in [0, 1], got {decay}")
+    if decay > 0 and steps is None:
+        raise ValueError("--decay plans the learning rate over --steps, which is missing; give --steps N (--minutes still bounds the run)")
     if not data_only and (out / "config.json").exists() and not force:
         raise ValueError(f"{out} already holds a head (config.json); pass --force to overwrite it or choose another --out")
     if out.exists() and not out.is_dir():
@@ -160,7 +165,10 @@ def train(
         del parts, other_stored, cached  # the parts' tensors: the union holds a copy of each
 
     bf16 = train_dtype == "bfloat16" or (train_dtype == "auto" and native_bf16())
-    settings = TrainSettings(kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16, score=score)
+    settings = TrainSettings(
+        kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16, score=score,
+        steps=steps if decay > 0 else None, decay=decay,
+    )
     target = loaded.lm
     d2t = choose_vocab(stored["tokens"], vocab, end_of_turn_ids(loaded.tokenizer, loaded.eos_token_ids))
     turn_start = len(user_turn_prefix(loaded.tokenizer)) if score == "turns" else 0

@@ -19,7 +19,8 @@ cached; the mask is causal over step 0 and diagonal over each later step.
 Medusa: head i at row t predicts token t + 2 + i from the feature of t alone (no unroll).
 
 Determinism: the batches are a function of the seed (epoch e uses the permutation of
-`torch.Generator().manual_seed(seed * 1000 + e)`), the learning rate of the step count only,
+`torch.Generator().manual_seed(seed * 1000 + e)`), the learning rate of the step count only
+(a decay is planned over `--steps`, never over the time budget),
 so a run stopped by its time budget at step s equals every other run with that seed at step
 s, and a resumed run continues exactly where the checkpoint left off.
 """
@@ -53,6 +54,8 @@ class TrainSettings:
     unroll: int = 3  # EAGLE: training-time test steps; Medusa: its K heads
     lr: float = 1e-3
     warmup_steps: int = 20
+    steps: int | None = None  # the run's planned length (--steps), which `decay` needs
+    decay: float = 0.0  # share of `steps` at the end over which the learning rate falls linearly to 0
     weight_decay: float = 0.0
     batch_tokens: int = 4096  # padded tokens per batch
     feature_weight: float = 0.1  # EAGLE on FINAL only: weight of the predicted-feature regression
@@ -281,8 +284,13 @@ def build_head(kind: str, settings: TrainSettings, target, target_config, name: 
 
 
 def learning_rate(step: int, settings: TrainSettings) -> float:
-    """Linear warm-up, then constant: a function of the step alone (see Determinism)."""
-    return settings.lr * min(1.0, (step + 1) / settings.warmup_steps)
+    """Linear warm-up, constant, then (with `decay` > 0) a linear fall to 0 over the last
+    decay * steps steps (warm-up, stable, decay): a function of the step alone (see Determinism)."""
+    rate = settings.lr * min(1.0, (step + 1) / settings.warmup_steps)
+    if settings.decay > 0:
+        assert settings.steps is not None, "decay needs the planned steps"
+        rate *= min(1.0, max(0, settings.steps - step) / (settings.decay * settings.steps))
+    return rate
 
 
 @torch.no_grad()
