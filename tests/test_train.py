@@ -257,6 +257,8 @@ def test_learning_rate_warms_up_holds_and_decays_to_zero_over_the_planned_steps(
     decayed = TrainSettings(kind="eagle", lr=1.0, warmup_steps=4, steps=100, decay=0.2)
     assert [learning_rate(s, constant) for s in (0, 3, 50, 99, 500)] == [0.25, 1.0, 1.0, 1.0, 1.0]
     assert [learning_rate(s, decayed) for s in (0, 3, 80, 90, 99, 100, 130)] == [0.25, 1.0, 1.0, 0.5, 0.05, 0.0, 0.0]
+    with pytest.raises(ValueError, match="planned steps"):
+        TrainSettings(kind="eagle", decay=0.2)
 
 
 @pytest.fixture()

@@ -64,6 +64,10 @@ class TrainSettings:
     bf16: bool = False  # matrix products under bfloat16 autocast (weights and optimizer stay float32)
     score: str = "answers"  # fitted positions: "answers" (the target's answers) or "turns" (the user's words too)
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.decay <= 1 or (self.decay > 0 and self.steps is None):
+            raise ValueError(f"decay {self.decay} needs 0 <= decay <= 1 and, when above 0, the planned steps")
+
     def head_taps(self, num_layers: int) -> tuple[Tap, ...]:
         if self.taps == "final" or self.kind == "medusa":
             return (FINAL,)
@@ -288,7 +292,6 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
     decay * steps steps (warm-up, stable, decay): a function of the step alone (see Determinism)."""
     rate = settings.lr * min(1.0, (step + 1) / settings.warmup_steps)
     if settings.decay > 0:
-        assert settings.steps is not None, "decay needs the planned steps"
         rate *= min(1.0, max(0, settings.steps - step) / (settings.decay * settings.steps))
     return rate
 
