@@ -252,6 +252,18 @@ def test_fitting_is_deterministic_and_resumes_exactly(tiny, tiny_data, tmp_path)
         assert torch.equal(tensor, resumed.state_dict()[name]), name
 
 
+def test_a_checkpoint_from_before_a_new_setting_resumes_as_its_default(tiny, tiny_data, tmp_path):
+    straight, *_ = _trained(tiny, tiny_data, 6, work=tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    _trained(tiny, tiny_data, 4, work=tmp_path / "b")
+    state = torch.load(tmp_path / "b" / "eagle.pt", weights_only=True)
+    del state["settings"]["steps"], state["settings"]["decay"]  # written before those settings existed
+    torch.save(state, tmp_path / "b" / "eagle.pt")
+    resumed, *_ = _trained(tiny, tiny_data, 6, work=tmp_path / "b", resume=True)
+    for name, tensor in straight.state_dict().items():
+        assert torch.equal(tensor, resumed.state_dict()[name]), name
+
+
 def test_learning_rate_warms_up_holds_and_decays_to_zero_over_the_planned_steps():
     constant = TrainSettings(kind="eagle", lr=1.0, warmup_steps=4)
     decayed = TrainSettings(kind="eagle", lr=1.0, warmup_steps=4, steps=100, decay=0.2)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -369,8 +369,10 @@ def load_checkpoint(
     path: os.PathLike, head: Head, optimizer: torch.optim.Optimizer, settings: TrainSettings
 ) -> tuple[Progress, dict[str, torch.Tensor] | None]:
     state = torch.load(path, weights_only=True)
-    if state["settings"] != settings.as_dict():
-        changed = sorted(k for k, v in settings.as_dict().items() if state["settings"].get(k) != v)
+    # A setting added since the checkpoint was written had its default then.
+    saved = {**{f.name: f.default for f in fields(TrainSettings) if f.default is not MISSING}, **state["settings"]}
+    if saved != settings.as_dict():
+        changed = sorted(k for k, v in settings.as_dict().items() if saved.get(k) != v)
         raise ValueError(f"the checkpoint {path} was made with other settings ({', '.join(changed)}); resume with the same ones or drop --resume")
     head.load_state_dict(state["head"])
     optimizer.load_state_dict(state["optimizer"])
