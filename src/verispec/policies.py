@@ -93,9 +93,15 @@ class AutoK:
 
     with counts that decay by `memory` per speculative round (recent rounds weigh more: the
     acceptance of prompt lookup comes and goes with the text), and s_i = r_1 ... r_i. The
-    pseudo-count w = `prior_weight` keeps one unlucky round from collapsing k; pulling each
-    position towards the one before it (not towards a constant) lets a position that k has not
-    reached yet inherit the evidence of its neighbours, so k can grow when drafts keep landing.
+    pseudo-count w = `prior_weight`, four rounds' worth, keeps a short unlucky run from
+    stopping speculation: the probes that restart a stopped policy are single rounds, which
+    seldom pay at a trained head's acceptance (about 0.4), so a policy stopped by chance stays
+    stopped. The memory bounds the evidence at 1 / (1 - memory) = 20 rounds, so drafts that never
+    land still bring r_1 down to w m_1 / (20 + w) = 0.08 and stop speculation within about a
+    dozen rounds (`benchmarks/autok_settings.py` compares settings on the dev prompts; README,
+    "Choosing k"). Pulling each position towards the one before it (not towards a constant)
+    lets a position that k has not reached yet inherit the evidence of its neighbours, so k
+    can grow when drafts keep landing.
 
     When no k beats plain decoding by `margin`, the policy decodes plainly and probes: one
     speculative round, at the k the current estimates favour, after `probe_every` plain
@@ -122,8 +128,8 @@ class AutoK:
         *,
         k_max: int | None = None,
         prior_rate: float = 0.5,
-        prior_weight: float = 1.0,
-        memory: float = 0.9,
+        prior_weight: float = 4.0,
+        memory: float = 0.95,
         margin: float = 0.05,
         probe_every: int = 4,
         probe_cap: int = 32,
