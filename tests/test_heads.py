@@ -21,12 +21,14 @@ from verispec.models.features import FeatureStore
 from verispec.models.hf import HFCausalLM
 from verispec.models.load import LoadedModel
 from verispec.models.tables import random_table
+from verispec.policies import ConstantTree
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.layer_skip import LayerSkip
 from verispec.proposers.medusa import MedusaProposer
 from verispec.registry import build_proposer
 from verispec.reference import reference_generate
 from verispec.sampling import probabilities
+from verispec.tree_shape import TreeShape
 
 VOCAB = 48
 
@@ -307,6 +309,39 @@ def test_engine_equals_reference_on_a_tiny_llama(kind, sampling, packed):
                                    rng=TorchRandom(4))
     assert engine.tokens == reference
     assert sum(engine.stats.drafted) > 0
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(0.7, top_p=0.9)], ids=str)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_a_prompt_window_reads_the_last_positions_alike_in_engine_and_reference(sampling, tree):
+    lm = HFCausalLM(tiny_llama())
+    head = hf_head("eagle", lm, taps=(FINAL, 2)).double()
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    k = ConstantTree(TreeShape.of([(0,), (1,), (0, 0)])) if tree else 3
+    engine = generate(lm, EagleProposer(head, lm, prompt_window=3), prompt, max_new_tokens=20, sampling=sampling,
+                      k=k, seed=4)
+    reference = reference_generate(lm, EagleProposer(head, lm, prompt_window=3), prompt, max_new_tokens=20,
+                                   sampling=sampling, k=k, rng=TorchRandom(4))
+    assert engine.tokens == reference
+    whole = generate(lm, EagleProposer(head, lm, prompt_window=None), prompt, max_new_tokens=20, sampling=sampling,
+                     k=k, seed=4)
+    if sampling.greedy:
+        assert engine.tokens == whole.tokens == generate(lm, None, prompt, max_new_tokens=20, sampling=GREEDY, k=0).tokens
+
+
+def test_a_prompt_window_caches_only_the_last_prompt_pairs():
+    lm = HFCausalLM(tiny_llama())
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    for window, pairs in ((3, 3), (7, 7), (50, 7), (None, 7)):  # a prompt of 8 tokens has 7 true pairs
+        proposer = EagleProposer(hf_head("eagle", lm), lm, prompt_window=window)
+        proposer.begin(prompt, GREEDY)
+        lm.prefill(prompt[:-1])
+        draft = proposer.propose(prompt, 2, TorchRandom(0))
+        proposer.commit(prompt)
+        assert len(draft) == 2 and proposer._cache.get_seq_length() == pairs, window
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="prompt_window must be an integer >= 1 or None"):
+            EagleProposer(hf_head("eagle", lm), lm, prompt_window=bad)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])

@@ -9,10 +9,17 @@ exactly their features: positions 0..n-2 of a context of n tokens. Rejected rows
 back with the target's cache, so no feature of a rejected draft is ever read.
 
 The head's KV cache holds pairs (feature of position j, token j + 1). Pairs made from the
-target's true features (j = 0..n-2, the last one pairs with the pending token) are kept across
+target's true features (j = s..n-2, the last one pairs with the pending token) are kept across
 rounds; pairs made from the head's own predicted features while drafting are rolled back at
 `commit`, and the next `propose` appends the new true pairs, as EAGLE re-processes accepted
 tokens with the target's real features.
+
+The first pair s: the head reads at most the last `prompt_window` positions of the prompt,
+s = max(0, len(prompt) - 1 - prompt_window), and every position after them. The target's
+features already carry the whole prompt; the head's own attention over a long one only costs
+its first draft a head forward over every prompt position (tens of milliseconds for a RAG
+prompt of 700 tokens, as much as a few target steps). s depends on the prompt alone, so the
+stateless path reads the same pairs.
 
 Drafts are sampled from q, the head's distribution over its pruned vocabulary spread to the
 full vocabulary with zeros elsewhere, after the request's sampling transforms (`HeadVocab`),
@@ -59,6 +66,8 @@ from verispec.tree_shape import TreeShape, fill_levels, widest, with_q
 # path tokens -> (head logits [N] after the path, predicted feature [H], cache slots of the path's pairs)
 Expanded = dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]]
 
+PROMPT_WINDOW = 128  # the prompt positions the head reads at most (module docstring)
+
 
 class EagleProposer:
     """Drafts with `head` for `target` (a `CausalLM` with a `FeatureChannel`: the very object
@@ -68,9 +77,14 @@ class EagleProposer:
     >>> generate(target, proposer, prompt_ids, max_new_tokens=64, k=4)
     """
 
-    def __init__(self, head: EagleHead, target: CausalLM, *, dynamic: bool = False) -> None:
+    def __init__(
+        self, head: EagleHead, target: CausalLM, *, dynamic: bool = False, prompt_window: int | None = PROMPT_WINDOW
+    ) -> None:
         check_target(head.config, target)
+        if prompt_window is not None and (isinstance(prompt_window, bool) or not isinstance(prompt_window, int) or prompt_window < 1):
+            raise ValueError(f"prompt_window must be an integer >= 1 or None (the whole prompt), got {prompt_window!r}")
         self.dynamic = dynamic
+        self.prompt_window = prompt_window
         self.head = head
         self.target: FeatureChannel = target
         self.taps = head.config.feature_layers
@@ -78,18 +92,21 @@ class EagleProposer:
         self.vocab = HeadVocab(head.d2t, head.config.target.vocab_size)
         self.sampling = SamplingParams()
         self._cache = head.new_cache()
-        self._pairs = 0  # cached pairs made from the target's true features
+        self._first = 0  # s: the position of the first true pair the head reads
+        self._pairs = 0  # true pairs read so far: those of positions s.._pairs - 1 are cached
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # logits [N], predicted [H] of the last
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self.sampling = sampling
         self._cache = self.head.new_cache()
-        self._pairs = 0
+        last = len(prompt_ids) - 1  # the prompt's positions with a feature paired: 0..last - 1
+        self._first = 0 if self.prompt_window is None else max(0, last - self.prompt_window)
+        self._pairs = self._first
         self._last = None
 
     def commit(self, context: Sequence[int]) -> None:
         """Forget the pairs of predicted features; the true pairs all lie in the emitted prefix."""
-        extra = self._cache.get_seq_length() - self._pairs
+        extra = self._cache.get_seq_length() - (self._pairs - self._first)
         if extra:
             self._cache.crop(-extra)
 
@@ -138,7 +155,7 @@ class EagleProposer:
         the logits [N] and predicted feature [H] after the last."""
         features = self.target.score_features(list(context[:-1]), self.taps)  # [n - 1, F]
         cache = self.head.new_cache()
-        return cache, *self._pairs_forward(cache, context[1:], features)
+        return cache, *self._pairs_forward(cache, context[self._first + 1 :], features[self._first :])
 
     def _pairs_forward(
         self, cache: DynamicCache, tokens: Sequence[int], features: torch.Tensor
