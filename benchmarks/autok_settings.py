@@ -94,7 +94,8 @@ def main() -> int:
     print(f"\n{machine['cpu']} (native bf16: {machine['native_bf16']}), {machine['torch_threads']} threads, "
           f"{loaded.dtype_name}, proposer {args.proposer}{' (tree)' if args.tree else ''}, "
           f"{len(prompts)} prompts x {args.repeats} repeats\n")
-    print("| setting | options | x plain, median (IQR) | geometric mean | tau | rounds drafting nothing | runs unlike plain (near ties) |")
+    print("| setting | options | x plain, median (IQR) | geometric mean | tau | rounds drafting nothing "
+          "| runs unlike plain (near ties) |")
     print("|---|---|---|---|---|---|---|")
     summary = {}
     for name, options in settings.items():

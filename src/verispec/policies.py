@@ -99,7 +99,7 @@ class AutoK:
     stopped. The memory bounds the evidence at 1 / (1 - memory) = 20 rounds, so drafts that never
     land still bring r_1 down to w m_1 / (20 + w) = 0.08 and stop speculation within about a
     dozen rounds (`benchmarks/autok_settings.py` compares settings on the dev prompts; README,
-    "Choosing k"). Pulling each position towards the one before it (not towards a constant)
+    "Cost model, profiler, adaptive k"). Pulling each position towards the one before it (not towards a constant)
     lets a position that k has not reached yet inherit the evidence of its neighbours, so k
     can grow when drafts keep landing.
 

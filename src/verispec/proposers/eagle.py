@@ -17,9 +17,10 @@ tokens with the target's real features.
 The first pair s: the head reads at most the last `prompt_window` positions of the prompt,
 s = max(0, len(prompt) - 1 - prompt_window), and every position after them. The target's
 features already carry the whole prompt; the head's own attention over a long one only costs
-its first draft a head forward over every prompt position (tens of milliseconds for a RAG
-prompt of 700 tokens, as much as a few target steps). s depends on the prompt alone, so the
-stateless path reads the same pairs.
+its first draft a head forward over every prompt position (a RAG prompt of 660 tokens, bf16,
+2-core AMD EPYC: 18.1 ms for the first one-token draft against 3.9 ms with the window, where a
+target step takes 13.1 ms). s depends on the prompt alone, so the stateless path reads the
+same pairs.
 
 Drafts are sampled from q, the head's distribution over its pruned vocabulary spread to the
 full vocabulary with zeros elsewhere, after the request's sampling transforms (`HeadVocab`),
@@ -81,7 +82,8 @@ class EagleProposer:
         self, head: EagleHead, target: CausalLM, *, dynamic: bool = False, prompt_window: int | None = PROMPT_WINDOW
     ) -> None:
         check_target(head.config, target)
-        if prompt_window is not None and (isinstance(prompt_window, bool) or not isinstance(prompt_window, int) or prompt_window < 1):
+        whole = prompt_window is None
+        if not whole and (isinstance(prompt_window, bool) or not isinstance(prompt_window, int) or prompt_window < 1):
             raise ValueError(f"prompt_window must be an integer >= 1 or None (the whole prompt), got {prompt_window!r}")
         self.dynamic = dynamic
         self.prompt_window = prompt_window
