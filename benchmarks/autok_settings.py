@@ -9,7 +9,7 @@ a near tie of the target's own rounding, as `verispec bench` diagnoses it, or th
         [--dtype auto] [--json OUT]
 
 A setting is a name and the `AutoK` (with `--tree`, `TreePolicy`) keyword options it changes;
-{} is the defaults. All settings start from one profile of the proposer, measured once on the
+{} is the defaults, and an integer is a fixed k instead, to compare with. All settings start from one profile of the proposer, measured once on the
 first prompt, as `verispec bench` does. Reported per setting: the median ratio over plain
 (interquartile range), the geometric mean, tau, and the share of rounds that drafted nothing
 (plain steps, or a proposer with nothing to offer).
@@ -40,7 +40,7 @@ def main() -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--proposer", default="eagle")
-    parser.add_argument("--settings", required=True, help='JSON: {"name": {AutoK options}, ...}')
+    parser.add_argument("--settings", required=True, help='JSON: {"name": {AutoK options} or a fixed k, ...}')
     parser.add_argument("--tree", action="store_true", help="TreePolicy instead of AutoK")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--per-category", type=int, default=1)
@@ -63,7 +63,8 @@ def main() -> int:
     eos = loaded.eos_token_ids
     runners = {"plain": VerispecRunner(loaded.lm, None, 0, eos)}
     for name, options in settings.items():
-        runners[name] = VerispecRunner(loaded.lm, proposer, policy_class(profile, **options), eos)
+        policy = options if isinstance(options, int) else policy_class(profile, **options)
+        runners[name] = VerispecRunner(loaded.lm, proposer, policy, eos)
     names = list(runners)
 
     warm_up(loaded.lm, prompts[0][1])
