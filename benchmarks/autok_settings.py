@@ -49,9 +49,16 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    settings = json.loads(args.settings)
+    try:
+        settings = json.loads(args.settings)
+    except json.JSONDecodeError as error:
+        parser.error(f"--settings is not valid JSON ({error.msg}); give an object such as '{{\"default\": {{}}}}'")
     if not isinstance(settings, dict) or not settings or "plain" in settings:
         parser.error('--settings must be a non-empty JSON object of name -> options, without "plain"')
+    for name, options in settings.items():
+        fixed = isinstance(options, int) and not isinstance(options, bool) and options >= 1
+        if not (fixed or isinstance(options, dict)):
+            parser.error(f"--settings: {name!r} must be an object of options or a fixed k >= 1, got {options!r}")
 
     loaded = load_model(args.model, dtype=args.dtype)
     workloads = select(read_workloads(args.data / "specbench_dev.jsonl"), limit_per_category=args.per_category)
@@ -63,7 +70,10 @@ def main() -> int:
     eos = loaded.eos_token_ids
     runners = {"plain": VerispecRunner(loaded.lm, None, 0, eos)}
     for name, options in settings.items():
-        policy = options if isinstance(options, int) else policy_class(profile, **options)
+        try:
+            policy = options if isinstance(options, int) else policy_class(profile, **options)
+        except (TypeError, ValueError) as error:
+            parser.error(f"--settings: {name!r}: {error}")
         runners[name] = VerispecRunner(loaded.lm, proposer, policy, eos)
     names = list(runners)
 
