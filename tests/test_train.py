@@ -29,7 +29,8 @@ from verispec.train.data import (
 )
 from verispec.train.documents import DocumentRecipe, Documents, Passage, quoted
 from verispec.train.loop import (
-    TrainSettings, TrainingData, build_head, choose_vocab, eagle_steps, evaluate, fit, learning_rate,
+    TrainSettings, TrainingData, build_head, choose_vocab, eagle_steps, evaluate, fit, heldout_split, heldout_split_by_part,
+    learning_rate,
 )
 from verispec.train.prompts import end_of_turn_ids, fold, user_turn_prefix
 
@@ -273,6 +274,15 @@ def test_learning_rate_warms_up_holds_and_decays_to_zero_over_the_planned_steps(
         TrainSettings(kind="eagle", decay=0.2)
 
 
+def test_each_data_directory_holds_back_its_own_sequences_whatever_is_fitted_beside_it():
+    """So a head continued with `--init` on more data is never scored on a sequence it fitted."""
+    alone, _ = heldout_split(200, 3, 0.05)
+    heldout, train = heldout_split_by_part([200, 57, 1], 3, 0.05)
+    assert heldout[:len(alone)] == alone and heldout[len(alone):] == [200 + i for i in heldout_split(57, 3, 0.05)[0]]
+    assert sorted(heldout + train) == list(range(258)) and 257 in train  # a one-sequence part holds nothing back
+    assert heldout_split_by_part([200], 3, 0.05) == heldout_split(200, 3, 0.05)
+
+
 @pytest.fixture()
 def tiny_model_dir(tiny, tmp_path):
     model, tokenizer = tiny
@@ -301,6 +311,47 @@ def test_cli_trains_a_head_that_the_proposer_loads(tiny_model_dir, tmp_path, mon
     assert main(args) == 2  # a head is already there
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "--force" in err[0]
+
+
+def test_cli_init_continues_a_head_on_more_data(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """`--init DIR` starts from DIR's weights and vocabulary: on the union of DIR's data and
+    more, the held-back score before fitting is DIR's own (its data holds back the same
+    sequences), the vocabulary stays DIR's, and the new head records where it started. A head
+    of other settings, or `--init` with `--data-only`, gets one error line."""
+    monkeypatch.setattr(data_module, "InstructionRecipe", lambda: TINY_INSTRUCTIONS)
+    monkeypatch.setattr(data_module, "ResponseRecipe", lambda: TINY_RESPONSES)
+    monkeypatch.setattr(documents_module, "DocumentRecipe", lambda: _documents_tree(tmp_path / "doc"))
+    common = ["--model", str(tiny_model_dir), "--head", "eagle", "--minutes", "5", "--threads", "1", "--dtype", "float32",
+              "--vocab", "64", "--taps", "final"]
+    first, documents, work = tmp_path / "first", tmp_path / "documents", tmp_path / "magpie"
+    assert main(["train", *common, "--out", str(first), "--work", str(work), "--max-sequences", "40", "--steps", "8"]) == 0
+    assert main(["train", *common, "--out", str(tmp_path / "unused"), "--work", str(documents), "--prompts", "documents", "--data-only"]) == 0
+    out = tmp_path / "continued"
+    assert main(["train", *common, "--out", str(out), "--work", str(work), "--also", str(documents), "--steps", "3",
+                 "--init", str(first), "--lr", "1e-9", "--data-minutes", "0"]) == 0
+    alone = tmp_path / "alone"
+    assert main(["train", *common, "--out", str(alone), "--work", str(work), "--steps", "1", "--init", str(first), "--data-minutes", "0"]) == 0
+    made, continued = read_config(first).training, read_config(out).training
+    assert read_config(alone).training["heldout_top1_by_step_init"] == made["heldout_top1_by_step"]  # same weights, same held-back
+    lm = HFCausalLM(tiny_llama(len(tiny_tokenizer())))
+    start, head = load_head(first, lm), load_head(out, lm)
+    assert torch.equal(head.d2t, start.d2t)
+    union = concatenate_features([load_file(w / "data" / "features.safetensors") for w in (work, documents)])
+    assert not torch.equal(head.d2t, choose_vocab(union["tokens"], 64, (END,)))  # a fresh head's would differ
+    for name, tensor in start.state_dict().items():  # 3 steps at a vanishing rate: the weights barely move
+        assert torch.allclose(tensor, head.state_dict()[name], atol=1e-6), name
+    held = continued["data"]["heldout_sequences"] - round(0.05 * continued["data"]["also"][0]["sequences"])
+    assert held == made["data"]["heldout_sequences"]
+    assert continued["settings"]["init"] == str(first.resolve())
+    assert continued["init"]["steps"] == 8 and continued["init"]["command"] == made["command"]
+    capsys.readouterr()
+    for extra, message in ((["--vocab", "32"], "vocabulary N (--vocab) 64 where this run has 32"),
+                           (["--head", "medusa"], "kind (--head) eagle where this run has medusa"),
+                           (["--taps", "eagle3"], "taps (--taps)")):
+        args = ["train", *common, "--out", str(tmp_path / "bad"), "--work", str(work), "--steps", "1", "--data-minutes", "0",
+                "--init", str(first), *extra]
+        assert main(args) == 2
+        assert message in _one_error(capsys)
 
 
 def _documents_tree(root):
@@ -339,7 +390,7 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
     assert data["instructions"]["method"].startswith("magpie") and data["sequences"] == magpie_sequences
     assert also["instructions"] == recipe["instructions"] and also["sequences"] == len(PASSAGES) * len(TINY_DOCUMENTS.templates)
     assert data["total_sequences"] == data["sequences"] + also["sequences"] and data["total_tokens"] == data["tokens"] + also["tokens"]
-    assert data["heldout_sequences"] == round(0.05 * data["total_sequences"])
+    assert data["heldout_sequences"] == round(0.05 * data["sequences"]) + round(0.05 * also["sequences"])  # each its own share
     union = concatenate_features([load_file(w / "data" / "features.safetensors") for w in (magpie, documents)])
     head = load_head(out, HFCausalLM(tiny_llama(len(tiny_tokenizer()))))
     assert torch.equal(head.d2t, choose_vocab(union["tokens"], 64, (END,)))
@@ -374,6 +425,7 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
         (["--score", "all"], "--score must be answers or turns"),
         (["--decay", "0.2"], "--decay plans the learning rate over --steps"),
         (["--decay", "1.5", "--steps", "10"], "--decay must lie in [0, 1]"),
+        (["--init", ".", "--data-only"], "--init starts the fitting from a head"),
     ],
 )
 def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, capsys):

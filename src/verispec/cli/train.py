@@ -5,7 +5,8 @@ itself; documents, local package texts under a task) and the target's own answer
 local texts (texts: Python source and documentation, nothing generated), grown for
 `--data-minutes` (`verispec.train.data`); (2) features: the target's hidden states over the
 data, computed once and cached beside it; (3) fitting for the rest of `--minutes`
-(`verispec.train.loop`) on that data and each `--also` directory's, checkpointed; (4) the head
+(`verispec.train.loop`) on that data and each `--also` directory's, from fresh weights or from
+the head `--init` names, checkpointed; (4) the head
 directory in --out, which `--proposer eagle:DIR` / `medusa:DIR` loads, its config recording
 how it was made.
 
@@ -57,6 +58,7 @@ def train(
     dtype: Annotated[str, typer.Option(help="The target's dtype for data and features: auto, float32, bfloat16.")] = "auto",
     score: Annotated[str, typer.Option(help="Positions fitted: answers (the target's answers) or turns (the user's turn too, e.g. quoted text); held-back scores are always on answers.")] = "answers",
     train_dtype: Annotated[str, typer.Option("--train-dtype", help="The head's matrix products while fitting: auto (bfloat16 autocast where the CPU has it natively), float32, bfloat16.")] = "auto",
+    init: Annotated[Optional[Path], typer.Option("--init", help="Start fitting from the head in this directory (its weights and vocabulary) instead of fresh weights, e.g. to continue a head on more data; of --head's kind, --taps, --vocab and --unroll.")] = None,
 ) -> None:
     """Train a head that drafts for MODEL, by self-distillation, within --minutes."""
     started = time.monotonic()
@@ -90,6 +92,8 @@ def train(
         raise ValueError(f"{out} already holds a head (config.json); pass --force to overwrite it or choose another --out")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a directory")
+    if init is not None and data_only:
+        raise ValueError("--init starts the fitting from a head, which --data-only skips; drop one of them")
 
     import torch
 
@@ -100,7 +104,7 @@ def train(
     from verispec.train.documents import DocumentRecipe, Documents
     from verispec.train.texts import TextRecipe, Texts
     from verispec.train.loop import TrainSettings, TrainingData, build_head, choose_vocab, evaluate, expected_tokens, fit, vocab_coverage
-    from verispec.heads import save_head
+    from verispec.heads import load_weights, save_head
     from verispec.train.prompts import end_of_turn_ids, user_turn_prefix
 
     torch.set_num_threads(threads)
@@ -150,6 +154,7 @@ def train(
         return
     sources = [_data_record(recipe, conversations, stored)]
     parts = [stored]
+    sizes = [len(conversations)]  # sequences per data directory, each holding back its own share
     for other in extra:
         other_conversations = other.conversations()
         cached = cached_features(other, len(other_conversations))
@@ -159,6 +164,7 @@ def train(
         if list(other_taps) != list(stored_taps):
             raise ValueError(f"--also {other.root} holds features of the taps {list(other_taps)}, this run's data {list(stored_taps)}; recompute them with `verispec train --data-only`")
         parts.append(other_stored)
+        sizes.append(len(other_conversations))
         sources.append({"directory": str(other.root), **_data_record(json.loads(other.recipe_path.read_text()), other_conversations, other_stored)})
     if extra:
         stored = concatenate_features(parts)
@@ -167,15 +173,22 @@ def train(
     bf16 = train_dtype == "bfloat16" or (train_dtype == "auto" and native_bf16())
     settings = TrainSettings(
         kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16, score=score,
-        steps=steps if decay > 0 else None, decay=decay,
+        steps=steps if decay > 0 else None, decay=decay, init=None if init is None else str(init.resolve()),
     )
     target = loaded.lm
-    d2t = choose_vocab(stored["tokens"], vocab, end_of_turn_ids(loaded.tokenizer, loaded.eos_token_ids))
+    if init is None:
+        start = None
+        d2t = choose_vocab(stored["tokens"], vocab, end_of_turn_ids(loaded.tokenizer, loaded.eos_token_ids))
+    else:
+        start, init_record = _init_state(init, settings, str(model), target.num_layers)
+        d2t = start["d2t"]
     turn_start = len(user_turn_prefix(loaded.tokenizer)) if score == "turns" else 0
-    data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings, turn_start)
+    data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings, turn_start, sizes)
     trained = build_head(head, settings, target, loaded.config, str(model), d2t)
+    if start is not None:
+        load_weights(trained, start, init)
     rows = target.output_embeddings()[d2t].detach().float()  # [N, H]
-    untrained = evaluate(trained, data, rows, settings)
+    before = evaluate(trained, data, rows, settings)  # untrained, or the --init head
     with _bar() as bar:
         task = bar.add_task("fit", total=max(deadline - time.monotonic(), 0.0), info="")
         fit_start = time.monotonic()
@@ -196,6 +209,7 @@ def train(
             "heldout_sequences": len(data.heldout),
         },
         "settings": settings.as_dict(),
+        **({"init": init_record} if init else {}),
         "minutes": minutes,
         "fit_seconds": round(progress.seconds, 1),
         "steps": progress.step,
@@ -203,7 +217,7 @@ def train(
         "tokens_seen": progress.tokens_seen,
         "heldout_top1_by_step": [round(a, 4) for a in accuracy],
         "heldout_evaluations": progress.evaluations,
-        "heldout_top1_by_step_untrained": [round(a, 4) for a in untrained],
+        ("heldout_top1_by_step_init" if init else "heldout_top1_by_step_untrained"): [round(a, 4) for a in before],
         "heldout_expected_tokens_per_round": round(expected_tokens(accuracy), 3),
         "heldout_target_top1_in_vocab": round(top_covered, 4),
         "heldout_p_mass_in_vocab": round(mass_covered, 4),
@@ -231,6 +245,28 @@ def _also_cache(path: Path, model: str, own: "DataCache") -> "DataCache":
     if not cache.features_path.is_file():
         raise ValueError(_no_features(cache))
     return cache
+
+
+def _init_state(directory: Path, settings, model: str, num_layers: int) -> tuple[dict, dict]:
+    """The saved state of the `--init` head (d2t included) and what the new head records of it,
+    after checking that it is a head this run could have made: same model, kind, taps, N and K."""
+    from verispec.heads import read_config, read_weights
+
+    config = read_config(directory)
+    wanted = {
+        "kind (--head)": (config.kind, settings.kind),
+        "model (--model)": (config.target.name, model),
+        "taps (--taps)": (list(config.feature_layers), list(settings.head_taps(num_layers))),
+        "vocabulary N (--vocab)": (config.vocab_size, settings.vocab_size),
+        **({"heads K (--unroll)": (config.heads, settings.unroll)} if config.kind == "medusa" else {}),
+    }
+    wrong = [f"{name} {have} where this run has {want}" for name, (have, want) in wanted.items() if have != want]
+    if wrong:
+        raise ValueError(f"--init {directory} holds a head of another {'; '.join(wrong)}; give the settings it was trained with")
+    made = config.training
+    return read_weights(directory), {
+        "directory": str(directory), **{key: made[key] for key in ("command", "steps", "tokens_seen", "fit_seconds", "init") if key in made},
+    }
 
 
 def _no_features(cache: "DataCache") -> str:

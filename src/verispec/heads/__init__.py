@@ -5,12 +5,14 @@
 - `eagle`: `EagleHead`, one decoder layer drafting in feature space with a KV cache;
 - `medusa`: `MedusaHead`, K residual heads on one feature;
 - `checkpoint`: `new_head`, `save_head`, `load_head` (a directory `--proposer eagle:DIR` loads),
-  `for_drafting` (a loaded head with its projections prepacked, as the proposers run it).
+  `read_weights` and `load_weights` (a saved state, e.g. to continue fitting it), `for_drafting` (a loaded head with its projections prepacked, as the proposers run it).
 
 The proposers that drive them are `verispec.proposers.eagle` and `verispec.proposers.medusa`.
 """
 
-from verispec.heads.checkpoint import for_drafting, load_head, new_head, read_config, save_head, target_info
+from verispec.heads.checkpoint import (
+    for_drafting, load_head, load_weights, new_head, read_config, read_weights, save_head, target_info,
+)
 from verispec.heads.config import HeadConfig, TargetInfo, default_layer, eagle3_layers
 from verispec.heads.eagle import EagleHead
 from verispec.heads.medusa import MedusaHead
@@ -18,5 +20,5 @@ from verispec.heads.vocab import HeadVocab
 
 __all__ = [
     "EagleHead", "HeadConfig", "HeadVocab", "MedusaHead", "TargetInfo", "default_layer", "eagle3_layers",
-    "for_drafting", "load_head", "new_head", "read_config", "save_head", "target_info",
+    "for_drafting", "load_head", "load_weights", "new_head", "read_config", "read_weights", "save_head", "target_info",
 ]

@@ -93,22 +93,33 @@ def read_config(directory: str | Path) -> HeadConfig:
         raise ValueError(f"{path} is not a valid head config: {error}") from None
 
 
-def load_head(directory: str | Path, target: FeatureChannel, dtype: torch.dtype = torch.float32) -> Head:
-    """The head saved in `directory`, built around `target`, in `dtype`, in eval mode."""
-    config = read_config(directory)
+def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    """The state saved in `directory`'s `model.safetensors`, d2t (the head vocabulary) included."""
     path = Path(directory) / WEIGHTS
     if not path.is_file():
         raise ValueError(f"{directory} has a head config but no {WEIGHTS}")
     state = load_file(path)
     if "d2t" not in state:
         raise ValueError(f"{path} has no d2t (the head vocabulary)")
-    head = new_head(config, state["d2t"], target).to(dtype)
-    missing, unexpected = head.load_state_dict(state, strict=False)  # copies cast to the head's dtype
+    return state
+
+
+def load_weights(head: Head, state: dict[str, torch.Tensor], source: str | Path) -> Head:
+    """Copy `state` (from `read_weights`) into `head`, cast to its dtype; every tensor must match."""
+    missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(
-            f"{path} does not match its config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+            f"{source} does not match its config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
-    return _frozen(head)
+    return head
+
+
+def load_head(directory: str | Path, target: FeatureChannel, dtype: torch.dtype = torch.float32) -> Head:
+    """The head saved in `directory`, built around `target`, in `dtype`, in eval mode."""
+    config = read_config(directory)
+    state = read_weights(directory)
+    head = new_head(config, state["d2t"], target).to(dtype)
+    return _frozen(load_weights(head, state, Path(directory) / WEIGHTS))
 
 
 def for_drafting(head: Head) -> Head:
