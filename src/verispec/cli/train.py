@@ -247,7 +247,7 @@ def _also_cache(path: Path, model: str, own: "DataCache") -> "DataCache":
     return cache
 
 
-def _init_state(directory: Path, settings, model: str, num_layers: int) -> tuple[dict, dict]:
+def _init_state(directory: Path, settings: "TrainSettings", model: str, num_layers: int) -> tuple[dict, dict]:
     """The saved state of the `--init` head (d2t included) and what the new head records of it,
     after checking that it is a head this run could have made: same model, kind, taps, N and K."""
     from verispec.heads import read_config, read_weights

@@ -5,7 +5,8 @@
 - `eagle`: `EagleHead`, one decoder layer drafting in feature space with a KV cache;
 - `medusa`: `MedusaHead`, K residual heads on one feature;
 - `checkpoint`: `new_head`, `save_head`, `load_head` (a directory `--proposer eagle:DIR` loads),
-  `read_weights` and `load_weights` (a saved state, e.g. to continue fitting it), `for_drafting` (a loaded head with its projections prepacked, as the proposers run it).
+  `read_weights` and `load_weights` (a saved state, e.g. to continue fitting it), `for_drafting`
+  (a loaded head with its projections prepacked, as the proposers run it).
 
 The proposers that drive them are `verispec.proposers.eagle` and `verispec.proposers.medusa`.
 """
