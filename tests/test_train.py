@@ -29,8 +29,8 @@ from verispec.train.data import (
 )
 from verispec.train.documents import DocumentRecipe, Documents, Passage, quoted
 from verispec.train.loop import (
-    TrainSettings, TrainingData, build_head, choose_vocab, eagle_steps, evaluate, fit, heldout_split, heldout_split_by_part,
-    learning_rate,
+    TrainSettings, TrainingData, build_head, choose_vocab, eagle_steps, evaluate, fit, head_loss, heldout_split,
+    heldout_split_by_part, learning_rate, shifted,
 )
 from verispec.train.prompts import end_of_turn_ids, fold, user_turn_prefix
 
@@ -175,6 +175,73 @@ def test_unrolled_steps_equal_drafting_with_the_heads_cache(tiny):
             for j in (1, 2):
                 logits, predicted = head(ids[:, t + 1 + j : t + 2 + j], predicted[:, -1:], cache)
                 assert torch.allclose(logits[0, -1], steps[j][0][0, t], atol=1e-4), (t, j)
+
+
+def test_an_epoch_holds_every_training_sequence_once_in_batches_of_like_length(tiny_data):
+    _, _, stored, taps = tiny_data
+    settings = TrainSettings(kind="eagle", taps="final", batch_tokens=512)
+    data = TrainingData(stored, taps, (FINAL,), settings)
+    unsorted = TrainingData(stored, taps, (FINAL,), replace(settings, sort_window=1))
+
+    def padding(groups):
+        padded = sum(len(g) * max(data.lengths[i] for i in g) for g in groups)
+        return 1 - sum(data.lengths[i] for g in groups for i in g) / padded
+
+    for epoch in (0, 1):
+        groups = data.epoch(epoch)
+        assert sorted(i for g in groups for i in g) == sorted(data.train)
+        assert all(len(g) == 1 or len(g) * max(data.lengths[i] for i in g) <= 512 for g in groups)
+        assert groups == data.epoch(epoch)
+        assert padding(groups) < 0.5 * padding(unsorted.epoch(epoch))
+    assert data.epoch(0) != data.epoch(1)
+
+
+def _dense_loss(head, batch, rows, settings):
+    """The loss over every row of the padded batch, masked afterwards: (loss, correct, counted)."""
+    p = torch.softmax(batch.final @ rows.T, -1)  # [B, T, N]
+    scored = batch.scored & batch.valid
+    if settings.kind == "eagle":
+        steps = eagle_steps(head, batch.ids, head.fuse(batch.features), settings.unroll)
+    else:
+        logits = head(batch.features)  # [B, T, K, N]
+        steps = [(logits[:, :, i], None) for i in range(logits.shape[2])]
+    losses, correct, counted = [], [], []
+    for by, (logits, predicted) in enumerate(steps, start=1):
+        mask = shifted(scored, by, False)
+        weight = mask.float() / mask.sum().clamp(min=1)
+        loss = (-(shifted(p, by) * torch.log_softmax(logits, -1)).sum(-1) * weight).sum()
+        if predicted is not None:
+            regression = torch.nn.functional.smooth_l1_loss(predicted, shifted(batch.final, by), reduction="none").mean(-1)
+            loss = loss + settings.feature_weight * (regression * weight).sum()
+        losses.append(loss)
+        correct.append(int(((head.d2t[logits.argmax(-1)] == shifted(batch.argmax, by)) & mask).sum()))
+        counted.append(int(mask.sum()))
+    return torch.stack(losses).mean(), correct, counted
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("positions", ["answers", "turns"])
+def test_loss_over_scored_rows_equals_the_loss_over_the_padded_batch(tiny, tiny_data, kind, positions):
+    """Fitting computes the output layer and the cross-entropy on the scored rows only; loss,
+    gradients and agreement counts equal those of the whole padded batch masked afterwards."""
+    model, _ = tiny
+    _, _, stored, taps = tiny_data
+    lm = HFCausalLM(model)
+    settings = TrainSettings(kind=kind, taps="final", vocab_size=96, bf16=False)
+    data = TrainingData(stored, taps, settings.head_taps(lm.num_layers), settings, turn_start=3)
+    d2t = choose_vocab(stored["tokens"], settings.vocab_size, (END,))
+    torch.manual_seed(0)
+    head = build_head(kind, settings, lm, model.config, "tiny", d2t)
+    rows = lm.output_embeddings()[d2t].float()
+    batch = data.batch(data.train[:8], positions)
+    assert batch.valid.sum() > (batch.scored & batch.valid).sum() > 0 and not batch.valid.all()  # padding and an unscored prompt
+    result = head_loss(head, batch, rows, settings)
+    fast = torch.autograd.grad(result.loss, [q for q in head.parameters() if q.requires_grad])
+    loss, correct, counted = _dense_loss(head, batch, rows, settings)
+    dense = torch.autograd.grad(loss, [q for q in head.parameters() if q.requires_grad])
+    assert torch.allclose(result.loss, loss, rtol=1e-5, atol=1e-6)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(fast, dense))
+    assert (result.correct, result.counted) == (correct, counted) and min(counted) > 0
 
 
 def _trained(tiny, tiny_data, steps: int, kind: str = "eagle", work=None, resume=False):

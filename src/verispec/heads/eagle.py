@@ -129,6 +129,7 @@ class EagleHead(nn.Module):
         positions: torch.Tensor | None = None,
         allowed: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        logits_at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens: LongTensor[B, T], token t + 1 of each pair; hidden: [B, T, H], the fused
         feature of position t (or the head's own prediction of it). With a cache the pairs
@@ -141,7 +142,9 @@ class EagleHead(nn.Module):
 
         Returns logits [B, T, N] (the distribution of token t + 2 over d2t; of the last
         `logits_to_keep` pairs only when it is above 0, as the output layer over N tokens costs
-        most of a long catch-up) and predicted features [B, T, H] (of position t + 1)."""
+        most of a long catch-up; of the pairs where the bool mask `logits_at` [B, T] holds, as
+        [M, N] in row-major order, when given, as fitting scores only some of them) and
+        predicted features [B, T, H] (of position t + 1)."""
         B, T = tokens.shape
         past = 0 if cache is None else cache.get_seq_length()
         dtype = self.dtype
@@ -159,4 +162,6 @@ class EagleHead(nn.Module):
             use_cache=cache is not None,
             position_embeddings=self.rotary(x, positions),
         )  # [B, T, H]
+        if logits_at is not None:
+            return self.output(self.norm(h[logits_at])), h
         return self.output(self.norm(h[:, -logits_to_keep:] if logits_to_keep else h)), h

@@ -58,6 +58,7 @@ class TrainSettings:
     decay: float = 0.0  # share of `steps` at the end over which the learning rate falls linearly to 0
     weight_decay: float = 0.0
     batch_tokens: int = 4096  # padded tokens per batch
+    sort_window: int = 256  # an epoch's sequences are sorted by length in windows of this many, so a batch pads little
     feature_weight: float = 0.1  # EAGLE on FINAL only: weight of the predicted-feature regression
     holdout: float = 0.05  # share of sequences held back to measure draft accuracy
     eval_every: int = 100  # steps between held-back evaluations; the best evaluated head is kept
@@ -194,11 +195,17 @@ class TrainingData:
         return Batch(ids, features, final, argmax, logsumexp, scored, valid)
 
     def epoch(self, epoch: int) -> list[list[int]]:
-        """The training batches of epoch `epoch`: a seeded permutation cut into groups whose
-        padded size stays within `batch_tokens`."""
+        """The training batches of epoch `epoch`: a seeded permutation, sorted by length within
+        consecutive windows of `sort_window` sequences, cut into groups whose padded size stays
+        within `batch_tokens`, the groups then in a seeded order (sequences of like length
+        share a batch: on the target's Magpie conversations, 4 % of a batch is padding against
+        19 % for the permutation cut as it is)."""
         generator = torch.Generator().manual_seed(self.settings.seed * 1000 + epoch)
         order = [self.train[i] for i in torch.randperm(len(self.train), generator=generator).tolist()]
-        return list(padded_groups(order, self.lengths, self.settings.batch_tokens))
+        window = self.settings.sort_window
+        order = [i for w in range(0, len(order), window) for i in sorted(order[w : w + window], key=self.lengths.__getitem__)]
+        groups = list(padded_groups(order, self.lengths, self.settings.batch_tokens))
+        return [groups[i] for i in torch.randperm(len(groups), generator=generator).tolist()]
 
     def heldout_batches(self) -> list[list[int]]:
         return list(padded_groups(self.heldout, self.lengths, self.settings.batch_tokens))
@@ -233,11 +240,14 @@ class StepResult:
     counted: list[int]
 
 
-def eagle_steps(head: EagleHead, ids: torch.Tensor, hidden: torch.Tensor, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The unrolled head over anchors t = 0..T-1: per step j, logits [B, T, N] (token t + 2 + j)
-    and predicted features [B, T, H] (of position t + 1 + j). ids [B, T], hidden [B, T, H]
-    (fused features of positions 0..T-1). Step j runs `EagleHead.forward` at positions t + j
-    with the training-time-test mask: causal over step 0, diagonal over each later step."""
+def eagle_steps(
+    head: EagleHead, ids: torch.Tensor, hidden: torch.Tensor, steps: int, logits_at: Sequence[torch.Tensor] | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The unrolled head over anchors t = 0..T-1: per step j, logits [B, T, N] (token t + 2 + j;
+    [M_j, N] of the anchors where the bool mask logits_at[j] [B, T] holds, when given) and
+    predicted features [B, T, H] (of position t + 1 + j). ids [B, T], hidden [B, T, H] (fused
+    features of positions 0..T-1). Step j runs `EagleHead.forward` at positions t + j with the
+    training-time-test mask: causal over step 0, diagonal over each later step."""
     B, T = ids.shape
     cache = DynamicCache()  # concatenating layers: every step's keys stay in the autograd graph
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -248,7 +258,8 @@ def eagle_steps(head: EagleHead, ids: torch.Tensor, hidden: torch.Tensor, steps:
         tokens[:, : T - 1 - j] = ids[:, 1 + j :]  # token t + 1 + j, zero past the end
         positions = (torch.arange(T) + j).expand(B, T)
         allowed = torch.cat([causal, *[diagonal] * j], dim=1)  # [T, (j + 1) T]
-        logits, hidden = head(tokens, hidden, cache, positions=positions, allowed=allowed)
+        at = None if logits_at is None else logits_at[j]
+        logits, hidden = head(tokens, hidden, cache, positions=positions, allowed=allowed, logits_at=at)
         outputs.append((logits, hidden))
     return outputs
 
@@ -270,28 +281,35 @@ def head_loss(head: Head, batch: Batch, rows: torch.Tensor, settings: TrainSetti
 
 
 def _head_loss(head: Head, batch: Batch, rows: torch.Tensor, settings: TrainSettings) -> StepResult:
-    with torch.autocast("cpu", enabled=False):
-        p = target_probabilities(batch.final, rows)  # [B, T, N]
+    # The output layer over N tokens and the cross-entropy run over the scored rows only, not
+    # over a batch's padding and unscored prompt (on Magpie data a sixth of its rows).
     scored = batch.scored & batch.valid  # [B, T]
+    shifts = range(1, (settings.unroll if isinstance(head, EagleHead) else head.config.heads) + 1)
+    masks = [shifted(scored, by, False) for by in shifts]  # [B, T]: anchor t's target row t + by is scored
+    with torch.autocast("cpu", enabled=False):
+        p = target_probabilities(batch.final[scored], rows)  # [M, N], the scored rows in row-major order
+    column = scored.nonzero()[:, 1]  # [M]: u of each scored row, whose anchor at shift `by` is u - by
     if isinstance(head, EagleHead):
-        outputs = eagle_steps(head, batch.ids, head.fuse(batch.features), settings.unroll)
-        per_step = [(logits, predicted, j + 1) for j, (logits, predicted) in enumerate(outputs)]
+        per_step = eagle_steps(head, batch.ids, head.fuse(batch.features), settings.unroll, logits_at=masks)  # [M_j, N], [B, T, H]
     else:
-        logits = head(batch.features)  # [B, T, K, N]
-        per_step = [(logits[:, :, i], None, i + 1) for i in range(logits.shape[2])]
+        anchors = torch.stack(masks).any(0)  # [B, T]
+        logits = head(batch.features[anchors])  # [A, K, N]
+        per_step = [(logits[:, i][mask[anchors]], None) for i, mask in enumerate(masks)]  # [M_i, N]
     losses, correct, counted = [], [], []
-    for logits, predicted, by in per_step:
-        mask = shifted(scored, by, False)  # target row u = t + by exists and is an answer position
-        weight = mask.float() / mask.sum().clamp(min=1)
-        cross = -(shifted(p, by) * torch.log_softmax(logits.float(), -1)).sum(-1)  # [B, T]
-        loss = (cross * weight).sum()
+    for (logits, predicted), by, mask in zip(per_step, shifts, masks):
+        count = int(mask.sum())
+        keep = column >= by  # [M]
+        target = p if bool(keep.all()) else p[keep]  # [M_j, N]
+        logits = logits.float()  # argmax over bfloat16 is several times slower on the CPU
+        cross = -(target * torch.log_softmax(logits, -1)).sum(-1)  # [M_j]
+        loss = cross.sum() / max(count, 1)
         if predicted is not None and settings.feature_weight and head.config.feature_layers == (FINAL,):
             regression = nn.functional.smooth_l1_loss(predicted.float(), shifted(batch.final, by), reduction="none").mean(-1)
-            loss = loss + settings.feature_weight * (regression * weight).sum()
+            loss = loss + settings.feature_weight * regression[mask].sum() / max(count, 1)
         losses.append(loss)
-        guess = head.d2t[logits.detach().argmax(-1)]  # [B, T]
-        correct.append(int(((guess == shifted(batch.argmax, by)) & mask).sum()))
-        counted.append(int(mask.sum()))
+        guess = head.d2t[logits.detach().argmax(-1)]  # [M_j]
+        correct.append(int((guess == batch.argmax[scored][keep]).sum()))
+        counted.append(count)
     return StepResult(torch.stack(losses).mean(), correct, counted)
 
 
