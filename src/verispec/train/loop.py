@@ -198,8 +198,8 @@ class TrainingData:
         """The training batches of epoch `epoch`: a seeded permutation, sorted by length within
         consecutive windows of `sort_window` sequences, cut into groups whose padded size stays
         within `batch_tokens`, the groups then in a seeded order (sequences of like length
-        share a batch: on the target's Magpie conversations, 4 % of a batch is padding against
-        19 % for the permutation cut as it is)."""
+        share a batch: on 2,419 of the target's Magpie conversations, 5 % of an epoch's padded
+        tokens are padding against 22 % for the permutation cut as it is)."""
         generator = torch.Generator().manual_seed(self.settings.seed * 1000 + epoch)
         order = [self.train[i] for i in torch.randperm(len(self.train), generator=generator).tolist()]
         window = self.settings.sort_window
@@ -282,7 +282,7 @@ def head_loss(head: Head, batch: Batch, rows: torch.Tensor, settings: TrainSetti
 
 def _head_loss(head: Head, batch: Batch, rows: torch.Tensor, settings: TrainSettings) -> StepResult:
     # The output layer over N tokens and the cross-entropy run over the scored rows only, not
-    # over a batch's padding and unscored prompt (on Magpie data a sixth of its rows).
+    # over a batch's padding and the prompt it does not score.
     scored = batch.scored & batch.valid  # [B, T]
     shifts = range(1, (settings.unroll if isinstance(head, EagleHead) else head.config.heads) + 1)
     masks = [shifted(scored, by, False) for by in shifts]  # [B, T]: anchor t's target row t + by is scored
