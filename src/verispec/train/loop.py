@@ -289,8 +289,9 @@ def _head_loss(head: Head, batch: Batch, rows: torch.Tensor, settings: TrainSett
     with torch.autocast("cpu", enabled=False):
         p = target_probabilities(batch.final[scored], rows)  # [M, N], the scored rows in row-major order
     column = scored.nonzero()[:, 1]  # [M]: u of each scored row, whose anchor at shift `by` is u - by
+    top = batch.argmax[scored]  # [M]: the target's top token after each scored row
     if isinstance(head, EagleHead):
-        per_step = eagle_steps(head, batch.ids, head.fuse(batch.features), settings.unroll, logits_at=masks)  # [M_j, N], [B, T, H]
+        per_step = eagle_steps(head, batch.ids, head.fuse(batch.features), len(masks), logits_at=masks)  # [M_j, N], [B, T, H]
     else:
         anchors = torch.stack(masks).any(0)  # [B, T]
         logits = head(batch.features[anchors])  # [A, K, N]
@@ -308,7 +309,7 @@ def _head_loss(head: Head, batch: Batch, rows: torch.Tensor, settings: TrainSett
             loss = loss + settings.feature_weight * regression[mask].sum() / max(count, 1)
         losses.append(loss)
         guess = head.d2t[logits.detach().argmax(-1)]  # [M_j]
-        correct.append(int((guess == batch.argmax[scored][keep]).sum()))
+        correct.append(int((guess == top[keep]).sum()))
         counted.append(count)
     return StepResult(torch.stack(losses).mean(), correct, counted)
 
