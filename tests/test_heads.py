@@ -4,6 +4,7 @@ their checkpoint directories, and the proposers (engine = reference, empty draft
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -17,6 +18,7 @@ from verispec import GREEDY, SamplingParams, TorchRandom, generate
 from verispec.heads.untrained import TINY_LAYER, tiny_head
 from verispec.heads import HeadConfig, HeadVocab, for_drafting, load_head, new_head, read_config, save_head, target_info
 from verispec.heads.config import FINAL, eagle3_layers
+from verispec.heads.drafting_layer import DraftingLayer
 from verispec.models.features import FeatureStore
 from verispec.models.hf import HFCausalLM
 from verispec.models.load import LoadedModel
@@ -249,8 +251,9 @@ def test_save_and_load_round_trip(tmp_path, kind, trained_output):
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
 def test_a_head_packed_for_drafting_computes_the_same_function(tmp_path, kind, dtype, tolerance):
     """`for_drafting` swaps every projection, the target's output rows included, for a
-    prepacked one: the same logits and features up to summation order, no matrix left as a
-    parameter, and nothing to save."""
+    prepacked one, and an EAGLE head's decoder layer for a `DraftingLayer`: the same logits
+    and features up to summation order (a chain, a drafting step, a tree level with its own
+    positions and mask), no matrix left as a parameter, and nothing to save."""
     lm = HFCausalLM(tiny_llama())
     taps = eagle3_layers(3) if kind == "eagle" else (FINAL,)
     lm.record_features(taps)
@@ -259,6 +262,8 @@ def test_a_head_packed_for_drafting_computes_the_same_function(tmp_path, kind, d
     assert not any(isinstance(m, nn.Linear) for m in packed.modules())
     assert all(p.dim() == 1 for p in packed.parameters())  # the norms' weights only
     assert packed.dtype == dtype
+    if kind == "eagle":
+        assert isinstance(packed.layer, DraftingLayer)
     ids = [3, 5, 7, 9, 11, 13]
     features = lm.score_features(ids, taps)  # [T, F]
     with torch.no_grad():
@@ -268,13 +273,29 @@ def test_a_head_packed_for_drafting_computes_the_same_function(tmp_path, kind, d
                 cache = head.new_cache()
                 first = head(torch.tensor([ids[1:4]]), head.fuse(features[None, :3].to(dtype)), cache)
                 step = head(torch.tensor([ids[4:5]]), first[1][:, -1:], cache)  # a drafting step
-                outputs.append([*first, *step])
+                # a tree level: two siblings at depth 2 under the step's node, one at depth 1
+                allowed = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 1, 0], [1, 1, 1, 0, 0, 0, 1]]).bool()
+                level = head(torch.tensor([[2, 4, 6]]), step[1].expand(1, 3, -1), cache,
+                             positions=torch.tensor([[4, 4, 3]]), allowed=allowed)
+                outputs.append([*first, *step, *level])
         else:
             outputs = [[head(features)] for head in (unpacked, packed)]
     for expected, actual in zip(*outputs):
         torch.testing.assert_close(actual, expected, atol=tolerance, rtol=tolerance)
     with pytest.raises(ValueError, match="packed for drafting"):
         save_head(packed, tmp_path / "again")
+
+
+def test_the_drafting_layer_runs_one_sequence_of_a_silu_layer():
+    lm = HFCausalLM(tiny_llama())
+    head = hf_head("eagle", lm)
+    layer = DraftingLayer(head.layer, head.layer_config)
+    with pytest.raises(ValueError, match="runs one sequence, got a batch of 2"):
+        layer(torch.zeros(2, 1, 16), None, None, head.new_cache())
+    gelu = copy.deepcopy(head.layer_config)
+    gelu.hidden_act = "gelu"
+    with pytest.raises(ValueError, match="SiLU-gated and this head's uses 'gelu'"):
+        DraftingLayer(head.layer, gelu)
 
 
 def test_a_head_refuses_another_target(tmp_path):

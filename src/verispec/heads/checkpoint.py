@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from verispec.heads.config import HeadConfig, TargetInfo
+from verispec.heads.drafting_layer import DraftingLayer
 from verispec.heads.eagle import EagleHead, FrozenRows
 from verispec.heads.medusa import MedusaHead
 from verispec.models.base import FeatureChannel
@@ -125,11 +126,15 @@ def load_head(directory: str | Path, target: FeatureChannel, dtype: torch.dtype 
 def for_drafting(head: Head) -> Head:
     """`head` (loaded, frozen) with its projections prepacked for drafting, in place: every
     linear layer and the target's output rows for the head vocabulary
-    (`models.linear.projection`). Its logits are the same function, up to the order in which
-    the products sum. Measured on a 2-core AMD EPYC (bfloat16, the shipped EAGLE head, one pair
-    after 300 cached ones): a step took 2.0 ms unpacked, most of it `F.linear` reordering
-    bfloat16 weights (and the fusion layer's 3-D input copying its weight) on every call.
-    Drafting only: the packed head cannot train, and `save_head` refuses it."""
+    (`models.linear.projection`), and an EAGLE head's decoder layer rebuilt as a
+    `DraftingLayer` (fused projections, precomputed rotary tables). Its logits are the same
+    function, up to the order in which the products sum. Measured on a 2-core AMD EPYC
+    (bfloat16, the shipped EAGLE head, one pair after 300 cached ones): a step took 2.0 ms
+    unpacked, most of it `F.linear` reordering bfloat16 weights (and the fusion layer's 3-D
+    input copying its weight) on every call. Drafting only: the packed head cannot train, and
+    `save_head` refuses it."""
+    if isinstance(head, EagleHead):
+        head.layer = DraftingLayer(head.layer, head.layer_config)
     packed_linears(head)
     if isinstance(head.output, FrozenRows):
         head.output = projection(head.output.rows)

@@ -32,6 +32,7 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from verispec.heads.config import HeadConfig
+from verispec.heads.drafting_layer import DraftingLayer
 from verispec.heads.vocab import check_d2t
 from verispec.models.hf import BufferedLayer
 
@@ -145,23 +146,32 @@ class EagleHead(nn.Module):
         most of a long catch-up; of the pairs where the bool mask `logits_at` [B, T] holds, as
         [M, N] in row-major order, when given, as fitting scores only some of them) and
         predicted features [B, T, H] (of position t + 1)."""
-        B, T = tokens.shape
-        past = 0 if cache is None else cache.get_seq_length()
         dtype = self.dtype
         embedded = nn.functional.embedding(tokens, self.embedding).to(dtype)  # [B, T, H]
         x = self.fc(torch.cat([embedded, hidden.to(dtype)], dim=-1))  # [B, T, H]
+        h = self._decoder(x, positions, allowed, cache)  # [B, T, H]
+        if logits_at is not None:
+            return self.output(self.norm(h[logits_at])), h
+        return self.output(self.norm(h[:, -logits_to_keep:] if logits_to_keep else h)), h
+
+    def _decoder(
+        self, x: torch.Tensor, positions: torch.Tensor | None, allowed: torch.Tensor | None, cache: DynamicCache | None
+    ) -> torch.Tensor:
+        """The decoder layer over x [B, T, H] (`forward` says what positions and allowed mean):
+        the `DraftingLayer` once `for_drafting` put one in, else transformers' own."""
+        if isinstance(self.layer, DraftingLayer):
+            return self.layer(x, positions, allowed, cache)
+        B, T, _ = x.shape
+        past = 0 if cache is None else cache.get_seq_length()
         if positions is None:
             positions = torch.arange(past, past + T, device=x.device).expand(B, T)  # [B, T]
         if allowed is None:
             allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)  # [T, P + T]
-        h = self.layer(
+        return self.layer(
             x,
             attention_mask=allowed[None, None],
             position_ids=positions,
             cache=cache,
             use_cache=cache is not None,
             position_embeddings=self.rotary(x, positions),
-        )  # [B, T, H]
-        if logits_at is not None:
-            return self.output(self.norm(h[logits_at])), h
-        return self.output(self.norm(h[:, -logits_to_keep:] if logits_to_keep else h)), h
+        )

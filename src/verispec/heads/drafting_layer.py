@@ -1,0 +1,90 @@
+"""`DraftingLayer`: the EAGLE head's decoder layer as `--proposer eagle` runs it.
+
+The same computation as the transformers `LlamaDecoderLayer` it is built from, on one
+sequence, with the fast runtime's parts (`verispec.models.llama`):
+
+    h = rms_norm(x)                      x[T, H]
+    q, k, v = qkv(h)                     one fused prepacked projection -> [T, Hq + 2 Hkv, D]
+    q, k = rope(q, k)                    both at once, from precomputed tables
+    K, V = cache.update(k, v)            the head's cache (`BufferedLayer`), as before
+    x = x + o(attention(q, K, V))        torch's fused kernel; no mask for one causal row
+    x = x + down(silu(gate) * up)        gate and up from one fused projection
+
+Transformers' layer builds its cos/sin per call through the rotary module, and runs seven
+projections, `repeat_kv`-free SDPA glue and per-call reshapes; a head step is one pair, so
+those fixed costs are most of the layer. The output is the same function up to summation
+order (the projections are fused, and the tables hold transformers' own rounding of cos and
+sin). Drafting only: it holds no parameters, so nothing trains through it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+from verispec.models.attention import SdpaAttention
+from verispec.models.linear import projection
+from verispec.models.llama import rms_norm
+from verispec.models.rope import RopeTables, rope_parameters
+
+
+def _fused(*linears: nn.Linear) -> nn.Module:
+    """One prepacked projection computing every linear's output side by side."""
+    weight = torch.cat([linear.weight.detach() for linear in linears])  # [sum of outs, in]
+    biases = [linear.bias for linear in linears]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b.detach() if b is not None else linear.weight.new_zeros(linear.out_features) for b, linear in zip(biases, linears)]
+    )
+    return projection(weight, bias)
+
+
+class DraftingLayer(nn.Module):
+    """Built from a trained `LlamaDecoderLayer` and its config (SiLU-gated, as Llama's)."""
+
+    def __init__(self, layer: LlamaDecoderLayer, config: LlamaConfig) -> None:
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"the drafting layer's MLP is SiLU-gated and this head's uses {config.hidden_act!r}")
+        attention, mlp = layer.self_attn, layer.mlp
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = attention.head_dim
+        self.intermediate = config.intermediate_size
+        self.eps = config.rms_norm_eps
+        self.qkv = _fused(attention.q_proj, attention.k_proj, attention.v_proj)  # [T, H] -> [T, (Hq + 2 Hkv) D]
+        self.o = _fused(attention.o_proj)  # [T, Hq D] -> [T, H]
+        self.gate_up = _fused(mlp.gate_proj, mlp.up_proj)  # [T, H] -> [T, 2 I]
+        self.down = _fused(mlp.down_proj)  # [T, I] -> [T, H]
+        self.register_buffer("attention_norm", layer.input_layernorm.weight.detach(), persistent=False)  # [H]
+        self.register_buffer("mlp_norm", layer.post_attention_layernorm.weight.detach(), persistent=False)  # [H]
+        self.rope = RopeTables(*rope_parameters(config), self.attention_norm.dtype)
+        self.attention = SdpaAttention(self.heads, self.kv_heads, self.head_dim)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None, allowed: torch.Tensor | None, cache: DynamicCache
+    ) -> torch.Tensor:
+        """x [1, T, H] after the P pairs in `cache` (appended to it); positions LongTensor[1, T]
+        (None: P..P+T-1); allowed bool [T, P + T] (None: causal). Returns [1, T, H]."""
+        batch, t, hidden = x.shape
+        if batch != 1:
+            raise ValueError(f"the drafting layer runs one sequence, got a batch of {batch}")
+        past = cache.get_seq_length()
+        if positions is None:
+            self.rope.ensure(past + t)
+            cos, sin = self.rope.at(slice(past, past + t))  # [T, 1, D] each
+        else:
+            self.rope.ensure(int(positions.max()) + 1)
+            cos, sin = self.rope.at(positions[0])
+        if allowed is None:
+            allowed = self.attention.mask(past, t, x.dtype)  # None for one row
+        x = x[0]  # [T, H]
+        q_end, k_end = self.heads, self.heads + self.kv_heads
+        qkv = self.qkv(rms_norm(x, self.attention_norm, self.eps)).view(t, k_end + self.kv_heads, self.head_dim)
+        qk = self.rope.rotate(qkv[:, :k_end], cos, sin)  # [T, Hq + Hkv, D]
+        keys, values = cache.update(qk[None, :, q_end:].transpose(1, 2), qkv[None, :, k_end:].transpose(1, 2), 0)
+        attended = self.attention(qk[:, :q_end].transpose(0, 1), keys[0], values[0], allowed)  # [T, Hq D]
+        x = x + self.o(attended)
+        gate_up = self.gate_up(rms_norm(x, self.mlp_norm, self.eps))  # [T, 2 I]
+        x = x + self.down(nn.functional.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
+        return x[None]
