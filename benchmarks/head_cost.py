@@ -2,12 +2,15 @@
 
     .venv/bin/python benchmarks/head_cost.py [--dtype auto] [--head-dtypes float32,bfloat16] [--vocab 8192,49152]
         [--forms as-loaded,for-drafting] [--repeats 15] [--context 200] [--threads 1]
+        [--kinds eagle-1,eagle-3,medusa]
 
 Builds heads of the shipped shapes with untrained weights (time does not depend on the
 weights): EAGLE on the FINAL feature (EAGLE-1), EAGLE on three fused layers (EAGLE-3), and
 Medusa with K = 4 heads, each with a head vocabulary of N = 8192 and of the full 49152, in
 float32 and bfloat16, as loaded (`nn.Linear` layers, as trained) and packed for drafting
-(`heads.for_drafting`, as `--proposer eagle|medusa` runs them). At one
+(`heads.for_drafting`, as `--proposer eagle|medusa` runs them); the form `packed-hf-layer` is
+for_drafting with the EAGLE head's decoder layer left as transformers' (its projections
+packed), to measure the `DraftingLayer` against it. At one
 context length it interleaves, per repeat: one target step (extend 1 token + rollback), and
 each proposer's `propose(context, k = 4)` after its state has caught up with the context (the
 drafting alone), then one round's catch-up (the new true pairs EAGLE reads after 2 accepted
@@ -25,6 +28,8 @@ import torch
 from verispec import GREEDY, SamplingParams, load_model
 from verispec.heads import HeadConfig, for_drafting, new_head, target_info
 from verispec.heads.config import FINAL, default_layer, eagle3_layers
+from verispec.heads.eagle import FrozenRows
+from verispec.models.linear import packed_linears, projection
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
 from verispec.randomness import TorchRandom
@@ -43,6 +48,10 @@ def build(loaded, kind: str, taps, n: int, dtype: torch.dtype, form: str):
     head = new_head(config, torch.arange(n), lm).to(dtype).eval().requires_grad_(False)
     if form == "for-drafting":
         head = for_drafting(head)
+    elif form == "packed-hf-layer":
+        packed_linears(head)
+        if isinstance(head.output, FrozenRows):
+            head.output = projection(head.output.rows)
     return (EagleProposer if kind == "eagle" else MedusaProposer)(head, lm)
 
 
@@ -51,7 +60,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--head-dtypes", default="float32,bfloat16", help="comma-separated, interleaved")
     parser.add_argument("--vocab", default="8192,49152", help="head vocabulary sizes N, comma-separated")
-    parser.add_argument("--forms", default="as-loaded,for-drafting", help="comma-separated, interleaved")
+    parser.add_argument("--forms", default="as-loaded,for-drafting",
+                        help="comma-separated, interleaved: as-loaded, for-drafting, packed-hf-layer")
+    parser.add_argument("--kinds", default="eagle-1,eagle-3,medusa", help="comma-separated")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -68,9 +79,13 @@ def main() -> None:
         for dtype in head_dtypes:
             for form in args.forms.split(","):
                 label = f"{str(dtype).removeprefix('torch.')} {form}"
-                proposers[f"eagle-1 N={n} {label}"] = build(loaded, "eagle", (FINAL,), n, dtype, form)
-                proposers[f"eagle-3 N={n} {label}"] = build(loaded, "eagle", eagle3_layers(L), n, dtype, form)
-                proposers[f"medusa K={K} N={n} {label}"] = build(loaded, "medusa", (FINAL,), n, dtype, form)
+                kinds = args.kinds.split(",")
+                if "eagle-1" in kinds:
+                    proposers[f"eagle-1 N={n} {label}"] = build(loaded, "eagle", (FINAL,), n, dtype, form)
+                if "eagle-3" in kinds:
+                    proposers[f"eagle-3 N={n} {label}"] = build(loaded, "eagle", eagle3_layers(L), n, dtype, form)
+                if "medusa" in kinds:
+                    proposers[f"medusa K={K} N={n} {label}"] = build(loaded, "medusa", (FINAL,), n, dtype, form)
     times: dict[str, list[float]] = {"target step": [], **{f"{name} {mode}": [] for name in proposers
                                                           for mode in ("greedy", "T=1")}}
     catchup: dict[str, list[float]] = {name: [] for name in proposers if name.startswith("eagle")}
