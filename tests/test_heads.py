@@ -11,12 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
 from verispec.heads.untrained import TINY_LAYER, tiny_head
-from verispec.heads import HeadConfig, HeadVocab, for_drafting, load_head, new_head, read_config, save_head, target_info
+from verispec.heads import (
+    HeadConfig, HeadVocab, TargetInfo, for_drafting, load_head, load_weights, new_head, read_config, read_weights, save_head,
+    target_info,
+)
 from verispec.heads.config import FINAL, eagle3_layers
 from verispec.heads.drafting_layer import DraftingLayer
 from verispec.models.features import FeatureStore
@@ -45,10 +49,10 @@ def tiny_llama(seed: int = 0, layers: int = 3, hidden: int = 16) -> LlamaForCaus
     return LlamaForCausalLM(config).eval()
 
 
-def hf_head(kind: str, lm: HFCausalLM, taps=(FINAL,), n: int = 40, trained_output: bool = False):
+def hf_head(kind: str, lm: HFCausalLM, taps=(FINAL,), n: int = 40, trained_output: bool = False, depth: int = 1):
     layer = {**TINY_LAYER, "num_attention_heads": 4, "num_key_value_heads": 2}
     config = HeadConfig(kind, target_info(lm, "tiny"), taps, vocab_size=n, trained_output=trained_output,
-                        layer=layer if kind == "eagle" else {}, heads=3 if kind == "medusa" else 0)
+                        layer=layer if kind == "eagle" else {}, heads=3 if kind == "medusa" else 0, depth=depth)
     with torch.random.fork_rng():
         torch.manual_seed(1)
         return new_head(config, torch.arange(0, 2 * n, 2)[:n] if 2 * n <= VOCAB else torch.arange(n), lm).eval()
@@ -165,10 +169,11 @@ def test_head_vocabulary_refuses_bad_ids(d2t, message):
 # --- the modules and their checkpoints --------------------------------------------------------
 
 
-def test_eagle_head_shapes_and_cache_equal_full_recompute():
+@pytest.mark.parametrize("depth", [1, 2])
+def test_eagle_head_shapes_and_cache_equal_full_recompute(depth):
     lm = HFCausalLM(tiny_llama())
     lm.record_features(eagle3_layers(3))
-    head = hf_head("eagle", lm, taps=eagle3_layers(3))
+    head = hf_head("eagle", lm, taps=eagle3_layers(3), depth=depth)
     ids = torch.tensor([[3, 5, 7, 9, 11, 13]])  # [1, T + 1]
     features = lm.score_features(ids[0].tolist(), eagle3_layers(3))[None]  # [1, T + 1, 3H]
     with torch.no_grad():
@@ -247,7 +252,48 @@ def test_save_and_load_round_trip(tmp_path, kind, trained_output):
         assert torch.equal(halved.state_dict()[name], expected), name
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_a_one_layer_head_saved_as_layer_loads_and_deepens_to_the_same_function(tmp_path):
+    """A head saved before heads could stack layers named its decoder layer `layer`: it loads
+    as `layers.0`. Loaded into a two-layer head with `depth=1`, the second layer starts as the
+    identity: the same logits and features, bit for bit, in a chain and with a cache."""
+    lm = HFCausalLM(tiny_llama())
+    lm.record_features([FINAL])
+    one = hf_head("eagle", lm)
+    directory = save_head(one, tmp_path / "one")
+    state = load_file(directory / "model.safetensors")
+    save_file({name.replace("layers.0.", "layer.", 1): tensor for name, tensor in state.items()}, directory / "model.safetensors")
+    assert any(name.startswith("layer.") for name in load_file(directory / "model.safetensors"))
+    loaded = load_head(directory, lm)
+    for name, tensor in one.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    two = hf_head("eagle", lm, depth=2)
+    load_weights(two, read_weights(directory), directory, depth=1)
+    ids = torch.tensor([[3, 5, 7, 9, 11]])
+    hidden = lm.score_features(ids[0].tolist(), [FINAL])[None]  # [1, T, H]
+    with torch.no_grad():
+        chains = [head(ids, hidden) for head in (one, two)]
+        cached = [head(ids[:, :2], hidden[:, :2], head.new_cache()) for head in (one, two)]
+    for a, b in (*zip(*chains), *zip(*cached)):
+        assert torch.equal(a, b)
+    assert two.layers[1].mlp.up_proj.weight.abs().sum() > 0  # only the projections into the residual are zero
+    with pytest.raises(ValueError, match=r"missing \['layers.1"):
+        load_weights(hf_head("eagle", lm, depth=2), read_weights(directory), directory)
+
+
+def test_a_head_config_refuses_a_bad_depth():
+    info = TargetInfo("tiny", VOCAB, 16, 3)
+    for kind, depth in (("eagle", 0), ("eagle", True), ("medusa", 2)):
+        with pytest.raises(ValueError, match="depth is an EAGLE head's number of decoder layers"):
+            HeadConfig(kind, info, (FINAL,), vocab_size=8, layer=TINY_LAYER if kind == "eagle" else {},
+                       heads=3 if kind == "medusa" else 0, depth=depth)
+    config = HeadConfig("eagle", info, (FINAL,), vocab_size=8, layer=TINY_LAYER, depth=2)
+    assert HeadConfig.from_json(config.to_json()) == config
+    legacy = config.to_json()
+    del legacy["depth"]
+    assert HeadConfig.from_json(legacy).depth == 1
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle-depth-2", "medusa"])
 @pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
 def test_a_head_packed_for_drafting_computes_the_same_function(tmp_path, kind, dtype, tolerance):
     """`for_drafting` swaps every projection, the target's output rows included, for a
@@ -255,15 +301,16 @@ def test_a_head_packed_for_drafting_computes_the_same_function(tmp_path, kind, d
     and features up to summation order (a chain, a drafting step, a tree level with its own
     positions and mask), no matrix left as a parameter, and nothing to save."""
     lm = HFCausalLM(tiny_llama())
+    kind, depth = ("eagle", 2) if kind == "eagle-depth-2" else (kind, 1)
     taps = eagle3_layers(3) if kind == "eagle" else (FINAL,)
     lm.record_features(taps)
-    directory = save_head(hf_head(kind, lm, taps=taps), tmp_path / kind)
+    directory = save_head(hf_head(kind, lm, taps=taps, depth=depth), tmp_path / kind)
     unpacked, packed = load_head(directory, lm, dtype), for_drafting(load_head(directory, lm, dtype))
     assert not any(isinstance(m, nn.Linear) for m in packed.modules())
     assert all(p.dim() == 1 for p in packed.parameters())  # the norms' weights only
     assert packed.dtype == dtype
     if kind == "eagle":
-        assert isinstance(packed.layer, DraftingLayer)
+        assert all(isinstance(layer, DraftingLayer) for layer in packed.layers)
     ids = [3, 5, 7, 9, 11, 13]
     features = lm.score_features(ids, taps)  # [T, F]
     with torch.no_grad():
@@ -289,13 +336,13 @@ def test_a_head_packed_for_drafting_computes_the_same_function(tmp_path, kind, d
 def test_the_drafting_layer_runs_one_sequence_of_a_silu_layer():
     lm = HFCausalLM(tiny_llama())
     head = hf_head("eagle", lm)
-    layer = DraftingLayer(head.layer, head.layer_config)
+    layer = DraftingLayer(head.layers[0], head.layer_config)
     with pytest.raises(ValueError, match="runs one sequence, got a batch of 2"):
         layer(torch.zeros(2, 1, 16), None, None, head.new_cache())
     gelu = copy.deepcopy(head.layer_config)
     gelu.hidden_act = "gelu"
     with pytest.raises(ValueError, match="SiLU-gated and this head's uses 'gelu'"):
-        DraftingLayer(head.layer, gelu)
+        DraftingLayer(head.layers[0], gelu)
 
 
 def test_a_head_refuses_another_target(tmp_path):
@@ -316,12 +363,13 @@ def test_a_head_refuses_another_target(tmp_path):
 # --- the proposers ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle-depth-2", "medusa"])
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(), SamplingParams(0.7, top_p=0.9)], ids=str)
 @pytest.mark.parametrize("packed", [False, True], ids=["as-trained", "for-drafting"])
 def test_engine_equals_reference_on_a_tiny_llama(kind, sampling, packed):
     lm = HFCausalLM(tiny_llama())
-    head = hf_head(kind, lm, taps=(FINAL, 2) if kind == "eagle" else (FINAL,)).double()
+    kind, depth = ("eagle", 2) if kind == "eagle-depth-2" else (kind, 1)
+    head = hf_head(kind, lm, taps=(FINAL, 2) if kind == "eagle" else (FINAL,), depth=depth).double()
     if packed:
         head = for_drafting(head)
     proposer = (EagleProposer if kind == "eagle" else MedusaProposer)
@@ -426,10 +474,11 @@ def test_specs_load_head_directories(tmp_path):
 # --- greedy identity with plain decoding ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kind", "taps"), [("eagle", (FINAL,)), ("eagle", (1, 2, 3)), ("medusa", (FINAL,))])
-def test_greedy_heads_reproduce_plain_decoding_on_a_tiny_llama(kind, taps):
+@pytest.mark.parametrize(("kind", "taps", "depth"), [("eagle", (FINAL,), 1), ("eagle", (1, 2, 3), 1), ("eagle", (1, 2, 3), 2),
+                                                    ("medusa", (FINAL,), 1)])
+def test_greedy_heads_reproduce_plain_decoding_on_a_tiny_llama(kind, taps, depth):
     lm = HFCausalLM(tiny_llama(seed=5))
-    head = hf_head(kind, lm, taps=taps)  # float32, untrained: drafts are often rejected
+    head = hf_head(kind, lm, taps=taps, depth=depth)  # float32, untrained: drafts are often rejected
     proposer = (EagleProposer if kind == "eagle" else MedusaProposer)(head, lm)
     for prompt in ([7], [1, 2, 3], [9, 8, 7, 6, 5, 4, 3, 2]):
         plain = generate(lm, None, prompt, max_new_tokens=24, sampling=GREEDY, k=0).tokens

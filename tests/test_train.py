@@ -384,7 +384,8 @@ def test_cli_init_continues_a_head_on_more_data(tiny_model_dir, tmp_path, monkey
     """`--init DIR` starts from DIR's weights and vocabulary: on the union of DIR's data and
     more, the held-back score before fitting is DIR's own (its data holds back the same
     sequences), the vocabulary stays DIR's, and the new head records where it started. A head
-    of other settings, or `--init` with `--data-only`, gets one error line."""
+    of other settings (a deeper one included), or `--init` with `--data-only`, gets one error
+    line. `--depth 2` from a one-layer head starts where that head stands (its held-back score)."""
     monkeypatch.setattr(data_module, "InstructionRecipe", lambda: TINY_INSTRUCTIONS)
     monkeypatch.setattr(data_module, "ResponseRecipe", lambda: TINY_RESPONSES)
     monkeypatch.setattr(documents_module, "DocumentRecipe", lambda: _documents_tree(tmp_path / "doc"))
@@ -411,10 +412,18 @@ def test_cli_init_continues_a_head_on_more_data(tiny_model_dir, tmp_path, monkey
     assert held == made["data"]["heldout_sequences"]
     assert continued["settings"]["init"] == str(first.resolve())
     assert continued["init"]["steps"] == 8 and continued["init"]["command"] == made["command"]
+    deeper = tmp_path / "deeper"  # --depth 2 from the one-layer head: layer 2 starts as the identity
+    assert main(["train", *common, "--out", str(deeper), "--work", str(work), "--steps", "1", "--depth", "2",
+                 "--init", str(first), "--data-minutes", "0"]) == 0
+    assert read_config(deeper).depth == 2
+    assert read_config(deeper).training["heldout_top1_by_step_init"] == made["heldout_top1_by_step"]
+    assert main(["train", *common, "--out", str(tmp_path / "deepest"), "--work", str(work), "--steps", "1", "--depth", "3",
+                 "--init", str(deeper), "--data-minutes", "0"]) == 0
     capsys.readouterr()
     for extra, message in ((["--vocab", "32"], "vocabulary N (--vocab) 64 where this run has 32"),
                            (["--head", "medusa"], "kind (--head) eagle where this run has medusa"),
-                           (["--taps", "eagle3"], "taps (--taps)")):
+                           (["--taps", "eagle3"], "taps (--taps)"),
+                           (["--init", str(deeper)], "depth (--depth) 2 where this run has 1, fewer")):
         args = ["train", *common, "--out", str(tmp_path / "bad"), "--work", str(work), "--steps", "1", "--data-minutes", "0",
                 "--init", str(first), *extra]
         assert main(args) == 2
@@ -493,6 +502,8 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
         (["--decay", "0.2"], "--decay plans the learning rate over --steps"),
         (["--decay", "1.5", "--steps", "10"], "--decay must lie in [0, 1]"),
         (["--init", ".", "--data-only"], "--init starts the fitting from a head"),
+        (["--depth", "0"], "--depth must be >= 1"),
+        (["--head", "medusa", "--depth", "2"], "--depth stacks an EAGLE head's decoder layers"),
     ],
 )
 def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, capsys):

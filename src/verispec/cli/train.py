@@ -48,6 +48,7 @@ def train(
     vocab: Annotated[int, typer.Option(help="N, the head vocabulary: the N most frequent tokens of the data.")] = 8192,
     taps: Annotated[str, typer.Option(help="eagle3 (low/mid/high layers fused) or final (the last hidden state); Medusa reads final.")] = "eagle3",
     unroll: Annotated[int, typer.Option(help="EAGLE: training-time-test steps; Medusa: the number of heads K.")] = 3,
+    depth: Annotated[int, typer.Option(help="EAGLE: decoder layers (EAGLE's is one); with --init of a shallower head, the new layers start as the identity.")] = 1,
     lr: Annotated[float, typer.Option(help="AdamW learning rate after warm-up.")] = 1e-3,
     decay: Annotated[float, typer.Option(help="Share of --steps at the end over which the learning rate falls linearly to 0 (0: constant to the end); needs --steps.")] = 0.0,
     batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Padded tokens per batch.")] = 4096,
@@ -75,9 +76,11 @@ def train(
         raise ValueError("--also adds data to the fitting, which --data-only skips; drop one of them")
     if not 0 <= data_minutes <= minutes:
         raise ValueError(f"--data-minutes must lie in [0, --minutes = {minutes}], got {data_minutes}")
-    for name, value in (("--vocab", vocab), ("--unroll", unroll), ("--batch-tokens", batch_tokens), ("--threads", threads)):
+    for name, value in (("--vocab", vocab), ("--unroll", unroll), ("--depth", depth), ("--batch-tokens", batch_tokens), ("--threads", threads)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+    if depth != 1 and head != "eagle":
+        raise ValueError(f"--depth stacks an EAGLE head's decoder layers; a {head} head has none, drop --depth")
     if train_dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"--train-dtype must be auto, float32 or bfloat16, got {train_dtype!r}")
     if score not in ("answers", "turns"):
@@ -172,7 +175,7 @@ def train(
 
     bf16 = train_dtype == "bfloat16" or (train_dtype == "auto" and native_bf16())
     settings = TrainSettings(
-        kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, lr=lr, batch_tokens=batch_tokens, bf16=bf16, score=score,
+        kind=head, seed=seed, taps=taps, vocab_size=vocab, unroll=unroll, depth=depth, lr=lr, batch_tokens=batch_tokens, bf16=bf16, score=score,
         steps=steps if decay > 0 else None, decay=decay, init=None if init is None else str(init.resolve()),
     )
     target = loaded.lm
@@ -180,13 +183,13 @@ def train(
         start = None
         d2t = choose_vocab(stored["tokens"], vocab, end_of_turn_ids(loaded.tokenizer, loaded.eos_token_ids))
     else:
-        start, init_record = _init_state(init, settings, str(model), target.num_layers)
+        start, init_record, init_depth = _init_state(init, settings, str(model), target.num_layers)
         d2t = start["d2t"]
     turn_start = len(user_turn_prefix(loaded.tokenizer)) if score == "turns" else 0
     data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings, turn_start, sizes)
     trained = build_head(head, settings, target, loaded.config, str(model), d2t)
     if start is not None:
-        load_weights(trained, start, init)
+        load_weights(trained, start, init, depth=init_depth if init_depth < settings.depth else None)
     rows = target.output_embeddings()[d2t].detach().float()  # [N, H]
     before = evaluate(trained, data, rows, settings)  # untrained, or the --init head
     with _bar() as bar:
@@ -247,9 +250,10 @@ def _also_cache(path: Path, model: str, own: "DataCache") -> "DataCache":
     return cache
 
 
-def _init_state(directory: Path, settings: "TrainSettings", model: str, num_layers: int) -> tuple[dict, dict]:
-    """The saved state of the `--init` head (d2t included) and what the new head records of it,
-    after checking that it is a head this run could have made: same model, kind, taps, N and K."""
+def _init_state(directory: Path, settings: "TrainSettings", model: str, num_layers: int) -> tuple[dict, dict, int]:
+    """The saved state of the `--init` head (d2t included), what the new head records of it and
+    its depth, after checking that it is a head this run could have made: same model, kind,
+    taps, N and K, and no more decoder layers than --depth."""
     from verispec.heads import read_config, read_weights
 
     config = read_config(directory)
@@ -261,12 +265,14 @@ def _init_state(directory: Path, settings: "TrainSettings", model: str, num_laye
         **({"heads K (--unroll)": (config.heads, settings.unroll)} if config.kind == "medusa" else {}),
     }
     wrong = [f"{name} {have} where this run has {want}" for name, (have, want) in wanted.items() if have != want]
+    if config.depth > settings.depth:
+        wrong.append(f"depth (--depth) {config.depth} where this run has {settings.depth}, fewer")
     if wrong:
         raise ValueError(f"--init {directory} holds a head of another {'; '.join(wrong)}; give the settings it was trained with")
     made = config.training
     return read_weights(directory), {
         "directory": str(directory), **{key: made[key] for key in ("command", "steps", "tokens_seen", "fit_seconds", "init") if key in made},
-    }
+    }, config.depth
 
 
 def _no_features(cache: "DataCache") -> str:

@@ -2,7 +2,8 @@
 
 - `config`: `HeadConfig`, what a head is (its target, features, vocabulary, architecture);
 - `vocab`: the pruned head vocabulary (d2t) and q over the full vocabulary;
-- `eagle`: `EagleHead`, one decoder layer drafting in feature space with a KV cache;
+- `eagle`: `EagleHead`, decoder layers (EAGLE's one) drafting in feature space with a KV cache;
+- `drafting_layer`: `DraftingLayer`, the EAGLE decoder layer as drafting runs it;
 - `medusa`: `MedusaHead`, K residual heads on one feature;
 - `checkpoint`: `new_head`, `save_head`, `load_head` (a directory `--proposer eagle:DIR` loads),
   `read_weights` and `load_weights` (a saved state, e.g. to continue fitting it), `for_drafting`

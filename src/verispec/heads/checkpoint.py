@@ -102,16 +102,24 @@ def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
     state = load_file(path)
     if "d2t" not in state:
         raise ValueError(f"{path} has no d2t (the head vocabulary)")
-    return state
+    # An EAGLE head saved before heads could stack layers named its one decoder layer `layer`.
+    return {(f"layers.0.{name[6:]}" if name.startswith("layer.") else name): tensor for name, tensor in state.items()}
 
 
-def load_weights(head: Head, state: dict[str, torch.Tensor], source: str | Path) -> Head:
-    """Copy `state` (from `read_weights`) into `head`, cast to its dtype; every tensor must match."""
+def load_weights(head: Head, state: dict[str, torch.Tensor], source: str | Path, depth: int | None = None) -> Head:
+    """Copy `state` (from `read_weights`) into `head`, cast to its dtype; every tensor must match.
+    depth: `state` is that of an EAGLE head of fewer decoder layers, copied into the first
+    ones; the rest become the identity (`EagleHead.deepened_from`), so the head computes what
+    the saved one did."""
     missing, unexpected = head.load_state_dict(state, strict=False)
+    if depth is not None:  # the new layers' weights are not in `state`
+        missing = [name for name in missing if not (name.startswith("layers.") and int(name.split(".")[1]) >= depth)]
     if missing or unexpected:
         raise ValueError(
             f"{source} does not match its config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
+    if depth is not None:
+        head.deepened_from(depth)
     return head
 
 
@@ -134,7 +142,7 @@ def for_drafting(head: Head) -> Head:
     input copying its weight) on every call. Drafting only: the packed head cannot train, and
     `save_head` refuses it."""
     if isinstance(head, EagleHead):
-        head.layer = DraftingLayer(head.layer, head.layer_config)
+        head.layers = nn.ModuleList(DraftingLayer(layer, head.layer_config) for layer in head.layers)
     packed_linears(head)
     if isinstance(head.output, FrozenRows):
         head.output = projection(head.output.rows)

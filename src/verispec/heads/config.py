@@ -10,6 +10,7 @@ A `HeadConfig` is the `config.json` of a head directory (see `verispec.heads.che
      "trained_output": false,                # false: the target's output rows, frozen
      "layer": {"num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
                "rms_norm_eps": 1e-05, "rope_theta": 100000.0, "hidden_act": "silu"},
+     "depth": 1,                             # EAGLE only: how many such decoder layers
      "heads": 4,                             # Medusa only: the number of heads K
      "training": {...}}                      # free-form record: command, data, minutes, seed
 """
@@ -42,8 +43,9 @@ class HeadConfig:
     residual heads on one feature). feature_layers: the taps it reads (`FeatureChannel`), so
     its feature size is F = len(feature_layers) * H. vocab_size: N, the pruned head vocabulary.
     trained_output: whether the output layer [N, H] is trained (saved) or the target's rows
-    for the N tokens (frozen, not saved). layer: the EAGLE decoder layer's LlamaConfig fields.
-    heads: Medusa's K."""
+    for the N tokens (frozen, not saved). layer: the EAGLE decoder layer's LlamaConfig fields;
+    depth: how many such layers the EAGLE head stacks (a config without it has one). heads:
+    Medusa's K."""
 
     kind: Literal["eagle", "medusa"]
     target: TargetInfo
@@ -51,6 +53,7 @@ class HeadConfig:
     vocab_size: int
     trained_output: bool = False
     layer: dict[str, Any] = field(default_factory=dict)
+    depth: int = 1
     heads: int = 0
     training: dict[str, Any] = field(default_factory=dict)
 
@@ -64,6 +67,8 @@ class HeadConfig:
             raise ValueError(f"a Medusa head needs heads K >= 1 and no decoder layer, got K = {self.heads}, layer {self.layer}")
         if self.kind == "eagle" and (self.heads or not self.layer):
             raise ValueError(f"an EAGLE head needs a decoder layer and no Medusa heads, got layer {self.layer}, K = {self.heads}")
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1 or (self.kind == "medusa" and self.depth != 1):
+            raise ValueError(f"depth is an EAGLE head's number of decoder layers, at least 1 (1 for Medusa), got {self.depth!r}")
 
     @property
     def hidden_size(self) -> int:
@@ -80,7 +85,7 @@ class HeadConfig:
         if self.kind == "eagle":
             del data["heads"]
         else:
-            del data["layer"]
+            del data["layer"], data["depth"]
         return data
 
     @classmethod

@@ -48,6 +48,7 @@ class DraftingLayer(nn.Module):
         if config.hidden_act != "silu":
             raise ValueError(f"the drafting layer's MLP is SiLU-gated and this head's uses {config.hidden_act!r}")
         attention, mlp = layer.self_attn, layer.mlp
+        self.index = attention.layer_idx  # its layer in the head's cache
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = attention.head_dim
         self.intermediate = config.intermediate_size
@@ -69,7 +70,7 @@ class DraftingLayer(nn.Module):
         batch, t, hidden = x.shape
         if batch != 1:
             raise ValueError(f"the drafting layer runs one sequence, got a batch of {batch}")
-        past = cache.get_seq_length()
+        past = cache.get_seq_length(self.index)
         if positions is None:
             self.rope.ensure(past + t)
             cos, sin = self.rope.at(slice(past, past + t))  # [T, 1, D] each
@@ -82,7 +83,7 @@ class DraftingLayer(nn.Module):
         q_end, k_end = self.heads, self.heads + self.kv_heads
         qkv = self.qkv(rms_norm(x, self.attention_norm, self.eps)).view(t, k_end + self.kv_heads, self.head_dim)
         qk = self.rope.rotate(qkv[:, :k_end], cos, sin)  # [T, Hq + Hkv, D]
-        keys, values = cache.update(qk[None, :, q_end:].transpose(1, 2), qkv[None, :, k_end:].transpose(1, 2), 0)
+        keys, values = cache.update(qk[None, :, q_end:].transpose(1, 2), qkv[None, :, k_end:].transpose(1, 2), self.index)
         attended = self.attention(qk[:, :q_end].transpose(0, 1), keys[0], values[0], allowed)  # [T, Hq D]
         x = x + self.o(attended)
         gate_up = self.gate_up(rms_norm(x, self.mlp_norm, self.eps))  # [T, 2 I]

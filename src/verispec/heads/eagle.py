@@ -7,7 +7,8 @@ position t + 1 and, through the output layer, the distribution of token t + 2:
     hidden_t = fuse(target features_t)        [H]   (EAGLE-3: low ⊕ mid ⊕ high -> H; EAGLE-1:
                                                       the FINAL feature, fuse is the identity)
     x_t      = fc(embed(token_{t+1}) ⊕ hidden_t)  [2H -> H]   (the target's embedding, frozen)
-    h_t      = decoder layer(x_0..x_t)         [H]   (a transformers Llama decoder layer, causal)
+    h_t      = decoder layers(x_0..x_t)        [H]   (`depth` transformers Llama decoder layers, causal;
+                                                      EAGLE's is one)
     logits_t = output(norm(h_t))               [N]   over the pruned vocabulary d2t
     predicted_t = h_t                          [H]   fed back as hidden_{t+1} while drafting
 
@@ -76,7 +77,7 @@ class EagleHead(nn.Module):
     embedding: the target's input embedding [V, H] (kept by reference, frozen, not saved).
     output_weight: the target's output head weight [V, H] (needed unless config.trained_output).
 
-    Saved state (`state_dict`): d2t, fuse, fc, layer, norm, and output when trained.
+    Saved state (`state_dict`): d2t, fuse, fc, layers, norm, and output when trained.
     """
 
     def __init__(
@@ -97,7 +98,7 @@ class EagleHead(nn.Module):
             raise ValueError(f"d2t holds {d2t.numel()} token ids, the config says N = {config.vocab_size}")
         self.config = config
         self.layer_config = LlamaConfig(
-            hidden_size=H, num_hidden_layers=1, vocab_size=V, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+            hidden_size=H, num_hidden_layers=config.depth, vocab_size=V, bos_token_id=None, eos_token_id=None, pad_token_id=None,
             **config.layer,
         )
         self.layer_config._attn_implementation = "sdpa"
@@ -105,7 +106,7 @@ class EagleHead(nn.Module):
         self.register_buffer("d2t", d2t)  # [N]
         self.fuse = fuse_layer(config)
         self.fc = nn.Linear(2 * H, H, bias=True)
-        self.layer = LlamaDecoderLayer(self.layer_config, layer_idx=0)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(self.layer_config, layer_idx=i) for i in range(config.depth))
         self.rotary = LlamaRotaryEmbedding(self.layer_config)
         self.norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
         self.output = output_layer(config, d2t, output_weight)
@@ -118,7 +119,7 @@ class EagleHead(nn.Module):
     def new_cache(self) -> DynamicCache:
         """An empty KV cache for one sequence; roll back with `cache.crop(length - cache_length)`."""
         cache = DynamicCache(config=self.layer_config)
-        cache.layers = [BufferedLayer()]
+        cache.layers = [BufferedLayer() for _ in self.layers]
         return cache
 
     def forward(
@@ -157,21 +158,36 @@ class EagleHead(nn.Module):
     def _decoder(
         self, x: torch.Tensor, positions: torch.Tensor | None, allowed: torch.Tensor | None, cache: DynamicCache | None
     ) -> torch.Tensor:
-        """The decoder layer over x [B, T, H] (`forward` says what positions and allowed mean):
-        the `DraftingLayer` once `for_drafting` put one in, else transformers' own."""
-        if isinstance(self.layer, DraftingLayer):
-            return self.layer(x, positions, allowed, cache)
+        """The decoder layers over x [B, T, H] (`forward` says what positions and allowed mean):
+        `DraftingLayer`s once `for_drafting` put them in, else transformers' own."""
+        if isinstance(self.layers[0], DraftingLayer):
+            for layer in self.layers:
+                x = layer(x, positions, allowed, cache)
+            return x
         B, T, _ = x.shape
         past = 0 if cache is None else cache.get_seq_length()
         if positions is None:
             positions = torch.arange(past, past + T, device=x.device).expand(B, T)  # [B, T]
         if allowed is None:
             allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)  # [T, P + T]
-        return self.layer(
-            x,
-            attention_mask=allowed[None, None],
-            position_ids=positions,
-            cache=cache,
-            use_cache=cache is not None,
-            position_embeddings=self.rotary(x, positions),
-        )
+        rotary = self.rotary(x, positions)
+        for layer in self.layers:
+            x = layer(
+                x,
+                attention_mask=allowed[None, None],
+                position_ids=positions,
+                cache=cache,
+                use_cache=cache is not None,
+                position_embeddings=rotary,
+            )
+        return x
+
+    def deepened_from(self, depth: int) -> None:
+        """Make layers `depth`.. the identity (their attention output and MLP down projections
+        zero, so each adds nothing to its residual stream): a head whose first `depth` layers
+        hold a shallower head's weights then computes exactly what that head computes, and
+        fitting grows the new layers from there."""
+        with torch.no_grad():
+            for layer in self.layers[depth:]:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()

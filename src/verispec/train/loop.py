@@ -52,6 +52,7 @@ class TrainSettings:
     taps: str = "eagle3"  # "eagle3": FINAL-free low/mid/high fused (EAGLE-3); "final": FINAL only (EAGLE-1, Medusa)
     vocab_size: int = 8192  # N, the head vocabulary (most frequent tokens of the data)
     unroll: int = 3  # EAGLE: training-time test steps; Medusa: its K heads
+    depth: int = 1  # EAGLE: decoder layers
     lr: float = 1e-3
     warmup_steps: int = 20
     steps: int | None = None  # the run's planned length (--steps), which `decay` needs
@@ -323,6 +324,7 @@ def build_head(kind: str, settings: TrainSettings, target, target_config, name: 
     config = HeadConfig(
         kind=kind, target=info, feature_layers=settings.head_taps(target.num_layers), vocab_size=int(d2t.numel()),
         layer=default_layer(target_config) if kind == "eagle" else {}, heads=settings.unroll if kind == "medusa" else 0,
+        depth=settings.depth if kind == "eagle" else 1,
     )
     torch.manual_seed(settings.seed)
     return new_head(config, d2t, target).float()
