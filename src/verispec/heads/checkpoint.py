@@ -134,8 +134,8 @@ def load_head(directory: str | Path, target: FeatureChannel, dtype: torch.dtype 
 def for_drafting(head: Head) -> Head:
     """`head` (loaded, frozen) with its projections prepacked for drafting, in place: every
     linear layer and the target's output rows for the head vocabulary
-    (`models.linear.projection`), and an EAGLE head's decoder layer rebuilt as a
-    `DraftingLayer` (fused projections, precomputed rotary tables). Its logits are the same
+    (`models.linear.projection`), and an EAGLE head's decoder layers rebuilt as
+    `DraftingLayer`s (fused projections, precomputed rotary tables). Its logits are the same
     function, up to the order in which the products sum. Measured on a 2-core AMD EPYC
     (bfloat16, the shipped EAGLE head, one pair after 300 cached ones): a step took 2.0 ms
     unpacked, most of it `F.linear` reordering bfloat16 weights (and the fusion layer's 3-D

@@ -124,6 +124,17 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None = None, weight_fo
     raise ValueError(f"unknown weight format {weight_format!r}; the fast runtime knows: float, dense")
 
 
+def fused_projection(
+    weights: list[torch.Tensor], biases: list[torch.Tensor | None], weight_format: str = "float"
+) -> nn.Module:
+    """One projection computing every weight's [out, in] output side by side ([M, sum of outs]);
+    a weight without a bias gets zeros where another has one."""
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+    return projection(torch.cat(weights) if len(weights) > 1 else weights[0], bias, weight_format)
+
+
 def packed_linears(module: nn.Module) -> nn.Module:
     """`module` with every `nn.Linear` inside it replaced, in place, by `projection` of its
     weight and bias: prepacked for oneDNN where torch has it. For inference only: the

@@ -62,7 +62,7 @@ from verispec.models.base import (
 from verispec.models.features import FeatureStore
 from verispec.models.kv_cache import KVCache
 from verispec.models.gguf_blocks import GGUFWeight
-from verispec.models.linear import projection
+from verispec.models.linear import fused_projection
 from verispec.models.quant import linear_for
 from verispec.models.quantized import stored_weights
 from verispec.models.rope import RopeTables, rope_parameters
@@ -198,7 +198,7 @@ class LlamaRuntime:
                 return linear_for([stored(linear.weight) for linear in linears], weight_format, exact)
             weights = [tensor(linear.weight) for linear in linears]
             biases = [None if linear.bias is None else tensor(linear.bias) for linear in linears]
-            return _fused_float(weight_format, weights, biases)
+            return fused_projection(weights, biases, weight_format)
 
         layers = []
         with torch.no_grad():
@@ -420,13 +420,3 @@ def fast_runtime_refusal(model: nn.Module, dtype: torch.dtype | None = None) -> 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x[M, H] -> weight * x / sqrt(mean(x^2) + eps), the statistics in float32."""
     return nn.functional.rms_norm(x, weight.shape, weight, eps)
-
-
-def _fused_float(
-    weight_format: str, weights: list[torch.Tensor], biases: list[torch.Tensor | None]
-) -> nn.Module:
-    """One projection computing every weight's [out, in] output side by side ([M, sum of outs])."""
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
-    return projection(torch.cat(weights) if len(weights) > 1 else weights[0], bias, weight_format)
