@@ -189,7 +189,7 @@ def train(
     data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings, turn_start, sizes)
     trained = build_head(head, settings, target, loaded.config, str(model), d2t)
     if start is not None:
-        load_weights(trained, start, init, depth=init_depth if init_depth < settings.depth else None)
+        load_weights(trained, start, init, depth=init_depth)
     rows = target.output_embeddings()[d2t].detach().float()  # [N, H]
     before = evaluate(trained, data, rows, settings)  # untrained, or the --init head
     with _bar() as bar:

@@ -108,9 +108,9 @@ def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
 
 def load_weights(head: Head, state: dict[str, torch.Tensor], source: str | Path, depth: int | None = None) -> Head:
     """Copy `state` (from `read_weights`) into `head`, cast to its dtype; every tensor must match.
-    depth: `state` is that of an EAGLE head of fewer decoder layers, copied into the first
-    ones; the rest become the identity (`EagleHead.deepened_from`), so the head computes what
-    the saved one did."""
+    depth: `state` is that of an EAGLE head of that many decoder layers (at most the head's),
+    copied into the first ones; the rest become the identity (`EagleHead.deepened_from`), so
+    the head computes what the saved one did."""
     missing, unexpected = head.load_state_dict(state, strict=False)
     if depth is not None:  # the new layers' weights are not in `state`
         missing = [name for name in missing if not (name.startswith("layers.") and int(name.split(".")[1]) >= depth)]

@@ -184,10 +184,12 @@ class EagleHead(nn.Module):
 
     def deepened_from(self, depth: int) -> None:
         """Make layers `depth`.. the identity (their attention output and MLP down projections
-        zero, so each adds nothing to its residual stream): a head whose first `depth` layers
-        hold a shallower head's weights then computes exactly what that head computes, and
-        fitting grows the new layers from there."""
+        zero, biases included, so each adds nothing to its residual stream): a head whose first
+        `depth` layers hold a shallower head's weights then computes exactly what that head
+        computes, and fitting grows the new layers from there."""
         with torch.no_grad():
             for layer in self.layers[depth:]:
-                layer.self_attn.o_proj.weight.zero_()
-                layer.mlp.down_proj.weight.zero_()
+                for projection in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                    projection.weight.zero_()
+                    if projection.bias is not None:
+                        projection.bias.zero_()
