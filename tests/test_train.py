@@ -32,7 +32,7 @@ from verispec.train.loop import (
     TrainSettings, TrainingData, build_head, choose_vocab, eagle_steps, evaluate, fit, head_loss, heldout_split,
     heldout_split_by_part, learning_rate, shifted,
 )
-from verispec.train.prompts import end_of_turn_ids, fold, user_turn_prefix
+from verispec.train.prompts import OPENERS, end_of_turn_ids, fold, user_turn_prefix
 
 END = 2  # <|im_end|> of the tiny tokenizer
 # The tiny random model never closes a user turn by itself, so its turns are cut at max_tokens.
@@ -89,6 +89,24 @@ def test_magpie_recipe_is_unchanged_so_existing_data_directories_keep_growing():
         '"max_chars": 400, "batch": 64, "closed_only": true}, "responses": {"answers": "the target\'s own, greedy and '
         'sampled at temperature 1 (top-k/top-p off)", "max_new_tokens": 192, "sampled_one_in": 3, "batch": 64}}'
     )
+
+def test_openers_start_each_rounds_user_turns_and_are_recorded(tiny, tmp_path):
+    """`--prompts openers`: round r's instructions all begin with openers[r % len]; the recipe
+    names the openers (so another list is another data directory); without openers the opener
+    is empty and the record is plain Magpie's."""
+    model, tokenizer = tiny
+    recipe = replace(TINY_INSTRUCTIONS, openers=("Write", "Solve it:"))
+    grown = grow(DataCache(tmp_path), model, tokenizer, (END,), 4, time.monotonic() + 600, recipe, TINY_RESPONSES, max_sequences=60)
+    assert {c.round for c in grown} >= {0, 1, 2}
+    for c in grown:
+        opener = recipe.openers[c.round % 2]
+        assert c.instruction.startswith(opener) and len(c.instruction) > len(opener), (c.round, c.instruction)
+        assert tokenizer.decode(c.prompt_ids).count(c.instruction) == 1
+    record = data_recipe("m", 4, recipe, TINY_RESPONSES)["instructions"]
+    assert record["openers"] == ["Write", "Solve it:"] and record["method"].startswith("magpie with openers")
+    assert InstructionRecipe().opener(5) == "" and "openers" not in InstructionRecipe().as_dict()
+    assert len(OPENERS) % ResponseRecipe().sampled_one_in != 0 and len(set(OPENERS)) == len(OPENERS)
+
 
 
 def test_grow_with_documents_quotes_passages_resumes_and_runs_out(tiny, tmp_path):
@@ -490,7 +508,7 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--prompts", "wiki"], "--prompts must be magpie, documents or texts"),
+        (["--prompts", "wiki"], "--prompts must be magpie, openers, documents, texts"),
         (["--also", "/nonexistent/verispec-data"], "no such directory"),
         (["--also", ".", "--data-only"], "--also adds data to the fitting"),
         (["--head", "lstm"], "--head must be eagle or medusa"),

@@ -1,7 +1,8 @@
 """`verispec train`: self-distil an EAGLE-style or Medusa head for a model on this machine.
 
 Stages, each resumable: (1) data: instructions (`--prompts`: magpie, those the target writes
-itself; documents, local package texts under a task) and the target's own answers, or raw
+itself; openers, the same started with opening words of many kinds of request; documents,
+local package texts under a task) and the target's own answers, or raw
 local texts (texts: Python source and documentation, nothing generated), grown for
 `--data-minutes` (`verispec.train.data`); (2) features: the target's hidden states over the
 data, computed once and cached beside it; (3) fitting for the rest of `--minutes`
@@ -29,7 +30,7 @@ from verispec.cli import app
 from verispec.models import DEFAULT_MODEL
 
 HEAD_KINDS = ("eagle", "medusa")
-PROMPT_SOURCES = ("magpie", "documents", "texts")
+PROMPT_SOURCES = ("magpie", "openers", "documents", "texts")
 
 
 @app.command()
@@ -53,7 +54,7 @@ def train(
     decay: Annotated[float, typer.Option(help="Share of --steps at the end over which the learning rate falls linearly to 0 (0: constant to the end); needs --steps.")] = 0.0,
     batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Padded tokens per batch.")] = 4096,
     max_sequences: Annotated[Optional[int], typer.Option("--max-sequences", help="Stop growing the data at this many sequences.")] = None,
-    prompts: Annotated[str, typer.Option(help="magpie (instructions the target writes itself), documents (local package texts under a task) or texts (local Python source and documentation as they are, nothing generated); each makes its own data directory.")] = "magpie",
+    prompts: Annotated[str, typer.Option(help="magpie (instructions the target writes itself), openers (the same, each round's user turns started with one of a fixed list of opening words: more kinds of request), documents (local package texts under a task) or texts (local Python source and documentation as they are, nothing generated); each makes its own data directory.")] = "magpie",
     also: Annotated[Optional[list[Path]], typer.Option("--also", help="Also fit on this data (a work directory of `--data-only`, or its data/ directory), for the same model; repeatable.")] = None,
     threads: Annotated[int, typer.Option(help="torch threads.")] = 2,
     dtype: Annotated[str, typer.Option(help="The target's dtype for data and features: auto, float32, bfloat16.")] = "auto",
@@ -71,7 +72,7 @@ def train(
         raise ValueError(f"--minutes must be > 0, got {minutes}")
     data_minutes = minutes / 2 if data_minutes is None else data_minutes
     if prompts not in PROMPT_SOURCES:
-        raise ValueError(f"--prompts must be magpie, documents or texts, got {prompts!r}")
+        raise ValueError(f"--prompts must be {', '.join(PROMPT_SOURCES)}, got {prompts!r}")
     if also and data_only:
         raise ValueError("--also adds data to the fitting, which --data-only skips; drop one of them")
     if not 0 <= data_minutes <= minutes:
@@ -108,7 +109,7 @@ def train(
     from verispec.train.texts import TextRecipe, Texts
     from verispec.train.loop import TrainSettings, TrainingData, build_head, choose_vocab, evaluate, expected_tokens, fit, vocab_coverage
     from verispec.heads import load_weights, save_head
-    from verispec.train.prompts import end_of_turn_ids, user_turn_prefix
+    from verispec.train.prompts import OPENERS, end_of_turn_ids, user_turn_prefix
 
     torch.set_num_threads(threads)
     suffix = "" if prompts == "magpie" else f"-{prompts}"
@@ -123,6 +124,8 @@ def train(
     elif prompts == "texts":
         instructions = Texts(TextRecipe())
         print(f"texts: {len(instructions.passages)} passages, {instructions.rounds} rounds", file=sys.stderr)
+    elif prompts == "openers":
+        instructions = InstructionRecipe(openers=OPENERS)
     else:
         instructions = InstructionRecipe()
     responses = ResponseRecipe()

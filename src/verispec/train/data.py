@@ -189,7 +189,7 @@ def grow(
             torch.manual_seed(seed * 1_000_003 + r)  # the sampled answers' randomness
             texts = instructions.instructions(seed, r)
         else:
-            texts = sample_instructions(model, tokenizer, eos_token_ids, seed * 1_000_003 + r, instructions)
+            texts = sample_instructions(model, tokenizer, eos_token_ids, seed * 1_000_003 + r, instructions, instructions.opener(r))
         fresh = []
         for text in texts:
             if fold(text) not in seen:

@@ -5,7 +5,9 @@ A chat model fed only the opening of a user turn of its own template (for SmolLM
 request and closes the turn. Sampling that continuation many times gives instructions drawn
 from the model's own idea of what users ask, with no benchmark or external prompt involved.
 They are then filtered: only turns the model closed itself, within length bounds, without
-template markers, deduplicated after case and whitespace folding.
+template markers, deduplicated after case and whitespace folding. With openers, the user turn
+is started with a few written words ("Solve", "Translate", ...) and the model writes the rest:
+the same sampling, steered to one kind of request per round.
 """
 
 from __future__ import annotations
@@ -17,6 +19,17 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 _SENTINEL = "\x00verispec-user-content\x00"
+
+# Opening words of requests of many kinds, one per round (`--prompts openers`): left to
+# itself, Magpie on a small model asks mostly for advice ("Can you help me ..."). A written
+# list of common instruction types, none of them taken from a benchmark; 32 of them, so that
+# every third round's sampled answers (`ResponseRecipe.sampled_one_in`) meet every opener.
+OPENERS = (
+    "Write", "Explain", "Solve", "How do I", "Translate", "What is", "Write a Python function", "Imagine you are",
+    "Summarize", "Why", "Compare", "Give me", "Calculate", "Describe", "Rewrite", "If", "Create", "Extract",
+    "Suggest", "Fix", "Tell me", "Classify", "Plan", "Who", "Analyze", "Draft", "List", "Prove", "Brainstorm",
+    "Define", "Convert", "Given",
+)
 
 
 @dataclass(frozen=True)
@@ -30,9 +43,19 @@ class InstructionRecipe:
     max_chars: int = 400
     batch: int = 64
     closed_only: bool = True  # drop turns the model did not close within max_tokens
+    openers: tuple[str, ...] = ()  # round r's user turns start with openers[r % len]; () starts them empty
+
+    def opener(self, r: int) -> str:
+        """The words round `r`'s user turns start with ("" for plain Magpie)."""
+        return self.openers[r % len(self.openers)] if self.openers else ""
 
     def as_dict(self) -> dict:
-        return {"method": "magpie: sample the user turn from the chat template's empty user prefix", **asdict(self)}
+        fields = asdict(self)
+        if not self.openers:  # plain Magpie's record, as data directories made before openers hold it
+            del fields["openers"]
+            return {"method": "magpie: sample the user turn from the chat template's empty user prefix", **fields}
+        method = "magpie with openers: sample the rest of a user turn that starts with round r's opener"
+        return {"method": method, **fields, "openers": list(self.openers)}
 
 
 def user_turn_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -78,11 +101,14 @@ def sample_instructions(
     eos_token_ids: tuple[int, ...],
     seed: int,
     recipe: InstructionRecipe = InstructionRecipe(),
+    opener: str = "",
 ) -> list[str]:
-    """One batch of `recipe.batch` user turns sampled from the empty user turn (torch seed
-    `seed`), keeping those the model closed itself that pass `keep_instruction`; duplicates
-    within the batch are dropped (the caller dedupes across batches with `fold`)."""
-    prefix = torch.tensor([user_turn_prefix(tokenizer)])  # [1, P]
+    """One batch of `recipe.batch` user turns sampled from the user turn started with `opener`
+    (empty: Magpie's empty user turn; torch seed `seed`), each the opener and its sampled rest,
+    keeping those the model closed itself that pass `keep_instruction`; duplicates within the
+    batch are dropped (the caller dedupes across batches with `fold`)."""
+    start = list(tokenizer(opener, add_special_tokens=False).input_ids) if opener else []
+    prefix = torch.tensor([user_turn_prefix(tokenizer) + start])  # [1, P]
     stops = list(end_of_turn_ids(tokenizer, eos_token_ids))
     torch.manual_seed(seed)
     out = model.generate(
@@ -101,7 +127,7 @@ def sample_instructions(
         closed = next((i for i, t in enumerate(row) if t in stops), None)
         if closed is None and recipe.closed_only:
             continue
-        text = tokenizer.decode(row[:closed], skip_special_tokens=False).strip()
+        text = tokenizer.decode(start + row[:closed], skip_special_tokens=False).strip()
         if keep_instruction(text, recipe):
             kept.setdefault(fold(text), text)
     return list(kept.values())
