@@ -38,7 +38,7 @@ class InstructionRecipe:
 
     temperature: float = 1.0
     top_p: float = 0.95
-    max_tokens: int = 96  # a user turn longer than this is dropped (not closed in time)
+    max_tokens: int = 96  # sampled tokens (after the opener, if any); a turn not closed within them is dropped
     min_chars: int = 12
     max_chars: int = 400
     batch: int = 64
