@@ -299,7 +299,8 @@ def test_a_head_packed_for_drafting_computes_the_same_function(tmp_path, kind, d
     """`for_drafting` swaps every projection, the target's output rows included, for a
     prepacked one, and an EAGLE head's decoder layer for a `DraftingLayer`: the same logits
     and features up to summation order (a chain, a drafting step, a tree level with its own
-    positions and mask), no matrix left as a parameter, and nothing to save."""
+    positions and mask), attention over a float32 cache, no matrix left as a parameter, and
+    nothing to save."""
     lm = HFCausalLM(tiny_llama())
     kind, depth = ("eagle", 2) if kind == "eagle-depth-2" else (kind, 1)
     taps = eagle3_layers(3) if kind == "eagle" else (FINAL,)
@@ -325,6 +326,7 @@ def test_a_head_packed_for_drafting_computes_the_same_function(tmp_path, kind, d
                 level = head(torch.tensor([[2, 4, 6]]), step[1].expand(1, 3, -1), cache,
                              positions=torch.tensor([[4, 4, 3]]), allowed=allowed)
                 outputs.append([*first, *step, *level])
+            assert all(layer.keys.dtype == layer.values.dtype == torch.float32 for layer in cache.layers)
         else:
             outputs = [[head(features)] for head in (unpacked, packed)]
     for expected, actual in zip(*outputs):
