@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
 from verispec.heads.untrained import TINY_LAYER, tiny_head
 from verispec.heads import (
-    HeadConfig, HeadVocab, TargetInfo, for_drafting, load_head, load_weights, new_head, read_config, read_weights, save_head,
-    target_info,
+    HeadConfig, HeadVocab, TargetInfo, average_heads, for_drafting, load_head, load_weights, new_head, read_config,
+    read_weights, save_head, target_info, write_head,
 )
 from verispec.heads.config import FINAL, eagle3_layers
 from verispec.heads.drafting_layer import DraftingLayer
@@ -360,6 +361,106 @@ def test_a_head_refuses_another_target(tmp_path):
     (tmp_path / "bad" / "config.json").write_text('{"format": "other"}')
     with pytest.raises(ValueError, match="not a verispec-head config"):
         load_head(tmp_path / "bad", lm)
+
+
+# --- averaging heads --------------------------------------------------------------------------
+
+
+def _perturbed(head, seed: int):
+    """`head` with every floating weight moved by seeded noise (a stand-in for more fitting)."""
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed)
+        for parameter in head.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return head
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_averaged_heads_hold_the_weighted_mean_of_every_weight(tmp_path, kind):
+    """Each saved weight of the average is sum_i w_i * weight_i (float64, stored as float32);
+    d2t and the architecture are the heads'; the config records each head and its weight; the
+    average loads and drafts like any head. A head averaged with itself computes what it did."""
+    lm = HFCausalLM(tiny_llama())
+    a = save_head(hf_head(kind, lm), tmp_path / "a")
+    b = save_head(_perturbed(hf_head(kind, lm), seed=3), tmp_path / "b")
+    c = save_head(_perturbed(hf_head(kind, lm), seed=4), tmp_path / "c")
+    config, state = average_heads([a, b, c], [0.5, 0.25, 0.25])
+    saved = [read_weights(d) for d in (a, b, c)]
+    assert set(state) == set(saved[0]) and torch.equal(state["d2t"], saved[0]["d2t"])
+    for name, tensor in state.items():
+        if tensor.is_floating_point():
+            expected = 0.5 * saved[0][name].double() + 0.25 * saved[1][name].double() + 0.25 * saved[2][name].double()
+            assert tensor.dtype == torch.float32
+            torch.testing.assert_close(tensor.double(), expected, atol=1e-7, rtol=1e-6)
+            assert not torch.equal(tensor, saved[0][name]) or torch.equal(saved[1][name], saved[0][name])
+    assert [(entry["directory"], entry["weight"]) for entry in config.training["averaged"]] == [
+        (str(a), 0.5), (str(b), 0.25), (str(c), 0.25)]
+    assert config == replace(read_config(a), training=config.training)
+    write_head(config, state, tmp_path / "abc")
+    averaged = load_head(tmp_path / "abc", lm)
+    assert type(averaged) is type(load_head(a, lm))
+    config, state = average_heads([a, a])
+    write_head(config, state, tmp_path / "aa")
+    lm.record_features((FINAL,))
+    features = lm.score_features([3, 5, 7, 9], (FINAL,))  # [T, F]
+    with torch.no_grad():
+        if kind == "eagle":
+            ids, hidden = torch.tensor([[5, 7, 9]]), features[None, :3]
+            logits = [load_head(d, lm)(ids, hidden)[0] for d in (a, tmp_path / "aa")]
+        else:
+            logits = [load_head(d, lm)(features) for d in (a, tmp_path / "aa")]
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-6, rtol=1e-6)
+
+
+def test_averaging_refuses_heads_that_do_not_share_an_architecture_and_vocabulary(tmp_path):
+    lm = HFCausalLM(tiny_llama())
+    a = save_head(hf_head("eagle", lm), tmp_path / "a")
+    deeper = save_head(hf_head("eagle", lm, depth=2), tmp_path / "deeper")
+    medusa = save_head(hf_head("medusa", lm), tmp_path / "medusa")
+    other = hf_head("eagle", lm)
+    other.d2t.copy_(torch.arange(1, other.d2t.numel() + 1))
+    other_vocab = save_head(other, tmp_path / "other-vocab")
+    with pytest.raises(ValueError, match="at least two head directories, got 1"):
+        average_heads([a])
+    with pytest.raises(ValueError, match="depth differ"):
+        average_heads([a, deeper])
+    with pytest.raises(ValueError, match="kind"):
+        average_heads([a, medusa])
+    with pytest.raises(ValueError, match="another head vocabulary"):
+        average_heads([a, other_vocab])
+    with pytest.raises(ValueError, match="one weight per head: 2 heads, 3 weights"):
+        average_heads([a, a], [0.2, 0.3, 0.5])
+    with pytest.raises(ValueError, match="must sum to 1"):
+        average_heads([a, a], [0.5, 0.6])
+    with pytest.raises(ValueError, match="must be positive"):
+        average_heads([a, a], [1.5, -0.5])
+
+
+def test_cli_averages_heads_and_refuses_bad_input_with_one_error_line(tmp_path, capsys):
+    from verispec.cli import main
+
+    lm = HFCausalLM(tiny_llama())
+    a = save_head(hf_head("eagle", lm), tmp_path / "a")
+    b = save_head(_perturbed(hf_head("eagle", lm), seed=3), tmp_path / "b")
+    out = tmp_path / "ab"
+    assert main(["average-heads", str(a), str(b), "--out", str(out), "--weights", "0.75,0.25"]) == 0
+    assert json.loads(capsys.readouterr().out)["weights"] == [0.75, 0.25]
+    config = read_config(out)
+    assert config.training["command"] == f"verispec average-heads {a} {b} --out {out} --weights 0.75,0.25"
+    expected = average_heads([a, b], [0.75, 0.25])[1]
+    assert all(torch.equal(read_weights(out)[name], tensor) for name, tensor in expected.items())
+    deeper = save_head(hf_head("eagle", lm, depth=2), tmp_path / "deeper")
+    for argv, says in [
+        ([str(a), str(b), "--out", str(out)], "already holds results (config.json, model.safetensors); pass --force"),
+        ([str(a), str(b), "--out", str(tmp_path / "x"), "--weights", "0.5,half"], "--weights takes numbers joined by commas"),
+        ([str(a), str(b), "--out", str(tmp_path / "x"), "--weights", "0.5,0.4"], "the weights must sum to 1"),
+        ([str(a), str(tmp_path / "missing"), "--out", str(tmp_path / "x")], "is not a directory"),
+        ([str(a), str(deeper), "--out", str(tmp_path / "x")], "holds another kind of head"),
+    ]:
+        assert main(["average-heads", *argv]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("error: ") and says in err, err
+    assert not (tmp_path / "x").exists()
 
 
 # --- the proposers ----------------------------------------------------------------------------

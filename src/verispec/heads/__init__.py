@@ -7,13 +7,16 @@
 - `medusa`: `MedusaHead`, K residual heads on one feature;
 - `checkpoint`: `new_head`, `save_head`, `load_head` (a directory `--proposer eagle:DIR` loads),
   `read_weights` and `load_weights` (a saved state, e.g. to continue fitting it), `for_drafting`
-  (a loaded head with its projections prepacked, as the proposers run it).
+  (a loaded head with its projections prepacked, as the proposers run it), `write_head`;
+- `average`: `average_heads`, the weighted mean of heads of one architecture and vocabulary
+  (a head and the head continued from it: weight-space ensembling).
 
 The proposers that drive them are `verispec.proposers.eagle` and `verispec.proposers.medusa`.
 """
 
+from verispec.heads.average import average_heads
 from verispec.heads.checkpoint import (
-    for_drafting, load_head, load_weights, new_head, read_config, read_weights, save_head, target_info,
+    for_drafting, load_head, load_weights, new_head, read_config, read_weights, save_head, target_info, write_head,
 )
 from verispec.heads.config import HeadConfig, TargetInfo, default_layer, eagle3_layers
 from verispec.heads.eagle import EagleHead
@@ -21,6 +24,7 @@ from verispec.heads.medusa import MedusaHead
 from verispec.heads.vocab import HeadVocab
 
 __all__ = [
-    "EagleHead", "HeadConfig", "HeadVocab", "MedusaHead", "TargetInfo", "default_layer", "eagle3_layers",
+    "EagleHead", "HeadConfig", "HeadVocab", "MedusaHead", "TargetInfo", "average_heads", "default_layer", "eagle3_layers",
     "for_drafting", "load_head", "load_weights", "new_head", "read_config", "read_weights", "save_head", "target_info",
+    "write_head",
 ]

@@ -73,13 +73,19 @@ def save_head(head: Head, directory: str | Path, dtype: torch.dtype | None = Non
     `load_head` casts them to the dtype it runs in); None keeps the head's."""
     if any(isinstance(module, (PackedLinear, DenseLinear)) for module in head.modules()):
         raise ValueError("this head is packed for drafting (for_drafting) and holds no weights to save; save it as loaded or trained")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / CONFIG).write_text(json.dumps(head.config.to_json(), indent=2) + "\n")
     state = {
         name: (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor).detach().contiguous()
         for name, tensor in head.state_dict().items()
     }
+    return write_head(head.config, state, directory)
+
+
+def write_head(config: HeadConfig, state: dict[str, torch.Tensor], directory: str | Path) -> Path:
+    """Write `config` and a saved `state` (d2t included, as `read_weights` returns it) into
+    `directory` (created if missing)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG).write_text(json.dumps(config.to_json(), indent=2) + "\n")
     save_file(state, directory / WEIGHTS, metadata={"format": "pt"})
     return directory
 
