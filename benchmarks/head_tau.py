@@ -10,9 +10,10 @@ prompt decoded with seed `--seed` + its index).
 Prompts: the first N of each Spec-Bench dev category (first turn, chat template) and the
 first M HumanEval dev prompts, read where they lie. A head never trains on them.
 With `--heldout DIR` (a `verispec train` work or data directory) the prompts are instead the
-instructions of DIR's held-back conversations (the trainer's 5 % split for `--split-seed`,
-greedy ones only, at most `--heldout-count`), decoded afresh: the head's own distribution,
-which the trainer scores it on, so the two scores compare drafting with training.
+instructions of DIR's held-back conversations (the trainer's 5 % split, drawn with the seed
+that made DIR's data; greedy ones only, at most `--heldout-count`), decoded afresh: the head's
+own distribution, which the trainer scores it on, so the two scores compare drafting with
+training.
 Position i's acceptance is accepted / attempted over the rounds whose draft reached position
 i with the positions before it accepted (`Stats.position_attempts`); tau = new tokens / rounds.
 """
@@ -51,13 +52,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--heldout", type=Path, default=None, help="a training work or data directory")
     parser.add_argument("--heldout-count", type=int, default=16)
-    parser.add_argument("--split-seed", type=int, default=0, help="the training run's --seed")
     args = parser.parse_args()
     sampling = SamplingParams(temperature=args.temperature) if args.temperature > 0 else GREEDY
     decoding = f"temperature {args.temperature}, seed {args.seed}" if args.temperature > 0 else "greedy"
 
     if args.heldout:
-        workloads = heldout_workloads(args.heldout, args.split_seed, args.heldout_count)
+        workloads = heldout_workloads(args.heldout, args.heldout_count)
     else:
         workloads = select(read_workloads(args.data / "specbench_dev.jsonl"), limit_per_category=args.per_category)
         if args.humaneval:
@@ -95,14 +95,17 @@ def main() -> int:
     return 0
 
 
-def heldout_workloads(directory: Path, seed: int, count: int) -> list[Workload]:
-    """The instructions of the greedy conversations a training run with `seed` held back."""
+def heldout_workloads(directory: Path, count: int) -> list[Workload]:
+    """The instructions of the greedy conversations that every training run on `directory`
+    holds back (`heldout_split_by_part`: the split follows the data's own seed)."""
     if count < 1:
         raise SystemExit(f"error: --heldout-count must be at least 1, got {count}")
     data = directory / "data" if (directory / "data").is_dir() else directory
-    conversations = DataCache(data).conversations()
+    cache = DataCache(data)
+    conversations = cache.conversations()
     if not conversations:
         raise SystemExit(f"error: {data} holds no conversations; give a work or data directory of verispec train")
+    seed = json.loads(cache.recipe_path.read_text())["seed"]
     held, _ = heldout_split(len(conversations), seed, TrainSettings(kind="eagle").holdout)
     greedy = [i for i in held if not conversations[i].sampled][:count]
     return [Workload(str(i), "held-back", conversations[i].instruction, True) for i in greedy]

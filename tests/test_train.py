@@ -360,12 +360,15 @@ def test_learning_rate_warms_up_holds_and_decays_to_zero_over_the_planned_steps(
 
 
 def test_each_data_directory_holds_back_its_own_sequences_whatever_is_fitted_beside_it():
-    """So a head continued with `--init` on more data is never scored on a sequence it fitted."""
+    """So a head continued with `--init` on more data, with any seed, is never scored on a
+    sequence it fitted: each directory's split follows the seed that made its data."""
     alone, _ = heldout_split(200, 3, 0.05)
-    heldout, train = heldout_split_by_part([200, 57, 1], 3, 0.05)
-    assert heldout[:len(alone)] == alone and heldout[len(alone):] == [200 + i for i in heldout_split(57, 3, 0.05)[0]]
+    heldout, train = heldout_split_by_part([(200, 3), (57, 2), (1, 4)], 0.05)
+    assert heldout[:len(alone)] == alone and heldout[len(alone):] == [200 + i for i in heldout_split(57, 2, 0.05)[0]]
+    assert heldout_split(57, 2, 0.05) != heldout_split(57, 3, 0.05)  # so the line above tells the seeds apart
     assert sorted(heldout + train) == list(range(258)) and 257 in train  # a one-sequence part holds nothing back
-    assert heldout_split_by_part([200], 3, 0.05) == heldout_split(200, 3, 0.05)
+    assert heldout_split_by_part([(200, 3)], 0.05) == heldout_split(200, 3, 0.05)
+    assert heldout_split_by_part([(57, 4), (200, 3)], 0.05)[0][-len(alone):] == [57 + i for i in alone]
 
 
 @pytest.fixture()

@@ -160,7 +160,7 @@ def train(
         return
     sources = [_data_record(recipe, conversations, stored)]
     parts = [stored]
-    sizes = [len(conversations)]  # sequences per data directory, each holding back its own share
+    splits = [(len(conversations), seed)]  # (sequences, data seed) per directory, each holding back its own share
     for other in extra:
         other_conversations = other.conversations()
         cached = cached_features(other, len(other_conversations))
@@ -170,8 +170,9 @@ def train(
         if list(other_taps) != list(stored_taps):
             raise ValueError(f"--also {other.root} holds features of the taps {list(other_taps)}, this run's data {list(stored_taps)}; recompute them with `verispec train --data-only`")
         parts.append(other_stored)
-        sizes.append(len(other_conversations))
-        sources.append({"directory": str(other.root), **_data_record(json.loads(other.recipe_path.read_text()), other_conversations, other_stored)})
+        other_recipe = json.loads(other.recipe_path.read_text())
+        splits.append((len(other_conversations), other_recipe["seed"]))
+        sources.append({"directory": str(other.root), **_data_record(other_recipe, other_conversations, other_stored)})
     if extra:
         stored = concatenate_features(parts)
         del parts, other_stored, cached  # the parts' tensors: the union holds a copy of each
@@ -189,7 +190,7 @@ def train(
         start, init_record, init_depth = _init_state(init, settings, str(model), target.num_layers)
         d2t = start["d2t"]
     turn_start = len(user_turn_prefix(loaded.tokenizer)) if score == "turns" else 0
-    data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings, turn_start, sizes)
+    data = TrainingData(stored, stored_taps, settings.head_taps(target.num_layers), settings, turn_start, splits)
     trained = build_head(head, settings, target, loaded.config, str(model), d2t)
     if start is not None:
         load_weights(trained, start, init, depth=init_depth)

@@ -124,15 +124,15 @@ def heldout_split(count: int, seed: int, holdout: float) -> tuple[list[int], lis
     return sorted(order[:held].tolist()), sorted(order[held:].tolist())
 
 
-def heldout_split_by_part(parts: Sequence[int], seed: int, holdout: float) -> tuple[list[int], list[int]]:
-    """`heldout_split` within each part (a data directory's `parts[d]` sequences, in order), so
-    a directory holds back the same sequences whatever is fitted beside it: a head fitted on
-    directory A and continued (`--init`) on A and B with the same seed is never scored on a
-    sequence of A that it fitted."""
+def heldout_split_by_part(parts: Sequence[tuple[int, int]], holdout: float) -> tuple[list[int], list[int]]:
+    """`heldout_split` within each part, a data directory's (sequences, seed that made them), in
+    order. A directory holds back the same sequences whatever is fitted beside it and whatever
+    the fitting's seed: a head fitted on directory A and continued (`--init`) on A and B is
+    never scored on a sequence of A that it fitted."""
     heldout: list[int] = []
     train: list[int] = []
     offset = 0
-    for count in parts:
+    for count, seed in parts:
         held, rest = heldout_split(count, seed, holdout)
         heldout += [offset + i for i in held]
         train += [offset + i for i in rest]
@@ -143,13 +143,13 @@ def heldout_split_by_part(parts: Sequence[int], seed: int, holdout: float) -> tu
 class TrainingData:
     """Cached features (`verispec.train.data`) split into training and held-back sequences.
     `turn_start`: where a user's words start in every sequence (the chat template's fixed
-    system turn and user header before it are never scored). `parts`: the sequence counts of
-    the data directories concatenated in `stored` (default: one), each split on its own
-    (`heldout_split_by_part`)."""
+    system turn and user header before it are never scored). `parts`: (sequences, data seed) of
+    the data directories concatenated in `stored` (default: one, with the fitting's seed), each
+    split on its own (`heldout_split_by_part`)."""
 
     def __init__(
         self, stored: dict[str, torch.Tensor], stored_taps: Sequence[Tap], head_taps: Sequence[Tap], settings: TrainSettings,
-        turn_start: int = 0, parts: Sequence[int] | None = None,
+        turn_start: int = 0, parts: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         stored_taps = [tap if tap == FINAL else int(tap) for tap in stored_taps]
         missing = [tap for tap in head_taps if tap not in stored_taps]
@@ -160,10 +160,10 @@ class TrainingData:
         self.stored = stored
         starts = stored["starts"]
         self.lengths = (starts[1:] - starts[:-1]).tolist()
-        parts = [len(self.lengths)] if parts is None else list(parts)
-        if sum(parts) != len(self.lengths):
-            raise ValueError(f"the data's parts hold {sum(parts)} sequences, its features {len(self.lengths)}")
-        self.heldout, self.train = heldout_split_by_part(parts, settings.seed, settings.holdout)
+        parts = [(len(self.lengths), settings.seed)] if parts is None else list(parts)
+        if sum(count for count, _ in parts) != len(self.lengths):
+            raise ValueError(f"the data's parts hold {sum(count for count, _ in parts)} sequences, its features {len(self.lengths)}")
+        self.heldout, self.train = heldout_split_by_part(parts, settings.holdout)
         self.settings = settings
         self.turn_start = turn_start
 
