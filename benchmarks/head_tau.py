@@ -105,7 +105,7 @@ def heldout_workloads(directory: Path, count: int) -> list[Workload]:
     conversations = cache.conversations()
     if not conversations:
         raise SystemExit(f"error: {data} holds no conversations; give a work or data directory of verispec train")
-    seed = json.loads(cache.recipe_path.read_text())["seed"]
+    seed = cache.recipe()["seed"]
     held, _ = heldout_split(len(conversations), seed, TrainSettings(kind="eagle").holdout)
     greedy = [i for i in held if not conversations[i].sampled][:count]
     return [Workload(str(i), "held-back", conversations[i].instruction, True) for i in greedy]

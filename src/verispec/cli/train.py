@@ -170,7 +170,7 @@ def train(
         if list(other_taps) != list(stored_taps):
             raise ValueError(f"--also {other.root} holds features of the taps {list(other_taps)}, this run's data {list(stored_taps)}; recompute them with `verispec train --data-only`")
         parts.append(other_stored)
-        other_recipe = json.loads(other.recipe_path.read_text())
+        other_recipe = other.recipe()
         splits.append((len(other_conversations), other_recipe["seed"]))
         sources.append({"directory": str(other.root), **_data_record(other_recipe, other_conversations, other_stored)})
     if extra:
@@ -246,7 +246,7 @@ def _also_cache(path: Path, model: str, own: "DataCache") -> "DataCache":
         raise ValueError(f"--also {path}: no recipe.json in it or in its data/; give a work directory made by `verispec train --data-only --work W`")
     if cache.root.resolve() == own.root.resolve():
         raise ValueError(f"--also {path} is this run's own data directory; give another one")
-    made_for = json.loads(cache.recipe_path.read_text()).get("model")
+    made_for = cache.recipe().get("model")
     if made_for != model:
         raise ValueError(f"--also {path} holds data of the model {made_for!r}, not {model!r}; give data made for the same --model")
     if not cache.features_path.is_file():

@@ -93,10 +93,14 @@ class DataCache:
         with self.sequences_path.open() as f:
             return [Conversation(**json.loads(line)) for line in f if line.strip()]
 
+    def recipe(self) -> dict:
+        """The recipe the data was made with (`recipe.json`: model, seed and settings)."""
+        return json.loads(self.recipe_path.read_text())
+
     def check_recipe(self, recipe: dict) -> None:
         """Refuse to grow data made with another recipe (model, seed or settings)."""
         if self.recipe_path.is_file():
-            stored = json.loads(self.recipe_path.read_text())
+            stored = self.recipe()
             if stored != recipe:
                 changed = sorted(k for k in set(stored) | set(recipe) if stored.get(k) != recipe.get(k))
                 raise ValueError(

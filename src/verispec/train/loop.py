@@ -161,8 +161,9 @@ class TrainingData:
         starts = stored["starts"]
         self.lengths = (starts[1:] - starts[:-1]).tolist()
         parts = [(len(self.lengths), settings.seed)] if parts is None else list(parts)
-        if sum(count for count, _ in parts) != len(self.lengths):
-            raise ValueError(f"the data's parts hold {sum(count for count, _ in parts)} sequences, its features {len(self.lengths)}")
+        sequences = sum(count for count, _ in parts)
+        if sequences != len(self.lengths):
+            raise ValueError(f"the data's parts hold {sequences} sequences, its features {len(self.lengths)}")
         self.heldout, self.train = heldout_split_by_part(parts, settings.holdout)
         self.settings = settings
         self.turn_start = turn_start
