@@ -105,6 +105,8 @@ def heldout_workloads(directory: Path, count: int) -> list[Workload]:
     conversations = cache.conversations()
     if not conversations:
         raise SystemExit(f"error: {data} holds no conversations; give a work or data directory of verispec train")
+    if not cache.recipe_path.is_file():
+        raise SystemExit(f"error: {data} holds no recipe.json, so its held-back split is unknown; give a work or data directory of verispec train")
     seed = cache.recipe()["seed"]
     held, _ = heldout_split(len(conversations), seed, TrainSettings(kind="eagle").holdout)
     greedy = [i for i in held if not conversations[i].sampled][:count]
