@@ -1,14 +1,15 @@
 """The cost c of a head's draft step against one target step, on the default model.
 
     .venv/bin/python benchmarks/head_cost.py [--dtype auto] [--head-dtypes float32,bfloat16] [--vocab 8192,49152]
-        [--forms as-loaded,for-drafting] [--repeats 15] [--context 200] [--threads 1]
+        [--forms as-loaded,for-drafting,int8] [--repeats 15] [--context 200] [--threads 1]
         [--kinds eagle-1,eagle-3,medusa]
 
 Builds heads of the shipped shapes with untrained weights (time does not depend on the
 weights): EAGLE on the FINAL feature (EAGLE-1), EAGLE on three fused layers (EAGLE-3), and
 Medusa with K = 4 heads, each with a head vocabulary of N = 8192 and of the full 49152, in
 float32 and bfloat16, as loaded (`nn.Linear` layers, as trained) and packed for drafting
-(`heads.for_drafting`, as `--proposer eagle|medusa` runs them); the form `packed-hf-layer` is
+(`heads.for_drafting`, as `--proposer eagle|medusa:weights=bfloat16|float32` runs them), and
+packed with int8 projections (the form `int8`, `:weights=int8`); the form `packed-hf-layer` is
 for_drafting with the EAGLE head's decoder layer left as transformers' (its projections
 packed), to measure the `DraftingLayer` against it. At one
 context length it interleaves, per repeat: one target step (extend 1 token + rollback), and
@@ -46,8 +47,8 @@ def build(loaded, kind: str, taps, n: int, dtype: torch.dtype, form: str):
                         heads=K if kind == "medusa" else 0)
     torch.manual_seed(0)
     head = new_head(config, torch.arange(n), lm).to(dtype).eval().requires_grad_(False)
-    if form == "for-drafting":
-        head = for_drafting(head)
+    if form in ("for-drafting", "int8"):
+        head = for_drafting(head, "int8" if form == "int8" else "float")
     elif form == "packed-hf-layer":
         packed_linears(head)
         if isinstance(head.output, FrozenRows):
@@ -61,7 +62,7 @@ def main() -> None:
     parser.add_argument("--head-dtypes", default="float32,bfloat16", help="comma-separated, interleaved")
     parser.add_argument("--vocab", default="8192,49152", help="head vocabulary sizes N, comma-separated")
     parser.add_argument("--forms", default="as-loaded,for-drafting",
-                        help="comma-separated, interleaved: as-loaded, for-drafting, packed-hf-layer")
+                        help="comma-separated, interleaved: as-loaded, for-drafting, int8, packed-hf-layer")
     parser.add_argument("--kinds", default="eagle-1,eagle-3,medusa", help="comma-separated")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--context", type=int, default=200)

@@ -26,6 +26,7 @@ from verispec.heads.config import FINAL, eagle3_layers
 from verispec.heads.drafting_layer import DraftingLayer
 from verispec.models.features import FeatureStore
 from verispec.models.hf import HFCausalLM
+from verispec.models.linear import Int8Linear, PackedLinear
 from verispec.models.load import LoadedModel
 from verispec.models.tables import random_table
 from verispec.policies import ConstantTree
@@ -336,6 +337,33 @@ def test_a_head_packed_for_drafting_computes_the_same_function(tmp_path, kind, d
         save_head(packed, tmp_path / "again")
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_an_int8_head_quantizes_every_projection_the_kernel_takes_and_stays_close(tmp_path, kind):
+    """`for_drafting(head, "int8")`: every projection whose input width the int8 kernel takes
+    (a multiple of 16) quantized per output channel, the target's output rows included, the
+    rest packed as floats; its logits and features stay near the float head's."""
+    lm = HFCausalLM(tiny_llama(hidden=32))
+    taps = eagle3_layers(3) if kind == "eagle" else (FINAL,)
+    lm.record_features(taps)
+    directory = save_head(hf_head(kind, lm, taps=taps), tmp_path / kind)
+    as_float, as_int8 = (for_drafting(load_head(directory, lm, torch.bfloat16), fmt) for fmt in ("float", "int8"))
+    projections = [m for m in as_int8.modules() if isinstance(m, (Int8Linear, PackedLinear))]
+    assert isinstance(as_int8.output, Int8Linear)
+    assert all(isinstance(m, Int8Linear) == (m.in_features % 16 == 0) for m in projections)
+    assert sum(isinstance(m, PackedLinear) for m in projections) == (1 if kind == "eagle" else 0)  # down: K = 8
+    features = lm.score_features([3, 5, 7, 9, 11, 13], taps)[None]  # [1, T, F]
+    with torch.no_grad():
+        if kind == "eagle":
+            outputs = [head(torch.tensor([[5, 7, 9, 11, 13, 2]]), head.fuse(features.to(torch.bfloat16)), head.new_cache())
+                       for head in (as_float, as_int8)]
+        else:
+            outputs = [head(features) for head in (as_float, as_int8)]
+    for expected, actual in zip(*outputs):
+        assert (actual.float() - expected.float()).abs().max() <= 0.05 * expected.float().abs().max()
+    with pytest.raises(ValueError, match="packed for drafting"):
+        save_head(as_int8, tmp_path / "again")
+
+
 def test_the_drafting_layer_runs_one_sequence_of_a_silu_layer():
     lm = HFCausalLM(tiny_llama())
     head = hf_head("eagle", lm)
@@ -468,13 +496,13 @@ def test_cli_averages_heads_and_refuses_bad_input_with_one_error_line(tmp_path, 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle-depth-2", "medusa"])
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(), SamplingParams(0.7, top_p=0.9)], ids=str)
-@pytest.mark.parametrize("packed", [False, True], ids=["as-trained", "for-drafting"])
+@pytest.mark.parametrize("packed", [None, "float", "int8"], ids=["as-trained", "for-drafting", "for-drafting-int8"])
 def test_engine_equals_reference_on_a_tiny_llama(kind, sampling, packed):
     lm = HFCausalLM(tiny_llama())
     kind, depth = ("eagle", 2) if kind == "eagle-depth-2" else (kind, 1)
     head = hf_head(kind, lm, taps=(FINAL, 2) if kind == "eagle" else (FINAL,), depth=depth).double()
     if packed:
-        head = for_drafting(head)
+        head = for_drafting(head, packed)
     proposer = (EagleProposer if kind == "eagle" else MedusaProposer)
     engine = generate(lm, proposer(head, lm), [5, 6, 7], max_new_tokens=20, sampling=sampling, k=3, seed=4)
     reference = reference_generate(lm, proposer(head, lm), [5, 6, 7], max_new_tokens=20, sampling=sampling, k=3,
@@ -568,6 +596,12 @@ def test_specs_load_head_directories(tmp_path):
         assert isinstance(proposer, cls) and proposer.target is target.lm
         run = generate(target.lm, proposer, [1, 2, 3], max_new_tokens=8, sampling=GREEDY, k=3)
         assert run.tokens == generate(target.lm, None, [1, 2, 3], max_new_tokens=8, sampling=GREEDY, k=0).tokens
+    for head_format, projection in (("float32", PackedLinear), ("bfloat16", PackedLinear), ("int8", Int8Linear)):
+        proposer = build_proposer(f"eagle:{tmp_path / 'eagle'}:weights={head_format}", target)
+        assert isinstance(proposer.head.output, projection)
+        assert proposer.head.dtype == (torch.float32 if head_format == "float32" else torch.bfloat16)
+    with pytest.raises(ValueError, match=r"eagle:...:weights=F takes auto, float32, bfloat16, int8; got 'int4'"):
+        build_proposer(f"eagle:{tmp_path / 'eagle'}:weights=int4", target)
     with pytest.raises(ValueError, match="holds a medusa head, not a eagle head; use medusa:"):
         build_proposer(f"eagle:{tmp_path / 'medusa'}", target)
     with pytest.raises(ValueError, match="eagle:DIR needs a head directory"):

@@ -22,8 +22,8 @@ from gguf import GGMLQuantizationType, dequantize
 from verispec.models import quant
 from verispec.models.gguf_blocks import BLOCK, GGUFWeight, decode_blocks
 from verispec.models.llama import LlamaRuntime
-from verispec.models.linear import DenseLinear
-from verispec.models.quant import Int4Linear, Int8Linear, exact_planes, linear_for, planes_weight
+from verispec.models.linear import DenseLinear, Int8Linear, PackedLinear, projection
+from verispec.models.quant import Int4Linear, exact_planes, linear_for, planes_weight
 
 
 def raw_blocks(kind: str, rows: int, width: int, seed: int = 0, m_scale: float = 1.0) -> np.ndarray:
@@ -240,3 +240,23 @@ def test_default_model_in_q4_is_the_float32_model_up_to_bfloat16_activations():
     # bfloat16 activations: logits of magnitude ~30 move by up to ~1 (measured 0.6 here).
     assert (p - expected).abs().max() < 1.5
     assert (p.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
+
+
+def test_int8_projection_adds_its_bias_scores_rows_alike_and_falls_back_where_the_kernel_cannot():
+    """`projection(..., "int8")` quantizes per output channel and adds the float bias; each row
+    gets the same bits alone as among others (stateful drafting equals its stateless
+    recomputation); a width K the kernel crashes on (not a multiple of 16) gets the float
+    packing instead, and `Int8Linear` itself refuses it."""
+    generator = torch.Generator().manual_seed(2)
+    weight, bias = torch.randn(40, 48, generator=generator), torch.randn(40, generator=generator)
+    layer = projection(weight, bias, "int8")
+    assert isinstance(layer, Int8Linear) and not layer.exact
+    x = torch.randn(5, 48, generator=generator)
+    expected = x @ weight.t() + bias
+    together = layer(x)
+    assert together.dtype == torch.float32
+    assert (together - expected).abs().max() <= 0.03 * expected.abs().max()
+    assert all(torch.equal(layer(x[i : i + 1]), together[i : i + 1]) for i in range(5))
+    assert isinstance(projection(torch.randn(16, 24), None, "int8"), PackedLinear)
+    with pytest.raises(ValueError, match="int8 kernel needs K a multiple of 16"):
+        Int8Linear(torch.randn(16, 24))

@@ -81,6 +81,8 @@ def test_each_spec_builds_its_proposer(target):
         ("layerskip:1:65", r"1 <= N <= 64"),
         ("lookahead:3", r"lookahead options are W=window, N=n-gram size and G=pool width joined by ':'"),
         ("lookahead:N=1", "lookahead's n-gram size N must be an integer >= 2, got 1"),
+        ("eagle:weights=int4", r"eagle:\.\.\.:weights=F takes auto, float32, bfloat16, int8; got 'int4' in 'eagle:weights=int4'"),
+        ("lookup+medusa:heads/m:weights=", "medusa:...:weights=F takes auto, float32, bfloat16, int8; got ''"),
     ],
 )
 def test_malformed_specs_are_refused(target, spec, message):

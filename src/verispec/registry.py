@@ -441,9 +441,31 @@ def _head(kind: str) -> Callable[[str, LoadedModel, Corpus], Proposer]:
     def build(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
         from verispec.proposers.trained import head_proposer
 
-        return head_proposer(kind, argument or None, target.lm)
+        directory, head_format = head_options(kind, argument)
+        return head_proposer(kind, directory, target.lm, head_format)
 
     return build
+
+
+def head_options(kind: str, argument: str) -> tuple[str | None, str]:
+    """The head directory (None: the shipped head) and head format of `eagle[:DIR][:weights=F]`.
+
+    >>> head_options("eagle", "heads/mine:weights=bfloat16")
+    ('heads/mine', 'bfloat16')
+    >>> head_options("eagle", "")
+    (None, 'auto')
+    """
+    from verispec.proposers.trained import HEAD_FORMATS
+
+    directory, _, last = argument.rpartition(":")
+    if not last.startswith("weights="):
+        return argument or None, "auto"
+    head_format = last.removeprefix("weights=")
+    if head_format != "auto" and head_format not in HEAD_FORMATS:
+        raise ValueError(
+            f"{kind}:...:weights=F takes auto, {', '.join(HEAD_FORMATS)}; got {head_format!r} in '{kind}:{argument}'"
+        )
+    return directory or None, head_format
 
 
 def _audit_head(kind: str) -> Callable[[Tables], Proposer]:
@@ -546,24 +568,24 @@ register(ProposerKind(
     audit=_audit_random, example="random", trees=True,
 ))
 register(ProposerKind(
-    "eagle", "eagle[:DIR]", "sampled", _head("eagle"),
+    "eagle", "eagle[:DIR][:weights=F]", "sampled", _head("eagle"),
     "a trained EAGLE-style head drafting in the target's feature space (DIR: from verispec train; "
-    "none: the head shipped for the default model)",
+    "none: the head shipped for the default model; F: how it drafts, auto, int8, bfloat16 or float32)",
     audit=_audit_head("eagle"), example=_shipped("eagle"), trees=True,
 ))
 register(ProposerKind(
-    "medusa", "medusa[:DIR]", "sampled", _head("medusa"),
+    "medusa", "medusa[:DIR][:weights=F]", "sampled", _head("medusa"),
     "K trained residual heads on the target's last feature (DIR: from verispec train; none: the "
-    "shipped head)",
+    "shipped head; F as for eagle)",
     audit=_audit_head("medusa"), example=_shipped("medusa"), trees=True,
 ))
 register(ProposerKind(
-    "lookup+eagle", "lookup+eagle[:DIR]", "mixed", _copy_or_head("eagle"),
-    "prompt lookup's draft whenever it has one (chosen), else the EAGLE-style head's sampled draft (DIR as for eagle)",
+    "lookup+eagle", "lookup+eagle[:DIR][:weights=F]", "mixed", _copy_or_head("eagle"),
+    "prompt lookup's draft whenever it has one (chosen), else the EAGLE-style head's sampled draft (DIR and F as for eagle)",
     audit=_audit_copy_or_head("eagle"), example=_shipped("eagle", "lookup+eagle"), trees=True,
 ))
 register(ProposerKind(
-    "lookup+medusa", "lookup+medusa[:DIR]", "mixed", _copy_or_head("medusa"),
-    "prompt lookup's draft whenever it has one (chosen), else the Medusa heads' sampled draft (DIR as for medusa)",
+    "lookup+medusa", "lookup+medusa[:DIR][:weights=F]", "mixed", _copy_or_head("medusa"),
+    "prompt lookup's draft whenever it has one (chosen), else the Medusa heads' sampled draft (DIR and F as for medusa)",
     audit=_audit_copy_or_head("medusa"), example=_shipped("medusa", "lookup+medusa"), trees=True,
 ))

@@ -25,7 +25,7 @@ from verispec.heads.drafting_layer import DraftingLayer
 from verispec.heads.eagle import EagleHead, FrozenRows
 from verispec.heads.medusa import MedusaHead
 from verispec.models.base import FeatureChannel
-from verispec.models.linear import DenseLinear, PackedLinear, packed_linears, projection
+from verispec.models.linear import DenseLinear, Int8Linear, PackedLinear, packed_linears, projection
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -71,7 +71,7 @@ def save_head(head: Head, directory: str | Path, dtype: torch.dtype | None = Non
     """Write `config.json` and `model.safetensors` into `directory` (created if missing).
     dtype: store the floating weights in it (e.g. bfloat16 halves a float32 head's file;
     `load_head` casts them to the dtype it runs in); None keeps the head's."""
-    if any(isinstance(module, (PackedLinear, DenseLinear)) for module in head.modules()):
+    if any(isinstance(module, (PackedLinear, DenseLinear, Int8Linear)) for module in head.modules()):
         raise ValueError("this head is packed for drafting (for_drafting) and holds no weights to save; save it as loaded or trained")
     state = {
         name: (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor).detach().contiguous()
@@ -137,21 +137,24 @@ def load_head(directory: str | Path, target: FeatureChannel, dtype: torch.dtype 
     return _frozen(load_weights(head, state, Path(directory) / WEIGHTS))
 
 
-def for_drafting(head: Head) -> Head:
-    """`head` (loaded, frozen) with its projections prepacked for drafting, in place: every
-    linear layer and the target's output rows for the head vocabulary
+def for_drafting(head: Head, weight_format: str = "float") -> Head:
+    """`head` (loaded, frozen) with its projections packed for drafting, in place: every
+    linear layer and the target's output rows for the head vocabulary, in `weight_format`
     (`models.linear.projection`), and an EAGLE head's decoder layers rebuilt as
-    `DraftingLayer`s (fused projections, precomputed rotary tables). Its logits are the same
-    function, up to the order in which the products sum. Measured on a 2-core AMD EPYC
-    (bfloat16, the shipped EAGLE head, one pair after 300 cached ones): a step took 2.0 ms
-    unpacked, most of it `F.linear` reordering bfloat16 weights (and the fusion layer's 3-D
-    input copying its weight) on every call. Drafting only: the packed head cannot train, and
-    `save_head` refuses it."""
+    `DraftingLayer`s (fused projections, precomputed rotary tables).
+
+    "float" prepacks the head's own weights: the same function, up to the order in which the
+    products sum. Measured on a 2-core AMD EPYC (bfloat16, the shipped EAGLE head, one pair
+    after 300 cached ones): a step took 2.0 ms unpacked, most of it `F.linear` reordering
+    bfloat16 weights (and the fusion layer's 3-D input copying its weight) on every call.
+    "int8" quantizes every projection per output channel (`Int8Linear`): another q, half the
+    bytes to read (`trained.HEAD_FORMATS` says when it pays). Drafting only: the packed head
+    cannot train, and `save_head` refuses it."""
     if isinstance(head, EagleHead):
-        head.layers = nn.ModuleList(DraftingLayer(layer, head.layer_config) for layer in head.layers)
-    packed_linears(head)
+        head.layers = nn.ModuleList(DraftingLayer(layer, head.layer_config, weight_format) for layer in head.layers)
+    packed_linears(head, weight_format)
     if isinstance(head.output, FrozenRows):
-        head.output = projection(head.output.rows)
+        head.output = projection(head.output.rows, None, weight_format)
     return head
 
 

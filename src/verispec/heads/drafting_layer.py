@@ -28,6 +28,8 @@ step takes about 0.8 ms); its softmax accumulates in float32 either way.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from transformers import DynamicCache, LlamaConfig
@@ -39,16 +41,18 @@ from verispec.models.llama import rms_norm
 from verispec.models.rope import RopeTables, rope_parameters
 
 
-def _fused(*linears: nn.Linear) -> nn.Module:
-    """One prepacked projection computing every linear's output side by side."""
+def _fused(*linears: nn.Linear, weight_format: str) -> nn.Module:
+    """One projection in `weight_format` computing every linear's output side by side."""
     weights = [linear.weight.detach() for linear in linears]  # each [out, in]
-    return fused_projection(weights, [None if linear.bias is None else linear.bias.detach() for linear in linears])
+    biases = [None if linear.bias is None else linear.bias.detach() for linear in linears]
+    return fused_projection(weights, biases, weight_format)
 
 
 class DraftingLayer(nn.Module):
-    """Built from a trained `LlamaDecoderLayer` and its config (SiLU-gated, as Llama's)."""
+    """Built from a trained `LlamaDecoderLayer` and its config (SiLU-gated, as Llama's), its
+    projections in `weight_format` (`models.linear.projection`: "float" prepacked, or "int8")."""
 
-    def __init__(self, layer: LlamaDecoderLayer, config: LlamaConfig) -> None:
+    def __init__(self, layer: LlamaDecoderLayer, config: LlamaConfig, weight_format: str = "float") -> None:
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"the drafting layer's MLP is SiLU-gated and this head's uses {config.hidden_act!r}")
@@ -58,10 +62,11 @@ class DraftingLayer(nn.Module):
         self.head_dim = attention.head_dim
         self.intermediate = config.intermediate_size
         self.eps = config.rms_norm_eps
-        self.qkv = _fused(attention.q_proj, attention.k_proj, attention.v_proj)  # [T, H] -> [T, (Hq + 2 Hkv) D]
-        self.o = _fused(attention.o_proj)  # [T, Hq D] -> [T, H]
-        self.gate_up = _fused(mlp.gate_proj, mlp.up_proj)  # [T, H] -> [T, 2 I]
-        self.down = _fused(mlp.down_proj)  # [T, I] -> [T, H]
+        fused = functools.partial(_fused, weight_format=weight_format)
+        self.qkv = fused(attention.q_proj, attention.k_proj, attention.v_proj)  # [T, H] -> [T, (Hq + 2 Hkv) D]
+        self.o = fused(attention.o_proj)  # [T, Hq D] -> [T, H]
+        self.gate_up = fused(mlp.gate_proj, mlp.up_proj)  # [T, H] -> [T, 2 I]
+        self.down = fused(mlp.down_proj)  # [T, I] -> [T, H]
         self.register_buffer("attention_norm", layer.input_layernorm.weight.detach(), persistent=False)  # [H]
         self.register_buffer("mlp_norm", layer.post_attention_layernorm.weight.detach(), persistent=False)  # [H]
         self.rope = RopeTables(*rope_parameters(config), self.attention_norm.dtype)

@@ -22,6 +22,7 @@ from torch import nn
 
 # oneDNN picks its kernel by this expected row count; 2 keeps single rows on the gemm path.
 PACK_ROWS = 2
+INT8_K_MULTIPLE = 16  # `Int8Linear`'s kernel needs the input width K a multiple of this
 
 
 class DenseLinear(nn.Module):
@@ -83,6 +84,37 @@ class PackedLinear(RowProjection):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+class Int8Linear(RowProjection):
+    """y = x W^T (+ b) with W = scale[n] * q[n, k], q int8 per output channel (quantized on
+    load: not the source weights), on torch's weight-only kernel (`aten._weight_int8pack_mm`):
+    bfloat16 activations, float32 accumulation, y rounded to bfloat16 and returned in x's
+    dtype. Half the bytes of a bfloat16 weight, for drafts (whose tokens are verified) and
+    `selfdraft:int8`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if not int8_fits(weight):
+            raise ValueError(f"the int8 kernel needs K a multiple of {INT8_K_MULTIPLE}, got a weight of shape {tuple(weight.shape)}")
+        weight = weight.float()  # [out, in]
+        scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127  # [out]
+        self.register_buffer("codes", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale.to(torch.bfloat16))
+        self.bias = bias  # [out] or None
+        self.exact = False
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x[M, in] -> y[M, out]."""
+        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.codes, self.scales).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+def int8_fits(weight: torch.Tensor) -> bool:
+    """Whether torch's int8 kernel takes weight [out, in]: it reads the activations in blocks
+    and crashed (a segmentation fault, torch 2.13 CPU) for K = in of 8 and 24."""
+    return weight.shape[1] % INT8_K_MULTIPLE == 0
+
+
 @functools.cache
 def single_row_matches(out_features: int, in_features: int, dtype: torch.dtype) -> bool:
     """Whether a prepacked linear of this shape gives one row the same bits alone as among
@@ -113,15 +145,21 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None = None, weight_fo
     float32, whose sums come out the same bits for a fused weight as for its parts, so a
     runtime of dense projections gives transformers' float32 logits bit for bit (a reference
     for tests: oneDNN's prepacked products are the runtime's speed, and its only difference).
+    "int8": `Int8Linear`, the weight quantized per output channel (changes it: for drafts),
+    where the kernel takes its shape (`int8_fits`), else "float".
     """
     bias = None if bias is None else bias.contiguous()
+    if weight_format == "int8" and int8_fits(weight):
+        return Int8Linear(weight, bias)
+    if weight_format == "int8":
+        weight_format = "float"
     if weight_format == "float":
         if torch.backends.mkldnn.is_available() and weight.dtype in (torch.float32, torch.bfloat16):
             return PackedLinear(weight.contiguous(), bias)
         return DenseLinear(weight.contiguous(), bias)
     if weight_format == "dense":
         return DenseLinear(weight.contiguous(), bias)
-    raise ValueError(f"unknown weight format {weight_format!r}; the fast runtime knows: float, dense")
+    raise ValueError(f"unknown weight format {weight_format!r}; the fast runtime knows: float, dense, int8")
 
 
 def fused_projection(
@@ -135,13 +173,14 @@ def fused_projection(
     return projection(torch.cat(weights) if len(weights) > 1 else weights[0], bias, weight_format)
 
 
-def packed_linears(module: nn.Module) -> nn.Module:
+def packed_linears(module: nn.Module, weight_format: str = "float") -> nn.Module:
     """`module` with every `nn.Linear` inside it replaced, in place, by `projection` of its
-    weight and bias: prepacked for oneDNN where torch has it. For inference only: the
-    projections hold no parameters, so nothing trains or saves through them afterwards."""
+    weight and bias in `weight_format` (default: prepacked for oneDNN where torch has it). For
+    inference only: the projections hold no parameters, so nothing trains or saves through
+    them afterwards."""
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 bias = None if child.bias is None else child.bias.detach()
-                setattr(parent, name, projection(child.weight.detach(), bias))
+                setattr(parent, name, projection(child.weight.detach(), bias, weight_format))
     return module

@@ -43,7 +43,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from verispec.models.gguf_blocks import BLOCK, GGUFWeight
-from verispec.models.linear import DenseLinear, RowProjection
+from verispec.models.linear import DenseLinear, Int8Linear, RowProjection
 
 Weight = GGUFWeight | torch.Tensor
 FORMATS = ("float32", "bfloat16", "q4", "int8")
@@ -85,23 +85,6 @@ class Int4Linear(RowProjection):
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, BLOCK, self.scales_and_zeros)  # [M, N + pad]
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]
-        return y.to(x.dtype)
-
-
-class Int8Linear(RowProjection):
-    """y = x W^T with W = scale[n] * q[n, k], q int8 per output channel, in bfloat16."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127  # [N]
-        self.register_buffer("codes", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scales", scale.to(torch.bfloat16))
-        self.exact = False
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x[M, in] -> y[M, out]."""
-        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.codes, self.scales)
         return y.to(x.dtype)
 
 
