@@ -148,8 +148,8 @@ def for_drafting(head: Head, weight_format: str = "float") -> Head:
     after 300 cached ones): a step took 2.0 ms unpacked, most of it `F.linear` reordering
     bfloat16 weights (and the fusion layer's 3-D input copying its weight) on every call.
     "int8" quantizes every projection per output channel (`Int8Linear`): another q, half the
-    bytes to read (`trained.HEAD_FORMATS` says when it pays). Drafting only: the packed head
-    cannot train, and `save_head` refuses it."""
+    bytes to read (`proposers.trained.auto_head_format` says what it gains). Drafting only: the
+    packed head cannot train, and `save_head` refuses it."""
     if isinstance(head, EagleHead):
         head.layers = nn.ModuleList(DraftingLayer(layer, head.layer_config, weight_format) for layer in head.layers)
     packed_linears(head, weight_format)
