@@ -149,10 +149,10 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None = None, weight_fo
     where the kernel takes its shape (`int8_fits`), else "float".
     """
     bias = None if bias is None else bias.contiguous()
-    if weight_format == "int8" and int8_fits(weight):
-        return Int8Linear(weight, bias)
     if weight_format == "int8":
-        weight_format = "float"
+        if int8_fits(weight):
+            return Int8Linear(weight, bias)
+        weight_format = "float"  # a width the int8 kernel cannot take
     if weight_format == "float":
         if torch.backends.mkldnn.is_available() and weight.dtype in (torch.float32, torch.bfloat16):
             return PackedLinear(weight.contiguous(), bias)
