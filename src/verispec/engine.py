@@ -25,6 +25,11 @@ Sources: a proposer that drafts each round from one of several sources (`Sourced
 copying or a head) names the round's source first, and that source's own policy picks k from
 its own rounds (`verispec.policies.PerSource`, `Stats.by_source`).
 
+Batches: the round's stages are public (`propose`, `score`, `settle`), so the batch scheduler
+(`verispec.batching.Scheduler`) runs the same code for each request of a step, replacing
+only `score` by one forward over every request's rows. A request is data (`Request`);
+`Decoding.of` builds its decoding, and the keyword form below stays for library calls.
+
 Devices: the target and the proposer may run on any torch device. Their logits cross to the
 host once a round, as the rows the rule reads (`sampling.rule_rows`); the rules, the random
 draws and the bookkeeping run on the host.
@@ -45,6 +50,7 @@ from verispec.models.base import CausalLM, TreeScoring
 from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
 from verispec.randomness import Random, TorchRandom
+from verispec.request import Request
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape, describe_plan
@@ -94,12 +100,44 @@ class Decoding:
         self.policy = as_policy(k)
         self.policies = PerSource(self.policy)
         self._source: str | None = None  # which source drafts this round (`SourcedProposer`)
+        self._source_known: tuple[str | None] | None = None  # `next_source`'s answer until `propose`
+        if getattr(self.policy, "trees", False) and verifier == "block":
+            raise ValueError("block verification is defined for chains; verify trees with auto or token, or give a chain k")
         self.choose_rule = verify.rule_chooser(verifier, self.sampling.greedy)
         self.tokens: list[int] = []
         self.stats = Stats()
         self._context: list[int] = []  # prompt + emitted; its last token is the pending token
         self._draft_seconds = 0.0  # this round's proposer and target seconds, for its commit
         self._target_seconds = 0.0
+
+    @classmethod
+    def of(
+        cls,
+        target: CausalLM,
+        proposer: Proposer | None,
+        request: Request,
+        *,
+        policy: KPolicy | None = None,
+        rng: Random | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> Decoding:
+        """The decoding of `request` on `target` with `proposer` (built from `request.proposer`
+        by the caller); `policy`: the k policy built from `request.k` (needed when it is a spec
+        such as 'auto'; an integer k needs none); rng: default `TorchRandom(request.seed)`."""
+        if policy is None:
+            if isinstance(request.k, str):
+                raise ValueError(f"k {request.k!r} is a spec: build its policy (verispec.registry.build_policy) and pass it")
+            policy = request.k
+        return cls(
+            target, proposer, request.prompt_ids, max_new_tokens=request.max_new_tokens, sampling=request.sampling,
+            eos_token_id=request.eos_token_ids, rng=rng, seed=request.seed, k=policy, verifier=request.verifier,
+            clock=clock,
+        )
+
+    @property
+    def done(self) -> bool:
+        """Whether the output is complete: the budget is spent or the last token is an EOS."""
+        return len(self.tokens) == self.max_new_tokens or bool(self.tokens and self.tokens[-1] in self.eos_ids)
 
     @property
     def _pending(self) -> int:
@@ -115,14 +153,13 @@ class Decoding:
     def __iter__(self) -> Iterator[int]:
         if self.max_new_tokens == 0:
             return
-        self._begin()
-        while True:
-            emitted = self._round()
-            yield from emitted
-            if len(self.tokens) == self.max_new_tokens or emitted[-1] in self.eos_ids:
-                return
+        self.begin()
+        while not self.done:
+            yield from self.round()
 
-    def _begin(self) -> None:
+    def begin(self) -> None:
+        """Prefill the prompt (all but its last token, the first round's pending token) and
+        start the proposer and the policy."""
         self._context = list(self.prompt)
         start = self.clock()
         self.target.prefill(self._context[: self._processed])
@@ -131,18 +168,34 @@ class Decoding:
             self.proposer.begin(self.prompt, self.sampling)
         self.policies.begin()
 
-    def _round(self) -> list[int]:
-        draft = self._propose()
-        logits = self._score(draft)
+    def round(self) -> list[int]:
+        """One round: the tokens it emits (at least one)."""
+        draft = self.propose()
+        logits = self.score(draft)
+        return self.settle(draft, logits)
+
+    def settle(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> list[int]:
+        """Stages 2b-4 on the round's scored rows logits[k' + 1, V]: observe, verify, commit."""
         self._observe(draft, logits)
         verdict = self._verify(logits, draft)
         return self._commit(draft, verdict)
 
-    def _propose(self) -> Draft | TreeDraft:
-        """Stage 1: ask the policy for k (or a tree shape), then the proposer for up to k
-        tokens (or at most the shape's nodes), cut after EOS."""
-        self._source = draft_source(self.proposer, self._context)
-        plan = budgeted(self.policies.choose(self.stats, self._source), self.max_new_tokens - len(self.tokens))
+    def next_source(self) -> str | None:
+        """The source that drafts the next round (`SourcedProposer`; None for one source),
+        decided from the context alone; `propose` drafts from it."""
+        if self._source_known is None:
+            self._source_known = (draft_source(self.proposer, self._context),)
+        return self._source_known[0]
+
+    def propose(self, plan: int | TreeShape | None = None) -> Draft | TreeDraft:
+        """Stage 1: ask the policy for k (or a tree shape), unless a batch scheduler gives the
+        `plan`, then the proposer for up to k tokens (or at most the shape's nodes), cut after
+        EOS."""
+        self._source = self.next_source()
+        self._source_known = None
+        if plan is None:
+            plan = self.policies.choose(self.stats, self._source)
+        plan = budgeted(plan, self.max_new_tokens - len(self.tokens))
         self.stats.record_plan(describe_plan(plan), self._source)
         self._draft_seconds = 0.0
         if not plan:
@@ -156,21 +209,33 @@ class Decoding:
         check_draft(draft, plan, self.target.vocab_size)
         return cut_after_eos(draft, self.eos_ids)
 
-    def _score(self, draft: Draft | TreeDraft) -> torch.Tensor:
+    def score(self, draft: Draft | TreeDraft) -> torch.Tensor:
         """Stage 2: one target forward over [pending, drafts]: logits[k' + 1, V] (a tree's
         row i + 1 after node i), on the target's device."""
+        self.check_cache()
+        start = self.clock()
+        if isinstance(draft, TreeDraft):
+            logits = tree_target(self.target).extend_tree([self._pending, *draft.tokens], scored_parents(draft))
+        else:
+            logits = self.target.extend(self.scored_tokens(draft))
+        self.record_target_seconds(self.clock() - start)
+        return logits
+
+    def scored_tokens(self, draft: Draft) -> list[int]:
+        """What a chain round's forward scores after the cached prefix: [pending, *drafts]."""
+        return [self._pending, *draft.tokens]
+
+    def check_cache(self) -> None:
+        """Refuse to score on a cache that does not hold exactly the processed prefix."""
         if self.target.length != self._processed:
             raise RuntimeError(
                 f"target cache holds {self.target.length} tokens, expected "
                 f"{self._processed}: the model's rollback broke the cache contract"
             )
-        start = self.clock()
-        if isinstance(draft, TreeDraft):
-            logits = tree_target(self.target).extend_tree([self._pending, *draft.tokens], scored_parents(draft))
-        else:
-            logits = self.target.extend([self._pending, *draft.tokens])
-        self._target_seconds = self.clock() - start
-        return logits
+
+    def record_target_seconds(self, seconds: float) -> None:
+        """The round's scoring time (a batch's forward: the whole forward this request waited on)."""
+        self._target_seconds = seconds
 
     def _observe(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> None:
         """Stage 2b: a proposer that learns from the target's rows (`ObservingProposer`, e.g.

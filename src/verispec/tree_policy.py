@@ -329,6 +329,8 @@ class TreePolicy(AutoK):
         '4 nodes: 3-1'
     """
 
+    trees = True  # it answers tree shapes (the engine refuses block verification for them)
+
     def __init__(
         self,
         costs: Costs,

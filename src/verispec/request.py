@@ -1,0 +1,90 @@
+"""`Request`: one generation request as data, the unit every decoder takes.
+
+A request names what to decode and how, and nothing about where it runs: the prompt's token
+ids, the budget, the sampling transforms (greedy unless given, as on the command line), the
+EOS ids, the seed of its own random stream, the proposer (a registry spec such as `lookup` or
+`eagle:weights=int8`, None for plain decoding) and the k policy (an integer, or a registry
+k spec such as `auto`). The single-request engine (`verispec.engine.Decoding`), the reference
+decoder and the batch scheduler (`verispec.batching.Scheduler`) all take it; a proposer object
+and a policy object are built from its specs by whoever holds the model
+(`verispec.registry.build_proposer`, `build_policy`).
+
+    >>> r = Request((1, 2, 3), max_new_tokens=8, proposer="lookup", k=4)
+    >>> r.sampling.greedy, r.k, sorted(r.eos_token_ids)
+    (True, 4, [])
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from itertools import count
+
+from verispec.sampling import GREEDY, SamplingParams
+
+_ids = count()
+
+
+def _next_id() -> str:
+    return f"req-{next(_ids)}"
+
+
+@dataclass(frozen=True)
+class Request:
+    """prompt_ids: the prompt's token ids (at least one). max_new_tokens: the exact budget
+    (>= 0). sampling: the transforms shared by p and q (default greedy). eos_token_ids: the
+    output ends at the first of any. seed: the request's own random stream (`TorchRandom`), so
+    its tokens depend on nothing else in a batch. proposer: a registry spec, or None (plain
+    decoding, then k must be 0). k: an integer >= 0, or a k spec (`auto`, `heuristic`, ...;
+    `verispec.registry.K_GRAMMAR`). verifier: "auto" or a rule name (`verispec.verify.RULES`).
+    request_id: a name for logs, metrics and cancellation (unique by default)."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams = GREEDY
+    eos_token_ids: frozenset[int] = frozenset()
+    seed: int = 0
+    proposer: str | None = None
+    k: int | str = 0
+    verifier: str = "auto"
+    request_id: str = field(default_factory=_next_id)
+
+    def __post_init__(self) -> None:
+        prompt = tuple(self.prompt_ids)
+        if not prompt:
+            raise ValueError("the prompt is empty; give at least one token")
+        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0 for t in prompt):
+            bad = next(t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0)
+            raise ValueError(f"prompt token ids must be integers >= 0, got {bad!r}")
+        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in prompt))
+        m = self.max_new_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {m!r}")
+        if not isinstance(self.sampling, SamplingParams):
+            raise ValueError(f"sampling must be a SamplingParams, got {self.sampling!r}")
+        object.__setattr__(self, "eos_token_ids", eos_ids(self.eos_token_ids))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.proposer is not None and (not isinstance(self.proposer, str) or not self.proposer.strip()):
+            raise ValueError(f"proposer must be a registry spec (e.g. 'lookup') or None, got {self.proposer!r}")
+        k = self.k
+        if isinstance(k, bool) or not isinstance(k, (int, str)) or (isinstance(k, int) and k < 0):
+            raise ValueError(f"k must be an integer >= 0 or a k spec such as 'auto', got {k!r}")
+        if self.proposer is None and k != 0:
+            raise ValueError("without a proposer, k must be 0 (plain decoding)")
+
+    @property
+    def speculative(self) -> bool:
+        return self.proposer is not None
+
+
+def eos_ids(given: int | Collection[int] | None) -> frozenset[int]:
+    """One EOS id, a collection of them, or None, as a frozenset (each an integer >= 0)."""
+    if given is None:
+        return frozenset()
+    ids = [given] if isinstance(given, int) else list(given)
+    for eos in ids:
+        if isinstance(eos, bool) or not isinstance(eos, numbers.Integral) or eos < 0:
+            raise ValueError(f"eos_token_ids must be token ids (integers >= 0), got {eos!r}")
+    return frozenset(int(eos) for eos in ids)
