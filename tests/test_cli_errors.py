@@ -101,6 +101,20 @@ def test_bench_out_may_hold_other_files(tmp_path, monkeypatch):
     assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
 
 
+@pytest.mark.parametrize("method, says", [
+    ("verispec-nope-k2", "unknown proposer 'nope'"),
+    ("verispec-layerskip:99-k2", "layerskip:L needs 1 <= L < 4"),  # refused once the quick draft is saved
+])
+def test_a_refused_quick_bench_leaves_nothing(tmp_path, capsys, method, says):
+    """Nothing of a refused run stays in --out (a new one is removed again, an old one keeps only
+    what it held), so the next run into it is not refused as holding results."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "notes.txt").write_text("mine")
+    for out in (tmp_path / "new", tmp_path / "old"):
+        assert says in error_line(capsys, ["bench", "--quick", "--out", str(out), "--methods", method])
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["notes.txt", "old"]
+
+
 def test_bench_out_is_a_file(tmp_path, capsys):
     path = tmp_path / "results.json"
     path.write_text("{}")

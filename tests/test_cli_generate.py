@@ -137,6 +137,17 @@ def test_a_draft_with_another_tokenizer(capsys, models):
     assert "'<verispec-extra>'" in err and items[-1] == "use a draft model that shares the target's tokenizer"
 
 
+def test_a_head_directory_with_a_corrupt_weights_file(capsys, models, tmp_path):
+    from verispec.heads import save_head
+    from verispec.heads.untrained import tiny_head
+    from verispec.models.tables import random_table
+
+    head = save_head(tiny_head("eagle", random_table(4, 1, seed=0)), tmp_path / "head")
+    (head / "model.safetensors").write_bytes(b"not a safetensors file")
+    err = one_line_error(capsys, ["generate", "--model", str(models / "target"), "--proposer", f"eagle:{head}", "Hello"])
+    assert f"{head / 'model.safetensors'} is not a readable safetensors file" in err
+
+
 def test_bad_input_in_a_real_process(models, tmp_path):
     """The installed entry point: exit status 2, one line on stderr, nothing on stdout."""
     result = subprocess.run(

@@ -491,6 +491,40 @@ def test_cli_averages_heads_and_refuses_bad_input_with_one_error_line(tmp_path, 
     assert not (tmp_path / "x").exists()
 
 
+def test_cli_never_writes_the_average_into_one_of_its_heads(tmp_path, capsys):
+    """An output is never one of the inputs, --force or not: A's files stay as they were."""
+    from verispec.cli import main
+
+    lm = HFCausalLM(tiny_llama())
+    a = save_head(hf_head("eagle", lm), tmp_path / "a")
+    b = save_head(_perturbed(hf_head("eagle", lm), seed=3), tmp_path / "b")
+    before = {name: (a / name).read_bytes() for name in ("config.json", "model.safetensors")}
+    for out in (a, tmp_path / "b" / ".." / "a", a / "inside"):
+        assert main(["average-heads", str(a), str(b), "--out", str(out), "--force"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --out") and err.count("\n") == 1 and "is one of the inputs" in err, err
+    assert {name: (a / name).read_bytes() for name in before} == before and not (a / "inside").exists()
+
+
+@pytest.mark.parametrize("garbage", [b"", b"not a safetensors file", None], ids=["empty", "garbage", "truncated"])
+def test_a_corrupt_head_file_is_one_error_line(tmp_path, capsys, garbage):
+    """A model.safetensors that does not parse: a ValueError naming the file, so `average-heads`
+    (and `--proposer eagle:DIR`) print one error line and exit 2."""
+    from verispec.cli import main
+
+    lm = HFCausalLM(tiny_llama())
+    a = save_head(hf_head("eagle", lm), tmp_path / "a")
+    bad = save_head(hf_head("eagle", lm), tmp_path / "bad")
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-7] if garbage is None else garbage)
+    with pytest.raises(ValueError, match="is not a readable safetensors file"):
+        read_weights(bad)
+    assert main(["average-heads", str(a), str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {weights} is not a readable safetensors file") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
 # --- the proposers ----------------------------------------------------------------------------
 
 

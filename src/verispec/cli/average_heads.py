@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from verispec.cli import BadInput, app
-from verispec.cli.paths import FORCE_HELP, check_output_directory
+from verispec.cli.paths import FORCE_HELP, check_not_an_input, check_output_directory
 
 
 @app.command("average-heads")
@@ -31,6 +31,7 @@ def average_heads_command(
     for head in heads:
         if not head.is_dir():
             raise BadInput(f"{head} is not a directory; give head directories written by `verispec train --out`")
+    check_not_an_input(out, "--out", heads)
     parsed = None
     if weights is not None:
         try:

@@ -12,7 +12,7 @@ import typer
 from verispec.bench.methods import DEFAULT_METHODS
 from verispec.cli import app
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
-from verispec.cli.paths import FORCE_HELP, check_output_directory
+from verispec.cli.paths import FORCE_HELP, check_output_directory, nothing_left_on_failure
 from verispec.models import DEFAULT_MODEL
 from verispec.registry import proposer_grammar
 from verispec.sampling import SamplingParams
@@ -95,7 +95,6 @@ def bench(
     """
     from verispec.bench.suite import OUTPUTS, Settings, run  # transformers: imported when needed
 
-    check_output_directory(out, "--out", OUTPUTS, force)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     if sampling.greedy and any(f is not None for f in (top_k, top_p, min_p)):
         raise ValueError("--top-k, --top-p and --min-p filter sampled tokens; give a --temperature above 0")
@@ -120,7 +119,9 @@ def bench(
         seed=seed,
     )
     settings.command = command_line(settings)
-    summary = run(settings)
+    with nothing_left_on_failure(out, OUTPUTS):  # a refused run leaves no --out behind
+        check_output_directory(out, "--out", OUTPUTS, force)
+        summary = run(settings)
     print(f"wrote {out}/report.md, summary.json, runs.jsonl and {len(summary['plots'])} plots", file=sys.stderr)
 
 

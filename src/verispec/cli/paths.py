@@ -5,12 +5,17 @@ never ends in a write that fails, and earlier results are never overwritten with
     check_output_file(Path("v.png"), "--plot", force=False, suffix=".png")
     check_output_directory(Path("runs"), "--out", ("summary.json",), force=False)
     check_input_file(Path("p.json"), "--profile", "a profile from `verispec profile --out`")
+    check_not_an_input(Path("heads/ab"), "--out", [Path("heads/a"), Path("heads/b")])
+    with nothing_left_on_failure(Path("runs"), ("summary.json", "quick-draft")):
+        ...                                   # a refusal removes what the block created
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from verispec.cli import BadInput
@@ -66,3 +71,39 @@ def check_input_file(path: Path, option: str, what: str) -> None:
         raise BadInput(f"{option} {path} is a directory; give {what}")
     if not path.is_file():
         raise BadInput(f"{option} {path}: no such file; give {what}")
+
+
+def check_not_an_input(path: Path, option: str, inputs: Sequence[Path]) -> None:
+    """`path` (an output) is none of `inputs`, nor inside one, nor holds one, after resolving
+    links: an output never overwrites what it is computed from, `--force` or not."""
+    target = path.resolve()
+    for source in inputs:
+        resolved = source.resolve()
+        if target == resolved or resolved in target.parents or target in resolved.parents:
+            raise BadInput(
+                f"{option} {path} is one of the inputs ({source}) or overlaps it; write the output to another directory"
+            )
+
+
+@contextmanager
+def nothing_left_on_failure(directory: Path, names: Iterable[str]) -> Iterator[None]:
+    """Run the block; if it raises, remove the entries `names` of `directory` that it created,
+    and `directory` itself if it created that and left it empty: a refused command leaves
+    nothing behind (earlier entries stay as they were)."""
+    names = tuple(names)
+    existed = directory.exists()
+    before = {name for name in names if (directory / name).exists()}
+    try:
+        yield
+    except BaseException:
+        for name in names:
+            entry = directory / name
+            if name in before or not entry.exists():
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        if not existed and directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+        raise

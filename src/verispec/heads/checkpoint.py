@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -105,7 +106,12 @@ def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
     path = Path(directory) / WEIGHTS
     if not path.is_file():
         raise ValueError(f"{directory} has a head config but no {WEIGHTS}")
-    state = load_file(path)
+    try:
+        state = load_file(path)
+    except SafetensorError as error:
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({error}); write the head again with `verispec train --out`"
+        ) from None
     if "d2t" not in state:
         raise ValueError(f"{path} has no d2t (the head vocabulary)")
     # An EAGLE head saved before heads could stack layers named its one decoder layer `layer`.
