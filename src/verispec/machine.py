@@ -11,11 +11,10 @@ import functools
 import os
 import platform
 import resource
+from importlib import metadata
 from pathlib import Path
 
 import torch
-
-import verispec
 
 
 @functools.cache
@@ -53,6 +52,15 @@ def cpu_has_bf16(cpuinfo: str, machine: str) -> bool:
     return False
 
 
+def version() -> str:
+    """verispec's installed version (read from its distribution, not from the package root:
+    models import this module, and the root imports the engine, which imports models)."""
+    try:
+        return metadata.version("verispec")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def describe(dtype: str | None = None) -> dict:
     """The machine and software a timing depends on besides the models."""
     import transformers  # imported here: the CLI reads this module before any model is loaded
@@ -70,7 +78,7 @@ def describe(dtype: str | None = None) -> dict:
         "platform": platform.platform(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "verispec": verispec.__version__,
+        "verispec": version(),
         "dtype": dtype,
     }
 

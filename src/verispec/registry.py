@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 from verispec.cost import check_k
 
 if TYPE_CHECKING:
-    from verispec.audit.exhaustive import Tables
+    from verispec.models.table_pair import Tables
     from verispec.models.base import CausalLM
     from verispec.models.load import LoadedModel
     from verispec.policies import KPolicy

@@ -39,6 +39,7 @@ from verispec.clocks import TickClock
 from verispec.drafts import TreeDraft
 from verispec.engine import generate
 from verispec.models.base import CausalLM
+from verispec.models.table_pair import Tables
 from verispec.models.tables import TableLM, random_table
 from verispec.cost import FixedCosts
 from verispec.policies import AutoK, ConstantTree, HeuristicK, KPolicy
@@ -47,15 +48,6 @@ from verispec.sampling import GREEDY, SamplingParams
 from verispec.tree_shape import TreeShape
 
 TOLERANCE = 1e-12
-
-
-@dataclass(frozen=True)
-class Tables:
-    """The rational models of a scenario: the target, and a second table a proposer may use as
-    its draft model."""
-
-    target: TableLM
-    draft: TableLM
 
 
 def audited_proposers() -> list[ProposerKind]:
