@@ -24,6 +24,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help is printed as written: rich markup would read `'.[llamacpp]'` or `[default: ...]` in a
+    # help text as a style tag and drop it.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
 
 
@@ -43,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print("aborted", file=sys.stderr)
         return 1
     except NoArgsIsHelpError as error:
-        if error.format_message().strip():  # with rich installed, typer has printed the help itself
-            print(error.format_message(), file=sys.stderr)
+        print(error.format_message())  # the help; the error line below goes to stderr
         return fail(f"no command given; run `{PROG} COMMAND ...` with a command from `{PROG} --help`")
     except UsageError as error:
         command = error.ctx.command_path if error.ctx is not None else PROG

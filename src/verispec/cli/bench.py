@@ -48,7 +48,7 @@ def bench(
     methods: Annotated[
         Optional[str],
         typer.Option(
-            help=f"Comma-separated: verispec-plain, verispec-<{proposer_grammar('|')}>-"
+            help=f"Comma-separated: verispec-plain, verispec-<{proposer_grammar(' | ')}>-"
             "<kN|auto|heuristic|tree|tree:W1xW2x...>, hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain, "
             "llamacpp-lookup[-kN] (llama.cpp on the same GGUF file: pip install -e '.[llamacpp]').",
             show_default=f"{DEFAULT_METHODS.replace(',', ', ')}; --quick: every kind",
