@@ -26,6 +26,7 @@ from verispec.bench.quick import tiny_llama, tiny_tokenizer
 from verispec.cli import main
 from verispec.cli.demo import DemoRow, demo_table
 from verispec.models import load
+from verispec.proposers.trained import default_proposer
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +202,15 @@ def test_compare_at_temperature_above_zero_does_not_diagnose(capsys, models):
             "--temperature", "0.8", "--json", "the cat sat on the mat"]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["mismatch"] is None
+
+
+def test_without_a_proposer_the_best_measured_one_for_the_model_drafts(capsys, models):
+    """lookup+eagle where a head ships for the model (the default model), else prompt lookup."""
+    assert default_proposer(load.DEFAULT_MODEL) == "lookup+eagle"
+    assert default_proposer(str(models / "target")) == "lookup"
+    argv = ["generate", "--model", str(models / "target"), "--max-new-tokens", "4", "--json", "the cat sat"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["proposer"] == "lookup"
 
 
 def test_the_demo_table_fits_80_columns():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich import box
@@ -16,6 +16,7 @@ from verispec.bench.identity import diagnose, explain, verdict
 from verispec.cli import app
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
+from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, proposer_help
 from verispec.sampling import GREEDY
 
@@ -37,7 +38,9 @@ PROMPTS = {
 @app.command()
 def demo(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
-    proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
+    proposer: Annotated[
+        Optional[str], typer.Option(help=proposer_help(), show_default=DEFAULT_PROPOSER_HELP)
+    ] = None,
     k: Annotated[str, typer.Option("--k", help=K_HELP)] = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 96,
     dtype: str = "auto",
@@ -45,6 +48,7 @@ def demo(
     deterministic: DeterministicOption = None,
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
+    proposer = proposer or default_proposer(model)
     check_policy_proposer(k, proposer)
     console = Console(stderr=True)
     console.print(f"loading {model} ...")

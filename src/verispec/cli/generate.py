@@ -12,6 +12,7 @@ from verispec.cli import app
 from verispec.bench.identity import diagnose, explain
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
+from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, proposer_help
 from verispec.sampling import SamplingParams
 from verispec.textstream import TextStream
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt; read from stdin when omitted.")] = None,
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
-    proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
+    proposer: Annotated[
+        Optional[str], typer.Option(help=proposer_help(), show_default=DEFAULT_PROPOSER_HELP)
+    ] = None,
     k: Annotated[str, typer.Option("--k", help=K_HELP)] = "auto",
     temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
     top_k: Annotated[Optional[int], typer.Option("--top-k")] = None,
@@ -48,6 +51,7 @@ def generate(
     if not text.strip():
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    proposer = proposer or default_proposer(model)
     check_policy_proposer(k, proposer)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")

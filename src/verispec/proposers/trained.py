@@ -75,3 +75,26 @@ def head_proposer(kind: str, directory: str | None, target: CausalLM, head_forma
     if head.config.kind != kind:
         raise ValueError(f"{directory} holds a {head.config.kind} head, not a {kind} head; use {head.config.kind}:{directory}")
     return (EagleProposer if kind == "eagle" else MedusaProposer)(for_drafting(head, weight_format), target)
+
+
+# The best measured proposer where a head ships for the model: lookup+eagle with auto k drafted
+# the most tokens a second of every method on held-out prompts (docs/benchmarking.md), copying
+# where the context repeats itself and the head elsewhere. Elsewhere prompt lookup alone: it
+# needs no head, and auto k turns it off where it finds nothing to copy.
+BEST_WITH_HEAD = "lookup+eagle"
+BEST_WITHOUT_HEAD = "lookup"
+DEFAULT_PROPOSER_HELP = (
+    f"{BEST_WITH_HEAD} for a model that ships an EAGLE head (the default model), else {BEST_WITHOUT_HEAD}"
+)
+
+
+def default_proposer(model: str) -> str:
+    """The proposer `generate`, `demo` and `serve` use when none is named: the best measured one
+    for `model`, `BEST_WITH_HEAD` where a head ships for it, else `BEST_WITHOUT_HEAD`.
+
+    >>> default_proposer("/models/another-checkpoint")
+    'lookup'
+    """
+    if model == DEFAULT_MODEL and (default_head("eagle") / "config.json").exists():
+        return BEST_WITH_HEAD
+    return BEST_WITHOUT_HEAD
