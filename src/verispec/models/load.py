@@ -62,7 +62,7 @@ from verispec.machine import native_bf16  # noqa: E402
 from verispec.models import DEFAULT_MODEL  # noqa: E402
 from verispec.models.base import CausalLM  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
-from verispec.models.gguf_blocks import CODED, GGUFWeight, gguf_weights  # noqa: E402
+from verispec.models.gguf_blocks import CODED, READ, GGUFWeight, gguf_weights  # noqa: E402
 from verispec.models.llama import LlamaRuntime, fast_runtime_refusal  # noqa: E402
 from verispec.models.parts import SPLIT, cache_root, joined_file  # noqa: E402
 from verispec.models.quantized import quantized_model  # noqa: E402
@@ -416,7 +416,7 @@ def coded_exactly(gguf: Path) -> bool:
     cached = _blocks_cache(gguf)
     if cached.is_file():
         with safe_open(cached, framework="pt") as stored:
-            part = {kind: "codes" if kind in CODED else "values" for kind in stored.metadata().values()}
+            part = {kind: "codes" if kind in READ else "values" for kind in stored.metadata().values()}
             kinds = [(kind, len(stored.get_slice(f"{name}:{part[kind]}").get_shape())) for name, kind in stored.metadata().items()]
     else:
         kinds = [(tensor.tensor_type.name, len(tensor.shape)) for tensor in GGUFReader(gguf).tensors]

@@ -11,9 +11,12 @@ Formats:
 - "float32", "bfloat16": `F.linear` on the dequantised weight in that dtype (bfloat16 rounds
   the weights: not exact).
 - "q4": torch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, groups of 32 along K).
-  For GGUF Q4_0, Q4_1 and Q8_0 blocks the weights stay exact (below); weights given as floats
-  (a Hugging Face checkpoint, or GGUF types other than those three) are quantized on load to
-  4 bits, which changes them: a different target (`exact` False).
+  For GGUF Q4_0, Q4_1, Q8_0, Q5_0 and Q4_K blocks the weights stay exact (below), with
+  float32 `F.linear` on gguf's float32 weights for any tensor that has no exact planes: Q6_K
+  (groups of 16, finer than the kernel's), a Q4_K block whose D u + M rounds, and every
+  projection fused with one of those (a Q6_K v beside Q4_K q and k: the whole qkv). Weights
+  given as floats (a Hugging Face checkpoint, or F16/F32 matrices of a GGUF file) are
+  quantized on load to 4 bits, which changes them: a different target (`exact` False).
 - "int8": `aten._weight_int8pack_mm`, int8 per output channel, quantized on load from the
   float32 weights: always a different target, meant for drafts.
 
@@ -42,7 +45,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from verispec.models.gguf_blocks import BLOCK, GGUFWeight
+from verispec.models.gguf_blocks import AFFINE, BLOCK, GGUFWeight
 from verispec.models.linear import DenseLinear, Int8Linear, RowProjection
 
 Weight = GGUFWeight | torch.Tensor
@@ -59,9 +62,14 @@ class Int4Linear(RowProjection):
     packed: the kernel's packing of codes[N, P K]; scales_and_zeros: bfloat16[P K / 32, N, 2].
     """
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, planes: int, exact: bool) -> None:
-        """codes: uint8 or int[N, P K] in 0..15; scales, zeros: bfloat16[N, P K / 32]."""
+    def __init__(
+        self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, planes: int, exact: bool,
+        bias: torch.Tensor | None = None,
+    ) -> None:
+        """codes: uint8 or int[N, P K] in 0..15; scales, zeros: bfloat16[N, P K / 32]; bias:
+        float[N] or None, added to the output in x's dtype."""
         super().__init__()
+        self.register_buffer("bias", bias)
         rows, width = codes.shape
         if width % (BLOCK * planes):
             raise ValueError(f"int4 layers need K a multiple of {BLOCK}, got {width // planes}")
@@ -85,11 +93,15 @@ class Int4Linear(RowProjection):
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, BLOCK, self.scales_and_zeros)  # [M, N + pad]
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]
-        return y.to(x.dtype)
+        y = y.to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
 
 
-def linear_for(weights: Weight | Sequence[Weight], fmt: str, exact: bool = True) -> nn.Module:
-    """The projection for `weights` (fused along the output dimension) in format `fmt`.
+def linear_for(
+    weights: Weight | Sequence[Weight], fmt: str, exact: bool = True, bias: torch.Tensor | None = None
+) -> nn.Module:
+    """The projection for `weights` (fused along the output dimension) in format `fmt`, plus
+    `bias` (float[sum N_i], the parts' biases side by side) where given.
 
     exact=False (q4 only) trades exactness for half the work: GGUF blocks keep one plane, their
     scales rounded to bfloat16, and a Q8_0 weight is requantized to 4 bits. For drafts, whose
@@ -105,19 +117,20 @@ def linear_for(weights: Weight | Sequence[Weight], fmt: str, exact: bool = True)
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; choose {', '.join(FORMATS)}")
     if fmt == "q4" and not exact:
-        return _fused_int4([_draft_planes(part) for part in parts], exact=False)
+        return _fused_int4([_draft_planes(part) for part in parts], exact=False, bias=bias)
     if fmt == "q4":
         planes = [exact_planes(part) for part in parts]
         if all(plane is not None for plane in planes):
-            return _fused_int4(planes)
+            return _fused_int4(planes, bias=bias)
         if all(isinstance(part, torch.Tensor) or part.values is not None for part in parts):
-            return _fused_int4([quantized_planes(_floats(part)) for part in parts], exact=False)
+            return _fused_int4([quantized_planes(_floats(part)) for part in parts], exact=False, bias=bias)
         # Mixed: some blocks cannot be held exactly; the whole projection takes the exact route.
-        return DenseLinear(torch.cat([_floats(part) for part in parts]), exact=True)
+        return DenseLinear(torch.cat([_floats(part) for part in parts]), bias, exact=True)
     dense = torch.cat([_floats(part) for part in parts])  # [N, K] float32
     if fmt == "int8":
-        return Int8Linear(dense)
-    return DenseLinear(dense.to(torch.float32 if fmt == "float32" else torch.bfloat16), exact=fmt == "float32")
+        return Int8Linear(dense, bias)
+    dtype = torch.float32 if fmt == "float32" else torch.bfloat16
+    return DenseLinear(dense.to(dtype), None if bias is None else bias.to(dtype), exact=fmt == "float32")
 
 
 # A plane: (codes uint8[N, K] in 0..15, scale float64[N, K / 32], zero float64[N, K / 32]),
@@ -133,17 +146,19 @@ def exact_planes(weight: Weight) -> list[Plane] | None:
     holds these sums exactly: every plane's (u - 8) s_p + z_p is exact in float32, and each
     affine form (u - 8) S + Z (S = sum s_p, Z = sum z_p exactly) is exact in float32. For
     Q4_0/Q4_1 that form is d u (+ m) itself, so its float32 value is gguf's float32 result.
-    For Q8_0 the two forms are 16 d h and d l, and their sum d q is exact in float32 for any
-    float16 d and int8 q (11 + 8 significant bits).
+    For Q8_0 and Q5_0 the two forms are 16 d h and d l, and their sum d q is exact in float32
+    for any float16 d and int8 q (11 + 8 significant bits). Q4_K's D = d sc has up to 17
+    significant bits, so its scale takes up to 3 bfloat16 pieces (3 planes), and D u + M may
+    round in float32 (then None).
     """
-    if isinstance(weight, torch.Tensor) or weight.values is not None:
-        return None
+    if isinstance(weight, torch.Tensor) or weight.values is not None or weight.group != BLOCK:
+        return None  # Q6_K's groups of 16 are finer than the kernel's smallest, 32
     d = weight.d.double()  # [N, G]
     if weight.kind == "Q4_0":
         affine = [(weight.codes, d, torch.zeros_like(d))]
-    elif weight.kind == "Q4_1":
+    elif weight.kind in AFFINE:  # Q4_1, Q4_K
         affine = [(weight.codes, d, weight.m.double() + 8 * d)]
-    else:  # Q8_0: q = 16 h + l with h in -8..7 (stored h + 8) and l in 0..15
+    else:  # Q8_0, Q5_0: q = 16 h + l with h in -8..7 (stored h + 8) and l in 0..15
         q = weight.codes.to(torch.int16)
         affine = [((q >> 4) + 8, 16 * d, torch.zeros_like(d)), (q & 15, d, 8 * d)]
     planes = []
@@ -163,7 +178,7 @@ def exact_planes(weight: Weight) -> list[Plane] | None:
 def _draft_planes(weight: Weight) -> list[Plane]:
     """One plane: a Q4 weight's first exact plane (its codes; d and m + 8 d rounded to
     bfloat16), else 4-bit quantization of the float weight."""
-    planes = exact_planes(weight) if isinstance(weight, GGUFWeight) and weight.kind in ("Q4_0", "Q4_1") else None
+    planes = exact_planes(weight) if isinstance(weight, GGUFWeight) and weight.kind in ("Q4_0", "Q4_1", "Q4_K") else None
     return planes[:1] if planes else quantized_planes(_floats(weight))
 
 
@@ -191,7 +206,7 @@ def planes_weight(planes: Sequence[Plane]) -> torch.Tensor:
     return total
 
 
-def _fused_int4(parts: list[list[Plane]], exact: bool = True) -> Int4Linear:
+def _fused_int4(parts: list[list[Plane]], exact: bool = True, bias: torch.Tensor | None = None) -> Int4Linear:
     """One Int4Linear holding every part's planes, parts stacked along N; a part with fewer
     planes is padded with zero planes (scale 0, zero 0: weight 0, exactly)."""
     count = max(len(planes) for planes in parts)
@@ -204,7 +219,7 @@ def _fused_int4(parts: list[list[Plane]], exact: bool = True) -> Int4Linear:
         scales.append(torch.cat([s for _, s, _ in planes], dim=1))  # [N_i, P G]
         zeros.append(torch.cat([z for _, _, z in planes], dim=1))
     return Int4Linear(
-        torch.cat(codes), torch.cat(scales).to(torch.bfloat16), torch.cat(zeros).to(torch.bfloat16), count, exact
+        torch.cat(codes), torch.cat(scales).to(torch.bfloat16), torch.cat(zeros).to(torch.bfloat16), count, exact, bias
     )
 
 
