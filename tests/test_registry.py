@@ -194,7 +194,7 @@ def quick(tmp_path_factory):
 def test_a_registered_proposer_is_listed(repeat_registered, capsys):
     assert main(["proposers", "--json"]) == 0
     listed = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)["proposers"]}
-    assert set(listed) == {"lookup", "suffix", "lookahead", "draft", "layerskip", "selfdraft", "random", "eagle",
+    assert set(listed) == {"lookup", "suffix", "lookahead", "draft", "layerskip", "selfdraft", "random", "eagle", "eagle3",
                            "medusa", "lookup+eagle", "lookup+medusa", "repeat"}
     assert listed["repeat"] == {
         "name": "repeat", "grammar": "repeat", "drafts": "chosen", "rules": ["greedy", "point-mass", "token", "block"],

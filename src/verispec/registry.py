@@ -7,7 +7,7 @@ its drafts are chosen or sampled (and so which verification rules are exact for 
 audit builds it on rational tables (or why it cannot), and a one-line description.
 
     >>> sorted(PROPOSERS)
-    ['draft', 'eagle', 'layerskip', 'lookahead', 'lookup', 'lookup+eagle', 'lookup+medusa', 'medusa', 'random', 'selfdraft', 'suffix']
+    ['draft', 'eagle', 'eagle3', 'layerskip', 'lookahead', 'lookup', 'lookup+eagle', 'lookup+medusa', 'medusa', 'random', 'selfdraft', 'suffix']
     >>> PROPOSERS["lookup"].rules
     ('greedy', 'point-mass', 'token', 'block')
     >>> parse_k("auto:fast.json")
@@ -572,6 +572,28 @@ register(ProposerKind(
     "a trained EAGLE-style head drafting in the target's feature space (DIR: from verispec train; "
     "none: the head shipped for the default model; F: how it drafts, auto, int8, bfloat16 or float32)",
     audit=_audit_head("eagle"), example=_shipped("eagle"), trees=True,
+))
+
+
+def _eagle3(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
+    from verispec.proposers.eagle3 import eagle3_proposer
+
+    directory, head_format = head_options("eagle3", argument)
+    return eagle3_proposer(directory, target.lm, head_format)
+
+
+def _audit_eagle3(tables: Tables) -> Proposer:
+    from verispec.heads.untrained import tiny_head
+    from verispec.proposers.eagle import EagleProposer
+
+    return EagleProposer(tiny_head("eagle3", tables.target), tables.target)
+
+
+register(ProposerKind(
+    "eagle3", "eagle3[:DIR][:weights=F]", "sampled", _eagle3,
+    "a trained EAGLE-3 head in the standard layout vLLM serves (DIR: from verispec train --head eagle3, or a "
+    "speculators-format checkpoint; F as for eagle)",
+    audit=_audit_eagle3, trees=True,
 ))
 register(ProposerKind(
     "medusa", "medusa[:DIR][:weights=F]", "sampled", _head("medusa"),

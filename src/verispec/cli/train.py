@@ -29,13 +29,13 @@ import typer
 from verispec.cli import app
 from verispec.models import DEFAULT_MODEL
 
-HEAD_KINDS = ("eagle", "medusa")
+HEAD_KINDS = ("eagle", "eagle3", "medusa")
 PROMPT_SOURCES = ("magpie", "openers", "documents", "texts")
 
 
 @app.command()
 def train(
-    head: Annotated[str, typer.Option(help="eagle (one decoder layer, EAGLE-style) or medusa (K residual heads).")],
+    head: Annotated[str, typer.Option(help="eagle (one decoder layer, EAGLE-style), eagle3 (EAGLE-3's standard layer, which vLLM serves: `verispec export-head`) or medusa (K residual heads).")],
     out: Annotated[Path, typer.Option(help="Directory to write the head into (config.json, model.safetensors).")],
     minutes: Annotated[float, typer.Option(help="Wall-clock budget for the whole run (data, features, fitting).")],
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
@@ -65,9 +65,11 @@ def train(
     """Train a head that drafts for MODEL, by self-distillation, within --minutes."""
     started = time.monotonic()
     if head not in HEAD_KINDS:
-        raise ValueError(f"--head must be eagle or medusa, got {head!r}")
+        raise ValueError(f"--head must be eagle, eagle3 or medusa, got {head!r}")
     if taps not in ("eagle3", "final"):
         raise ValueError(f"--taps must be eagle3 or final, got {taps!r}")
+    if head == "eagle3" and taps != "eagle3":
+        raise ValueError("an eagle3 head reads the low, middle and high layers, as vLLM feeds it; drop --taps final")
     if not minutes > 0:
         raise ValueError(f"--minutes must be > 0, got {minutes}")
     data_minutes = minutes / 2 if data_minutes is None else data_minutes
@@ -81,7 +83,7 @@ def train(
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if depth != 1 and head != "eagle":
-        raise ValueError(f"--depth stacks an EAGLE head's decoder layers; a {head} head has none, drop --depth")
+        raise ValueError(f"--depth stacks an EAGLE head's decoder layers; a {head} head has one or none, drop --depth")
     if train_dtype not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"--train-dtype must be auto, float32 or bfloat16, got {train_dtype!r}")
     if score not in ("answers", "turns"):

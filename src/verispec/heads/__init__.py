@@ -3,6 +3,8 @@
 - `config`: `HeadConfig`, what a head is (its target, features, vocabulary, architecture);
 - `vocab`: the pruned head vocabulary (d2t) and q over the full vocabulary;
 - `eagle`: `EagleHead`, decoder layers (EAGLE's one) drafting in feature space with a KV cache;
+- `eagle3`: `Eagle3Head`, EAGLE-3's standard layer (vLLM's `llama_eagle3`, speculators), which
+  `export` writes in speculators' format and reads back;
 - `drafting_layer`: `DraftingLayer`, the EAGLE decoder layer as drafting runs it;
 - `medusa`: `MedusaHead`, K residual heads on one feature;
 - `checkpoint`: `new_head`, `save_head`, `load_head` (a directory `--proposer eagle:DIR` loads),
@@ -20,11 +22,12 @@ from verispec.heads.checkpoint import (
 )
 from verispec.heads.config import HeadConfig, TargetInfo, default_layer, eagle3_layers
 from verispec.heads.eagle import EagleHead
+from verispec.heads.eagle3 import Eagle3Head
 from verispec.heads.medusa import MedusaHead
 from verispec.heads.vocab import HeadVocab
 
 __all__ = [
-    "EagleHead", "HeadConfig", "HeadVocab", "MedusaHead", "TargetInfo", "average_heads", "default_layer", "eagle3_layers",
+    "Eagle3Head", "EagleHead", "HeadConfig", "HeadVocab", "MedusaHead", "TargetInfo", "average_heads", "default_layer", "eagle3_layers",
     "for_drafting", "load_head", "load_weights", "new_head", "read_config", "read_weights", "save_head", "target_info",
     "write_head",
 ]

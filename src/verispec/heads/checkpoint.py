@@ -24,6 +24,7 @@ from torch import nn
 from verispec.heads.config import HeadConfig, TargetInfo
 from verispec.heads.drafting_layer import DraftingLayer
 from verispec.heads.eagle import EagleHead, FrozenRows
+from verispec.heads.eagle3 import Eagle3Head
 from verispec.heads.medusa import MedusaHead
 from verispec.models.base import FeatureChannel
 from verispec.models.linear import DenseLinear, Int8Linear, PackedLinear, packed_linears, projection
@@ -31,7 +32,7 @@ from verispec.models.linear import DenseLinear, Int8Linear, PackedLinear, packed
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 
-Head = EagleHead | MedusaHead
+Head = EagleHead | Eagle3Head | MedusaHead
 
 
 def target_info(target: FeatureChannel, name: str) -> TargetInfo:
@@ -65,6 +66,8 @@ def new_head(config: HeadConfig, d2t: torch.Tensor, target: FeatureChannel) -> H
     output = None if config.trained_output else target.output_embeddings()
     if config.kind == "eagle":
         return EagleHead(config, d2t, target.input_embeddings(), output)
+    if config.kind == "eagle3":  # its own output layer, started from the target's rows
+        return Eagle3Head(config, d2t, target.input_embeddings(), target.output_embeddings())
     return MedusaHead(config, d2t, output)
 
 
@@ -156,6 +159,8 @@ def for_drafting(head: Head, weight_format: str = "float") -> Head:
     "int8" quantizes every projection per output channel (`Int8Linear`): another q, half the
     bytes to read (`proposers.trained.auto_head_format` says what it gains). Drafting only: the
     packed head cannot train, and `save_head` refuses it."""
+    if isinstance(head, Eagle3Head):
+        return head.for_drafting(weight_format)
     if isinstance(head, EagleHead):
         head.layers = nn.ModuleList(DraftingLayer(layer, head.layer_config, weight_format) for layer in head.layers)
     packed_linears(head, weight_format)

@@ -24,7 +24,7 @@ from verispec.models.base import FINAL, Tap, check_taps
 
 FORMAT = "verispec-head"
 VERSION = 1
-KINDS = ("eagle", "medusa")
+KINDS = ("eagle", "eagle3", "medusa")
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class TargetInfo:
 
 @dataclass(frozen=True)
 class HeadConfig:
-    """kind: "eagle" (one decoder layer, autoregressive in feature space) or "medusa" (K
+    """kind: "eagle" (one decoder layer, autoregressive in feature space), "eagle3" (the
+    standard EAGLE-3 layer, `verispec.heads.eagle3`; its `layer` may hold norm_before_residual) or "medusa" (K
     residual heads on one feature). feature_layers: the taps it reads (`FeatureChannel`), so
     its feature size is F = len(feature_layers) * H. vocab_size: N, the pruned head vocabulary.
     trained_output: whether the output layer [N, H] is trained (saved) or the target's rows
@@ -47,7 +48,7 @@ class HeadConfig:
     depth: how many such layers the EAGLE head stacks (a config without it has one). heads:
     Medusa's K."""
 
-    kind: Literal["eagle", "medusa"]
+    kind: Literal["eagle", "eagle3", "medusa"]
     target: TargetInfo
     feature_layers: tuple[Tap, ...]
     vocab_size: int
@@ -65,8 +66,10 @@ class HeadConfig:
             raise ValueError(f"head vocabulary N must lie in [1, {self.target.vocab_size}], got {self.vocab_size}")
         if self.kind == "medusa" and (self.heads < 1 or self.layer):
             raise ValueError(f"a Medusa head needs heads K >= 1 and no decoder layer, got K = {self.heads}, layer {self.layer}")
-        if self.kind == "eagle" and (self.heads or not self.layer):
+        if self.kind in ("eagle", "eagle3") and (self.heads or not self.layer):
             raise ValueError(f"an EAGLE head needs a decoder layer and no Medusa heads, got layer {self.layer}, K = {self.heads}")
+        if self.kind == "eagle3" and (self.depth != 1 or not self.trained_output):
+            raise ValueError(f"an EAGLE-3 head has one decoder layer and its own output layer, got depth {self.depth}, trained_output {self.trained_output}")
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1 or (self.kind == "medusa" and self.depth != 1):
             raise ValueError(f"depth is an EAGLE head's number of decoder layers, at least 1 (1 for Medusa), got {self.depth!r}")
 
@@ -82,7 +85,7 @@ class HeadConfig:
     def to_json(self) -> dict[str, Any]:
         data = {"format": FORMAT, "version": VERSION, **asdict(self)}
         data["feature_layers"] = list(self.feature_layers)
-        if self.kind == "eagle":
+        if self.kind != "medusa":
             del data["heads"]
         else:
             del data["layer"], data["depth"]

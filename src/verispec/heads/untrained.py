@@ -18,7 +18,7 @@ TINY_LAYER = {"num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_
 
 
 def tiny_head(kind: str, target: TableLM, seed: int = 0, heads: int = 3) -> Head:
-    """A float64 head for a table target: EAGLE fusing two taps (EAGLE-3 style), Medusa with
+    """A float64 head for a table target: EAGLE and EAGLE-3 fusing two taps, Medusa with
     `heads` heads on the FINAL feature; its vocabulary pruned to every token but the last, so
     q has an exact zero where p may not. Weights from a private seeded generator.
 
@@ -27,8 +27,8 @@ def tiny_head(kind: str, target: TableLM, seed: int = 0, heads: int = 3) -> Head
     """
     vocab = target.vocab_size
     config = HeadConfig(
-        kind, target_info(target, "table"), (FINAL, 1) if kind == "eagle" else (FINAL,),
-        vocab_size=max(1, vocab - 1), layer=TINY_LAYER if kind == "eagle" else {},
+        kind, target_info(target, "table"), (FINAL,) if kind == "medusa" else (FINAL, 1),
+        vocab_size=max(1, vocab - 1), layer={} if kind == "medusa" else TINY_LAYER, trained_output=kind == "eagle3",
         heads=heads if kind == "medusa" else 0,
     )
     with torch.random.fork_rng():

@@ -37,17 +37,18 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from verispec.heads import EagleHead, HeadConfig, MedusaHead, TargetInfo, default_layer, eagle3_layers, new_head
+from verispec.heads import Eagle3Head, EagleHead, HeadConfig, MedusaHead, TargetInfo, default_layer, eagle3_layers, new_head
 from verispec.models.base import FINAL, Tap
 
-Head = EagleHead | MedusaHead
+Head = EagleHead | Eagle3Head | MedusaHead
+EAGLES = (EagleHead, Eagle3Head)  # the heads that draft autoregressively in feature space (unrolled)
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     """What a training run is a function of, besides the data and the time it gets."""
 
-    kind: str  # "eagle" or "medusa"
+    kind: str  # "eagle", "eagle3" (the standard EAGLE-3 layer, `heads.eagle3`) or "medusa"
     seed: int = 0
     taps: str = "eagle3"  # "eagle3": FINAL-free low/mid/high fused (EAGLE-3); "final": FINAL only (EAGLE-1, Medusa)
     vocab_size: int = 8192  # N, the head vocabulary (most frequent tokens of the data)
@@ -72,6 +73,8 @@ class TrainSettings:
             raise ValueError(f"decay {self.decay} needs 0 <= decay <= 1 and, when above 0, the planned steps")
 
     def head_taps(self, num_layers: int) -> tuple[Tap, ...]:
+        if self.kind == "eagle3":  # vLLM feeds an EAGLE-3 head its low, middle and high layers
+            return eagle3_layers(num_layers)
         if self.taps == "final" or self.kind == "medusa":
             return (FINAL,)
         return eagle3_layers(num_layers)
@@ -243,7 +246,7 @@ class StepResult:
 
 
 def eagle_steps(
-    head: EagleHead, ids: torch.Tensor, hidden: torch.Tensor, steps: int, logits_at: Sequence[torch.Tensor] | None = None
+    head: EagleHead | Eagle3Head, ids: torch.Tensor, hidden: torch.Tensor, steps: int, logits_at: Sequence[torch.Tensor] | None = None
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The unrolled head over anchors t = 0..T-1: per step j, logits [B, T, N] (token t + 2 + j;
     [M_j, N] of the anchors where the bool mask logits_at[j] [B, T] holds, when given) and
@@ -286,13 +289,13 @@ def _head_loss(head: Head, batch: Batch, rows: torch.Tensor, settings: TrainSett
     # The output layer over N tokens and the cross-entropy run over the scored rows only, not
     # over a batch's padding and the prompt it does not score.
     scored = batch.scored & batch.valid  # [B, T]
-    shifts = range(1, (settings.unroll if isinstance(head, EagleHead) else head.config.heads) + 1)
+    shifts = range(1, (settings.unroll if isinstance(head, EAGLES) else head.config.heads) + 1)
     masks = [shifted(scored, by, False) for by in shifts]  # [B, T]: anchor t's target row t + by is scored
     with torch.autocast("cpu", enabled=False):
         p = target_probabilities(batch.final[scored], rows)  # [M, N], the scored rows in row-major order
     column = scored.nonzero()[:, 1]  # [M]: u of each scored row, whose anchor at shift `by` is u - by
     top = batch.argmax[scored]  # [M]: the target's top token after each scored row
-    if isinstance(head, EagleHead):
+    if isinstance(head, EAGLES):
         per_step = eagle_steps(head, batch.ids, head.fuse(batch.features), len(masks), logits_at=masks)  # [M_j, N], [B, T, H]
     else:
         anchors = torch.stack(masks).any(0)  # [B, T]
@@ -322,10 +325,15 @@ def build_head(kind: str, settings: TrainSettings, target, target_config, name: 
         name=name, vocab_size=int(target.input_embeddings().shape[0]), hidden_size=target.hidden_size,
         num_layers=target.num_layers,
     )
+    layer = {}
+    if kind == "eagle":
+        layer = default_layer(target_config)
+    elif kind == "eagle3":  # vLLM tabulates the head's rope up to the target's context
+        layer = {**default_layer(target_config), "max_position_embeddings": getattr(target_config, "max_position_embeddings", 8192)}
     config = HeadConfig(
         kind=kind, target=info, feature_layers=settings.head_taps(target.num_layers), vocab_size=int(d2t.numel()),
-        layer=default_layer(target_config) if kind == "eagle" else {}, heads=settings.unroll if kind == "medusa" else 0,
-        depth=settings.depth if kind == "eagle" else 1,
+        layer=layer, heads=settings.unroll if kind == "medusa" else 0,
+        depth=settings.depth if kind == "eagle" else 1, trained_output=kind == "eagle3",
     )
     torch.manual_seed(settings.seed)
     return new_head(config, d2t, target).float()

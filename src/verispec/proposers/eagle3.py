@@ -1,0 +1,43 @@
+"""The EAGLE-3 head in the standard layout as a proposer: `eagle3:DIR[:weights=F]`.
+
+DIR is either a head directory of `verispec train --head eagle3` or an EAGLE-3 checkpoint in
+speculators' format (what `verispec export-head --format speculators` writes, and what
+speculators, SpecForge and vLLM users share), read by `verispec.heads.export.read_speculators`
+for a Llama-family target with the same vocabulary.
+
+Drafting is `EagleProposer`'s (a chain or a tree, the head's q over its pruned vocabulary,
+verified by the exact rules): `Eagle3Head` has `EagleHead`'s interface, and only the layer
+inside differs. The head proposes; the verifier alone decides what is emitted, so no weight
+and no weight format changes the output's law.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from verispec.models.base import CausalLM
+from verispec.proposers.base import Proposer
+
+
+def eagle3_proposer(directory: str | None, target: CausalLM, head_format: str = "auto") -> Proposer:
+    """An `EagleProposer` drafting with the EAGLE-3 head in `directory` for `target`, packed
+    in `head_format` (a key of `proposers.trained.HEAD_FORMATS`, or "auto")."""
+    from verispec.heads import for_drafting
+    from verispec.heads.export import load_eagle3
+    from verispec.proposers.eagle import EagleProposer
+    from verispec.proposers.trained import HEAD_FORMATS, auto_head_format
+
+    if directory is None:
+        raise ValueError(
+            "no eagle3 head is shipped; train one with `verispec train --head eagle3 --out DIR` "
+            "(or give an EAGLE-3 checkpoint in speculators' format) and pass eagle3:DIR"
+        )
+    if not Path(directory).is_dir():
+        raise ValueError(f"eagle3:DIR needs a head directory; {directory} is not a directory")
+    if head_format == "auto":
+        head_format = auto_head_format()
+    if head_format not in HEAD_FORMATS:
+        raise ValueError(f"unknown head format {head_format!r}; choose auto, {', '.join(HEAD_FORMATS)}")
+    dtype, weight_format = HEAD_FORMATS[head_format]
+    head = load_eagle3(directory, target, dtype)
+    return EagleProposer(for_drafting(head, weight_format), target)
