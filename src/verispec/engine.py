@@ -109,6 +109,7 @@ class Decoding:
         self._context: list[int] = []  # prompt + emitted; its last token is the pending token
         self._draft_seconds = 0.0  # this round's proposer and target seconds, for its commit
         self._target_seconds = 0.0
+        self._batch_rows: int | None = None  # the rows of this round's forward in all, if shared
 
     @classmethod
     def of(
@@ -233,9 +234,11 @@ class Decoding:
                 f"{self._processed}: the model's rollback broke the cache contract"
             )
 
-    def record_target_seconds(self, seconds: float) -> None:
-        """The round's scoring time (a batch's forward: the whole forward this request waited on)."""
+    def record_target_seconds(self, seconds: float, batch_rows: int | None = None) -> None:
+        """The round's scoring time; a batch's forward: the whole forward this request waited
+        on, which scored `batch_rows` rows in all (None: this round's own)."""
         self._target_seconds = seconds
+        self._batch_rows = batch_rows
 
     def _observe(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> None:
         """Stage 2b: a proposer that learns from the target's rows (`ObservingProposer`, e.g.
@@ -274,6 +277,7 @@ class Decoding:
             target_seconds=self._target_seconds,
             offers=draft.offers(verdict.path) if isinstance(draft, TreeDraft) else None,
             source=self._source,
+            batch_rows=self._batch_rows,
         )
         self.stats.new_tokens = len(self.tokens)
         if self._source is not None:

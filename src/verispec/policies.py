@@ -226,6 +226,8 @@ class AutoK:
         estimates; return the last round's own counts (a probe's fresh evidence)."""
         for r in range(self._seen_rounds, stats.rounds):
             drafted = stats.drafted[r]
+            if shared_forward(stats, r):
+                continue  # its forward's seconds are the batch's, not those of drafted + 1 rows
             levels = self._draft_levels(stats, r)
             self.costs.observe(drafted + 1, stats.round_target_seconds[r], levels, stats.round_draft_seconds[r])
         fresh = self._absorb_acceptance(stats, stats.rounds - self._seen_rounds)
@@ -263,6 +265,12 @@ class AutoK:
             self._attempts = decayed(self._attempts, new_attempts, self.memory)
             self._accepts = decayed(self._accepts, new_accepts, self.memory)
         return new_attempts, new_accepts
+
+
+def shared_forward(stats: Stats, r: int) -> bool:
+    """Whether round r's forward also scored other requests' rows (`verispec.batching`)."""
+    rows = stats.round_batch_rows
+    return r < len(rows) and rows[r] > stats.drafted[r] + 1
 
 
 def checked_limit(limit: int | None, measured: int, name: str) -> int:

@@ -20,6 +20,9 @@ class Stats:
     round_draft_seconds[r], round_target_seconds[r]: round r's proposer time (0 when it drafted
         nothing) and its one target forward, which scored drafted[r] + 1 positions; what an
         adaptive policy learns the cost model's c and v(n) from (`verispec.cost.OnlineCosts`).
+    round_batch_rows[r]: the rows round r's forward scored in all, its own drafted[r] + 1 and
+        those of the requests that shared it (`verispec.batching`); a round that shared its
+        forward measures the batch's cost, not its own k's.
     fallbacks: rounds whose repair token came from p because rounding left a zero residual
         (`verispec.verify`); each adds at most its rejection mass, ~1e-16, to the distance
         from the exact law.
@@ -43,6 +46,7 @@ class Stats:
     position_accepts: list[int] = field(default_factory=list)
     round_draft_seconds: list[float] = field(default_factory=list)
     round_target_seconds: list[float] = field(default_factory=list)
+    round_batch_rows: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
@@ -74,13 +78,17 @@ class Stats:
         target_seconds: float = 0.0,
         offers: tuple[list[int], list[int]] | None = None,
         source: str | None = None,
+        batch_rows: int | None = None,
     ) -> None:
         """Round r's counts and seconds (added to the totals too). offers: a tree round's
         (offered, ranks) along its accepted path (`TreeDraft.offers`); None for a chain.
-        source: which source drafted it (`by_source`), None for a proposer with one."""
+        source: which source drafted it (`by_source`), None for a proposer with one.
+        batch_rows: the rows of its forward in all (None: its own, drafted + 1)."""
+        batch_rows = drafted + 1 if batch_rows is None else batch_rows
         if source is not None:
             self.source(source).record_round(
-                drafted, accepted, fallback, draft_seconds=draft_seconds, target_seconds=target_seconds, offers=offers
+                drafted, accepted, fallback, draft_seconds=draft_seconds, target_seconds=target_seconds, offers=offers,
+                batch_rows=batch_rows,
             )
         if offers is None:
             self._record_chain(drafted, accepted)
@@ -95,6 +103,7 @@ class Stats:
         self.accepted.append(accepted)
         self.round_draft_seconds.append(draft_seconds)
         self.round_target_seconds.append(target_seconds)
+        self.round_batch_rows.append(batch_rows)
         self.draft_seconds += draft_seconds
         self.target_seconds += target_seconds
 

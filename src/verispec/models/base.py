@@ -18,6 +18,10 @@ the prompt's. Models without it keep working; head proposers refuse them.
 Tree scoring (optional, `TreeScoring`): a model that implements it scores a token tree in one
 forward (each node attends to the cached prefix and its own ancestors only) and then keeps the
 accepted root path. The engine refuses a tree round on a model without it.
+
+Slot scoring (optional, `SlotScoring`): a model that holds several caches at once (slots, one
+per request of a batch) and scores every slot's new rows in one forward, each attending to its
+own slot's prefix only. The batch scheduler (`verispec.batching`) needs it.
 """
 
 from __future__ import annotations
@@ -134,6 +138,43 @@ class TreeScoring(Protocol):
         """Keep, after the prefix cached before `extend_tree`, only the nodes of `path` (a root
         path, as `check_path` accepts), in order; rows of other nodes are forgotten."""
         ...
+
+
+@runtime_checkable
+class SlotScoring(Protocol):
+    """Several requests' caches over one model's weights, scored together.
+
+    >>> a, b = target.new_slot(), target.new_slot()     # each a CausalLM with its own cache
+    >>> a.prefill(p[:-1]); b.prefill(r[:-1])
+    >>> rows_a, rows_b = target.extend_slots([a, b], [[p[-1], x1, x2], [r[-1]]])  # [3, V], [1, V]
+    >>> a.rollback(a.length - 2)                          # each slot rolls back on its own
+
+    Ragged: slot i scores n_i >= 1 rows (its pending token and k_i >= 0 drafts) after its own
+    cached prefix. Slot i's logits equal what `slots[i].extend(tokens[i])` returns (up to the
+    dtype's rounding; bit for bit where the model says its rows are row-invariant), whatever
+    the other slots hold: no row attends to another slot's positions. Each slot's cache and
+    features advance as by `extend`.
+    """
+
+    def new_slot(self, capacity: int = 256) -> CausalLM:
+        """A `CausalLM` sharing this model's weights, with a cache of its own (empty)."""
+        ...
+
+    def extend_slots(self, slots: Sequence[CausalLM], tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """One forward over every slot's new rows; per slot its logits float [n_i, V]."""
+        ...
+
+
+def check_slots(slots: Sequence[object], tokens: Sequence[Sequence[int]], slot_type: type) -> None:
+    """Refuse what `SlotScoring.extend_slots` does not accept: unequal lengths, a slot given
+    twice, a slot of another kind of model."""
+    if len(slots) != len(tokens):
+        raise ValueError(f"extend_slots got {len(slots)} slots but {len(tokens)} token lists")
+    if len({id(slot) for slot in slots}) != len(slots):
+        raise ValueError("extend_slots got the same slot twice; a slot scores one request's rows")
+    for slot in slots:
+        if not isinstance(slot, slot_type):
+            raise ValueError(f"extend_slots takes slots made by this model's new_slot, got {type(slot).__name__}")
 
 
 def check_extend_tree(tokens: Sequence[int], parents: Sequence[int], vocab_size: int) -> None:

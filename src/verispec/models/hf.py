@@ -48,6 +48,7 @@ from verispec.models.base import (
     Tap,
     check_extend,
     check_extend_tree,
+    check_slots,
     check_score_ids,
     check_taps,
     check_token_ids,
@@ -154,6 +155,16 @@ class HFCausalLM:
             self.cache.crop(length - self._length)
             self._features.truncate(length)
             self._length = length
+
+    def new_slot(self, capacity: int = 256) -> HFCausalLM:
+        """An adapter over the same transformers model with a cache of its own."""
+        return HFCausalLM(self.model)
+
+    def extend_slots(self, slots: Sequence[HFCausalLM], tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Each slot's rows by its own `extend`, one forward per slot: a batch runs correctly on
+        the transformers adapter, but only the fast runtime scores it in one forward."""
+        check_slots(slots, tokens, HFCausalLM)
+        return [slot.extend(rows) for slot, rows in zip(slots, tokens)]
 
     @torch.inference_mode()
     def score(self, ids: Sequence[int]) -> torch.Tensor:

@@ -56,19 +56,22 @@ from verispec.models.base import (
     check_extend,
     check_extend_tree,
     check_score_ids,
+    check_slots,
     check_taps,
     check_token_ids,
 )
 from verispec.models.features import FeatureStore
 from verispec.models.kv_cache import KVCache
 from verispec.models.gguf_blocks import GGUFWeight
-from verispec.models.linear import fused_projection
+from verispec.models.linear import DenseLinear, fused_projection
 from verispec.models.quant import linear_for
 from verispec.models.quantized import stored_weights
 from verispec.models.rope import RopeTables, rope_parameters
 from verispec.models.scored_tree import PendingTree, ScoredTree
 
 QUANTIZED = ("q4", "int8")  # weight formats built by `models.quant`
+# Llama's forward; Qwen2 adds biases to q, k and v, which the fused projection carries.
+FAST_ARCHITECTURES = ("llama", "qwen2")
 
 
 @dataclass
@@ -146,7 +149,8 @@ class LlamaRuntime:
         checkpoint: Callable[[str], torch.Tensor | None] | None = None,
         dtype: torch.dtype | None = None,
     ) -> LlamaRuntime:
-        """Build from a transformers `LlamaForCausalLM` (its weights are copied, see module doc).
+        """Build from a transformers `LlamaForCausalLM` or `Qwen2ForCausalLM` (its weights are
+        copied, see module doc; Qwen2's q, k and v biases are the fused qkv projection's bias).
 
         weight_format "float": prepacked oneDNN projections (`models.linear.projection`);
         "dense": `F.linear` on the same weights, slower, but transformers' own products, so a
@@ -194,10 +198,14 @@ class LlamaRuntime:
         stored = stored_weights(model, blocks, checkpoint)  # -> the GGUF blocks where there are some
 
         def _fused(*linears: nn.Linear) -> nn.Module:
-            if weight_format in QUANTIZED:
-                return linear_for([stored(linear.weight) for linear in linears], weight_format, exact)
-            weights = [tensor(linear.weight) for linear in linears]
+            # Biases (Qwen2's q, k and v) ride on the fused projection: the forward never sees them.
             biases = [None if linear.bias is None else tensor(linear.bias) for linear in linears]
+            if weight_format in QUANTIZED:
+                bias = None
+                if any(b is not None for b in biases):
+                    bias = torch.cat([b if b is not None else torch.zeros(l.out_features, dtype=dtype) for b, l in zip(biases, linears)])
+                return linear_for([stored(linear.weight) for linear in linears], weight_format, exact, bias=bias)
+            weights = [tensor(linear.weight) for linear in linears]
             return fused_projection(weights, biases, weight_format)
 
         layers = []
@@ -210,7 +218,12 @@ class LlamaRuntime:
             head = _fused(output)
             # The dense head [V, H] (pruned heads read it): the embedding itself where tied.
             head_linear = nn.Linear(shape.hidden, shape.vocab_size, bias=output.bias is not None, device="meta")
-            head_weight = embed if output.weight is base.embed_tokens.weight else tensor(output.weight)
+            if output.weight is base.embed_tokens.weight:
+                head_weight = embed
+            elif isinstance(head, DenseLinear) and head.weight.dtype == dtype:
+                head_weight = head.weight  # q4's float32 route for a head it cannot hold: the same values
+            else:
+                head_weight = tensor(output.weight)
             head_linear.weight = nn.Parameter(head_weight, requires_grad=False)
             head_linear.bias = None if output.bias is None else nn.Parameter(tensor(output.bias), requires_grad=False)
             for layer in base.layers:
@@ -352,14 +365,28 @@ class LlamaRuntime:
         all M rows at `taps` ({tap: [M, H]} in the model's dtype). With `tree` the rows are
         its nodes in its slot order: depth positions and an ancestor mask instead of a
         chain's; the logits come out in the caller's node order (`ScoredTree.by_node`)."""
-        s = self.shape
-        m, start = len(tokens), cache.length
+        segment = self._segment(cache, 0, len(tokens), tree)
+        x, captured = self._layers([segment], tokens, taps)
+        m = len(tokens)
+        if FINAL in taps:
+            captured[FINAL] = normed = rms_norm(x, self.norm, self.shape.eps)  # [M, H]
+            normed = normed[m - keep :]
+        elif keep:
+            normed = rms_norm(x[m - keep :], self.norm, self.shape.eps)  # [keep, H]
+        if keep == 0:
+            return None, captured
+        if tree is not None:
+            normed = tree.by_node(normed)  # a tree's logits in the caller's node order (rows are slots)
+        return self.head(normed).float(), captured  # [keep, V]
+
+    def _segment(self, cache: KVCache, offset: int, m: int, tree: ScoredTree | None = None) -> Segment:
+        """The rows offset..offset+m-1 of a forward, after `cache.length` positions of `cache`:
+        where they sit, what they see, and room made for them."""
+        start = cache.length
         end = start + m
         width = self.attention.width(end)
         cache.ensure(width)
         self.rope.ensure(end)
-        ids = torch.tensor(tokens, dtype=torch.long)  # [M]
-        x = nn.functional.embedding(ids, self.embed)  # [M, H]
         # Row i sees positions 0..start+i (a tree node: the prefix and its ancestors); a single
         # row sees everything, so needs no mask.
         if tree is None:
@@ -368,31 +395,114 @@ class LlamaRuntime:
         else:
             positions = tree.positions()  # [M]
             mask = self.attention.mask(start, m, self.dtype, tree.visible())
+        return Segment(cache, offset, m, width, positions, mask)
+
+    def _layers(
+        self, segments: Sequence[Segment], tokens: Sequence[int], taps: tuple[Tap, ...]
+    ) -> tuple[torch.Tensor, dict[Tap, torch.Tensor]]:
+        """The decoder layers over the rows of every segment at once (N = all their rows,
+        `tokens` [N] in segment order): projections and MLPs on all N rows in one product each,
+        attention per segment over its own cache only. Advances each segment's cache; returns
+        the residual stream x[N, H] after the last layer and the layer taps' rows {tap: [N, H]}."""
+        s = self.shape
+        n = len(tokens)
+        ids = torch.tensor(tokens, dtype=torch.long)  # [N]
+        x = nn.functional.embedding(ids, self.embed)  # [N, H]
+        if len(segments) == 1:
+            positions = segments[0].positions
+        else:
+            positions = torch.cat([as_index(seg.positions) for seg in segments])  # [N]
+        cos, sin = self.rope.at(positions)  # [N, 1, D] each
         captured = {}
-        cos, sin = self.rope.at(positions)  # [M, 1, D] each
         q_end, k_end = s.heads, s.heads + s.kv_heads
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, s.eps)
-            qkv = layer.qkv(h).view(m, k_end + s.kv_heads, s.head_dim)  # [M, Hq + 2 Hkv, D]
-            qk = self.rope.rotate(qkv[:, :k_end], cos, sin)  # [M, Hq + Hkv, D]
-            keys, values = cache.write(index, start, qk[:, q_end:], qkv[:, k_end:], width)  # [Hkv, width, D]
-            attended = self.attention(qk[:, :q_end].transpose(0, 1), keys, values, mask)  # [M, Hq D]
+            qkv = layer.qkv(h).view(n, k_end + s.kv_heads, s.head_dim)  # [N, Hq + 2 Hkv, D]
+            qk = self.rope.rotate(qkv[:, :k_end], cos, sin)  # [N, Hq + Hkv, D]
+            parts = []
+            for seg in segments:
+                rows = slice(seg.offset, seg.offset + seg.m)
+                start = seg.cache.length
+                keys, values = seg.cache.write(index, start, qk[rows, q_end:], qkv[rows, k_end:], seg.width)  # [Hkv, width, D]
+                parts.append(self.attention(qk[rows, :q_end].transpose(0, 1), keys, values, seg.mask))  # [m, Hq D]
+            attended = parts[0] if len(parts) == 1 else torch.cat(parts)  # [N, Hq D]
             x = x + layer.o(attended)
-            gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [M, 2 I]
+            gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [N, 2 I]
             x = x + layer.down(nn.functional.silu(gate_up[:, : s.intermediate]) * gate_up[:, s.intermediate :])
             if index + 1 in taps:
                 captured[index + 1] = x
-        cache.length = end
+        for seg in segments:
+            seg.cache.length += seg.m
+        return x, captured
+
+    # --- SlotScoring ----------------------------------------------------------------------
+
+    def new_slot(self, capacity: int = 256) -> LlamaRuntime:
+        """A runtime sharing every weight with this one, with a cache of its own preallocated
+        for `capacity` positions (grown by doubling past it), for one request of a batch."""
+        slot = self.truncated(self.shape.layers)
+        slot.exact_weights = self.exact_weights
+        slot.cache = slot.new_cache(self.attention.width(capacity))
+        return slot
+
+    @torch.inference_mode()
+    def extend_slots(self, slots: Sequence[LlamaRuntime], tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """One forward over every slot's new rows (slot i gets tokens[i], n_i >= 1, after its
+        own cached prefix, attending to that prefix only); per slot its logits float32 [n_i, V],
+        as its own `extend(tokens[i])` would return them (bit for bit with deterministic
+        scoring: each projection's rows and each slot's attention rows do not depend on the
+        others). Each slot's cache and features advance as by `extend`."""
+        check_slots(slots, tokens, LlamaRuntime)
+        for slot, rows in zip(slots, tokens):
+            if slot.embed is not self.embed or len(slot.layers) != len(self.layers):
+                raise ValueError("extend_slots takes slots made by this model's new_slot")
+            check_extend(rows, None, self.vocab_size)
+            slot._pending.refuse()
+        if len(slots) == 1:
+            return [slots[0].extend(tokens[0])]
+        segments, offset, flat = [], 0, []
+        for slot, rows in zip(slots, tokens):
+            segments.append(self._segment(slot.cache, offset, len(rows)))
+            offset += len(rows)
+            flat.extend(rows)
+        taps = tuple(dict.fromkeys(tap for slot in slots for tap in slot._features.taps))
+        x, captured = self._layers(segments, flat, tuple(tap for tap in taps if tap != FINAL))
+        normed = rms_norm(x, self.norm, self.shape.eps)  # [N, H]
         if FINAL in taps:
-            captured[FINAL] = normed = rms_norm(x, self.norm, s.eps)  # [M, H]
-            normed = normed[m - keep :]
-        elif keep:
-            normed = rms_norm(x[m - keep :], self.norm, s.eps)  # [keep, H]
-        if keep == 0:
-            return None, captured
-        if tree is not None:
-            normed = tree.by_node(normed)  # a tree's logits in the caller's node order (rows are slots)
-        return self.head(normed).float(), captured  # [keep, V]
+            captured[FINAL] = normed
+        logits = self.head(normed).float()  # [N, V]
+        out = []
+        for slot, seg in zip(slots, segments):
+            rows = slice(seg.offset, seg.offset + seg.m)
+            if slot._features.taps:
+                slot._features.append({tap: captured[tap][rows] for tap in slot._features.taps})
+            out.append(logits[rows])
+        return out
+
+    def kv_bytes_per_token(self) -> int:
+        """Cache bytes one position takes in every layer (keys and values, with the ones
+        column of the invariant attention's values)."""
+        s = self.shape
+        width = s.head_dim + int(self.attention.value_ones)
+        return s.layers * s.kv_heads * (s.head_dim + width) * self.dtype.itemsize
+
+
+def as_index(positions: slice | torch.Tensor) -> torch.Tensor:
+    """A segment's positions as a LongTensor [m]."""
+    return torch.arange(positions.start, positions.stop) if isinstance(positions, slice) else positions
+
+
+@dataclass
+class Segment:
+    """One slot's rows in a forward over several: rows offset..offset+m-1 of the batch, their
+    rotary positions, their attention mask, and how many cached positions they read."""
+
+    cache: KVCache
+    offset: int
+    m: int
+    width: int
+    positions: slice | torch.Tensor
+    mask: object
 
 
 def fast_runtime_refusal(model: nn.Module, dtype: torch.dtype | None = None) -> str | None:
@@ -400,8 +510,10 @@ def fast_runtime_refusal(model: nn.Module, dtype: torch.dtype | None = None) -> 
     model's own) (None: it can)."""
     config = model.config
     kind = getattr(config, "model_type", None)
-    if kind != "llama":
-        return f"the fast runtime runs Llama-architecture models and this is {kind!r}; use runtime 'hf'"
+    if kind not in FAST_ARCHITECTURES:
+        return f"the fast runtime runs Llama-architecture models and this is {kind!r} (it runs {', '.join(FAST_ARCHITECTURES)}); use runtime 'hf'"
+    if getattr(config, "use_sliding_window", False):
+        return "the fast runtime attends to every cached position and this model uses sliding-window attention; use runtime 'hf'"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"the fast runtime's MLP is SiLU-gated and this model uses {config.hidden_act!r}; use runtime 'hf'"
     weight = model.get_output_embeddings().weight

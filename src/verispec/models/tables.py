@@ -9,6 +9,10 @@ The cache is the list of processed tokens: `extend` answers from it, `rollback` 
 exactly as the protocol demands of a real KV cache. A scored tree (`extend_tree`) is held as
 each node's own context until `keep_path` appends the kept path.
 
+Slots (`SlotScoring`): `new_slot` is a table sharing the rows with a processed-token list of
+its own, and `extend_slots` answers each slot from its own list, so the audit runs batched
+steps on exact tables.
+
 Feature channel: a table also has deterministic features, so trained-head proposers run on it
 in the audit and the property tests. The feature of a position is a fixed float64 vector
 [hidden_size] per (tap, context key): a function of the same last `order` tokens the row is,
@@ -18,6 +22,7 @@ drawn from a generator seeded by them. Embedding and output weight are one fixed
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +31,7 @@ from itertools import product
 
 import torch
 
-from verispec.models.base import FINAL, ROOT, Tap, check_extend_tree, check_taps
+from verispec.models.base import FINAL, ROOT, Tap, check_extend_tree, check_slots, check_taps
 from verispec.models.scored_tree import PendingTree, ScoredTree
 
 Row = tuple[Fraction, ...]
@@ -119,6 +124,18 @@ class TableLM:
 
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         return self._rows_for(list(ids), 0)
+
+    def new_slot(self, capacity: int = 256) -> TableLM:
+        """A table with the same rows and features and an empty cache of its own."""
+        slot = copy.copy(self)
+        slot._processed = []
+        slot._pending = PendingTree()
+        slot._tree_tokens = []
+        return slot
+
+    def extend_slots(self, slots: Sequence[TableLM], tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        check_slots(slots, tokens, TableLM)
+        return [slot.extend(rows) for slot, rows in zip(slots, tokens)]
 
     def _rows_for(self, ids: list[int], start: int) -> torch.Tensor:
         return torch.stack([self._logits[tuple(ids[: t + 1][-self.order:])] for t in range(start, len(ids))])

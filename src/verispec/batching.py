@@ -1,0 +1,396 @@
+"""Continuous batching: the rounds of many requests in one target forward per step.
+
+A `Scheduler` holds up to `max_slots` requests at once, each in a slot of the target (a cache of
+its own over the shared weights, `SlotScoring`), and queues the rest. One `step`:
+
+    admit   waiting requests take free slots: prefill, begin the proposer and the policy
+    plan    each request's k: its own policy's choice, lowered by `BatchK` when the batch's
+            forward grows compute-bound (auto k only)
+    propose each request drafts with its own proposer state and its own random source
+    score   one `extend_slots` forward over every request's [pending, drafts] rows (ragged:
+            request i scores k_i + 1 rows, k_i may be 0); a tree round scores on its own
+    settle  each request observes, verifies with its own rng, commits or rolls back its slot
+    retire  finished (EOS, budget) and cancelled requests free their slots
+
+Each request runs the very stages of `verispec.engine.Decoding` (its `propose` and `settle`),
+only the forward is shared, and a slot's rows attend to that slot's cache only, so a request's
+output law is its target's whatever shares its steps. Its tokens are too, for a given seed,
+as long as its k does not depend on the batch: greedy decoding always, and sampling with a
+constant k or with `batch_costs=None`. A batch-aware auto k drafts differently beside other
+requests, so a seeded sampled request draws differently (with the same law).
+
+    >>> scheduler = Scheduler(model.lm, RegistryBuilder(model), max_slots=8)
+    >>> jobs = [scheduler.submit(Request(ids, 64, proposer="lookup", k=4)) for ids in prompts]
+    >>> scheduler.run()            # or step() in a loop, submitting and cancelling between steps
+    >>> jobs[0].tokens, jobs[0].finish_reason, jobs[0].stats.mean_accepted
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from verispec.drafts import Draft, TreeDraft
+from verispec.engine import Decoding, budgeted, check_request
+from verispec.models.base import CausalLM, SlotScoring
+from verispec.policies import AutoK, KPolicy, as_policy
+from verispec.proposers.base import Proposer
+from verispec.randomness import Random, TorchRandom
+from verispec.request import Request
+from verispec.stats import Stats
+
+Builder = Callable[[Request, CausalLM], tuple[Proposer | None, KPolicy]]
+"""Builds a request's proposer and k policy on its slot (a `CausalLM`)."""
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class QueueFull(Exception):
+    """The scheduler's slots and its waiting queue are all taken; try again later."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One submitted request and what it has produced so far.
+
+    state: waiting (queued), running (in a slot), finished. finish_reason: stop (an EOS id),
+    length (the budget), cancelled. Times are the scheduler's clock: submitted, admitted (its
+    prefill began), first_token (its first token was committed), finished."""
+
+    request: Request
+    submitted: float
+    state: Literal["waiting", "running", "finished"] = "waiting"
+    finish_reason: FinishReason | None = None
+    decoding: Decoding | None = None
+    slot: Slot | None = None
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    cancel_requested: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.decoding.tokens if self.decoding is not None else []
+
+    @property
+    def stats(self) -> Stats:
+        return self.decoding.stats if self.decoding is not None else Stats()
+
+    @property
+    def done(self) -> bool:
+        return self.state == "finished"
+
+
+@dataclass(eq=False)
+class Slot:
+    """A cache of the target's (`lm`) and the proposers and policies built on it, by request
+    spec, reused by the requests that take this slot after each other (`begin` resets them)."""
+
+    lm: CausalLM
+    built: dict[tuple[str | None, int | str], tuple[Proposer | None, KPolicy]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """v(n) over the rows n one batched forward scores (all requests' together), relative to
+    one row: measured points `rows` [P] (increasing, starting at 1) and `v` [P] (v(1) = 1),
+    linear between them and beyond the last (`verispec.profile.measure_batch_costs`)."""
+
+    rows: tuple[int, ...]
+    v: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.rows) != len(self.v) or len(self.rows) < 2 or self.rows[0] != 1:
+            raise ValueError(f"batch costs need >= 2 points starting at 1 row, got rows {self.rows}")
+        if any(b <= a for a, b in zip(self.rows, self.rows[1:])):
+            raise ValueError(f"batch cost rows must increase, got {self.rows}")
+        if any(not x > 0 for x in self.v):
+            raise ValueError(f"v(n) must be > 0, got {self.v}")
+
+    def at(self, n: int) -> float:
+        """v(n) by linear interpolation (and extrapolation past the last point)."""
+        rows, v = self.rows, self.v
+        i = next((i for i in range(1, len(rows)) if n <= rows[i]), len(rows) - 1)
+        slope = (v[i] - v[i - 1]) / (rows[i] - rows[i - 1])
+        return v[i - 1] + slope * (n - rows[i - 1])
+
+
+@dataclass(frozen=True)
+class Adjustable:
+    """What `BatchK` knows of a request whose k it may lower: its own policy's k (`most`), its
+    survival estimate s_1..s_K and its cost per drafted token c (relative to one row)."""
+
+    most: int
+    survival: Sequence[float]
+    c: float
+
+
+class BatchK:
+    """Each auto request's k for the batch's committed tokens per second, not its own.
+
+    A step emits E = sum_i (1 + s_i1 + ... + s_ik_i) tokens in T = sum_i c_i k_i + v(N) time
+    (in one-row forwards; N = sum_i (k_i + 1) rows, v from `BatchCosts`). Starting from
+    k_i = 0, it adds the one draft that raises E / T most, while one does, never past the k the
+    request's own policy chose (which already weighs its acceptance and its own cost, and
+    probes when it stopped). So with v flat it drafts as each request would alone, and as the
+    forward turns compute-bound (v(N) rising with N) it drafts less, or not at all. Fixed-k
+    requests keep their k; their rows count in N.
+    """
+
+    def __init__(self, costs: BatchCosts) -> None:
+        self.costs = costs
+
+    def plan(self, adjustable: Sequence[Adjustable], fixed_rows: int = 0, fixed_tokens: float = 0.0) -> list[int]:
+        """The k of each adjustable request, beside fixed-k requests that score `fixed_rows`
+        rows and are expected to emit `fixed_tokens` tokens this step."""
+        ks = [0] * len(adjustable)
+        rows = fixed_rows + len(adjustable)
+        tokens = fixed_tokens + len(adjustable)
+        drafting = 0.0
+        while True:
+            best, best_rate = None, tokens / (drafting + self.costs.at(rows))
+            for i, entry in enumerate(adjustable):
+                if ks[i] >= entry.most:
+                    continue
+                rate = (tokens + entry.survival[ks[i]]) / (drafting + entry.c + self.costs.at(rows + 1))
+                if rate > best_rate:
+                    best, best_rate = i, rate
+            if best is None:
+                return ks
+            tokens += adjustable[best].survival[ks[best]]
+            drafting += adjustable[best].c
+            ks[best] += 1
+            rows += 1
+
+
+class RegistryBuilder:
+    """Builds each request's proposer from its registry spec on its slot, and its k policy;
+    an `auto` or `tree` policy is profiled once per (proposer, k) spec and copied after that.
+    model: the `LoadedModel` whose `lm` is the scheduler's target."""
+
+    def __init__(self, model: object, corpus: Sequence[Sequence[int]] = ()) -> None:
+        self.model = model
+        self.corpus = corpus
+        self._policies: dict[tuple[str | None, str], KPolicy] = {}
+
+    def __call__(self, request: Request, slot: CausalLM) -> tuple[Proposer | None, KPolicy]:
+        from verispec.registry import build_policy, build_proposer
+
+        proposer = None
+        if request.proposer is not None:
+            proposer = build_proposer(request.proposer, replace(self.model, lm=slot), self.corpus)
+        if not isinstance(request.k, str):
+            return proposer, as_policy(request.k)
+        key = (request.proposer, request.k)
+        if key not in self._policies:
+            self._policies[key] = build_policy(request.k, slot, proposer, request.prompt_ids, request.sampling)
+        return proposer, copy.deepcopy(self._policies[key])
+
+
+class Scheduler:
+    """Continuous batching over a `SlotScoring` target (module docstring).
+
+    build: a request's proposer and policy on its slot (`RegistryBuilder`, or any `Builder`).
+    max_slots: requests decoded at once; max_waiting: queued beyond them (None: no bound), past
+    which `submit` raises `QueueFull`. batch_costs: v(n) of the batched forward; with it, auto
+    requests' k is planned per batch (`BatchK`); None: each request's own policy decides.
+    max_context: the most positions a request may use, prompt plus budget (None: no check).
+    random: a request's random source (default `TorchRandom(request.seed)`; the audit injects
+        one that enumerates every branch). clock: reads seconds for the jobs' times and each
+        request's `Stats`.
+    """
+
+    def __init__(
+        self,
+        target: SlotScoring,
+        build: Builder,
+        *,
+        max_slots: int = 8,
+        max_waiting: int | None = None,
+        batch_costs: BatchCosts | None = None,
+        max_context: int | None = None,
+        random: Callable[[Request], Random] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not isinstance(target, SlotScoring):
+            raise ValueError(f"{type(target).__name__} holds one cache; batching needs a model with slots (SlotScoring)")
+        if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
+            raise ValueError(f"max_slots must be an integer >= 1, got {max_slots!r}")
+        if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0):
+            raise ValueError(f"max_waiting must be an integer >= 0 or None, got {max_waiting!r}")
+        self.target = target
+        self.build = build
+        self.max_slots = max_slots
+        self.max_waiting = max_waiting
+        self.batch_k = BatchK(batch_costs) if batch_costs is not None else None
+        self.max_context = max_context
+        self.random = random or (lambda request: TorchRandom(request.seed))
+        self.clock = clock
+        self.waiting: deque[Job] = deque()
+        self.running: list[Job] = []
+        self._free: list[Slot] = []
+        self._slots = 0  # slots made so far (at most max_slots)
+        self.steps = 0
+        self.step_rows: list[int] = []  # rows each step's batched forward scored
+
+    # --- submitting and cancelling ---------------------------------------------------------
+
+    def submit(self, request: Request) -> Job:
+        """Queue `request`; ValueError when the target cannot take it, `QueueFull` when the
+        slots and the queue are all taken."""
+        check_request(self.target.vocab_size, request.prompt_ids, request.max_new_tokens, request.eos_token_ids)
+        if self.max_context is not None and len(request.prompt_ids) + request.max_new_tokens > self.max_context:
+            raise ValueError(
+                f"the prompt ({len(request.prompt_ids)} tokens) and max_new_tokens ({request.max_new_tokens}) "
+                f"exceed the context of {self.max_context} positions; shorten the prompt or the budget"
+            )
+        free = self.max_slots - len(self.running)
+        if self.max_waiting is not None and len(self.waiting) >= self.max_waiting + free:
+            raise QueueFull(f"{len(self.running)} requests running and {len(self.waiting)} waiting")
+        job = Job(request, self.clock())
+        self.waiting.append(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Stop `job` at the next step (its slot is freed then); a finished job stays as it is."""
+        job.cancel_requested = True
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    @property
+    def slots_in_use(self) -> int:
+        return len(self.running)
+
+    # --- the step ----------------------------------------------------------------------------
+
+    def step(self) -> list[tuple[Job, list[int]]]:
+        """One step of every running request; (job, tokens it committed) for each, in order."""
+        self._retire_cancelled()
+        self._admit()
+        if not self.running:
+            return []
+        jobs = list(self.running)
+        plans = self._plan(jobs)
+        drafts = [job.decoding.propose(plan) for job, plan in zip(jobs, plans)]
+        logits = self._score(jobs, drafts)
+        out = []
+        now = None
+        for job, draft, rows in zip(jobs, drafts, logits):
+            tokens = job.decoding.settle(draft, rows)
+            now = self.clock()
+            if job.first_token is None and tokens:
+                job.first_token = now
+            out.append((job, tokens))
+            if job.decoding.done:
+                self._finish(job, "stop" if tokens and tokens[-1] in job.decoding.eos_ids else "length")
+        self.steps += 1
+        return out
+
+    def run(self, max_steps: int | None = None) -> None:
+        """Step until every submitted request has finished (or `max_steps` steps)."""
+        steps = 0
+        while not self.idle and (max_steps is None or steps < max_steps):
+            self.step()
+            steps += 1
+
+    def _room(self) -> bool:
+        return len(self.running) < self.max_slots
+
+    def _admit(self) -> None:
+        while self.waiting and self._room():
+            job = self.waiting.popleft()
+            slot = self._take_slot()
+            job.slot, job.state, job.admitted = slot, "running", self.clock()
+            key = (job.request.proposer, job.request.k)
+            if key not in slot.built:
+                slot.built[key] = self.build(job.request, slot.lm)
+            proposer, policy = slot.built[key]
+            job.decoding = Decoding.of(
+                slot.lm, proposer, job.request, policy=policy, rng=self.random(job.request), clock=self.clock
+            )
+            self.running.append(job)
+            if job.request.max_new_tokens == 0:
+                self._finish(job, "length")
+                continue
+            job.decoding.begin()
+
+    def _take_slot(self) -> Slot:
+        if self._free:
+            return self._free.pop()
+        self._slots += 1
+        return Slot(self.target.new_slot())
+
+    def _plan(self, jobs: list[Job]) -> list[int | object]:
+        """Each job's plan for this step: its own policy's, then `BatchK`'s for auto chains."""
+        plans = []
+        for job in jobs:
+            d = job.decoding
+            source = d.next_source()
+            plans.append(budgeted(d.policies.choose(d.stats, source), d.max_new_tokens - len(d.tokens)))
+        if self.batch_k is None or len(jobs) < 2:
+            return plans
+        adjustable, fixed_rows, fixed_tokens, where = [], 0, 0.0, []
+        for i, (job, plan) in enumerate(zip(jobs, plans)):
+            policy = source_policy(job.decoding)
+            if isinstance(plan, int) and isinstance(policy, AutoK) and not getattr(policy, "trees", False):
+                adjustable.append(Adjustable(plan, policy.survival(), policy.c))
+                where.append(i)
+            else:
+                fixed_rows += (plan if isinstance(plan, int) else len(plan)) + 1
+                fixed_tokens += job.stats.mean_accepted or 1.0  # its tokens per round so far
+        for i, k in zip(where, self.batch_k.plan(adjustable, fixed_rows, fixed_tokens)):
+            plans[i] = k
+        return plans
+
+    def _score(self, jobs: list[Job], drafts: list[Draft | TreeDraft]) -> list[object]:
+        """The rows of every job's round: chains in one `extend_slots` forward, trees alone."""
+        logits: list[object] = [None] * len(jobs)
+        chains = [i for i, draft in enumerate(drafts) if not isinstance(draft, TreeDraft)]
+        for i, draft in enumerate(drafts):
+            if isinstance(draft, TreeDraft):
+                logits[i] = jobs[i].decoding.score(draft)
+        if chains:
+            rows = []
+            for i in chains:
+                jobs[i].decoding.check_cache()
+                rows.append(jobs[i].decoding.scored_tokens(drafts[i]))
+            start = self.clock()
+            scored = self.target.extend_slots([jobs[i].slot.lm for i in chains], rows)
+            seconds = self.clock() - start
+            total = sum(len(r) for r in rows)
+            self.step_rows.append(total)
+            for i, rows_i in zip(chains, scored):
+                jobs[i].decoding.record_target_seconds(seconds, total)
+                logits[i] = rows_i
+        return logits
+
+    def _retire_cancelled(self) -> None:
+        for job in [job for job in self.waiting if job.cancel_requested]:
+            self.waiting.remove(job)
+            job.state, job.finish_reason, job.finished = "finished", "cancelled", self.clock()
+        for job in [job for job in self.running if job.cancel_requested]:
+            self._finish(job, "cancelled")
+
+    def _finish(self, job: Job, reason: FinishReason) -> None:
+        job.state, job.finish_reason, job.finished = "finished", reason, self.clock()
+        self.running.remove(job)
+        self._free.append(job.slot)
+
+
+def source_policy(decoding: Decoding) -> KPolicy | None:
+    """The policy that chose this round's plan: the source's own for a combined proposer."""
+    source = decoding.next_source()
+    return decoding.policies.policy if source is None else decoding.policies.by_source.get(source)
+
+
+def run_requests(scheduler: Scheduler, requests: Sequence[Request]) -> list[Job]:
+    """Submit every request, step until all have finished; the jobs in request order."""
+    jobs = [scheduler.submit(request) for request in requests]
+    scheduler.run()
+    return jobs
