@@ -55,11 +55,10 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from verispec.heads.checkpoint import check_target
+from verispec.drafts import ROOT, Draft, TreeDraft
 from verispec.heads.eagle import EagleHead
-from verispec.heads.vocab import HeadVocab
-from verispec.models.base import CausalLM, FeatureChannel
-from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft
+from verispec.models.base import CausalLM
+from verispec.proposers.head import HeadProposer
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape, fill_levels, widest, with_q
@@ -70,7 +69,7 @@ Expanded = dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, tuple[int, ..
 PROMPT_WINDOW = 128  # the prompt positions the head reads at most (module docstring)
 
 
-class EagleProposer:
+class EagleProposer(HeadProposer):
     """Drafts with `head` for `target` (a `CausalLM` with a `FeatureChannel`: the very object
     the engine drives).
 
@@ -81,25 +80,19 @@ class EagleProposer:
     def __init__(
         self, head: EagleHead, target: CausalLM, *, dynamic: bool = False, prompt_window: int | None = PROMPT_WINDOW
     ) -> None:
-        check_target(head.config, target)
+        super().__init__(head, target)
         whole = prompt_window is None
         if not whole and (isinstance(prompt_window, bool) or not isinstance(prompt_window, int) or prompt_window < 1):
             raise ValueError(f"prompt_window must be an integer >= 1 or None (the whole prompt), got {prompt_window!r}")
         self.dynamic = dynamic
         self.prompt_window = prompt_window
-        self.head = head
-        self.target: FeatureChannel = target
-        self.taps = head.config.feature_layers
-        target.record_features(self.taps)
-        self.vocab = HeadVocab(head.d2t, head.config.target.vocab_size)
-        self.sampling = SamplingParams()
         self._cache = head.new_cache()
         self._first = 0  # s: the position of the first true pair the head reads
         self._pairs = 0  # true pairs read so far: those of positions s.._pairs - 1 are cached
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # logits [N], predicted [H] of the last
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        self.sampling = sampling
+        super().begin(prompt_ids, sampling)
         self._cache = self.head.new_cache()
         last = len(prompt_ids) - 1  # the prompt's positions with a feature paired: 0..last - 1
         self._first = 0 if self.prompt_window is None else max(0, last - self.prompt_window)
@@ -112,40 +105,17 @@ class EagleProposer:
         if extra:
             self._cache.crop(-extra)
 
-    @torch.inference_mode()
-    def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
-        if len(context) < 2 or k < 1:
-            return EMPTY_DRAFT
-        return self._draft(self._cache, *self._follow(context), k, rng)
-
-    @torch.inference_mode()
-    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
-        if len(context) < 2 or k < 1:
-            return EMPTY_DRAFT
-        return self._draft(*self._recomputed(context), k, rng)
-
-    @torch.inference_mode()
-    def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
-        if len(context) < 2 or not len(shape):
-            return TreeDraft((), ())
-        return self._tree(self._cache, *self._follow(context), shape, rng)
-
-    @torch.inference_mode()
-    def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
-        if len(context) < 2 or not len(shape):
-            return TreeDraft((), ())
-        return self._tree(*self._recomputed(context), shape, rng)
+    def _state(self, context: Sequence[int]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """The head's cache brought to `context`'s true pairs, and the logits [N] and predicted
+        feature [H] after the last of them."""
+        return self._cache, *self._follow(context)
 
     def _follow(self, context: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Bring the cache to the true pairs of `context` (n >= 2 tokens): the head's logits
         [N] and predicted feature [H] after the last of them."""
         self.commit(context)
+        self.check_target_follows(context)
         n = len(context)
-        if self.target.length != n - 1:
-            raise RuntimeError(
-                f"the target has processed {self.target.length} tokens, the head expects {n - 1} (all but the "
-                "pending token): the proposer must draft for the target the engine drives"
-            )
         if self._pairs < n - 1:
             features = self.target.features(self.taps, self._pairs, n - 1)  # [new, F]
             self._last = self._pairs_forward(self._cache, context[self._pairs + 1 : n], features)
@@ -169,10 +139,10 @@ class EagleProposer:
         logits, predicted = self.head(ids, fused, cache, logits_to_keep=1)  # [1, 1, N], [1, n, H]
         return logits[0, -1], predicted[0, -1]
 
-    def _draft(
-        self, cache: DynamicCache, logits: torch.Tensor, predicted: torch.Tensor, k: int, rng: Random
-    ) -> Draft:
-        """k tokens: draw from logits [N], then feed (predicted [H], token) back for the next."""
+    def _draft(self, state: tuple[DynamicCache, torch.Tensor, torch.Tensor], k: int, rng: Random) -> Draft:
+        """k tokens after the state's cache: draw from its logits [N], then feed (predicted [H],
+        token) back for the next."""
+        cache, logits, predicted = state
         tokens, q_rows = [], []
         for i in range(k):
             token, q = self.vocab.draw(logits, self.sampling, rng)
@@ -181,17 +151,14 @@ class EagleProposer:
             if i < k - 1:
                 step_logits, step_predicted = self.head(torch.tensor([[token]]), predicted[None, None], cache)
                 logits, predicted = step_logits[0, -1], step_predicted[0, -1]
-        if self.sampling.greedy:
-            return Draft(tuple(tokens))
-        return Draft(tuple(tokens), torch.stack(q_rows))
+        return self.as_draft(tokens, q_rows)
 
-    def _tree(
-        self, cache: DynamicCache, logits: torch.Tensor, predicted: torch.Tensor, shape: TreeShape, rng: Random
-    ) -> TreeDraft:
-        """The tree after the true pairs in `cache` (logits [N] and predicted [H] after the
-        last of them): `shape` filled by EAGLE-2's top-k expansion, one head forward per level
+    def _tree(self, state: tuple[DynamicCache, torch.Tensor, torch.Tensor], shape: TreeShape, rng: Random) -> TreeDraft:
+        """The tree after the true pairs in the state's cache (with the logits [N] and predicted
+        [H] after the last of them): `shape` filled by EAGLE-2's top-k expansion, one head forward per level
         (sampled siblings at temperature > 0), or with `dynamic`, EAGLE-2's own choice of
         nodes within the shape's size."""
+        cache, logits, predicted = state
         after: Expanded = {(): (logits, predicted, ())}
         if self.dynamic:
             return self._confident_tree(cache, after, shape)

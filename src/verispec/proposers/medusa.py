@@ -32,68 +32,28 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.heads.checkpoint import check_target
-from verispec.heads.medusa import MedusaHead
-from verispec.heads.vocab import HeadVocab
-from verispec.models.base import CausalLM, FeatureChannel
-from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
+from verispec.drafts import Draft, TreeDraft
+from verispec.proposers.head import HeadProposer
 from verispec.randomness import Random
-from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape, fill, widest, with_q
 
 
-class MedusaProposer:
-    """Drafts with `head` for `target` (a `CausalLM` with a `FeatureChannel`: the very object
-    the engine drives)."""
-
-    def __init__(self, head: MedusaHead, target: CausalLM) -> None:
-        check_target(head.config, target)
-        self.head = head
-        self.target: FeatureChannel = target
-        self.taps = head.config.feature_layers
-        target.record_features(self.taps)
-        self.vocab = HeadVocab(head.d2t, head.config.target.vocab_size)
-        self.sampling = SamplingParams()
-
-    def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        self.sampling = sampling
+class MedusaProposer(HeadProposer):
+    """Drafts with `head` (a `MedusaHead`) for `target` (a `CausalLM` with a `FeatureChannel`:
+    the very object the engine drives)."""
 
     def commit(self, context: Sequence[int]) -> None:
         """Nothing to follow: the drafts read only the target's newest feature."""
 
-    @torch.inference_mode()
-    def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
-        if len(context) < 2 or k < 1:
-            return EMPTY_DRAFT
-        return self._draft(self._feature(context), k, rng)
-
-    @torch.inference_mode()
-    def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
-        if len(context) < 2 or k < 1:
-            return EMPTY_DRAFT
-        return self._draft(self.target.score_features(list(context[:-1]), self.taps)[-1:], k, rng)
-
-    @torch.inference_mode()
-    def propose_tree(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
-        if len(context) < 2 or not len(shape):
-            return TreeDraft((), ())
-        return self._tree(self._feature(context), shape, rng)
-
-    @torch.inference_mode()
-    def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
-        if len(context) < 2 or not len(shape):
-            return TreeDraft((), ())
-        return self._tree(self.target.score_features(list(context[:-1]), self.taps)[-1:], shape, rng)
-
-    def _feature(self, context: Sequence[int]) -> torch.Tensor:
+    def _state(self, context: Sequence[int]) -> torch.Tensor:
         """The target's feature [1, F] of the newest processed position, n - 2."""
+        self.check_target_follows(context)
         n = len(context)
-        if self.target.length != n - 1:
-            raise RuntimeError(
-                f"the target has processed {self.target.length} tokens, the heads expect {n - 1} (all but the "
-                "pending token): the proposer must draft for the target the engine drives"
-            )
         return self.target.features(self.taps, n - 2, n - 1)
+
+    def _recomputed(self, context: Sequence[int]) -> torch.Tensor:
+        """The same feature [1, F], from the target's stateless recomputation."""
+        return self.target.score_features(list(context[:-1]), self.taps)[-1:]
 
     def _draft(self, feature: torch.Tensor, k: int, rng: Random) -> Draft:
         """Up to k tokens from the feature [1, F]: token i from head i."""
@@ -103,9 +63,7 @@ class MedusaProposer:
             token, q = self.vocab.draw(logits[i], self.sampling, rng)
             tokens.append(token)
             q_rows.append(q)
-        if self.sampling.greedy:
-            return Draft(tuple(tokens))
-        return Draft(tuple(tokens), torch.stack(q_rows))
+        return self.as_draft(tokens, q_rows)
 
     def _tree(self, feature: torch.Tensor, shape: TreeShape, rng: Random) -> TreeDraft:
         """`shape` filled from the feature [1, F]: depth d's nodes from head d - 1."""
