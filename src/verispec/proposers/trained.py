@@ -77,10 +77,12 @@ def head_proposer(kind: str, directory: str | None, target: CausalLM, head_forma
     return (EagleProposer if kind == "eagle" else MedusaProposer)(for_drafting(head, weight_format), target)
 
 
-# The best measured proposer where a head ships for the model: lookup+eagle with auto k drafted
-# the most tokens a second of every method on held-out prompts (docs/benchmarking.md), copying
-# where the context repeats itself and the head elsewhere. Elsewhere prompt lookup alone: it
-# needs no head, and auto k turns it off where it finds nothing to copy.
+# Where a head ships for the model, lookup+eagle with auto k: it copies where the context repeats
+# itself and drafts with the head elsewhere. In the kept runs (docs/benchmarking.md) it was the
+# fastest verispec method of the q4 run, q4 being what --dtype auto picks where the CPU has native bf16
+# (1.08x plain), and ahead of lookup alone in bfloat16 (1.54x against 1.28x on the dev prompts,
+# 1.63x against 1.57x on the copy-heavy categories). Elsewhere prompt lookup: it needs no head,
+# and auto k turns it off where it finds nothing to copy.
 BEST_WITH_HEAD = "lookup+eagle"
 BEST_WITHOUT_HEAD = "lookup"
 DEFAULT_PROPOSER_HELP = (
