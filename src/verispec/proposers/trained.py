@@ -79,10 +79,10 @@ def head_proposer(kind: str, directory: str | None, target: CausalLM, head_forma
 
 # Where a head ships for the model, lookup+eagle with auto k: it copies where the context repeats
 # itself and drafts with the head elsewhere. In the kept runs (docs/benchmarking.md) it was the
-# fastest verispec method of the q4 run, q4 being what --dtype auto picks where the CPU has native bf16
-# (1.08x plain), and ahead of lookup alone in bfloat16 (1.54x against 1.28x on the dev prompts,
-# 1.63x against 1.57x on the copy-heavy categories). Elsewhere prompt lookup: it needs no head,
-# and auto k turns it off where it finds nothing to copy.
+# fastest verispec method of the q4 run (1.08x plain; q4 is what --dtype auto picks where the
+# CPU has native bf16), and ahead of lookup alone in bfloat16 (1.54x against 1.28x on the dev
+# prompts, 1.63x against 1.57x on the copy-heavy categories). Elsewhere prompt lookup: it needs
+# no head, and auto k turns it off where it finds nothing to copy.
 BEST_WITH_HEAD = "lookup+eagle"
 BEST_WITHOUT_HEAD = "lookup"
 DEFAULT_PROPOSER_HELP = (
