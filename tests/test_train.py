@@ -514,7 +514,7 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
         (["--prompts", "wiki"], "--prompts must be magpie, openers, documents, texts"),
         (["--also", "/nonexistent/verispec-data"], "no such directory"),
         (["--also", ".", "--data-only"], "--also adds data to the fitting"),
-        (["--head", "lstm"], "--head must be eagle or medusa"),
+        (["--head", "lstm"], "--head must be eagle, eagle3 or medusa"),
         (["--minutes", "0"], "--minutes must be > 0"),
         (["--data-minutes", "9"], "--data-minutes must lie in"),
         (["--taps", "low"], "--taps must be eagle3 or final"),
@@ -525,6 +525,7 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
         (["--init", ".", "--data-only"], "--init starts the fitting from a head"),
         (["--depth", "0"], "--depth must be >= 1"),
         (["--head", "medusa", "--depth", "2"], "--depth stacks an EAGLE head's decoder layers"),
+        (["--head", "eagle3", "--taps", "final"], "an eagle3 head reads the low, middle and high layers"),
     ],
 )
 def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, capsys):
