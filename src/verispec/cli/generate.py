@@ -91,6 +91,7 @@ def generate(
         "k": k,
         "plans": spec.stats.plan_counts(),  # the tree shapes, chains and plain steps chosen
         "by_source": spec.stats.as_dict()["by_source"],  # lookup+eagle: the copy and head rounds apart
+        **loaded.memory(),  # weights_bytes, kv_bytes_per_token
     }
     if compare:
         plain = VerispecRunner(loaded.lm, None, 0, eos, sampling, seed)(prompt_ids, max_new_tokens)

@@ -65,6 +65,7 @@ from verispec.models.hf import HFCausalLM  # noqa: E402
 from verispec.models.gguf_blocks import CODED, READ, GGUFWeight, gguf_weights  # noqa: E402
 from verispec.models.llama import LlamaRuntime, fast_runtime_refusal  # noqa: E402
 from verispec.models.parts import SPLIT, cache_root, joined_file  # noqa: E402
+from verispec.models.quant import Int4Linear  # noqa: E402
 from verispec.models.quantized import quantized_model  # noqa: E402
 
 
@@ -118,6 +119,7 @@ class LoadedModel:
     weight_format: str = "float"  # "float" (weights in `dtype`) or "q4"
     exact_weights: bool = True  # every weight equals the source's float32 weight, bit for bit
     auto_choice: str | None = None  # why dtype "auto" chose what it did, where that is not the plain rule
+    layout: str | None = None  # q4 on the fast runtime: which projections run on which kernel (`projection_layout`)
     config: PretrainedConfig | None = None  # None: `model`'s
     reload: Callable[[], PreTrainedModel] | None = field(default=None, repr=False)
 
@@ -145,12 +147,18 @@ class LoadedModel:
     def target_note(self) -> str | None:
         """What a quantized format did to the model, for wherever it is chosen; None for float."""
         if self.weight_format == "float":
+            if self.dtype == torch.bfloat16 and self.source.is_file():
+                return (
+                    "bfloat16: every weight rounded to bfloat16 from the GGUF file's float32 values, so this is "
+                    f"a different model from {self.name} in float32 or q4 (its outputs are not that model's)"
+                )
             return None
         if self.exact_weights:
             note = (
-                f"{self.weight_format}: the GGUF file's own 4-bit blocks, held exactly (the same weights as "
-                "float32); projections compute in bfloat16 with float32 accumulation"
+                f"{self.weight_format}: the GGUF file's own blocks, held exactly (the same weights as "
+                "float32); projections on the int4 kernel compute in bfloat16 with float32 accumulation"
             )
+            note = f"{note}; {self.layout}" if self.layout else note
             return f"{note} ({self.auto_choice})" if self.auto_choice else note
         return (
             f"{self.weight_format}: weights quantized to 4 bits on load, so this is a different model from "
@@ -183,6 +191,13 @@ class LoadedModel:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def memory(self) -> dict[str, int | None]:
+        """weights_bytes: the weights as held (`weight_bytes`); kv_bytes_per_token: what one
+        position of context adds to the cache, every layer's keys and values (None where the
+        runtime does not say)."""
+        per_token = getattr(self.lm, "kv_bytes_per_token", None)
+        return {"weights_bytes": weight_bytes(self.lm), "kv_bytes_per_token": per_token() if per_token else None}
 
 
 def load_model(
@@ -276,6 +291,7 @@ def load_model(
                 checkpoint=checkpoint_tensors(source),
             )
             exact, model = lm.exact_weights, None
+    layout = projection_layout(lm) if weight_format == "q4" else None
     return LoadedModel(
         name=str(name_or_path),
         lm=lm,
@@ -288,6 +304,7 @@ def load_model(
         weight_format=weight_format,
         exact_weights=exact,
         auto_choice=auto_choice,
+        layout=layout,
         config=config,
         reload=reload,
     )
@@ -363,6 +380,11 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16, float16 or q4")
 
 
+# Ends of a reply that a GGUF file does not name, by architecture: Qwen's own generation config
+# ends at <|im_end|> (the file's eos id) and at <|endoftext|> (a document's end).
+EXTRA_EOS = {"qwen2": ("<|endoftext|>",)}
+
+
 def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
     configured = getattr(model.generation_config, "eos_token_id", None)
     if configured is None:
@@ -370,7 +392,53 @@ def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple
     elif isinstance(configured, int):
         configured = [configured]
     ids = [*configured, tokenizer.eos_token_id]
+    for text in EXTRA_EOS.get(getattr(model.config, "model_type", None), ()):
+        token = tokenizer.convert_tokens_to_ids(text)
+        if isinstance(token, int) and token != tokenizer.unk_token_id:
+            ids.append(token)
     return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def projection_layout(lm: CausalLM) -> str | None:
+    """Which of a q4 runtime's projections run on the int4 kernel and which in float32, e.g.
+    "int4 kernel: o x28, gate_up x28, qkv x14, down x14; float32 F.linear (no exact int4 form,
+    e.g. Q6_K's groups of 16): head, qkv x14, down x14"; None off the fast runtime."""
+    if not isinstance(lm, LlamaRuntime):
+        return None
+    named = [("head", lm.head), *((name, getattr(layer, name)) for layer in lm.layers for name in ("qkv", "o", "gate_up", "down"))]
+    kernels: dict[str, dict[str, int]] = {}
+    for name, module in named:
+        kernel = "int4 kernel" if isinstance(module, Int4Linear) else "float32 F.linear (no exact int4 form, e.g. Q6_K's groups of 16)"
+        if isinstance(module, Int4Linear) and not module.exact:
+            kernel = "int4 kernel, quantized on load (not exact)"
+        counts = kernels.setdefault(kernel, {})
+        counts[name] = counts.get(name, 0) + 1
+    return "; ".join(
+        f"{kernel}: " + ", ".join(name if count == 1 else f"{name} x{count}" for name, count in counts.items())
+        for kernel, counts in kernels.items()
+    )
+
+
+def weight_bytes(lm: CausalLM) -> int | None:
+    """Bytes of the weights `lm` holds in memory, each tensor counted once (a tied head is the
+    embedding), whatever their layout (prepacked, int4-packed, float); None for a model of
+    another kind."""
+    if isinstance(lm, HFCausalLM):
+        tensors = [*lm.model.parameters(), *lm.model.buffers()]
+    elif isinstance(lm, LlamaRuntime):
+        modules = [lm.head, *(p for layer in lm.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))]
+        tensors = [lm.embed, lm.norm, lm.head_linear.weight, *(t for layer in lm.layers for t in (layer.attn_norm, layer.mlp_norm))]
+        for module in modules:
+            tensors += [*module.buffers(), *(v for v in vars(module).values() if isinstance(v, torch.Tensor))]
+    else:
+        return None
+    seen, total = set(), 0
+    for tensor in tensors:
+        key = id(tensor) if tensor.is_mkldnn else tensor.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += tensor.nbytes if tensor.is_mkldnn else tensor.untyped_storage().nbytes()
+    return total
 
 
 def converted_dir(gguf: Path) -> Path:
