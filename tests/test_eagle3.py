@@ -422,3 +422,22 @@ def test_cli_exports_and_refuses_bad_input_with_one_error_line_never_overwriting
         assert message in _one_error(capsys), args
     assert (out / "model.safetensors").read_bytes() == before
     assert not (tmp_path / "x").exists() and not (tmp_path / "x.partial").exists()
+
+
+def test_the_vllm_check_walks_vllms_drafts_along_its_greedy_output():
+    """`benchmarks/vllm_check.py` pairs each of vLLM's drafts with the prefix it continued:
+    draft s follows out[:m_s], m_0 = 1 (the prefill's token), m_{s+1} = m_s + accepted + 1."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_check.py"
+    spec = importlib.util.spec_from_file_location("vllm_check", path)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    out = [10, 11, 12, 13, 14, 15, 16]
+    theirs = {"output": out, "drafts": [[11, 12, 9], [14, 9, 9], [9, 9, 9], [16, 9, 9]]}  # accepts 2, 1, 0; then done
+    ours = {"output": out, "tokens_per_round": 2.0, "drafts": {1: [11, 12, 9], 4: [14, 9, 9], 5: [0, 0, 0], 6: [8, 8, 8]}}
+    result = check.compare(ours, theirs, 3)
+    assert (result["drafts_checked"], result["drafts_equal"]) == (3, 2)  # prefixes 1, 4 and 6; vLLM never drafted after 5
+    assert result["mismatches"] == [{"prefix_tokens": 6, "vllm": [9, 9, 9], "verispec": [8, 8, 8]}]
+    assert result["greedy_identical"] and result["vllm_tokens_per_round"] == (3 + 2 + 1) / 3
