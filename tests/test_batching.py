@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from verispec import SamplingParams, TorchRandom
 from verispec.audit.enumerate import outcomes
 from verispec.audit.exact_target import target_sequences
-from verispec.batching import Adjustable, BatchCosts, BatchK, QueueFull, Scheduler
+from verispec.batching import QueueFull, Scheduler
+from verispec.policies import Adjustable, BatchK
+from verispec.cost import BatchCosts
 from verispec.clocks import TickClock
 from verispec.cost import FixedCosts
 from verispec.engine import generate

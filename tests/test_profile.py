@@ -160,7 +160,7 @@ def test_profile_command_on_the_default_model(tmp_path, capsys):
 
     out, picture = tmp_path / "profile.json", tmp_path / "v.png"
     args = ["profile", "--k-max", "2", "--repeats", "2", "--warmup", "1", "--context-tokens", "64",
-            "--survival-tokens", "8", "--out", str(out), "--plot", str(picture), "--json"]
+            "--survival-tokens", "8", "--batch-rows", "6", "--out", str(out), "--plot", str(picture), "--json"]
     assert main(args) == 0
     printed = json.loads(capsys.readouterr().out)
     saved = Profile.load(out)
@@ -169,5 +169,8 @@ def test_profile_command_on_the_default_model(tmp_path, capsys):
     assert saved.target == "smollm2-135m-instruct" and saved.proposer == "lookup"
     assert saved.survival is not None and 1 <= len(saved.survival) <= 2
     assert picture.read_bytes()[:4] == b"\x89PNG"
+    assert saved.batch["rows"] == [1, 2, 3, 4, 6] and saved.batch["v"][0] == 1 and saved.batch["slots"] == 6
+    assert set(saved.batch_k) == {"1", "2", "4", "8", "16", "32"} and all(0 <= k <= 2 for k in saved.batch_k.values())
+    assert saved.memory["target_weight_bytes"] > 100 * 2**20 and saved.memory["kv_bytes_per_token"] > 0
     assert main(["cost", "--profile", str(out)]) == 0
     assert "best k" in capsys.readouterr().out

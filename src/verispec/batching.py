@@ -34,10 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from verispec.cost import BatchCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import Decoding, budgeted, check_request
 from verispec.models.base import CausalLM, SlotScoring
-from verispec.policies import AutoK, KPolicy, as_policy
+from verispec.policies import AutoK, Adjustable, BatchK, KPolicy, as_policy
 from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
@@ -92,79 +93,6 @@ class Slot:
 
     lm: CausalLM
     built: dict[tuple[str | None, int | str], tuple[Proposer | None, KPolicy]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BatchCosts:
-    """v(n) over the rows n one batched forward scores (all requests' together), relative to
-    one row: measured points `rows` [P] (increasing, starting at 1) and `v` [P] (v(1) = 1),
-    linear between them and beyond the last (`verispec.profile.measure_batch_costs`)."""
-
-    rows: tuple[int, ...]
-    v: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.rows) != len(self.v) or len(self.rows) < 2 or self.rows[0] != 1:
-            raise ValueError(f"batch costs need >= 2 points starting at 1 row, got rows {self.rows}")
-        if any(b <= a for a, b in zip(self.rows, self.rows[1:])):
-            raise ValueError(f"batch cost rows must increase, got {self.rows}")
-        if any(not x > 0 for x in self.v):
-            raise ValueError(f"v(n) must be > 0, got {self.v}")
-
-    def at(self, n: int) -> float:
-        """v(n) by linear interpolation (and extrapolation past the last point)."""
-        rows, v = self.rows, self.v
-        i = next((i for i in range(1, len(rows)) if n <= rows[i]), len(rows) - 1)
-        slope = (v[i] - v[i - 1]) / (rows[i] - rows[i - 1])
-        return v[i - 1] + slope * (n - rows[i - 1])
-
-
-@dataclass(frozen=True)
-class Adjustable:
-    """What `BatchK` knows of a request whose k it may lower: its own policy's k (`most`), its
-    survival estimate s_1..s_K and its cost per drafted token c (relative to one row)."""
-
-    most: int
-    survival: Sequence[float]
-    c: float
-
-
-class BatchK:
-    """Each auto request's k for the batch's committed tokens per second, not its own.
-
-    A step emits E = sum_i (1 + s_i1 + ... + s_ik_i) tokens in T = sum_i c_i k_i + v(N) time
-    (in one-row forwards; N = sum_i (k_i + 1) rows, v from `BatchCosts`). Starting from
-    k_i = 0, it adds the one draft that raises E / T most, while one does, never past the k the
-    request's own policy chose (which already weighs its acceptance and its own cost, and
-    probes when it stopped). So with v flat it drafts as each request would alone, and as the
-    forward turns compute-bound (v(N) rising with N) it drafts less, or not at all. Fixed-k
-    requests keep their k; their rows count in N.
-    """
-
-    def __init__(self, costs: BatchCosts) -> None:
-        self.costs = costs
-
-    def plan(self, adjustable: Sequence[Adjustable], fixed_rows: int = 0, fixed_tokens: float = 0.0) -> list[int]:
-        """The k of each adjustable request, beside fixed-k requests that score `fixed_rows`
-        rows and are expected to emit `fixed_tokens` tokens this step."""
-        ks = [0] * len(adjustable)
-        rows = fixed_rows + len(adjustable)
-        tokens = fixed_tokens + len(adjustable)
-        drafting = 0.0
-        while True:
-            best, best_rate = None, tokens / (drafting + self.costs.at(rows))
-            for i, entry in enumerate(adjustable):
-                if ks[i] >= entry.most:
-                    continue
-                rate = (tokens + entry.survival[ks[i]]) / (drafting + entry.c + self.costs.at(rows + 1))
-                if rate > best_rate:
-                    best, best_rate = i, rate
-            if best is None:
-                return ks
-            tokens += adjustable[best].survival[ks[best]]
-            drafting += adjustable[best].c
-            ks[best] += 1
-            rows += 1
 
 
 class RegistryBuilder:

@@ -313,3 +313,33 @@ def check_survival(survival: Sequence[float]) -> None:
                 "(P(first i accepted) cannot exceed P(first i - 1 accepted))"
             )
         previous = s
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """v(n) over the rows n one batched forward scores (all requests' together), relative to
+    one row: measured points `rows` [P] (increasing, starting at 1) and `v` [P] (v(1) = 1),
+    linear between them and beyond the last (`verispec.profile.measure_batch_costs`). What
+    `verispec.batching.BatchK` plans each step's k from.
+
+        >>> BatchCosts((1, 8, 16), (1.0, 1.5, 2.5)).at(12)
+        2.0
+    """
+
+    rows: tuple[int, ...]
+    v: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.rows) != len(self.v) or len(self.rows) < 2 or self.rows[0] != 1:
+            raise ValueError(f"batch costs need >= 2 points starting at 1 row, got rows {self.rows}")
+        if any(b <= a for a, b in zip(self.rows, self.rows[1:])):
+            raise ValueError(f"batch cost rows must increase, got {self.rows}")
+        if any(not x > 0 for x in self.v):
+            raise ValueError(f"v(n) must be > 0, got {self.v}")
+
+    def at(self, n: int) -> float:
+        """v(n) by linear interpolation (and extrapolation past the last point)."""
+        rows, v = self.rows, self.v
+        i = next((i for i in range(1, len(rows)) if n <= rows[i]), len(rows) - 1)
+        slope = (v[i] - v[i - 1]) / (rows[i] - rows[i - 1])
+        return v[i - 1] + slope * (n - rows[i - 1])

@@ -7,9 +7,11 @@ exactness is untouched. k = 0 means a plain decoding step.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from verispec.cost import Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
+from verispec.cost import BatchCosts, Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape
 
@@ -341,3 +343,51 @@ def as_policy(k: int | KPolicy) -> KPolicy:
             "AutoK(Profile.load(FILE)) or verispec.profile.measured_autok(target, proposer, prompt_ids)"
         )
     return ConstantK(k) if isinstance(k, int) else k
+
+
+@dataclass(frozen=True)
+class Adjustable:
+    """What `BatchK` knows of a request whose k it may lower: its own policy's k (`most`), its
+    survival estimate s_1..s_K and its cost per drafted token c (relative to one row)."""
+
+    most: int
+    survival: Sequence[float]
+    c: float
+
+
+class BatchK:
+    """Each auto request's k for the batch's committed tokens per second, not its own.
+
+    A step emits E = sum_i (1 + s_i1 + ... + s_ik_i) tokens in T = sum_i c_i k_i + v(N) time
+    (in one-row forwards; N = sum_i (k_i + 1) rows, v from `BatchCosts`). Starting from
+    k_i = 0, it adds the one draft that raises E / T most, while one does, never past the k the
+    request's own policy chose (which already weighs its acceptance and its own cost, and
+    probes when it stopped). So with v flat it drafts as each request would alone, and as the
+    forward turns compute-bound (v(N) rising with N) it drafts less, or not at all. Fixed-k
+    requests keep their k; their rows count in N.
+    """
+
+    def __init__(self, costs: BatchCosts) -> None:
+        self.costs = costs
+
+    def plan(self, adjustable: Sequence[Adjustable], fixed_rows: int = 0, fixed_tokens: float = 0.0) -> list[int]:
+        """The k of each adjustable request, beside fixed-k requests that score `fixed_rows`
+        rows and are expected to emit `fixed_tokens` tokens this step."""
+        ks = [0] * len(adjustable)
+        rows = fixed_rows + len(adjustable)
+        tokens = fixed_tokens + len(adjustable)
+        drafting = 0.0
+        while True:
+            best, best_rate = None, tokens / (drafting + self.costs.at(rows))
+            for i, entry in enumerate(adjustable):
+                if ks[i] >= entry.most:
+                    continue
+                rate = (tokens + entry.survival[ks[i]]) / (drafting + entry.c + self.costs.at(rows + 1))
+                if rate > best_rate:
+                    best, best_rate = i, rate
+            if best is None:
+                return ks
+            tokens += adjustable[best].survival[ks[best]]
+            drafting += adjustable[best].c
+            ks[best] += 1
+            rows += 1

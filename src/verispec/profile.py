@@ -16,6 +16,12 @@ also times, interleaved with the rest, that round's target work for n = 1..tree_
 a representative shape of n - 1 nodes (`representative_tree`), keeping its deepest path, and a
 chain of the same n positions, so that the tree policy reads v(nodes + 1) for trees, and the
 price of the tree mask and the compaction is their ratio within one run.
+
+Batches (`measure_batch_costs`): with several requests in flight one forward scores every
+request's rows (`SlotScoring.extend_slots`), so the cost that decides k is v over the batch's
+rows in all. It times n = 1..64 rows spread over up to 8 slots that each hold the context
+(`BATCH_ROWS`), and one row at several context lengths (attention's share grows with it):
+`BatchProfile`, whose `costs` feed `verispec.batching.BatchK`.
 """
 
 from __future__ import annotations
@@ -30,13 +36,13 @@ from pathlib import Path
 
 import torch
 
-from verispec.cost import check_survival, check_v_curve
+from verispec.cost import BatchCosts, check_survival, check_v_curve
 from verispec.drafts import ROOT, TreeDraft
 from verispec.engine import scored_parents, tree_target
 from verispec.tree_shape import TreeShape
 from verispec.machine import describe
-from verispec.models.base import CausalLM
-from verispec.policies import AutoK
+from verispec.models.base import CausalLM, SlotScoring
+from verispec.policies import Adjustable, AutoK, BatchK
 from verispec.proposers.base import Proposer
 from verispec.randomness import TorchRandom
 from verispec.sampling import SamplingParams
@@ -80,6 +86,11 @@ class Profile:
         (tree_v[n - 1] / tree_chain_v[n - 1] is the price of the tree mask and compaction).
     tree_score: seconds of the tree rounds, n = 1..tree_nodes + 1.
     tree_shapes: the shape timed at each n (`TreeShape.describe`).
+    batch: optional, the batched forward's costs (`BatchProfile.to_dict`).
+    batch_k: optional, the k `BatchK` drafts per request at each batch size ("1", "2", ...),
+        for requests of this proposer with this survival (vLLM's
+        num_speculative_tokens_per_batch_size).
+    memory: optional, bytes: target weights, KV cache per token and per slot.
     """
 
     c: float
@@ -97,6 +108,9 @@ class Profile:
     tree_chain_v: list[float] | None = None
     tree_score: list[Timing] | None = None
     tree_shapes: list[str] | None = None
+    batch: dict | None = None
+    batch_k: dict[str, int] | None = None
+    memory: dict | None = None
 
     def __post_init__(self) -> None:
         check_v_curve(self.v)
@@ -242,6 +256,113 @@ def measure_profile(
         tree_score=tree_timings if trees else None,
         tree_shapes=[shape.describe() for shape in trees.values()] if trees else None,
     )
+
+
+BATCH_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+CONTEXTS = (64, 256, 1024)
+
+
+@dataclass
+class BatchProfile:
+    """The batched forward's cost: rows [P] (total rows over every slot, from 1), v [P] (time /
+    one row's, v(1) = 1), score [P] (seconds), slots (the most slots the rows were spread
+    over), context_tokens (each slot's context); contexts [C] and context_score [C]: one row's
+    forward at each context length (the attention's share)."""
+
+    rows: list[int]
+    v: list[float]
+    score: list[Timing]
+    slots: int
+    context_tokens: int
+    contexts: list[int] = field(default_factory=list)
+    context_score: list[Timing] = field(default_factory=list)
+
+    @property
+    def costs(self) -> BatchCosts:
+        return BatchCosts(tuple(self.rows), tuple(self.v))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_batch_costs(
+    target: SlotScoring,
+    prompt_ids: Sequence[int],
+    *,
+    rows: Sequence[int] = BATCH_ROWS,
+    slots: int = 8,
+    contexts: Sequence[int] = CONTEXTS,
+    repeats: int = 5,
+    warmup: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> BatchProfile:
+    """Time one `extend_slots` forward of n rows in all, spread as evenly as they go over
+    min(n, slots) slots that each hold `prompt_ids` but its last token, then each slot's
+    rollback, for every n in `rows` (interleaved and rotated over repeats, warm-ups dropped);
+    and one row after each of `contexts` tokens (the prompt tiled). Uses fresh slots of
+    `target`, never its own cache."""
+    context = [int(t) for t in prompt_ids]
+    if not context or not all(0 <= t < target.vocab_size for t in context):
+        raise ValueError(f"the batch profile needs a nonempty context of ids in [0, {target.vocab_size})")
+    rows = sorted(set(rows))
+    if not rows or rows[0] != 1 or isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise ValueError(f"batch rows must start at 1 and slots be >= 1, got rows {rows} and slots {slots!r}")
+    pool = [target.new_slot(len(context) + max(rows)) for _ in range(min(slots, max(rows)))]
+    for slot in pool:
+        slot.prefill(context[:-1])
+    deep = {length: target.new_slot(length + 1) for length in contexts}
+    for length, slot in deep.items():
+        slot.prefill(tiled_context(context, length))
+    block = (context * (max(rows) // len(context) + 2))[: max(rows) + 1]
+    jobs = [("rows", n) for n in rows] + [("context", length) for length in contexts]
+    times: dict[tuple[str, int], list[float]] = {job: [] for job in jobs}
+    for repeat in range(warmup + repeats):
+        shift = repeat % len(jobs)
+        for kind, n in jobs[shift:] + jobs[:shift]:
+            if kind == "rows":
+                used = pool[: min(n, len(pool))]
+                split = [n // len(used) + (i < n % len(used)) for i in range(len(used))]
+                tokens = [[context[-1], *block[1:m]] for m in split]
+                start = clock()
+                target.extend_slots(used, tokens)
+                synchronize()
+                seconds = clock() - start
+                for slot in used:
+                    slot.rollback(len(context) - 1)
+            else:
+                slot = deep[n]
+                start = clock()
+                slot.extend([context[-1]])
+                synchronize()
+                seconds = clock() - start
+                slot.rollback(n)
+            times[kind, n].append(seconds)
+    measured = slice(warmup, None)
+    score = [Timing.of(times["rows", n][measured]) for n in rows]
+    return BatchProfile(
+        rows=list(rows),
+        v=[t.median / score[0].median for t in score],
+        score=score,
+        slots=len(pool),
+        context_tokens=len(context),
+        contexts=list(contexts),
+        context_score=[Timing.of(times["context", n][measured]) for n in contexts],
+    )
+
+
+def tiled_context(ids: Sequence[int], length: int) -> list[int]:
+    """`ids` repeated or cut to `length` tokens."""
+    return (list(ids) * (length // len(ids) + 1))[:length]
+
+
+def k_per_batch_size(
+    costs: BatchCosts, c: float, survival: Sequence[float], k_max: int, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)
+) -> dict[str, int]:
+    """The k `BatchK` gives each of b identical requests (cost c per drafted token, `survival`)
+    at each batch size b: drafting shrinks as the batch's forward turns compute-bound."""
+    planner = BatchK(costs)
+    most = min(k_max, len(survival))
+    return {str(b): max(planner.plan([Adjustable(most, survival, c)] * b)) for b in sizes}
 
 
 def representative_tree(nodes: int) -> TreeShape:

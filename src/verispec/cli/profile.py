@@ -10,14 +10,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from verispec.cli import app
+from verispec.cli import BadInput, app
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_file
 from verispec.cost import optimal_k, speedup_by_k
 from verispec.engine import generate
 from verispec.models import DEFAULT_MODEL
 from verispec.registry import build_proposer, proposer_help
-from verispec.profile import Profile, measure_profile
+from verispec.memory import memory_report
+from verispec.models.base import SlotScoring
+from verispec.profile import BATCH_ROWS, Profile, k_per_batch_size, measure_batch_costs, measure_profile, tiled_context
 from verispec.sampling import SamplingParams
 
 # A summarising request: the kind of prompt whose answer reuses its words, as many do.
@@ -69,6 +71,14 @@ def profile(
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    batch_rows: Annotated[
+        int,
+        typer.Option(
+            "--batch-rows", min=0,
+            help="Also time batched forwards of 1..this many rows over up to 8 request slots, and print the k "
+            "auto would draft per request at each batch size; 0: skip.",
+        ),
+    ] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of tables.")] = False,
     out: Annotated[
         Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")
@@ -87,7 +97,7 @@ def profile(
 
     loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
     prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
-    context = prompt_ids if context_tokens is None else tiled(prompt_ids, context_tokens)
+    context = prompt_ids if context_tokens is None else tiled_context(prompt_ids, context_tokens)
     drafter = build_proposer(proposer, loaded)
     measured = measure_profile(
         loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling,
@@ -102,6 +112,17 @@ def profile(
             eos_token_id=loaded.eos_token_ids, k=k_max,
         )
         measured.survival = run.stats.survival() or None
+    if batch_rows:
+        if not isinstance(loaded.lm, SlotScoring):
+            raise BadInput(f"--batch-rows needs a model with request slots; {loaded.runtime} has none: give --batch-rows 0")
+        batch = measure_batch_costs(
+            loaded.lm, context, rows=[n for n in BATCH_ROWS if n <= batch_rows] + [batch_rows], repeats=repeats,
+            warmup=warmup,
+        )
+        measured.batch = batch.to_dict()
+        if measured.survival:
+            measured.batch_k = k_per_batch_size(batch.costs, measured.c, measured.survival, k_max)
+    measured.memory = memory_report(loaded.lm, drafter, slots=8, context=len(context))
     if out is not None:
         measured.save(out)
     if plot is not None:
@@ -110,11 +131,6 @@ def profile(
         print(json.dumps(measured.to_dict()))
     else:
         show(measured)
-
-
-def tiled(ids: list[int], length: int) -> list[int]:
-    """`ids` repeated or cut to `length` tokens."""
-    return (ids * (length // len(ids) + 1))[:length]
 
 
 def show(profile: Profile) -> None:
@@ -147,7 +163,39 @@ def show(profile: Profile) -> None:
             f"best k = {best}, predicted speedup {ratios[best]:.2f}" if best
             else "best k = 0: no k beats plain decoding here"
         )
+    if profile.batch:
+        show_batch(console, profile)
+    if profile.memory:
+        mib = 2**20
+        m = profile.memory
+        console.print(
+            f"memory: target weights {m['target_weight_bytes'] / mib:.1f} MiB, proposer {m['proposer_bytes'] / mib:.1f} MiB, "
+            f"KV {m['kv_bytes_per_token'] / 1024:.1f} KiB per token ({m['kv_bytes_per_slot'] / mib:.1f} MiB per slot at "
+            f"{m['context_tokens']} tokens), peak RSS {m['peak_rss_bytes'] / mib:.0f} MiB"
+        )
     console.print(", ".join(f"{key} {value}" for key, value in profile.machine.items()), style="dim")
+
+
+def show_batch(console: Console, profile: Profile) -> None:
+    """v over a batched forward's rows, one row's time by context, and k per batch size."""
+    ms = 1000.0
+    batch = profile.batch
+    table = Table(title=f"batched forward: n rows over up to {batch['slots']} request slots, {batch['context_tokens']} tokens each")
+    for column in ("rows n", "v(n)", "median ms", "IQR ms"):
+        table.add_column(column, justify="right")
+    for n, v, t in zip(batch["rows"], batch["v"], batch["score"]):
+        table.add_row(str(n), f"{v:.2f}", f"{t['median'] * ms:.2f}", f"{t['q1'] * ms:.2f}-{t['q3'] * ms:.2f}")
+    console.print(table)
+    console.print("one row after a context of " + ", ".join(
+        f"{n} tokens: {t['median'] * ms:.1f} ms" for n, t in zip(batch["contexts"], batch["context_score"])
+    ))
+    if profile.batch_k:
+        table = Table(title="k per request at each batch size (auto k, this proposer's survival)")
+        table.add_column("batch size", justify="right")
+        table.add_column("k", justify="right")
+        for size, k in profile.batch_k.items():
+            table.add_row(size, str(k))
+        console.print(table)
 
 
 def show_trees(console: Console, profile: Profile) -> None:
