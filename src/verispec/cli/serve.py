@@ -1,0 +1,153 @@
+"""`verispec serve`: one model behind an OpenAI-compatible HTTP server (`verispec.server`)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from verispec.cli import BadInput, app
+from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.models import DEFAULT_MODEL
+from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
+from verispec.registry import K_HELP, check_policy_proposer, parse_k, proposer_help
+
+NO_PROPOSER = "none"
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
+    proposer: Annotated[
+        Optional[str],
+        typer.Option(help=f"{proposer_help()} `none` decodes plainly.", show_default=DEFAULT_PROPOSER_HELP),
+    ] = None,
+    k: Annotated[str, typer.Option("--k", help=K_HELP)] = "auto",
+    dtype: Annotated[
+        str, typer.Option(help="auto, float32, bfloat16 or q4, as for `verispec generate`.")
+    ] = "auto",
+    runtime: RuntimeOption = "auto",
+    deterministic: DeterministicOption = None,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; 127.0.0.1 keeps the server on this machine.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    max_slots: Annotated[int, typer.Option("--max-slots", min=1, help="Requests decoded at once.")] = 8,
+    max_waiting: Annotated[
+        int, typer.Option("--max-waiting", min=0, help="Requests queued beyond the slots; past them, 429.")
+    ] = 64,
+    api_key: Annotated[
+        Optional[str],
+        typer.Option("--api-key", envvar="VERISPEC_API_KEY", show_default=False,
+                     help="Require 'Authorization: Bearer KEY' on /v1/ (or set VERISPEC_API_KEY)."),
+    ] = None,
+    served_model_name: Annotated[
+        Optional[str], typer.Option("--served-model-name", help="The name requests give as `model` [default: --model].")
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", min=1, help="The budget of a request that sets no max_tokens.")
+    ] = 256,
+    batch_costs: Annotated[
+        bool,
+        typer.Option("--batch-costs/--no-batch-costs",
+                     help="With --k auto: measure the batched forward's cost at start, so each step's k "
+                     "suits the batch (seeded sampled replies then depend on what shares their steps)."),
+    ] = True,
+    grace: Annotated[
+        float, typer.Option(min=0, help="Seconds requests in flight may run after SIGINT/SIGTERM.")
+    ] = 10.0,
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1024)] = 1 << 20,
+    access_log: Annotated[bool, typer.Option("--access-log/--no-access-log")] = False,
+) -> int:
+    """Serve MODEL over HTTP with OpenAI's completions and chat completions API, speculative
+    decoding and continuous batching behind it; /metrics for Prometheus. Stops, draining the
+    requests in flight, on Ctrl-C or SIGTERM. See docs/serving.md."""
+    try:
+        from verispec.server import Limits, ServedModel, ServerApp
+        from verispec.server.run import make_server
+    except ImportError as error:
+        raise BadInput(f"verispec serve needs the serve extra ({error.name} is missing): "
+                       "pip install 'verispec[serve]'") from None
+    proposer = proposer or default_proposer(model)
+    if proposer == NO_PROPOSER:
+        proposer, k_value = None, 0
+    else:
+        check_policy_proposer(k, proposer)
+        spec = parse_k(k)
+        k_value = spec.k if spec.kind == "constant" else k.strip()
+    listener = listen(host, port)  # before loading: a taken port is reported at once
+    from verispec.batching import RegistryBuilder, Scheduler
+    from verispec.models.load import load_model
+
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    if loaded.target_note:
+        print(f"note: {loaded.target_note}", file=sys.stderr)
+    served = ServedModel.of(loaded, served_model_name or model, proposer, k_value)
+    warm = loaded.encode("Hello, how are you?", chat=loaded.chat_template is not None)
+    costs = None
+    if batch_costs and k_value == "auto" and max_slots > 1:
+        costs = measured_batch_costs(loaded.lm, warm, max_slots)
+    scheduler = Scheduler(loaded.lm, RegistryBuilder(loaded), max_slots=max_slots, max_waiting=max_waiting,
+                          batch_costs=costs, max_context=served.context)
+    warm_up(scheduler, served, warm)
+    limits = Limits(api_key=api_key, max_body_bytes=max_body_bytes, default_max_tokens=max_tokens,
+                    grace_seconds=grace)
+    server_app = ServerApp(served, scheduler, limits)
+    where = f"http://{bracketed(host)}:{listener.getsockname()[1]}"
+    reach = ("loopback only: other machines cannot reach it" if is_loopback(host)
+             else "reachable from other machines; set --api-key and put TLS in front")
+    print(f"verispec serve: {served.name} ({loaded.dtype_name}, {loaded.runtime} runtime), proposer "
+          f"{proposer or 'none'}, k {k_value}, {max_slots} slots", file=sys.stderr)
+    print(f"listening on {where}/v1 ({reach}); metrics at {where}/metrics; Ctrl-C stops", file=sys.stderr, flush=True)
+    server = make_server(server_app, log_level="info", access_log=access_log)
+    server.run(sockets=[listener])
+    return 0 if server.started else 1
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (an IPv4 or IPv6 address, or a name), or BadInput."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as error:
+        raise BadInput(f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --host or --port") from None
+    return sock
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def measured_batch_costs(lm: object, prompt_ids: list[int], slots: int) -> object | None:
+    """v(n) of the batched forward, for auto k per batch; None where it cannot be measured."""
+    try:
+        from verispec.profile import measure_batch_costs
+    except ImportError:
+        return None
+    print("measuring the batched forward's cost ...", file=sys.stderr, flush=True)
+    measured = measure_batch_costs(lm, prompt_ids, slots=slots)
+    return getattr(measured, "costs", measured)  # a profile with its costs, or the costs
+
+
+def warm_up(scheduler: object, served: object, prompt_ids: list[int]) -> None:
+    """A short request in every slot before serving: it builds each slot's proposer and
+    profiles the k policy (`--k auto`), which the first clients would otherwise wait for."""
+    from verispec.request import Request
+
+    print("warming up ...", file=sys.stderr, flush=True)
+    for _ in range(scheduler.max_slots):
+        scheduler.submit(Request(tuple(prompt_ids), 4, eos_token_ids=served.eos_token_ids, proposer=served.proposer,
+                                 k=served.k))
+    scheduler.run()

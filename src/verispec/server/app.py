@@ -1,0 +1,466 @@
+"""The HTTP application: OpenAI's completions and chat completions over the batched engine.
+
+Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (whole or streamed as
+server-sent events), `GET /v1/models`, `GET /health`, `GET /metrics`. Every reply carries
+`usage`, the request's `speculative_decoding` (vLLM's counts: drafts, drafted and accepted
+tokens, accepted by position) and llama-server's `timings`; a streamed reply carries them on its
+last chunk (and `usage` on a chunk of its own with `stream_options.include_usage`).
+
+Every refusal is one OpenAI-style JSON error, `{"error": {"message", "type", "param", "code"}}`:
+400 a bad field or too long a prompt, 401 a missing or wrong key (`api_key`), 404 an unknown
+model or path, 405 a wrong method, 408 a body that did not arrive in time, 413 a body over
+`max_body_bytes`, 429 every slot and the queue taken, 503 shutting down; a step that fails
+inside the engine ends its requests with a 500 (or finish_reason "error" mid-stream) and the
+server serves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from verispec.batching import QueueFull, Scheduler
+from verispec.request import Request
+from verispec.server.engine_thread import Closed, EngineThread, Finished, Speculation
+from verispec.server.metrics import CONTENT_TYPE, Metrics
+from verispec.server.output import Output
+from verispec.server.schemas import ChatBody, CompletionBody, SamplingFields, first_error
+
+log = logging.getLogger("verispec.server")
+
+
+@dataclass
+class ServedModel:
+    """What the server needs of a model. name: the `model` requests must name. encode: text ->
+    prompt ids (plain, the tokenizer's special tokens added); encode_chat: messages -> prompt ids
+    through the chat template (None: the model has none); decode: ids -> text. context: the
+    most positions a request may use (None: no bound). proposer, k: the registry specs every
+    request drafts with (reported in `speculative_decoding`)."""
+
+    name: str
+    encode: Callable[[str], list[int]]
+    encode_chat: Callable[[list[dict[str, str]]], list[int]] | None
+    decode: Callable[[Sequence[int]], str]
+    eos_token_ids: frozenset[int]
+    context: int | None
+    proposer: str | None
+    k: int | str
+
+    @classmethod
+    def of(cls, loaded: object, name: str, proposer: str | None, k: int | str) -> ServedModel:
+        """From a `LoadedModel` (`verispec.models.load_model`)."""
+        tokenizer = loaded.tokenizer
+
+        def encode_chat(messages: list[dict[str, str]]) -> list[int]:
+            formatted = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return list(tokenizer(formatted, add_special_tokens=False).input_ids)  # as `LoadedModel.encode`
+
+        return cls(
+            name=name,
+            encode=lambda text: loaded.encode(text, chat=False),
+            encode_chat=encode_chat if loaded.chat_template is not None else None,
+            decode=loaded.decode,
+            eos_token_ids=frozenset(loaded.eos_token_ids),
+            context=getattr(loaded.config, "max_position_embeddings", None),
+            proposer=proposer,
+            k=k,
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """api_key: the bearer token /v1/ requires (None: none). max_body_bytes: the largest
+    request body (413 past it). body_seconds: how long a body may take to arrive (408).
+    default_max_tokens: the budget of a request that names none (cut to the context).
+    grace_seconds: at shutdown, how long requests in flight may run before they are cancelled.
+    head_seconds: how long a connection may take to send a request's head before it is closed
+    (`verispec.server.run.HeadTimeoutH11`)."""
+
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    body_seconds: float = 30.0
+    head_seconds: float = 10.0
+    default_max_tokens: int = 256
+    grace_seconds: float = 10.0
+
+
+class ApiError(Exception):
+    """A request refused: its HTTP status and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        headers = {"Retry-After": "1"} if self.status == 429 else None
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+HTTP_ERRORS = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
+
+
+class ServerApp:
+    """The server: `asgi` (the Starlette app) over `engine` (the scheduler on its thread),
+    with `metrics`. `begin_shutdown` (thread-safe, from a signal handler) drains the engine:
+    no new requests, those in flight finish or, after the grace period, end with
+    finish_reason "abort"."""
+
+    def __init__(self, served: ServedModel, scheduler: Scheduler, limits: Limits = Limits()) -> None:
+        self.served = served
+        self.limits = limits
+        self.engine = EngineThread(scheduler)
+        self.created = int(time.time())
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task | None = None
+        self.metrics = Metrics(
+            served.name,
+            {
+                "num_requests_running": lambda: self.engine.running,
+                "num_requests_waiting": lambda: self.engine.waiting,
+                "kv_slots_in_use": lambda: self.engine.slots_in_use,
+                "kv_slots_total": lambda: self.engine.max_slots,
+            },
+        )
+        routes = [
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+        ]
+        self.asgi = Starlette(
+            routes=routes,
+            exception_handlers={ApiError: lambda _, error: error.response(), HTTPException: http_error,
+                                Exception: internal_error},
+            lifespan=self._lifespan,
+        )
+
+    # --- life -------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.loop = asyncio.get_running_loop()
+        self.engine.start(self.loop)
+        try:
+            yield
+        finally:
+            await self._drained()
+
+    def begin_shutdown(self) -> None:
+        """Start draining (any thread, a signal handler included); idempotent."""
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self.engine.drain(self.limits.grace_seconds))
+
+    async def _drained(self) -> None:
+        self._start_drain()
+        await self._drain
+
+    # --- small endpoints ---------------------------------------------------------------------
+
+    async def health(self, request: HTTPRequest) -> Response:
+        if not self.engine.accepting:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def prometheus(self, request: HTTPRequest) -> Response:
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    async def models(self, request: HTTPRequest) -> Response:
+        self._check_key(request)
+        card = {"id": self.served.name, "object": "model", "created": self.created, "owned_by": "verispec",
+                "max_model_len": self.served.context}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    # --- completions -------------------------------------------------------------------------
+
+    async def completions(self, request: HTTPRequest) -> Response:
+        arrival = time.perf_counter()
+        body = await self._parse(request, CompletionBody)
+        if isinstance(body.prompt, str):
+            ids = await run_in_threadpool(self.served.encode, body.prompt)
+        else:
+            ids = list(body.prompt)
+        return await self._generate(request, body, ids, arrival, chat=False)
+
+    async def chat_completions(self, request: HTTPRequest) -> Response:
+        arrival = time.perf_counter()
+        body = await self._parse(request, ChatBody)
+        if self.served.encode_chat is None:
+            raise ApiError(400, f"{self.served.name} has no chat template; use /v1/completions", param="messages")
+        try:
+            ids = await run_in_threadpool(self.served.encode_chat, body.conversation())
+        except Exception as error:  # the template refused the conversation (roles out of order, ...)
+            raise ApiError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
+        return await self._generate(request, body, ids, arrival, chat=True)
+
+    async def _parse(self, request: HTTPRequest, schema: type[SamplingFields]) -> SamplingFields:
+        self._check_key(request)
+        raw = await self._body(request)
+        try:
+            body = schema.model_validate_json(raw)
+        except ValidationError as error:
+            message, param = first_error(error)
+            raise ApiError(400, message, param=param) from None
+        if body.model != self.served.name:
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {self.served.name!r}",
+                           param="model", code="model_not_found")
+        return body
+
+    def _check_key(self, request: HTTPRequest) -> None:
+        key = self.limits.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'",
+                           kind="authentication_error", code="invalid_api_key")
+
+    async def _body(self, request: HTTPRequest) -> bytes:
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        too_large = ApiError(413, f"the request body is larger than the limit of {limit} bytes", code="body_too_large")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        chunks, size = [], 0
+        try:
+            async with asyncio.timeout(self.limits.body_seconds):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise too_large
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {self.limits.body_seconds:g} s",
+                           code="body_timeout") from None
+        return b"".join(chunks)
+
+    def _budget(self, requested: int | None, prompt_tokens: int) -> int:
+        context = self.served.context
+        if context is not None and prompt_tokens >= context:
+            raise ApiError(400, f"the prompt has {prompt_tokens} tokens, but this model's context is {context} "
+                           "tokens in all; shorten the prompt", param="messages", code="context_length_exceeded")
+        if requested is None:
+            room = self.limits.default_max_tokens
+            return room if context is None else min(room, context - prompt_tokens)
+        if context is not None and prompt_tokens + requested > context:
+            raise ApiError(400, f"this model's context is {context} tokens; the prompt has {prompt_tokens} and "
+                           f"max_tokens asks for {requested} more; ask for at most {context - prompt_tokens}",
+                           param="max_tokens", code="context_length_exceeded")
+        return requested
+
+    async def _generate(self, http: HTTPRequest, body: SamplingFields, ids: list[int], arrival: float,
+                        chat: bool) -> Response:
+        served = self.served
+        try:
+            request = Request(
+                tuple(ids), self._budget(body.max_tokens, len(ids)), sampling=body.sampling(),
+                eos_token_ids=served.eos_token_ids, seed=fresh_seed() if body.seed is None else body.seed, proposer=served.proposer, k=served.k,
+                request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+            )
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+        reply = Reply(self, body, request, arrival, chat)
+        output = Output(served.decode, body.stops, on_finish=reply.record)
+        try:
+            job = await self.engine.submit(request, output)
+        except QueueFull:
+            raise ApiError(429, f"all {self.engine.max_slots} slots and the queue are taken; retry later",
+                           kind="rate_limit_error", code="server_busy") from None
+        except Closed:
+            raise ApiError(503, "the server is shutting down", kind="server_error", code="shutting_down") from None
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+        if body.stream:
+            return StreamingResponse(
+                reply.events(output, lambda: self.engine.cancel(job)), media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        try:
+            finished = await until_done_or_gone(http, output)
+        finally:
+            if output.finished is None:
+                self.engine.cancel(job)  # the client left, or the server cancelled this handler
+        if finished is None:
+            return Response(status_code=499)  # nobody reads it
+        if finished.reason == "error":
+            raise ApiError(500, "decoding this request failed inside the engine; see the server's log",
+                           kind="server_error", code="engine_error")
+        return JSONResponse(reply.whole(output))
+
+
+class Reply:
+    """The JSON of one reply, whole or as chunks, and its record in the metrics."""
+
+    def __init__(self, app: ServerApp, body: SamplingFields, request: Request, arrival: float, chat: bool) -> None:
+        self.app, self.body, self.request, self.arrival, self.chat = app, body, request, arrival, chat
+        self.created = int(time.time())
+
+    def record(self, output: Output) -> None:
+        self.app.metrics.record(
+            arrival=self.arrival, finished=output.finished, prompt_tokens=len(self.request.prompt_ids),
+            completion_tokens=output.completion_tokens, finish_reason=output.finish_reason,
+        )
+
+    def _head(self, chunk: bool) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        return {"id": self.request.request_id, "object": kind, "created": self.created, "model": self.app.served.name}
+
+    def _extras(self, output: Output) -> dict:
+        prompt = len(self.request.prompt_ids)
+        served = self.app.served
+        return {
+            "usage": usage(prompt, output.completion_tokens),
+            "speculative_decoding": speculative_decoding(output.finished.speculation, served.proposer, served.k),
+            "timings": timings(prompt, output.completion_tokens, output.finished),
+        }
+
+    def _choice(self, output: Output, text: str, finish_reason: str | None, delta: dict | None = None) -> dict:
+        choice: dict = {"index": 0}
+        if self.chat:
+            if delta is not None:
+                choice["delta"] = delta
+            else:
+                choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish_reason
+        if finish_reason is not None and self.body.return_token_ids:
+            choice["token_ids"] = list(output.token_ids)
+        return choice
+
+    def whole(self, output: Output) -> dict:
+        return {**self._head(False), "choices": [self._choice(output, output.text, output.finish_reason)],
+                **self._extras(output)}
+
+    async def events(self, output: Output, cancel: Callable[[], None]) -> AsyncIterator[str]:
+        """The server-sent events of a streamed reply; the job is cancelled if they stop early
+        (the client left: Starlette cancels this generator)."""
+        deltas = output._queue()
+        try:
+            if self.chat:
+                yield sse({**self._head(True), "choices": [self._choice(output, "", None, {"role": "assistant",
+                                                                                        "content": ""})]})
+            while True:
+                item = await deltas.get()
+                if isinstance(item, Finished):
+                    break
+                delta = {"content": item} if self.chat else None
+                yield sse({**self._head(True), "choices": [self._choice(output, item, None, delta)]})
+            extras = self._extras(output)
+            last = {**self._head(True), "choices": [self._choice(output, "", output.finish_reason, {} if self.chat
+                                                                 else None)]}
+            last.update(speculative_decoding=extras["speculative_decoding"], timings=extras["timings"])
+            yield sse(last)
+            if self.body.include_usage:
+                yield sse({**self._head(True), "choices": [], "usage": extras["usage"]})
+            yield "data: [DONE]\n\n"
+        finally:
+            if output.finished is None:
+                cancel()
+
+
+async def until_done_or_gone(http: HTTPRequest, output: Output) -> Finished | None:
+    """The request's end, or None if the client disconnects first."""
+    done = asyncio.ensure_future(output.wait())
+    gone = asyncio.ensure_future(disconnected(http))
+    try:
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not done.done():
+            done.cancel()
+    return done.result() if done.done() and not done.cancelled() else None
+
+
+async def disconnected(http: HTTPRequest) -> None:
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+def fresh_seed() -> int:
+    """A request without a seed samples from a seed of its own (as OpenAI's API does), so two
+    such requests are independent draws; with a seed, the reply is reproducible."""
+    return secrets.randbits(63)
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def speculative_decoding(spec: Speculation, proposer: str | None, k: int | str) -> dict:
+    """A request's speculation, in vLLM's `SpecDecodingStats` terms plus the means read from
+    them: mean_acceptance_length = 1 + accepted / drafts (vLLM's), tokens_per_round = tokens /
+    rounds (plain steps included), acceptance_rate = accepted / drafted."""
+    return {
+        "proposer": proposer,
+        "k": k,
+        "num_drafts": spec.num_drafts,
+        "num_draft_tokens": spec.num_draft_tokens,
+        "num_accepted_tokens": spec.num_accepted_tokens,
+        "num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos),
+        "rounds": spec.rounds,
+        "mean_acceptance_length": 1 + spec.num_accepted_tokens / spec.num_drafts if spec.num_drafts else 1.0,
+        "tokens_per_round": spec.new_tokens / spec.rounds if spec.rounds else 0.0,
+        "acceptance_rate": spec.num_accepted_tokens / spec.num_draft_tokens if spec.num_draft_tokens else 0.0,
+    }
+
+
+def timings(prompt_tokens: int, completion_tokens: int, finished: Finished) -> dict:
+    """llama-server's `timings`: the prompt's forward (prompt_ms) and the decoding after it
+    (predicted_ms: from the end of the prefill to the last token, in steps shared with the
+    other requests of the batch), and the drafts (draft_n drafted, draft_n_accepted)."""
+    prompt_ms = finished.speculation.prefill_seconds * 1000
+    start = finished.admitted if finished.admitted is not None else finished.submitted
+    predicted_ms = max(0.0, (finished.finished - start) * 1000 - prompt_ms)
+    return {
+        "prompt_n": prompt_tokens,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_tokens if prompt_tokens else 0.0,
+        "prompt_per_second": 1000 * prompt_tokens / prompt_ms if prompt_ms else 0.0,
+        "predicted_n": completion_tokens,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / completion_tokens if completion_tokens else 0.0,
+        "predicted_per_second": 1000 * completion_tokens / predicted_ms if predicted_ms else 0.0,
+        "draft_n": finished.speculation.num_draft_tokens,
+        "draft_n_accepted": finished.speculation.num_accepted_tokens,
+    }
+
+
+async def http_error(request: HTTPRequest, error: HTTPException) -> Response:
+    kind, code = HTTP_ERRORS.get(error.status_code, ("invalid_request_error", None))
+    message = f"{request.method} {request.url.path}: {error.detail}"
+    return ApiError(error.status_code, message, kind=kind, code=code).response()
+
+
+async def internal_error(request: HTTPRequest, error: Exception) -> Response:
+    log.error("request %s %s failed", request.method, request.url.path, exc_info=error)
+    return ApiError(500, "the server failed on this request; see its log", kind="server_error").response()

@@ -1,0 +1,135 @@
+"""One request's reply on the event loop: its text as the engine commits tokens, cut at the
+first stop string.
+
+Stop strings are found on the decoded text, not on tokens (a stop string may span tokens, or
+end inside one). When one appears, the text is cut where it begins, the job is cancelled
+(`tokens` returns True, and the engine frees its slot at the next step) and the reply ends with finish_reason "stop"; the
+tokens counted are those up to the one that completed the stop string. While streaming, the
+end of the text that could still grow into a stop string is held back, so a client never
+receives text that is later cut.
+
+    >>> out = Output(lambda ids: "".join(chr(i) for i in ids), ["cd"])
+    >>> out.tokens([97, 98, 99]), out.text, out.sent   # 'c' may begin 'cd': held back
+    (False, 'abc', 2)
+    >>> out.tokens([100, 101]), out.text, out.completion_tokens
+    (True, 'ab', 4)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from verispec.server.engine_thread import Finished
+from verispec.textstream import TextStream
+
+FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+
+
+class Output:
+    """A `Sink` for one request (`verispec.server.engine_thread`): decodes its tokens, watches
+    for `stops`, and tells the handler through `deltas` (text to stream, then the `Finished`)
+    and `wait`. on_finish: records the request's metrics, whether or not anyone still waits for the reply."""
+
+    def __init__(
+        self,
+        decode: Callable[[Sequence[int]], str],
+        stops: Sequence[str] = (),
+        *,
+        on_finish: Callable[[Output], None] = lambda output: None,
+    ) -> None:
+        self.stream = TextStream(decode)
+        self.stops = list(stops)
+        self.longest_stop = max((len(s) for s in self.stops), default=0)
+        self.on_finish = on_finish
+        self.text = ""  # the reply so far, cut at a stop string
+        self.sent = 0  # characters of `text` handed to the handler
+        self.token_ids: list[int] = []  # the reply's tokens (through the one completing a stop string)
+        self.stopped = False
+        self.finished: Finished | None = None
+        self.deltas: asyncio.Queue[str | Finished] | None = None  # made on first use, on the loop
+        self._done: asyncio.Future[Finished] | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def finish_reason(self) -> str:
+        if self.stopped:
+            return "stop"
+        return FINISH_REASONS.get(self.finished.reason, self.finished.reason) if self.finished else "abort"
+
+    def tokens(self, tokens: list[int]) -> bool:
+        """Take the tokens of a step; True when they completed a stop string (cancel the job)."""
+        if self.stopped:
+            return False  # committed in a step before the cancel took
+        for token in tokens:
+            self.token_ids.append(token)
+            if self._add(self.stream.push(token)):
+                break
+        self._release(self.releasable())
+        return self.stopped
+
+    def finish(self, finished: Finished) -> None:
+        if not self.stopped:
+            self._add(self.stream.flush())
+        self.finished = finished
+        self._release(self.text[self.sent :])
+        self._queue().put_nowait(finished)
+        if self._done is not None and not self._done.done():
+            self._done.set_result(finished)
+        self.on_finish(self)
+
+    def releasable(self) -> str:
+        """The text not yet handed out that can no longer become part of a stop string."""
+        end = len(self.text)
+        if not self.stopped:
+            end -= held_back(self.text, self.stops)
+        return self.text[self.sent : max(end, self.sent)]
+
+    async def wait(self) -> Finished:
+        """The request's end (for a reply sent whole)."""
+        if self.finished is not None:
+            return self.finished
+        if self._done is None:
+            self._done = asyncio.get_running_loop().create_future()
+        return await self._done
+
+    def _queue(self) -> asyncio.Queue:
+        if self.deltas is None:
+            self.deltas = asyncio.Queue()
+        return self.deltas
+
+    def _add(self, piece: str) -> bool:
+        """Append `piece`; True when that completed a stop string (the text is cut there)."""
+        if not piece:
+            return False
+        start = max(0, len(self.text) - self.longest_stop + 1)
+        self.text += piece
+        found = [i for i in (self.text.find(stop, start) for stop in self.stops) if i >= 0]
+        if not found:
+            return False
+        self.text = self.text[: min(found)]
+        self.stopped = True
+        return True
+
+    def _release(self, piece: str) -> None:
+        if piece:
+            self.sent += len(piece)
+            self._queue().put_nowait(piece)
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """The length of the longest end of `text` that begins some stop string (and is shorter).
+
+    >>> held_back("hello wor", ["world", "x"])
+    3
+    """
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best

@@ -1,0 +1,276 @@
+"""`verispec serve`'s protocol, through the real `openai` client and raw HTTP, on a tiny real
+Llama (a checkpoint saved in the test, its byte-level tokenizer and chat template) served on a
+free loopback port in a thread: replies whole and streamed equal the library's tokens, stop
+strings cut and free the slot, every reply carries usage, speculation and timings, /metrics
+counters are exactly the sums of the replies, and every bad request gets one OpenAI-style JSON
+error while the server serves on."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import openai
+import pytest
+
+from serving import NAME, running, save_tiny_model
+from verispec.engine import generate
+from verispec.models.load import load_model
+from verispec.registry import build_proposer
+from verispec.sampling import GREEDY, SamplingParams
+from verispec.server import Limits
+
+KEY = "test-key"
+PROMPT = "Hello there, tell me a story"
+K = 3
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    return load_model(save_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+def library_tokens(loaded, ids, n, sampling=GREEDY, seed=0) -> list[int]:
+    """What the library emits for the prompt ids: lookup drafts, k = 3, the model's EOS ids."""
+    proposer = build_proposer("lookup", loaded)
+    run = generate(loaded.lm, proposer, ids, max_new_tokens=n, sampling=sampling, seed=seed, k=K,
+                   eos_token_id=loaded.eos_token_ids)
+    return run.tokens
+
+
+@pytest.fixture(scope="module")
+def expected(loaded):
+    """The library's greedy tokens for PROMPT as plain text and as one chat turn, and a seeded
+    sampled run's, computed before any server shares the model."""
+    plain = loaded.encode(PROMPT, chat=False)
+    chat = loaded.encode(PROMPT, chat=True)
+    return {
+        "plain": library_tokens(loaded, plain, 40),
+        "chat": library_tokens(loaded, chat, 40),
+        "sampled": library_tokens(loaded, chat, 40, SamplingParams(temperature=0.8), seed=1234),
+    }
+
+
+@pytest.fixture(scope="module")
+def server(loaded, expected):
+    with running(loaded, k=K, limits=Limits(api_key=KEY, max_body_bytes=64 << 10, head_seconds=1.0)) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=30)
+
+
+def check_speculation(reply: dict, completion_tokens: int) -> None:
+    spec, timings = reply["speculative_decoding"], reply["timings"]
+    assert spec["proposer"] == "lookup" and spec["k"] == K
+    assert sum(spec["num_accepted_tokens_per_pos"]) == spec["num_accepted_tokens"] <= spec["num_draft_tokens"]
+    assert spec["num_draft_tokens"] <= K * spec["num_drafts"] and spec["num_drafts"] <= spec["rounds"]
+    assert timings["predicted_n"] == completion_tokens and timings["draft_n"] == spec["num_draft_tokens"]
+    assert timings["draft_n_accepted"] == spec["num_accepted_tokens"] and timings["prompt_ms"] > 0
+
+
+# --- the openai client ------------------------------------------------------------------------
+
+
+def test_a_completion_whole_and_streamed_equals_the_library(client, loaded, expected):
+    whole = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=40, temperature=0,
+                                      extra_body={"return_token_ids": True})
+    choice = whole.choices[0]
+    assert choice.model_extra["token_ids"] == expected["plain"]
+    assert choice.text == loaded.decode(expected["plain"])
+    assert choice.finish_reason == ("stop" if len(expected["plain"]) < 40 else "length")
+    assert whole.usage.prompt_tokens == len(loaded.encode(PROMPT, chat=False))
+    assert whole.usage.completion_tokens == len(expected["plain"])
+    check_speculation(whole.model_dump(), whole.usage.completion_tokens)
+
+    chunks = list(client.completions.create(model=NAME, prompt=PROMPT, max_tokens=40, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_a_chat_whole_and_streamed_equals_the_library(client, loaded, expected):
+    messages = [{"role": "user", "content": PROMPT}]
+    whole = client.chat.completions.create(model=NAME, messages=messages, max_tokens=40, temperature=0,
+                                           extra_body={"return_token_ids": True})
+    assert whole.choices[0].model_extra["token_ids"] == expected["chat"]
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == loaded.decode(expected["chat"])
+    assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")
+
+    stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=40, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    last = [c for c in chunks if c.choices][-1]
+    assert last.choices[0].finish_reason == whole.choices[0].finish_reason
+    check_speculation(last.model_dump(), whole.usage.completion_tokens)
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+
+
+def test_a_seeded_sampled_chat_equals_the_library_with_that_seed(client, expected):
+    replies = [
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=40,
+                                       temperature=0.8, seed=1234, extra_body={"return_token_ids": True})
+        for _ in range(2)
+    ]
+    assert [r.choices[0].model_extra["token_ids"] for r in replies] == [expected["sampled"]] * 2
+
+
+def test_a_stop_string_cuts_the_text_and_frees_the_slot(client, server, loaded, expected):
+    text = loaded.decode(expected["plain"])
+    stop = text[10:13]
+    cut = text.index(stop)
+    whole = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=40, temperature=0, stop=[stop, "\x00zz"])
+    assert whole.choices[0].text == text[:cut] and whole.choices[0].finish_reason == "stop"
+    # the tokens counted are those up to the one that completed the stop string
+    assert len(loaded.decode(expected["plain"][: whole.usage.completion_tokens - 1])) < cut + len(stop)
+    assert len(loaded.decode(expected["plain"][: whole.usage.completion_tokens])) >= cut + len(stop)
+    streamed = client.completions.create(model=NAME, prompt=PROMPT, max_tokens=40, temperature=0, stop=stop,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == text[:cut]
+    server.wait_idle()
+
+
+def test_models_health_and_metrics(client, server):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    assert server.request("GET", "/health") == (200, {"status": "ok"})
+    metrics = server.metrics()
+    assert metrics[("verispec:kv_slots_total", ())] == 4
+
+
+def test_metrics_counters_are_the_sums_of_the_replies(loaded):
+    with running(loaded, k=K) as fresh:
+        client = openai.OpenAI(base_url=fresh.base_url, api_key="none", max_retries=0, timeout=30)
+        replies = []
+        for i, prompt in enumerate(["abcabcabc", "the cat sat on the mat, the cat", "xyz", PROMPT]):
+            if i % 2:
+                chunks = list(client.completions.create(model=NAME, prompt=prompt, max_tokens=10 + 7 * i, stream=True,
+                                                        temperature=0, stream_options={"include_usage": True}))
+                last = [c for c in chunks if c.choices][-1].model_dump()
+                replies.append({**last, "usage": chunks[-1].usage.model_dump()})
+            else:
+                replies.append(client.completions.create(model=NAME, prompt=prompt, max_tokens=10 + 7 * i,
+                                                         temperature=0.7, seed=i).model_dump())
+        fresh.wait_idle()
+        m = fresh.metrics()
+    total = {key: sum(r["speculative_decoding"][key] for r in replies)
+             for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+    assert m[("verispec:spec_decode_num_drafts_total", ())] == total["num_drafts"]
+    assert m[("verispec:spec_decode_num_draft_tokens_total", ())] == total["num_draft_tokens"]
+    assert m[("verispec:spec_decode_num_accepted_tokens_total", ())] == total["num_accepted_tokens"]
+    positions = max(len(r["speculative_decoding"]["num_accepted_tokens_per_pos"]) for r in replies)
+    for position in range(positions):
+        by_reply = sum(r["speculative_decoding"]["num_accepted_tokens_per_pos"][position]
+                       for r in replies if position < len(r["speculative_decoding"]["num_accepted_tokens_per_pos"]))
+        assert m[("verispec:spec_decode_num_accepted_tokens_per_pos_total", (("position", str(position)),))] == by_reply
+    assert m[("verispec:generation_tokens_total", ())] == sum(r["usage"]["completion_tokens"] for r in replies)
+    assert m[("verispec:prompt_tokens_total", ())] == sum(r["usage"]["prompt_tokens"] for r in replies)
+    assert m[("verispec:e2e_request_latency_seconds_count", ())] == len(replies)
+    assert sum(v for (name, _), v in m.items() if name == "verispec:request_success_total") == len(replies)
+
+
+def test_the_api_key(server):
+    body = {"model": NAME, "prompt": "Hi", "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        status, reply = server.request("POST", "/v1/completions", body, headers)
+        assert status == 401 and reply["error"]["code"] == "invalid_api_key", reply
+    assert server.request("GET", "/v1/models")[0] == 401
+    assert server.request("GET", "/health")[0] == 200
+    status, reply = server.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {KEY}"})
+    assert status == 200 and reply["usage"]["completion_tokens"] == 2
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def chat(**fields):
+    return {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **fields}
+
+
+def completion(**fields):
+    return {"model": NAME, "prompt": "Hi", "max_tokens": 4, **fields}
+
+
+BAD = [
+    ("invalid JSON", COMPLETIONS, '{"model": "tiny", "prompt": ', 400, "not valid JSON"),
+    ("not an object", COMPLETIONS, "[1, 2]", 400, "must be a JSON object"),
+    ("empty body", COMPLETIONS, "", 400, "not valid JSON"),
+    ("no model", COMPLETIONS, {"prompt": "Hi"}, 400, "model is required"),
+    ("unknown model", COMPLETIONS, completion(model="gpt-4"), 404, "does not exist"),
+    ("max_tokens a string", COMPLETIONS, completion(max_tokens="ten"), 400, "max_tokens"),
+    ("max_tokens a bool", COMPLETIONS, completion(max_tokens=True), 400, "max_tokens"),
+    ("max_tokens negative", COMPLETIONS, completion(max_tokens=-1), 400, "max_tokens"),
+    ("max_tokens zero", COMPLETIONS, completion(max_tokens=0), 400, "max_tokens"),
+    ("max_tokens huge", COMPLETIONS, completion(max_tokens=10**12), 400, "context is 2048 tokens"),
+    ("temperature NaN", COMPLETIONS, '{"model": "tiny", "prompt": "Hi", "temperature": NaN}', 400, "temperature"),
+    ("temperature -1", CHAT, chat(temperature=-1), 400, "temperature"),
+    ("temperature a string", CHAT, chat(temperature="hot"), 400, "temperature"),
+    ("temperature tiny", CHAT, chat(temperature=1e-9), 400, "use 0 for greedy"),
+    ("top_p 0", CHAT, chat(top_p=0), 400, "top_p"),
+    ("top_p 2", CHAT, chat(top_p=2), 400, "top_p"),
+    ("top_k -5", CHAT, chat(top_k=-5), 400, "top_k"),
+    ("min_p 1", CHAT, chat(min_p=1), 400, "min_p"),
+    ("seed negative", CHAT, chat(seed=-1), 400, "seed"),
+    ("seed huge", CHAT, chat(seed=2**70), 400, "seed"),
+    ("empty prompt", COMPLETIONS, completion(prompt=""), 400, "prompt is empty"),
+    ("empty prompt ids", COMPLETIONS, completion(prompt=[]), 400, "prompt is empty"),
+    ("prompt id outside the vocabulary", COMPLETIONS, completion(prompt=[1, 10**6]), 400, "outside the vocabulary"),
+    ("several prompts", COMPLETIONS, completion(prompt=["a", "b"]), 400, "prompt"),
+    ("prompt a number", COMPLETIONS, completion(prompt=5), 400, "prompt"),
+    ("empty messages", CHAT, chat(messages=[]), 400, "messages is empty"),
+    ("messages a string", CHAT, chat(messages="Hi"), 400, "messages"),
+    ("unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "Hi"}]), 400, "messages.0.role"),
+    ("content missing", CHAT, chat(messages=[{"role": "user"}]), 400, "content is required"),
+    ("image content", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), 400,
+     "messages.0.content"),
+    ("prompt over the context", COMPLETIONS, completion(prompt="a" * 3000), 400, "context is 2048 tokens"),
+    ("prompt and budget over the context", COMPLETIONS, completion(prompt="a" * 2000, max_tokens=100), 400,
+     "ask for at most 48"),
+    ("n 2", CHAT, chat(n=2), 400, "only n = 1"),
+    ("presence_penalty", CHAT, chat(presence_penalty=0.5), 400, "penalties change the output"),
+    ("logit_bias", CHAT, chat(logit_bias={"5": 10}), 400, "logit_bias"),
+    ("logprobs", CHAT, chat(logprobs=True), 400, "logprobs"),
+    ("tools", CHAT, chat(tools=[{"type": "function"}]), 400, "tools are not served"),
+    ("five stop strings", CHAT, chat(stop=["a", "b", "c", "d", "e"]), 400, "at most 4 stop strings"),
+    ("an empty stop string", CHAT, chat(stop=""), 400, "stop string"),
+    ("stream a string", CHAT, chat(stream="yes"), 400, "stream"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, words", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_input_gets_one_openai_error(server, path, body, status, words):
+    got, reply = server.request("POST", path, body, {"Authorization": f"Bearer {KEY}"})
+    assert got == status, reply
+    error = reply["error"]
+    assert words in error["message"], error
+    assert set(error) == {"message", "type", "param", "code"} and "\n" not in error["message"]
+
+
+def test_unknown_paths_and_methods_get_json_errors(server):
+    status, reply = server.request("GET", "/v1/nothing")
+    assert status == 404 and reply["error"]["code"] == "not_found"
+    status, reply = server.request("GET", "/v1/completions")
+    assert status == 405 and reply["error"]["code"] == "method_not_allowed"
+
+
+def test_an_oversized_body_gets_413_and_the_server_serves_on(server, client):
+    """A 10 MB body: refused from its Content-Length, before it is read."""
+    big = json.dumps(completion(prompt="a" * (10 << 20)))
+    status, reply = server.request("POST", COMPLETIONS, big, {"Authorization": f"Bearer {KEY}"})
+    assert status == 413 and "larger than the limit of 65536 bytes" in reply["error"]["message"]
+    assert client.completions.create(model=NAME, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_finite_reply_has_finite_numbers(client):
+    reply = client.completions.create(model=NAME, prompt="Hi", max_tokens=3, temperature=0).model_dump()
+    numbers = [*reply["timings"].values(), *[v for v in reply["speculative_decoding"].values()
+                                              if isinstance(v, float)]]
+    assert all(math.isfinite(v) for v in numbers if isinstance(v, (int, float)))
