@@ -124,42 +124,31 @@ def verispec_side(target, spec: str, prompts: list[list[int]], tokens: int, k: i
     return rows
 
 
+def worker_module():
+    """`verispec.bench.vllm_worker`, loaded from its file: it needs only vLLM, and verispec is
+    not installed in vLLM's venv."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "src" / "verispec" / "bench" / "vllm_worker.py"
+    spec = importlib.util.spec_from_file_location("vllm_worker", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def engine(request: dict) -> dict:
     """In vLLM's venv: per prompt, vLLM's greedy output and the drafts its proposer returned,
     in order. request: method, target, model (the export), prompts, tokens, k, eager."""
     import vllm
     from vllm import LLM, SamplingParams
-    from vllm.v1.spec_decode import llm_base_proposer, medusa as medusa_proposer
 
+    worker = worker_module()
     recorded: list[list[int]] = []
-    patches = []
-
-    def watch(cls):
-        original = cls.propose
-
-        def propose(self, *args, **kwargs):
-            drafts = original(self, *args, **kwargs)
-            recorded.append(drafts.tolist()[0])
-            return drafts
-
-        cls.propose = propose
-
-    watch(llm_base_proposer.SpecDecodeBaseProposer)
-    watch(medusa_proposer.MedusaProposer)
-    if request["method"] == "medusa":
-        from vllm.model_executor.models import medusa as medusa_model
-
-        load_weights = medusa_model.Medusa.load_weights
-
-        def load_with_token_map(self, weights):
-            loaded = load_weights(self, weights)
-            return loaded | ({"token_map"} if self.token_map is not None else set())
-
-        medusa_model.Medusa.load_weights = load_with_token_map
-        patches.append("Medusa.load_weights reports token_map as loaded (stock 0.32 omits it and refuses the checkpoint)")
+    worker.watch_proposers(recorded)
+    patches = [worker.patch_medusa()] if request["method"] == "medusa" else []
     llm = LLM(
         model=request["target"], dtype="float32", max_model_len=1024, enforce_eager=request["eager"], seed=0,
-        enable_prefix_caching=False, max_num_seqs=1,
+        enable_prefix_caching=False, max_num_seqs=1, disable_log_stats=False,
         speculative_config={"method": request["method"], "model": request["model"], "num_speculative_tokens": request["k"]},
     )
     greedy = SamplingParams(temperature=0.0, max_tokens=request["tokens"])
@@ -190,29 +179,28 @@ def vllm_side(python: Path, request: dict, work: Path) -> dict:
 
 
 def compare(ours: dict, theirs: dict, k: int) -> dict:
-    """Walk vLLM's drafts along its greedy output: draft s continues out[:m_s] (m_0 = 1, the
-    prefill's token); it accepts a_s leading tokens of out[m_s:], and the round emits a_s + 1."""
-    out, m, checked, equal, per_round = theirs["output"], 1, 0, 0, []
+    """Pair vLLM's drafts with the prefixes they continued (`vllm_worker.rounds`: draft s
+    continues out[:m_s], m_0 = 1, and the round emits its accepted tokens + 1) and compare each
+    with verispec's draft for that prefix."""
+    out = theirs["output"]
+    per_round = worker_module().rounds(out, theirs["drafts"])
+    checked = equal = 0
     mismatches = []
-    for draft in theirs["drafts"]:
-        if m >= len(out):
-            break
-        accepted = 0
-        while accepted < len(draft) and m + accepted < len(out) and draft[accepted] == out[m + accepted]:
-            accepted += 1
+    m = 1
+    for draft, emitted in zip(theirs["drafts"], per_round[1:]):
         mine = ours["drafts"].get(m)
         if mine is not None:
             checked += 1
-            if mine[: len(draft)] == draft[: len(mine)]:
+            if mine == draft:
                 equal += 1
             elif len(mismatches) < 5:
                 mismatches.append({"prefix_tokens": m, "vllm": draft, "verispec": mine})
-        per_round.append(accepted + 1)
-        m += accepted + 1
+        m += emitted
     return {
         "greedy_identical": out == ours["output"][: len(out)],
         "drafts_checked": checked, "drafts_equal": equal, "mismatches": mismatches,
-        "vllm_tokens_per_round": sum(per_round) / max(len(per_round), 1),
+        # the rounds after the prefill's, which drafts nothing in vLLM (verispec drafts from its first round)
+        "vllm_tokens_per_round": (len(out) - 1) / max(len(per_round) - 1, 1),
         "verispec_tokens_per_round": ours["tokens_per_round"],
     }
 

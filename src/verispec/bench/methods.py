@@ -17,6 +17,8 @@ Grammar (names are comma-separated):
     llamacpp-plain                      llama.cpp's greedy decoding of the target's GGUF file (a
                                         peer: its arithmetic differs, see bench.llamacpp)
     llamacpp-lookup[-kN]                llama-cpp-python's prompt lookup, num_pred_tokens = N (10)
+    vllm-plain, vllm-ngram[-kN],        vLLM's CPU build in its own venv (a peer, `bench.vllm`)
+    vllm-eagle3:DIR[-kN], vllm-medusa:DIR
 
 The policy is split off at the LAST '-', so a draft PATH may itself contain '-'.
 """
@@ -43,8 +45,8 @@ _K = re.compile(r"k(\d+)")
 class Method:
     """One benchmarked method.
 
-    family: "verispec", "hf" or "llamacpp". proposer: the verispec proposer spec, or "lookup"
-    for llamacpp-lookup (None: plain decoding).
+    family: "verispec", "hf", "llamacpp" or "vllm". proposer: the verispec proposer spec, "lookup"
+    for llamacpp-lookup, or vLLM's method ("ngram", "eagle3:DIR", "medusa:DIR") (None: plain decoding).
     policy: "kN", "auto", "heuristic", "tree" or "tree:W1xW2x..." for verispec; None for HF. hf_mode: "generate",
     "lookup", "early-exit" or "assisted". hf_arg: the exit layer or the assistant's path.
     k: the fixed draft length (verispec kN, HF -kN), None when a policy or HF's default
@@ -132,10 +134,14 @@ def parse_method(name: str) -> Method:
         if head != "llamacpp-lookup":
             raise ValueError(f"method {name!r}: write llamacpp-lookup or llamacpp-lookup-kN")
         return Method(name, "llamacpp", proposer="lookup", k=k or LLAMACPP_LOOKUP_TOKENS)
+    if name.startswith("vllm-"):
+        from verispec.bench import vllm
+
+        return vllm.parse(name)
     raise ValueError(
         f"unknown method {name!r}; choose verispec-plain, verispec-<proposer>-<kN|auto|heuristic|tree>, "
-        "hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain "
-        "or llamacpp-lookup[-kN]"
+        "hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain, "
+        "llamacpp-lookup[-kN] or vllm-* (verispec.bench.vllm)"
     )
 
 

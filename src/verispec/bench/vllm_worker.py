@@ -1,0 +1,120 @@
+"""The vLLM side of `verispec.bench.vllm`, run by the python of the venv `make vllm-env` makes
+(vLLM pins its own torch and transformers, so verispec never imports it): standard library and
+vLLM only, one engine in this process, one JSON line per request on stdin and per answer on
+stdout.
+
+    first line in:   {"target": DIR, "dtype": "float32", "speculative_config": {...} | null,
+                      "eager": true, "max_model_len": 2048, "seed": 0}
+    first line out:  {"ready": true, "vllm": "0.32.0", "patches": [...]}
+    each line in:    {"prompt": [ids], "max_tokens": n, "stop": [eos ids]}
+    each line out:   {"tokens": [ids], "drafts": [[ids], ...], "seconds": s}
+
+`drafts` are what vLLM's proposer returned, in order, for the request (it runs alone): with
+its greedy output they give the tokens each round emitted (`rounds`). Stock vLLM 0.32 refuses
+a Medusa checkpoint with a truncated vocabulary (`Medusa.load_weights` never reports
+`token_map` loaded); `patch_medusa` adds that one name to what the loader reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+# The engine in this process, so its proposer can be watched; the runner whose proposers are hooked.
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_CPU_KVCACHE_SPACE": "2",
+              "HF_HUB_OFFLINE": "1"}
+
+
+def watch_proposers(recorded: list[list[int]]) -> None:
+    """Record the first row of every draft tensor vLLM's EAGLE, ngram-free and Medusa proposers return."""
+    from vllm.v1.spec_decode import llm_base_proposer, medusa
+
+    for cls in (llm_base_proposer.SpecDecodeBaseProposer, medusa.MedusaProposer):
+        original = cls.propose
+
+        def propose(self, *args, _original=original, **kwargs):
+            drafts = _original(self, *args, **kwargs)
+            recorded.append(drafts.tolist()[0])
+            return drafts
+
+        cls.propose = propose
+
+
+def patch_medusa() -> str:
+    from vllm.model_executor.models import medusa
+
+    load_weights = medusa.Medusa.load_weights
+
+    def load_with_token_map(self, weights):
+        return load_weights(self, weights) | ({"token_map"} if self.token_map is not None else set())
+
+    medusa.Medusa.load_weights = load_with_token_map
+    return "Medusa.load_weights reports token_map as loaded (stock vLLM 0.32 omits it and refuses the checkpoint)"
+
+
+def rounds(output: list[int], drafts: list[list[int]]) -> list[int]:
+    """Tokens emitted by each target forward, the prefill's one first, from a greedy output and
+    the drafts in order: draft s continues output[:m_s] (m_0 = 1) and is accepted as far as it
+    matches; the sum is len(output).
+
+    >>> rounds([10, 11, 12, 13, 14], [[11, 12, 9], [9, 9, 9], [14, 9, 9]])
+    [1, 3, 1]
+    """
+    if not output:
+        return []
+    per_round, m = [1], 1
+    for draft in drafts:
+        if m >= len(output):
+            break
+        accepted = 0
+        while accepted < len(draft) and m + accepted < len(output) and draft[accepted] == output[m + accepted]:
+            accepted += 1
+        emitted = min(accepted + 1, len(output) - m)
+        per_round.append(emitted)
+        m += emitted
+    if m < len(output):  # rounds without a recorded draft (plain decoding): one token each
+        per_round += [1] * (len(output) - m)
+    return per_round
+
+
+def serve(lines, reply) -> None:
+    config = json.loads(next(lines))
+    from vllm import LLM, SamplingParams
+    import vllm
+
+    recorded: list[list[int]] = []
+    watch_proposers(recorded)
+    patches = [patch_medusa()] if (config.get("speculative_config") or {}).get("method") == "medusa" else []
+    llm = LLM(model=config["target"], dtype=config["dtype"], max_model_len=config["max_model_len"],
+              enforce_eager=config["eager"], seed=config["seed"], enable_prefix_caching=False, max_num_seqs=1,
+              speculative_config=config.get("speculative_config"))
+    reply({"ready": True, "vllm": vllm.__version__, "patches": patches})
+    for line in lines:
+        request = json.loads(line)
+        greedy = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], stop_token_ids=request["stop"])
+        recorded.clear()
+        start = time.perf_counter()
+        result = llm.generate([{"prompt_token_ids": request["prompt"]}], greedy, use_tqdm=False)[0]
+        seconds = time.perf_counter() - start
+        reply({"tokens": list(result.outputs[0].token_ids), "drafts": [list(d) for d in recorded], "seconds": seconds})
+
+
+def main() -> int:
+    for key, value in ENGINE_ENV.items():
+        os.environ.setdefault(key, value)
+    protocol = os.fdopen(os.dup(1), "w")  # answers only: whatever vLLM prints goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def reply(message: dict) -> None:
+        protocol.write(json.dumps(message) + "\n")
+        protocol.flush()
+
+    serve(iter(sys.stdin), reply)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
