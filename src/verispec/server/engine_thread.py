@@ -160,10 +160,8 @@ class EngineThread:
 
     def _run(self) -> None:
         scheduler = self.scheduler
-        while True:
-            self._take_commands(block=scheduler.idle)
-            if self.stopping and scheduler.idle:
-                return
+        while not (self.stopping and scheduler.idle):
+            self._take_commands(block=scheduler.idle and not self.stopping)
             if scheduler.idle:
                 continue
             try:
@@ -175,6 +173,7 @@ class EngineThread:
                     self.failed.add(job)
                     scheduler.cancel(job)
             self._publish(committed)
+        self.idle.set()
 
     def _take_commands(self, block: bool) -> None:
         commands = []
