@@ -21,11 +21,14 @@ llama.cpp); everything else in verispec runs without it.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from verispec.bench.closed_loop import Served
 from verispec.bench.methods import Method
 from verispec.bench.runners import Clock, Outcome
 from verispec.models.load import LoadedModel
@@ -176,9 +179,155 @@ class LlamaCppRunner:
 def make_runner(method: Method, target: LoadedModel) -> LlamaCppRunner:
     """The runner of a llamacpp method on the file `target` was loaded from, with torch's
     current thread count."""
+    return LlamaCppRunner(gguf_file(method, target), target.eos_token_ids, torch.get_num_threads(), target.lm.vocab_size, method.k)
+
+
+def gguf_file(method: Method, target: LoadedModel) -> Path:
+    """The GGUF file `target` was loaded from, which the llamacpp methods decode."""
     if not (target.source.is_file() and target.source.suffix == ".gguf"):
         raise ValueError(
             f"{method.name} decodes the target's own GGUF file, but {target.name} was not loaded from a .gguf "
             f"file ({target.source}); give --model a .gguf file or an embedded name"
         )
-    return LlamaCppRunner(target.source, target.eos_token_ids, torch.get_num_threads(), target.lm.vocab_size, method.k)
+    return target.source
+
+
+class LlamaCppBatchServer:
+    """llama.cpp decoding several sequences at once through llama-cpp-python's low-level API:
+    continuous batching as llama.cpp's own server does it with parallel slots, without HTTP.
+
+    One context holds `slots` sequences (`n_seq_max`, a KV cache split per sequence, as
+    llama.cpp advises when sequences share no prefix), each with `context` positions. A step
+    is one `llama_decode` of one `llama_batch` holding, for every sequence in flight, either its
+    whole prompt (just admitted; logits of its last position only) or its last token, each
+    under its own sequence id; every sequence then takes the argmax of its row (greedy). A
+    finished sequence's cache cells are removed (`llama_memory_seq_rm`) and its id serves the
+    next request at the following step. Timed on the same clock as every server
+    (`closed_loop.Served`).
+
+    llama: a `llama_cpp.Llama` that loaded the GGUF file (its model is shared; this server makes
+    and frees its own context). threads: llama.cpp's threads for decoding and prompts.
+    """
+
+    def __init__(
+        self,
+        llama,
+        eos_token_ids: Sequence[int],
+        slots: int,
+        context: int,
+        threads: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        import llama_cpp
+
+        self.api = llama_cpp
+        self.llama = llama  # holds the model this server's context decodes with
+        self.clock = clock
+        self.eos_token_ids = frozenset(eos_token_ids)
+        model = llama._model.model
+        context = -(-context // 256) * 256  # llama.cpp pads a context to 256 positions a sequence
+        # The Llama's own context settings (flash attention off, the model's rope scaling), as
+        # `LlamaCppRunner` decodes with, so that one sequence decodes here what it decodes there.
+        params = type(llama.context_params).from_buffer_copy(llama.context_params)
+        params.n_ctx = slots * context
+        params.n_batch = slots * context  # a step may hold every slot's whole prompt
+        params.n_ubatch = min(512, slots * context)
+        params.n_seq_max = slots
+        params.kv_unified = False
+        params.n_threads = params.n_threads_batch = threads
+        self.ctx = llama_cpp.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise ValueError(f"llama.cpp could not make a context of {slots} sequences x {context} positions")
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        # One position's keys and values in every layer, in the default cache type (float16).
+        heads, embd = llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_embd(model)
+        self.kv_bytes = llama_cpp.llama_model_n_layer(model) * 2 * (embd // heads) * llama_cpp.llama_model_n_head_kv(model) * 2
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+        self.batch = llama_cpp.llama_batch_init(slots * context, 0, 1)
+        self.context = context
+        self.free = list(range(slots))[::-1]
+        self.sequences: dict[int, dict] = {}  # seq id -> key, prompt, tokens, budget, times
+        self.peer = (
+            f"llama-cpp-python {llama_cpp.__version__}, llama_decode over {slots} sequence{'s' if slots != 1 else ''}, on the GGUF's "
+            "quantized blocks"
+        )
+
+    def close(self) -> None:
+        if self.ctx:
+            self.api.llama_batch_free(self.batch)
+            self.api.llama_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.sequences)
+
+    def submit(self, key: int, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
+        if len(prompt_ids) + max_new_tokens > self.context:
+            raise ValueError(
+                f"a {len(prompt_ids)}-token prompt and {max_new_tokens} new tokens exceed the {self.context} "
+                "positions of a llama.cpp sequence"
+            )
+        if not self.free:
+            raise ValueError("every llama.cpp sequence is in flight; wait for one to finish")
+        self.sequences[self.free.pop()] = {
+            "key": key, "prompt": [int(t) for t in prompt_ids], "tokens": [], "budget": max_new_tokens,
+            "submitted": self.clock(), "first": None,
+        }
+
+    def step(self) -> list[Served]:
+        batch, rows = self.batch, {}
+        batch.n_tokens = 0
+        for seq, s in self.sequences.items():
+            fed = s["prompt"] if not s["tokens"] else s["tokens"][-1:]
+            start = 0 if not s["tokens"] else len(s["prompt"]) + len(s["tokens"]) - 1
+            for i, token in enumerate(fed):
+                j = batch.n_tokens
+                batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, start + i, 1
+                batch.seq_id[j][0] = seq
+                batch.logits[j] = i == len(fed) - 1
+                batch.n_tokens += 1
+            rows[seq] = batch.n_tokens - 1
+        if not rows:
+            return []
+        status = self.api.llama_decode(self.ctx, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status} over {batch.n_tokens} tokens")
+        finished = []
+        for seq, row in rows.items():
+            logits = np.ctypeslib.as_array(self.api.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
+            s = self.sequences[seq]
+            s["tokens"].append(int(logits.argmax()))
+            now = self.clock()
+            if s["first"] is None:
+                s["first"] = now
+            if s["tokens"][-1] in self.eos_token_ids or len(s["tokens"]) == s["budget"]:
+                finished.append(seq)
+                s["finished"] = now
+        served = []
+        for seq in finished:
+            s = self.sequences.pop(seq)
+            self.api.llama_memory_seq_rm(self.memory, seq, -1, -1)
+            self.free.append(seq)
+            served.append(Served(s["key"], s["tokens"], s["submitted"], s["first"], s["finished"], peer=self.peer))
+        return served
+
+    def kv_bytes_per_token(self) -> int:
+        """Cache bytes one position of one sequence takes: n_layer x 2 (keys, values) x
+        n_head_kv x head size x 2 bytes (llama.cpp's default float16 cache)."""
+        return self.kv_bytes
+
+
+def load_batch_model(method: Method, target: LoadedModel):
+    """A `llama_cpp.Llama` on the file `target` was loaded from, for `LlamaCppBatchServer`s (a
+    small context of its own: each server makes the context it decodes in)."""
+    import llama_cpp
+
+    gguf = gguf_file(method, target)
+    llama = llama_cpp.Llama(model_path=str(gguf), n_ctx=64, verbose=False)
+    if llama.n_vocab() != target.lm.vocab_size:
+        raise ValueError(f"llama.cpp reads a vocabulary of {llama.n_vocab()} from {gguf}, the target has {target.lm.vocab_size}")
+    return llama

@@ -6,6 +6,11 @@ accepted_length.png: the distribution of tokens emitted per target forward, per 
     method (1 = nothing accepted).
 speedup_vs_k.png: overall speedup against the fixed k, one line per proposer, drawn only when
     a proposer was run with at least two fixed k.
+
+A concurrency sweep (`sweep`) draws instead:
+throughput_vs_concurrency.png: aggregate output tokens/s against the concurrency, per method.
+speedup_vs_concurrency.png: each method's tokens/s over verispec-plain's at the same
+    concurrency; a speculative line crossing 1 is where speculation stops paying.
 """
 
 from __future__ import annotations
@@ -116,3 +121,52 @@ def draw(summary: dict, records: Sequence[dict], methods: Sequence[Method], out:
         return [by_category, lengths]
     speedup_vs_k(summary, sweeps, out / by_k)
     return [by_category, lengths, by_k]
+
+
+SWEEP_NAMES = ("throughput_vs_concurrency.png", "speedup_vs_concurrency.png")
+
+
+def against_concurrency(summary: dict, names: Sequence[str], key: str, ylabel: str, path: Path, one: bool) -> None:
+    """One line per method of results[name][c][key] (median, bars lowest-highest) against the
+    concurrency on a log2 axis; one: a dashed line at 1."""
+    levels = summary["levels"]
+    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
+    for name, colour in zip(names, colours(len(names))):
+        cells = [summary["results"][name][str(c)][key] for c in levels]
+        ax.errorbar(levels, [t["median"] for t in cells],
+                    yerr=[[t["median"] - t["min"] for t in cells], [t["max"] - t["median"] for t in cells]],
+                    marker="o", capsize=3, label=name, color=colour)
+    if one:
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel(ylabel)
+    ax.grid(linewidth=0.4, alpha=0.5)
+    if names:
+        ax.legend(fontsize="small")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def throughput_vs_concurrency(summary: dict, path: Path) -> None:
+    """Aggregate output tokens/s against c, one line per method."""
+    against_concurrency(summary, list(summary["methods"]), "tokens_per_second",
+                        "aggregate output tokens/s (median)", path, one=False)
+
+
+def speedup_vs_concurrency(summary: dict, path: Path) -> None:
+    """Each method's tokens/s over verispec-plain's at the same c (paired per repeat): where a
+    speculative method's line crosses 1, speculation stops paying."""
+    against_concurrency(summary, [n for n in summary["methods"] if n != PLAIN], "over_plain",
+                        f"tokens/s over {PLAIN} (median)", path, one=True)
+
+
+def draw_sweep(summary: dict, out: Path) -> list[str]:
+    """Write a concurrency sweep's plots into `out`; their file names (`SWEEP_NAMES`)."""
+    throughput, speedup = SWEEP_NAMES
+    throughput_vs_concurrency(summary, out / throughput)
+    speedup_vs_concurrency(summary, out / speedup)
+    return list(SWEEP_NAMES)

@@ -220,15 +220,9 @@ def plans_section(summary: dict, names: Sequence[str]) -> list[str]:
     return lines + table(["method", "rounds", "tau", "most frequent plans (share of rounds)"], rows)
 
 
-def render(summary: dict, plots: Sequence[str]) -> str:
-    """report.md."""
-    h = summary["header"]
-    results = summary["results"]
-    names = list(summary["methods"])
-    others = [n for n in names if n != PLAIN]
-    groups = [*summary["categories"], OVERALL]
-    greedy = h["sampling"]["temperature"] == 0
-    lines = [
+def header_lines(h: dict) -> list[str]:
+    """The title and what was measured, on what and how: the top of every report.md."""
+    return [
         "# verispec bench",
         "",
         f"- Machine: {h['cpu']} (native bf16: {'yes' if h['native_bf16'] else 'no'}), "
@@ -241,6 +235,19 @@ def render(summary: dict, plots: Sequence[str]) -> str:
         f"{h['prompts']} prompts; {h['repeats']} repeat(s) after {h['warmup']} warm-up run(s) per method",
         f"- Command: `{h['command']}`",
         "",
+    ]
+
+
+def render(summary: dict, plots: Sequence[str]) -> str:
+    """report.md."""
+    h = summary["header"]
+    results = summary["results"]
+    names = list(summary["methods"])
+    others = [n for n in names if n != PLAIN]
+    groups = [*summary["categories"], OVERALL]
+    greedy = h["sampling"]["temperature"] == 0
+    lines = [
+        *header_lines(h),
         "## Speedup over verispec-plain",
         "",
         "End-to-end tokens/s of each method over verispec-plain's on the same prompt in the same "

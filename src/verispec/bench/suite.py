@@ -1,11 +1,16 @@
 """A whole benchmark: load, build the methods, run the protocol, write the outputs.
 
 Output directory:
-    runs.jsonl       one JSON object per measured run (`protocol.record`)
+    runs.jsonl       one JSON object per measured run (`protocol.record`; a concurrency
+                     sweep: per request, `sweep.request_record`)
+    loops.jsonl      a concurrency sweep's closed loops (`sweep.loop_record`)
     summary.json     the header (machine, software, settings) and each method's numbers
     report.md        the tables, the greedy-identity check (sampled: acceptance and tokens per
                      round instead), the plots
     *.png            the plots (`plots`)
+
+`--concurrency 1` (the default) is the single-request benchmark (`protocol`); any other list
+of levels is the concurrency sweep (`sweep`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers.utils import logging as hf_logging
 
 from verispec import machine
-from verispec.bench import llamacpp, plots, quick
+from verispec.bench import llamacpp, plots, quick, sweep, sweep_report
 from verispec.bench.methods import DEFAULT_METHODS, Method, parse_methods
 from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
@@ -34,9 +39,9 @@ from verispec.registry import build_policy, build_proposer
 from verispec.sampling import GREEDY, SamplingParams
 
 QUICK_DRAFT = "quick-draft"
-RUNS, SUMMARY, REPORT = "runs.jsonl", "summary.json", "report.md"
+RUNS, LOOPS, SUMMARY, REPORT = "runs.jsonl", "loops.jsonl", "summary.json", "report.md"
 # Everything `run` may write into its output directory.
-OUTPUTS = (RUNS, SUMMARY, REPORT, *plots.NAMES, QUICK_DRAFT)
+OUTPUTS = (RUNS, LOOPS, SUMMARY, REPORT, *plots.NAMES, *plots.SWEEP_NAMES, QUICK_DRAFT)
 
 
 def quick_methods(out: Path) -> str:
@@ -70,6 +75,7 @@ class Settings:
     command: str = ""
     sampling: SamplingParams = GREEDY
     seed: int = 0
+    concurrency: tuple[int, ...] = (1,)
 
 
 def quick_target(out: Path) -> LoadedModel:
@@ -166,21 +172,40 @@ def run(settings: Settings, console: Console | None = None) -> dict:
         hf_logging.set_verbosity(before[1])
 
 
+def chosen_methods(settings: Settings) -> list[Method]:
+    """The methods to run: --methods, else the defaults of the run's kind."""
+    if settings.methods:
+        names = settings.methods
+    elif sweep.is_sweep(settings.concurrency):
+        names = sweep.QUICK_SWEEP_METHODS if settings.quick else sweep.SWEEP_METHODS
+    else:
+        names = quick_methods(settings.out) if settings.quick else DEFAULT_METHODS
+    methods = parse_methods(names)
+    sweep.check_methods(methods, settings.concurrency)
+    return methods
+
+
 def measure(settings: Settings, console: Console) -> dict:
     protocol = Protocol(settings.max_new_tokens, settings.repeats, settings.warmup)
     workloads = gather_workloads(settings)
     out = settings.out
-    out.mkdir(parents=True, exist_ok=True)
-    methods = parse_methods(settings.methods or (quick_methods(out) if settings.quick else DEFAULT_METHODS))
+    methods = chosen_methods(settings)
     llamacpp.require([m.name for m in methods if m.family == "llamacpp"], settings.sampling)
+    out.mkdir(parents=True, exist_ok=True)
     with console.status("loading the model"):
         target = quick_target(out) if settings.quick else load_model(
             settings.model, dtype=settings.dtype, runtime=settings.runtime, deterministic=settings.deterministic
         )
     prompts = [(w, w.token_ids(target)) for w in workloads]
+    if sweep.is_sweep(settings.concurrency):
+        summary, records, loops = sweep.measure_sweep(
+            settings, target, methods, prompts, protocol, header(settings, target, protocol, len(prompts)), console
+        )
+        write_lines(out / LOOPS, loops)
+        summary["plots"] = plots.draw_sweep(summary, out)
+        return write(summary, records, sweep_report.render_sweep(summary, summary["plots"]), out)
     with console.status("building the methods (an auto k profiles its costs first)"):
         runners = {m.name: make_runner(m, target, prompts[0][1], settings.sampling, settings.seed) for m in methods}
-    dtype = target.dtype_name
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TimeRemainingColumn(), console=console, transient=True,
@@ -188,29 +213,42 @@ def measure(settings: Settings, console: Console) -> dict:
     with progress:
         task = progress.add_task("bench", total=run_count(protocol, len(runners), len(prompts)))
         records = run_benchmark(
-            runners, prompts, protocol, target.lm.score, dtype,
+            runners, prompts, protocol, target.lm.score, target.dtype_name,
             lambda label: progress.update(task, advance=1, description=label[:60]),
             identity=settings.sampling.greedy,
         )
-    header = {
-        **machine.describe(dtype),
+    summary = summarize(records, methods, header(settings, target, protocol, len(prompts)))
+    summary["plots"] = plots.draw(summary, records, methods, out)
+    return write(summary, records, render(summary, summary["plots"]), out)
+
+
+def header(settings: Settings, target: LoadedModel, protocol: Protocol, prompts: int) -> dict:
+    """What was measured, on what machine and software, with which settings."""
+    return {
+        **machine.describe(target.dtype_name),
         "model": target.name,
         "runtime": target.runtime + (" (deterministic)" if getattr(target.lm, "deterministic", False) else ""),
         "max_new_tokens": protocol.max_new_tokens,
         "repeats": protocol.repeats,
         "warmup": protocol.warmup,
-        "prompts": len(prompts),
+        "prompts": prompts,
         "prompt_files": [str(p) for p in settings.prompts],
         "eos_token_id": target.eos_token_id,
         "sampling": dataclasses.asdict(settings.sampling),
         "seed": settings.seed,
         "command": settings.command,
     }
-    summary = summarize(records, methods, header)
-    with (out / RUNS).open("w", encoding="utf-8") as lines:
+
+
+def write_lines(path: Path, records: Sequence[dict]) -> None:
+    with path.open("w", encoding="utf-8") as lines:
         for record in records:
             lines.write(json.dumps(record) + "\n")
-    summary["plots"] = plots.draw(summary, records, methods, out)
+
+
+def write(summary: dict, records: Sequence[dict], report: str, out: Path) -> dict:
+    """runs.jsonl, summary.json and report.md into `out`; the summary."""
+    write_lines(out / RUNS, records)
     (out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out / REPORT).write_text(render(summary, summary["plots"]), encoding="utf-8")
+    (out / REPORT).write_text(report, encoding="utf-8")
     return summary

@@ -85,20 +85,33 @@ def bench(
         Optional[float], typer.Option("--min-p", help="Keep tokens at least this times the top one (T > 0).")
     ] = None,
     seed: Annotated[int, typer.Option(help="The random stream of every sampled request.")] = 0,
+    concurrency: Annotated[
+        str,
+        typer.Option(
+            help="Requests in flight, comma-separated levels, e.g. 1,2,4,8: each level a closed loop over the "
+            "prompts (a finished request replaced by the next prompt), reporting aggregate tokens/s, time to "
+            "first token and per output token, acceptance, the k chosen and memory. 1 alone: the "
+            "single-request benchmark.",
+        ),
+    ] = "1",
 ) -> None:
     """Benchmark speculative decoding against plain decoding and HF transformers.
 
     Every method runs on the same model object, dtype, thread count and sampling transforms,
     interleaved per prompt with the order rotated. Greedy outputs are checked token for token
     against verispec-plain; sampled runs report acceptance and tokens per round instead (their
-    exactness is the audit's and the statistical test's).
+    exactness is the audit's and the statistical test's). With --concurrency above 1, each
+    level serves the prompts with that many requests in flight, every method at every level
+    (verispec's continuous batching, llama.cpp's batch API, HF's padded batches).
     """
     from verispec.bench.suite import OUTPUTS, Settings, run  # transformers: imported when needed
 
+    from verispec.bench.sweep import is_sweep, parse_concurrency
+
+    levels = parse_concurrency(concurrency)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     if sampling.greedy and any(f is not None for f in (top_k, top_p, min_p)):
         raise ValueError("--top-k, --top-p and --min-p filter sampled tokens; give a --temperature above 0")
-    from verispec.bench.suite import Settings, run  # transformers: imported when needed
 
     settings = Settings(
         out=out,
@@ -117,12 +130,14 @@ def bench(
         quick=quick,
         sampling=sampling,
         seed=seed,
+        concurrency=levels,
     )
     settings.command = command_line(settings)
     with nothing_left_on_failure(out, OUTPUTS):  # a refused run leaves no --out behind
         check_output_directory(out, "--out", OUTPUTS, force)
         summary = run(settings)
-    print(f"wrote {out}/report.md, summary.json, runs.jsonl and {len(summary['plots'])} plots", file=sys.stderr)
+    runs = "runs.jsonl, loops.jsonl" if is_sweep(levels) else "runs.jsonl"
+    print(f"wrote {out}/report.md, summary.json, {runs} and {len(summary['plots'])} plots", file=sys.stderr)
 
 
 def command_line(settings: Settings) -> str:
@@ -136,6 +151,8 @@ def command_line(settings: Settings) -> str:
         words += ["--limit-per-category", str(settings.limit_per_category)]
     if settings.methods:
         words += ["--methods", settings.methods]
+    if tuple(settings.concurrency) != (1,):
+        words += ["--concurrency", ",".join(str(c) for c in settings.concurrency)]
     words += ["--max-new-tokens", str(settings.max_new_tokens), "--repeats", str(settings.repeats),
               "--warmup", str(settings.warmup)]
     if settings.quick:
