@@ -13,7 +13,6 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, dequantize
 
 from verispec.models.gguf_blocks import READ, GGUFWeight, decode_blocks
-from verispec.models.linear import DenseLinear
 from verispec.models.quant import Int4Linear, exact_planes, linear_for, planes_weight
 
 from test_quant import bits, kernel_float32_weights
@@ -74,16 +73,28 @@ def test_q4_k_whose_sum_rounds_and_q6_k_take_the_float32_route():
         weight = decode_blocks(kind, blocks)
         assert exact_planes(weight) is None
         layer = linear_for(weight, "q4")
-        assert isinstance(layer, DenseLinear) and layer.exact and layer.weight.dtype == torch.float32
-        assert torch.equal(bits(layer.weight), bits(gguf_floats(kind, blocks)))
+        assert not isinstance(layer, Int4Linear) and layer.exact
+        assert torch.equal(layer(torch.eye(256)).t(), gguf_floats(kind, blocks))  # float32 products of the weights
 
 
 def test_a_fused_projection_with_a_q6_k_part_is_float32_and_exact():
     q = decode_blocks("Q5_0", raw_blocks("Q5_0", 32, 256, seed=5))
     v = decode_blocks("Q6_K", raw_blocks("Q6_K", 16, 256, seed=6))
     layer = linear_for([q, v], "q4")
-    assert isinstance(layer, DenseLinear) and layer.exact
-    assert torch.equal(bits(layer.weight), bits(torch.cat([q.dequantize(), v.dequantize()])))
+    assert not isinstance(layer, Int4Linear) and layer.exact
+    assert torch.equal(layer(torch.eye(256)).t(), torch.cat([q.dequantize(), v.dequantize()]))
+
+
+def test_the_float32_route_scores_a_row_alike_whatever_rows_come_with_it():
+    """The deterministic mode's promise for q4's float32 route: F.linear (MKL) breaks it (a lone
+    row is summed in another order), the prepacked route keeps it."""
+    weight = decode_blocks("Q6_K", raw_blocks("Q6_K", 64, 1536, seed=7, exponents=(-8, -6)))
+    layer = linear_for(weight, "q4")
+    x = torch.randn(9, 1536, generator=torch.Generator().manual_seed(0))
+    together = layer(x)
+    for m in range(1, 10):
+        assert torch.equal(layer(x[:m]), together[:m])
+    assert torch.equal(layer(x[4:5]), together[4:5])
 
 
 @pytest.mark.slow

@@ -97,8 +97,8 @@ def test_blocks_without_an_exact_form_take_the_float32_route():
     weight = decode_blocks("Q4_1", blocks)
     assert exact_planes(weight) is None
     layer = linear_for(weight, "q4")
-    assert isinstance(layer, DenseLinear) and layer.exact
-    assert torch.equal(bits(layer.weight), bits(gguf_floats("Q4_1", blocks)))
+    assert not isinstance(layer, Int4Linear) and layer.exact
+    assert torch.equal(layer(torch.eye(BLOCK)).t(), gguf_floats("Q4_1", blocks))  # float32 products
 
 
 def test_fused_projection_holds_every_part():

@@ -401,14 +401,14 @@ def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple
 
 def projection_layout(lm: CausalLM) -> str | None:
     """Which of a q4 runtime's projections run on the int4 kernel and which in float32, e.g.
-    "int4 kernel: o x28, gate_up x28, qkv x14, down x14; float32 F.linear (no exact int4 form,
+    "int4 kernel: o x28, gate_up x28, qkv x14, down x14; float32 (no exact int4 form,
     e.g. Q6_K's groups of 16): head, qkv x14, down x14"; None off the fast runtime."""
     if not isinstance(lm, LlamaRuntime):
         return None
     named = [("head", lm.head), *((name, getattr(layer, name)) for layer in lm.layers for name in ("qkv", "o", "gate_up", "down"))]
     kernels: dict[str, dict[str, int]] = {}
     for name, module in named:
-        kernel = "int4 kernel" if isinstance(module, Int4Linear) else "float32 F.linear (no exact int4 form, e.g. Q6_K's groups of 16)"
+        kernel = "int4 kernel" if isinstance(module, Int4Linear) else "float32 (no exact int4 form, e.g. Q6_K's groups of 16)"
         if isinstance(module, Int4Linear) and not module.exact:
             kernel = "int4 kernel, quantized on load (not exact)"
         counts = kernels.setdefault(kernel, {})

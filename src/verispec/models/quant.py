@@ -12,7 +12,7 @@ Formats:
   the weights: not exact).
 - "q4": torch's CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, groups of 32 along K).
   For GGUF Q4_0, Q4_1, Q8_0, Q5_0 and Q4_K blocks the weights stay exact (below), with
-  float32 `F.linear` on gguf's float32 weights for any tensor that has no exact planes: Q6_K
+  float32 products (`float32_route`) on gguf's float32 weights for any tensor that has no exact planes: Q6_K
   (groups of 16, finer than the kernel's), a Q4_K block whose D u + M rounds, and every
   projection fused with one of those (a Q6_K v beside Q4_K q and k: the whole qkv). Weights
   given as floats (a Hugging Face checkpoint, or F16/F32 matrices of a GGUF file) are
@@ -46,7 +46,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from verispec.models.gguf_blocks import AFFINE, BLOCK, GGUFWeight
-from verispec.models.linear import DenseLinear, Int8Linear, RowProjection
+from verispec.models.linear import DenseLinear, Int8Linear, RowProjection, projection
 
 Weight = GGUFWeight | torch.Tensor
 FORMATS = ("float32", "bfloat16", "q4", "int8")
@@ -125,12 +125,23 @@ def linear_for(
         if all(isinstance(part, torch.Tensor) or part.values is not None for part in parts):
             return _fused_int4([quantized_planes(_floats(part)) for part in parts], exact=False, bias=bias)
         # Mixed: some blocks cannot be held exactly; the whole projection takes the exact route.
-        return DenseLinear(torch.cat([_floats(part) for part in parts]), bias, exact=True)
+        return float32_route(torch.cat([_floats(part) for part in parts]), bias)
     dense = torch.cat([_floats(part) for part in parts])  # [N, K] float32
     if fmt == "int8":
         return Int8Linear(dense, bias)
     dtype = torch.float32 if fmt == "float32" else torch.bfloat16
     return DenseLinear(dense.to(dtype), None if bias is None else bias.to(dtype), exact=fmt == "float32")
+
+
+def float32_route(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
+    """q4's projection for weights it cannot hold as planes: float32 products on the float32
+    weight[N, K] (exact), prepacked for oneDNN (`linear.projection`). Not `F.linear`: MKL sums
+    a lone row in another order than the same row among others (measured: M = 1, 2, 3, 5, 6, 7
+    differ from M = 9 for K = 1536 and 8960), and the deterministic mode's greedy identity
+    needs a row's output to be the same bits whatever rows are computed with it."""
+    layer = projection(weight.float(), None if bias is None else bias.float())
+    layer.exact = True
+    return layer
 
 
 # A plane: (codes uint8[N, K] in 0..15, scale float64[N, K / 32], zero float64[N, K / 32]),
