@@ -108,19 +108,20 @@ def verispec_side(target, spec: str, prompts: list[list[int]], tokens: int, k: i
 
     lm = target.lm
     proposer = build_proposer(spec, target)
+    eos = target.eos_token_ids  # vLLM stops there too
     rows = []
     for prompt in prompts:
-        out = generate(lm, None, prompt, max_new_tokens=tokens, sampling=GREEDY, k=0).tokens
+        out = generate(lm, None, prompt, max_new_tokens=tokens, sampling=GREEDY, k=0, eos_token_id=eos).tokens
         drafts = {}
         for n in range(1, len(out) + 1):
             context = prompt + out[:n]
             proposer.begin(prompt, GREEDY)
             lm.prefill(context[:-1])
             drafts[n] = list(proposer.propose(context, k, TorchRandom(0)).tokens)
-        run = generate(lm, proposer, prompt, max_new_tokens=tokens, sampling=GREEDY, k=k)
+        run = generate(lm, proposer, prompt, max_new_tokens=tokens, sampling=GREEDY, k=k, eos_token_id=eos)
         rounds = len(run.stats.accepted)
-        rows.append({"output": out, "drafts": drafts, "tokens_per_round": len(run.tokens) / max(rounds, 1),
-                     "identical": run.tokens == out})
+        rows.append({"output": out, "drafts": drafts, "tokens": len(run.tokens), "rounds": rounds,
+                     "tokens_per_round": len(run.tokens) / max(rounds, 1), "identical": run.tokens == out})
     return rows
 
 
@@ -200,7 +201,9 @@ def compare(ours: dict, theirs: dict, k: int) -> dict:
         "greedy_identical": out == ours["output"][: len(out)],
         "drafts_checked": checked, "drafts_equal": equal, "mismatches": mismatches,
         # the rounds after the prefill's, which drafts nothing in vLLM (verispec drafts from its first round)
+        "vllm_tokens": len(out) - 1, "vllm_rounds": len(per_round) - 1,
         "vllm_tokens_per_round": (len(out) - 1) / max(len(per_round) - 1, 1),
+        "verispec_tokens": ours.get("tokens"), "verispec_rounds": ours.get("rounds"),
         "verispec_tokens_per_round": ours["tokens_per_round"],
     }
 
@@ -262,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         "engine": engine_result,
         "drafts_equal": sum(p["drafts_equal"] for p in per_prompt), "drafts_checked": checked,
         "greedy_identical": all(p["greedy_identical"] for p in per_prompt),
-        "vllm_tokens_per_round": sum(p["vllm_tokens_per_round"] for p in per_prompt) / len(per_prompt),
-        "verispec_tokens_per_round": sum(p["verispec_tokens_per_round"] for p in per_prompt) / len(per_prompt),
+        # over all prompts' rounds (not a mean of per-prompt ratios)
+        "vllm_tokens_per_round": sum(p["vllm_tokens"] for p in per_prompt) / max(sum(p["vllm_rounds"] for p in per_prompt), 1),
+        "verispec_tokens_per_round": sum(p["verispec_tokens"] for p in per_prompt) / max(sum(p["verispec_rounds"] for p in per_prompt), 1),
         "prompts": per_prompt, "seconds": round(time.time() - started, 1),
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
