@@ -5,7 +5,6 @@ bookkeeping (joins, leaves, cancellation, queue bound, slots reused, k per batch
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -14,19 +13,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verispec import SamplingParams, TorchRandom
+from verispec import SamplingParams
 from verispec.audit.enumerate import outcomes
 from verispec.audit.exact_target import target_sequences
 from verispec.batching import QueueFull, Scheduler
-from verispec.policies import Adjustable, BatchK
-from verispec.cost import BatchCosts
 from verispec.clocks import TickClock
-from verispec.cost import FixedCosts
+from verispec.cost import BatchCosts, FixedCosts
 from verispec.engine import generate
 from verispec.models.table_pair import Tables
 from verispec.models.tables import TableLM, random_table
-from verispec.policies import AutoK, HeuristicK
-from verispec.reference import reference_generate
+from verispec.policies import Adjustable, AutoK, BatchK, HeuristicK
+from verispec.reference import reference_request
 from verispec.registry import PROPOSERS
 from verispec.request import Request
 from verispec.sampling import GREEDY
@@ -108,9 +105,7 @@ def test_each_request_of_a_batch_emits_the_reference_tokens(batch):
     for job, cancel_after, _ in jobs:
         r = job.request
         proposer = None if r.proposer is None else PROPOSERS[r.proposer].audit(Tables(target, draft))
-        k = policies[r.k]() if isinstance(r.k, str) else r.k
-        expected = reference_generate(target, proposer, r.prompt_ids, max_new_tokens=r.max_new_tokens, rng=TorchRandom(r.seed),
-                                      sampling=r.sampling, eos_token_id=r.eos_token_ids, k=k, verifier=r.verifier)
+        expected = reference_request(target, proposer, r, policy=policies[r.k]() if isinstance(r.k, str) else None)
         if job.finish_reason == "cancelled":
             assert job.tokens == expected[: len(job.tokens)]
         else:
@@ -377,3 +372,52 @@ def test_the_hf_adapter_runs_a_batch_slot_by_slot():
     scheduler.run()
     for job, prompt in zip(jobs, prompts):
         assert job.tokens == generate(lm, None, prompt, max_new_tokens=5, k=0, sampling=GREEDY).tokens
+
+
+# --- the statistical test, 4 requests at a time ----------------------------------------------------
+
+
+def test_four_concurrent_requests_follow_the_target_at_temperature_1():
+    """The statistical module's setting (64-token peaked tables, 3 new tokens, k = 2): 4 requests
+    at a time share every step, each with its own proposer (a draft table, EAGLE and Medusa
+    heads, lookup+EAGLE after a self-quoting prompt) and its own seed. Each proposer's first
+    token, second token and pair are G-tested against the exact marginals at alpha = 1e-7:
+    12 tests, so a correct engine fails with probability at most 1.2e-6 (union bound, asymptotic
+    chi-square tail); the seeds are fixed, so the outcome is deterministic."""
+    from collections import Counter
+
+    from test_statistical import ALPHA, COPY_PROMPT, DRAFT, PROMPT, TARGET, exact_marginals, g_test_p_value
+
+    from verispec.heads.untrained import tiny_head
+    from verispec.proposers import DraftModel, PromptLookup
+    from verispec.proposers.copy_or_head import CopyOrHead
+    from verispec.proposers.eagle import EagleProposer
+    from verispec.proposers.medusa import MedusaProposer
+
+    eagle, medusa = tiny_head("eagle", TARGET, seed=3), tiny_head("medusa", TARGET, seed=4)
+    factories = {
+        "draft": lambda slot: DraftModel(DRAFT),
+        "eagle": lambda slot: EagleProposer(eagle, slot),
+        "medusa": lambda slot: MedusaProposer(medusa, slot),
+        "lookup+eagle": lambda slot: CopyOrHead(PromptLookup(min_ngram=2), EagleProposer(eagle, slot)),
+    }
+    scheduler = Scheduler(TARGET, lambda request, slot: (factories[request.proposer](slot), request.k), max_slots=4)
+    runs = 2000
+    jobs = {name: [] for name in factories}
+    for run in range(runs):
+        for i, name in enumerate(factories):
+            prompt = COPY_PROMPT if name.startswith("lookup+") else PROMPT
+            jobs[name].append(scheduler.submit(Request(tuple(prompt), 3, sampling=T1, proposer=name, k=2,
+                                                       verifier="block" if i % 2 else "token", seed=4 * run + i)))
+        scheduler.run()
+    exact = exact_marginals()
+    for name, done in jobs.items():
+        counts = {"first": Counter(), "second": Counter(), "pair": Counter()}
+        for job in done:
+            a, b, _ = job.tokens
+            counts["first"][a] += 1
+            counts["second"][b] += 1
+            counts["pair"][a, b] += 1
+        assert max(job.stats.rounds for job in done) >= 1
+        for marginal in exact:
+            assert g_test_p_value(counts[marginal], exact[marginal], runs) > ALPHA, (name, marginal)

@@ -1,7 +1,9 @@
 """verispec: exact speculative decoding for causal language models."""
 
+from verispec.batching import Job, QueueFull, RegistryBuilder, Scheduler
 from verispec.engine import Decoding, Generation, generate, stream
 from verispec.randomness import Random, TorchRandom
+from verispec.request import Request
 from verispec.sampling import GREEDY, SamplingParams
 from verispec.stats import Stats
 from verispec.tokenizer_contract import TokenizerReport, check_tokenizers
@@ -12,8 +14,13 @@ __all__ = [
     "GREEDY",
     "Decoding",
     "Generation",
+    "Job",
+    "QueueFull",
     "Random",
+    "RegistryBuilder",
+    "Request",
     "SamplingParams",
+    "Scheduler",
     "Stats",
     "TokenizerReport",
     "TorchRandom",

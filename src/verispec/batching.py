@@ -38,14 +38,14 @@ from verispec.cost import BatchCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import Decoding, budgeted, check_request
 from verispec.models.base import CausalLM, SlotScoring
-from verispec.policies import AutoK, Adjustable, BatchK, KPolicy, as_policy
+from verispec.policies import AutoK, Adjustable, BatchK, KPolicy
 from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
 from verispec.stats import Stats
 
-Builder = Callable[[Request, CausalLM], tuple[Proposer | None, KPolicy]]
-"""Builds a request's proposer and k policy on its slot (a `CausalLM`)."""
+Builder = Callable[[Request, CausalLM], tuple[Proposer | None, int | KPolicy]]
+"""Builds a request's proposer and k (an integer or a policy) on its slot (a `CausalLM`)."""
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -92,7 +92,7 @@ class Slot:
     spec, reused by the requests that take this slot after each other (`begin` resets them)."""
 
     lm: CausalLM
-    built: dict[tuple[str | None, int | str], tuple[Proposer | None, KPolicy]] = field(default_factory=dict)
+    built: dict[tuple[str | None, int | str], tuple[Proposer | None, int | KPolicy]] = field(default_factory=dict)
 
 
 class RegistryBuilder:
@@ -105,14 +105,14 @@ class RegistryBuilder:
         self.corpus = corpus
         self._policies: dict[tuple[str | None, str], KPolicy] = {}
 
-    def __call__(self, request: Request, slot: CausalLM) -> tuple[Proposer | None, KPolicy]:
+    def __call__(self, request: Request, slot: CausalLM) -> tuple[Proposer | None, int | KPolicy]:
         from verispec.registry import build_policy, build_proposer
 
         proposer = None
         if request.proposer is not None:
             proposer = build_proposer(request.proposer, replace(self.model, lm=slot), self.corpus)
         if not isinstance(request.k, str):
-            return proposer, as_policy(request.k)
+            return proposer, request.k
         key = (request.proposer, request.k)
         if key not in self._policies:
             self._policies[key] = build_policy(request.k, slot, proposer, request.prompt_ids, request.sampling)

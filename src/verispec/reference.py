@@ -27,7 +27,8 @@ from verispec.engine import EosIds, budgeted, check_request, cut_after_eos, emit
 from verispec.models.base import CausalLM
 from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
-from verispec.randomness import Random
+from verispec.randomness import Random, TorchRandom
+from verispec.request import Request
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape
@@ -98,3 +99,25 @@ def _recomputed_rows(target: CausalLM, context: list[int], draft: Draft | TreeDr
         return target.score(context + list(draft.tokens))[len(context) - 1 :]
     paths = [draft.path_tokens(draft.path_to(node)) for node in range(len(draft))]
     return torch.stack([target.score(context + list(path))[-1] for path in [(), *paths]])
+
+
+def reference_request(
+    target: CausalLM,
+    proposer: Proposer | None,
+    request: Request,
+    *,
+    policy: int | KPolicy | None = None,
+    rng: Random | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[int]:
+    """The reference decoding of `request` (as `Decoding.of` builds the engine's): `policy`
+    built from `request.k` when it is a spec, rng default `TorchRandom(request.seed)`."""
+    if policy is None:
+        if isinstance(request.k, str):
+            raise ValueError(f"k {request.k!r} is a spec: build its policy (verispec.registry.build_policy) and pass it")
+        policy = request.k
+    return reference_generate(
+        target, proposer, request.prompt_ids, max_new_tokens=request.max_new_tokens, sampling=request.sampling,
+        eos_token_id=request.eos_token_ids, rng=rng if rng is not None else TorchRandom(request.seed), k=policy,
+        verifier=request.verifier, clock=clock,
+    )
