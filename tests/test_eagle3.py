@@ -4,7 +4,6 @@ speculators / vLLM Medusa exports with their round trip (same drafts bit for bit
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 

@@ -33,10 +33,8 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from verispec.heads.config import HeadConfig
 from verispec.heads.vocab import check_d2t
-from verispec.models.attention import SdpaAttention
 from verispec.models.hf import BufferedLayer
 from verispec.models.linear import fused_projection, packed_linears, projection
-from verispec.models.llama import rms_norm
 from verispec.models.rope import RopeTables, rope_parameters
 
 NORM_BEFORE_RESIDUAL = "norm_before_residual"  # a key of HeadConfig.layer (default False)
@@ -59,7 +57,6 @@ class Eagle3Layer(nn.Module):
         H = config.hidden_size
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = H // self.heads
-        self.eps = config.rms_norm_eps
         self.norm_before_residual = norm_before_residual
         self.input_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
         self.hidden_norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
@@ -71,7 +68,6 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
         self.rope = RopeTables(*rope_parameters(config), torch.float32)
-        self.attention = SdpaAttention(self.heads, self.kv_heads, self.head_dim)
         self.qkv: nn.Module | None = None  # q, k and v fused, once `pack` ran (drafting)
 
     def pack(self, weight_format: str) -> None:
