@@ -38,7 +38,7 @@ def test_the_target_is_qwen2_on_the_fast_runtime_with_exact_weights(target) -> N
     assert target.chat_template.startswith("{%- if tools %}")
     assert target.encode("hi")[:3] == [151644, 8948, 198]  # <|im_start|>system\n from the GGUF's template
     memory = target.memory()
-    assert 1e9 < memory["weights_bytes"] < 5e9
+    assert 3e9 < memory["weights_bytes"] < 7e9  # ~1.9 GB int4 codes and scales, ~3.8 GB float32
     assert memory["kv_bytes_per_token"] in (28 * 2 * 128 * 2 * 4, 28 * 2 * (128 + 129) * 4)
 
 
