@@ -22,8 +22,6 @@ Timings are only meaningful on a machine running nothing else; docs/serving.md h
 commands that compare a server with the library and with llama.cpp.
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import json
