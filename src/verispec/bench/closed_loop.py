@@ -160,19 +160,9 @@ class VerispecServer:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.sampling = sampling
         self.seed = seed
-        self.scheduler = Scheduler(builder.model.lm, self._build(builder), max_slots=max_slots,
+        self.scheduler = Scheduler(builder.model.lm, builder, max_slots=max_slots,
                                    batch_costs=batch_costs, clock=clock)
         self.keys: dict[object, int] = {}  # job -> key, for the jobs in flight
-
-    @staticmethod
-    def _build(builder: RegistryBuilder):
-        """`builder`, but a plain request's k stays the integer 0 (`Decoding` refuses a policy
-        object beside no proposer)."""
-        def build(request: Request, slot):
-            proposer, policy = builder(request, slot)
-            return (proposer, 0) if request.proposer is None else (proposer, policy)
-
-        return build
 
     @property
     def in_flight(self) -> int:
