@@ -104,7 +104,7 @@ def test_sliding_window_attention_is_refused() -> None:
 
 
 def test_weight_bytes_count_each_tensor_once(model) -> None:
-    from verispec.models.load import weight_bytes
+    from verispec.models.memory import weight_bytes
 
     params = sum(p.numel() for p in model.parameters())
     # Prepacked: every parameter once, plus the head's packed copy beside the dense head.

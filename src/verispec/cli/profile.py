@@ -17,7 +17,6 @@ from verispec.cost import optimal_k, speedup_by_k
 from verispec.engine import generate
 from verispec.models import DEFAULT_MODEL
 from verispec.registry import build_proposer, proposer_help
-from verispec.memory import memory_report
 from verispec.models.base import SlotScoring
 from verispec.profile import BATCH_ROWS, Profile, k_per_batch_size, measure_batch_costs, measure_profile, tiled_context
 from verispec.sampling import SamplingParams
@@ -122,6 +121,8 @@ def profile(
         measured.batch = batch.to_dict()
         if measured.survival:
             measured.batch_k = k_per_batch_size(batch.costs, measured.c, measured.survival, k_max)
+    from verispec.models.memory import memory_report
+
     measured.memory = memory_report(loaded.lm, drafter, slots=8, context=len(context))
     if out is not None:
         measured.save(out)

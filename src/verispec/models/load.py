@@ -63,6 +63,7 @@ from verispec.models import DEFAULT_MODEL  # noqa: E402
 from verispec.models.base import CausalLM  # noqa: E402
 from verispec.models.hf import HFCausalLM  # noqa: E402
 from verispec.models.gguf_blocks import CODED, READ, GGUFWeight, gguf_weights  # noqa: E402
+from verispec.models.memory import kv_bytes_per_token, peak_rss_bytes, weight_bytes  # noqa: E402
 from verispec.models.llama import LlamaRuntime, fast_runtime_refusal  # noqa: E402
 from verispec.models.parts import SPLIT, cache_root, joined_file  # noqa: E402
 from verispec.models.quant import Int4Linear  # noqa: E402
@@ -195,9 +196,12 @@ class LoadedModel:
     def memory(self) -> dict[str, int | None]:
         """weights_bytes: the weights as held (`weight_bytes`); kv_bytes_per_token: what one
         position of context adds to the cache, every layer's keys and values (None where the
-        runtime does not say)."""
-        per_token = getattr(self.lm, "kv_bytes_per_token", None)
-        return {"weights_bytes": weight_bytes(self.lm), "kv_bytes_per_token": per_token() if per_token else None}
+        runtime does not say); peak_rss_bytes: the process's peak resident set so far."""
+        return {
+            "weights_bytes": weight_bytes(self.lm),
+            "kv_bytes_per_token": kv_bytes_per_token(self.lm),
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
 
 
 def load_model(
@@ -417,28 +421,6 @@ def projection_layout(lm: CausalLM) -> str | None:
         f"{kernel}: " + ", ".join(name if count == 1 else f"{name} x{count}" for name, count in counts.items())
         for kernel, counts in kernels.items()
     )
-
-
-def weight_bytes(lm: CausalLM) -> int | None:
-    """Bytes of the weights `lm` holds in memory, each tensor counted once (a tied head is the
-    embedding), whatever their layout (prepacked, int4-packed, float); None for a model of
-    another kind."""
-    if isinstance(lm, HFCausalLM):
-        tensors = [*lm.model.parameters(), *lm.model.buffers()]
-    elif isinstance(lm, LlamaRuntime):
-        modules = [lm.head, *(p for layer in lm.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))]
-        tensors = [lm.embed, lm.norm, lm.head_linear.weight, *(t for layer in lm.layers for t in (layer.attn_norm, layer.mlp_norm))]
-        for module in modules:
-            tensors += [*module.buffers(), *(v for v in vars(module).values() if isinstance(v, torch.Tensor))]
-    else:
-        return None
-    seen, total = set(), 0
-    for tensor in tensors:
-        key = id(tensor) if tensor.is_mkldnn else tensor.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += tensor.nbytes if tensor.is_mkldnn else tensor.untyped_storage().nbytes()
-    return total
 
 
 def converted_dir(gguf: Path) -> Path:

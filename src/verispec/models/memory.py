@@ -4,7 +4,7 @@ Bytes are counted from the tensors themselves, each storage once (a head that re
 target's embedding adds nothing for it), so the numbers follow whatever format a load chose
 (fp32, bf16, the GGUF's 4-bit blocks, an int8 head).
 
-    >>> report = memory_report(model.lm, proposer, slots=8, context=1024)
+    >>> report = memory_report(model.lm, proposer, slots=8, context=1024)   # verispec.models.memory
     >>> report["target_weight_bytes"], report["kv_bytes_per_token"], report["peak_rss_bytes"]
 """
 
@@ -28,7 +28,7 @@ def tensor_bytes(*roots: object, exclude: Iterable[object] = ()) -> int:
 
 
 def _storages(roots: Iterable[object]) -> dict[int, int]:
-    """{storage address (an opaque tensor: minus its id): bytes} of every tensor reachable."""
+    """{storage key (`storage_of`): bytes} of every tensor reachable."""
     found: dict[int, int] = {}
     visited: set[int] = set()
     todo = list(roots)
@@ -38,11 +38,8 @@ def _storages(roots: Iterable[object]) -> dict[int, int]:
             continue
         visited.add(id(obj))
         if isinstance(obj, torch.Tensor):
-            try:
-                storage = obj.untyped_storage()
-                found[storage.data_ptr()] = storage.nbytes()
-            except NotImplementedError:  # a packed (opaque) weight: no storage to share
-                found[-id(obj)] = obj.numel() * obj.element_size()
+            key, size = storage_of(obj)
+            found[key] = size
         elif isinstance(obj, nn.Module):
             todo.extend(obj.parameters(recurse=False))
             todo.extend(obj.buffers(recurse=False))
@@ -57,6 +54,33 @@ def _storages(roots: Iterable[object]) -> dict[int, int]:
         elif hasattr(obj, "__slots__"):
             todo.extend(getattr(obj, name) for name in obj.__slots__ if hasattr(obj, name))
     return found
+
+
+def weight_bytes(lm: object) -> int | None:
+    """Bytes of the weights `lm` holds in memory, each tensor counted once (a tied head is the
+    embedding), whatever their layout (prepacked, int4-packed, float): a transformers adapter's
+    (`HFCausalLM`) parameters and buffers, the fast runtime's (`LlamaRuntime`) embedding, norms,
+    projections and head; None for a model of another kind."""
+    model = getattr(lm, "model", None)
+    if isinstance(model, nn.Module):
+        tensors = [*model.parameters(), *model.buffers()]
+    elif all(hasattr(lm, name) for name in ("embed", "layers", "head", "head_linear")):
+        modules = [lm.head, *(p for layer in lm.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))]
+        tensors = [lm.embed, lm.norm, lm.head_linear.weight, *(t for layer in lm.layers for t in (layer.attn_norm, layer.mlp_norm))]
+        for module in modules:
+            tensors += [*module.buffers(), *(v for v in vars(module).values() if isinstance(v, torch.Tensor))]
+    else:
+        return None
+    return sum(dict(storage_of(tensor) for tensor in tensors).values())
+
+
+def storage_of(tensor: torch.Tensor) -> tuple[int, int]:
+    """(a key shared by every view of the same memory, its bytes); a prepacked (mkldnn) weight
+    has no storage to share and counts as itself."""
+    if tensor.is_mkldnn:
+        return -id(tensor), tensor.nbytes
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
 
 
 def kv_bytes_per_token(lm: object) -> int | None:
@@ -81,14 +105,14 @@ def peak_rss_bytes() -> int:
 
 
 def memory_report(target: object, proposer: object | None = None, *, slots: int = 1, context: int = 0) -> dict:
-    """target_weight_bytes; proposer_bytes (its weights and caches beyond the target's);
+    """target_weight_bytes (`weight_bytes`); proposer_bytes (its weights and caches beyond the
+    target's, whatever it holds);
     kv_bytes_per_token; kv_bytes_per_slot at `context` positions and for `slots` slots;
     peak_rss_bytes."""
     per_token = kv_bytes_per_token(target)
-    weights_of = getattr(target, "model", target)
     report = {
-        "target_weight_bytes": tensor_bytes(weights_of, exclude=[getattr(target, "cache", None)]),
-        "proposer_bytes": tensor_bytes(proposer, exclude=[target, weights_of]) if proposer is not None else 0,
+        "target_weight_bytes": weight_bytes(target),
+        "proposer_bytes": tensor_bytes(proposer, exclude=[target, getattr(target, "model", None)]) if proposer else 0,
         "kv_bytes_per_token": per_token,
         "kv_bytes_per_slot": None if per_token is None else per_token * context,
         "kv_bytes_all_slots": None if per_token is None else per_token * context * slots,
