@@ -436,12 +436,18 @@ def test_cli_exports_and_refuses_bad_input_with_one_error_line_never_overwriting
         (["export-head", str(head_dir), "--format", "speculators", "--out", str(out)], "already exists"),
         (["export-head", str(head_dir), "--format", "onnx", "--out", str(tmp_path / "x")], "--format must be"),
         (["export-head", str(tmp_path / "nowhere"), "--format", "speculators", "--out", str(tmp_path / "x")], "is not a directory"),
-        (["export-head", str(medusa), "--format", "speculators", "--out", str(tmp_path / "x")], "holds a medusa head"),
-        (["export-head", str(head_dir), "--format", "vllm-medusa", "--out", str(tmp_path / "x")], "holds a eagle3 head"),
+        (["export-head", str(medusa), "--format", "speculators", "--out", str(tmp_path / "x")], "holds a head of kind 'medusa'"),
+        (["export-head", str(head_dir), "--format", "vllm-medusa", "--out", str(tmp_path / "x")], "holds a head of kind 'eagle3'"),
     ]
     for args, message in cases:
         assert main(args) == 2, args
         assert message in _one_error(capsys), args
+    eagle = save_head(new_head(HeadConfig("eagle", target_info(lm, "tiny"), (FINAL,), 20, layer={**TINY_LAYER, "num_attention_heads": 4}),
+                               torch.arange(20), lm), tmp_path / "eagle")
+    with pytest.raises(ValueError, match="holds a head of kind 'eagle', not an EAGLE-3 head; use eagle:"):
+        load_eagle3(eagle, lm)
+    with pytest.raises(ValueError, match="eagle3:DIR needs a head directory"):
+        build_proposer(f"eagle3:{tmp_path / 'nowhere'}", loaded(tiny_llama()))
     assert (out / "model.safetensors").read_bytes() == before
     assert not (tmp_path / "x").exists() and not (tmp_path / "x.partial").exists()
 

@@ -48,8 +48,9 @@ def write_speculators(head_dir: str | Path, out: str | Path, verifier: str | Non
     config = read_config(head_dir)
     if config.kind != "eagle3":
         raise ValueError(
-            f"{head_dir} holds a {config.kind} head; the speculators format takes an EAGLE-3 head "
-            "(verispec train --head eagle3); export a Medusa head with --format vllm-medusa"
+            f"{head_dir} holds a head of kind {config.kind!r}; the speculators format takes an EAGLE-3 head "
+            "(verispec train --head eagle3: the eagle head's layer has no vLLM counterpart); export a Medusa "
+            "head with --format vllm-medusa"
         )
     if any(tap == FINAL for tap in config.feature_layers) or list(config.feature_layers) != sorted(config.feature_layers):
         raise ValueError(
@@ -200,7 +201,7 @@ def load_eagle3(directory: str | Path, target: FeatureChannel, dtype: torch.dtyp
     if not is_speculators(directory):
         head = load_head(directory, target, dtype)
         if not isinstance(head, Eagle3Head):
-            raise ValueError(f"{directory} holds a {head.config.kind} head, not an EAGLE-3 head; use {head.config.kind}:{directory}")
+            raise ValueError(f"{directory} holds a head of kind {head.config.kind!r}, not an EAGLE-3 head; use {head.config.kind}:{directory}")
         return head
     config, state = read_speculators(directory, target)
     check_target(config, target)
@@ -214,7 +215,7 @@ def write_vllm_medusa(head_dir: str | Path, out: str | Path, target_output: torc
     output weight [V, H] (`target_output`) for such a head."""
     config = read_config(head_dir)
     if config.kind != "medusa":
-        raise ValueError(f"{head_dir} holds a {config.kind} head; --format vllm-medusa takes a Medusa head (an EAGLE-3 head exports with --format speculators)")
+        raise ValueError(f"{head_dir} holds a head of kind {config.kind!r}; --format vllm-medusa takes a Medusa head (an EAGLE-3 head exports with --format speculators)")
     if config.feature_layers != (FINAL,):
         raise ValueError(f"{head_dir} reads the taps {list(config.feature_layers)}; vLLM's Medusa reads the final hidden state only")
     state = read_weights(head_dir)
