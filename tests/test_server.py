@@ -274,3 +274,33 @@ def test_a_finite_reply_has_finite_numbers(client):
     numbers = [*reply["timings"].values(), *[v for v in reply["speculative_decoding"].values()
                                               if isinstance(v, float)]]
     assert all(math.isfinite(v) for v in numbers if isinstance(v, (int, float)))
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def one_error_line(capsys, argv: list[str]) -> str:
+    from verispec.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_serve_refuses_a_taken_port_before_loading(capsys, tmp_path):
+    from verispec.server.run import loopback_socket
+
+    taken = loopback_socket()
+    taken.listen()
+    try:
+        err = one_error_line(capsys, ["serve", "--model", str(tmp_path / "absent"), "--port",
+                                      str(taken.getsockname()[1])])
+    finally:
+        taken.close()
+    assert "cannot listen on 127.0.0.1:" in err and "choose another --host or --port" in err
+
+
+def test_serve_refuses_a_bad_k_and_a_bad_port(capsys):
+    assert "--k must be an integer >= 1" in one_error_line(capsys, ["serve", "--k", "many"])
+    assert "--port" in one_error_line(capsys, ["serve", "--port", "70000"])

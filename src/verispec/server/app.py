@@ -257,11 +257,12 @@ class ServerApp:
                            code="body_timeout") from None
         return b"".join(chunks)
 
-    def _budget(self, requested: int | None, prompt_tokens: int) -> int:
+    def _budget(self, requested: int | None, prompt_tokens: int, chat: bool) -> int:
         context = self.served.context
         if context is not None and prompt_tokens >= context:
             raise ApiError(400, f"the prompt has {prompt_tokens} tokens, but this model's context is {context} "
-                           "tokens in all; shorten the prompt", param="messages", code="context_length_exceeded")
+                           "tokens in all; shorten the prompt", param="messages" if chat else "prompt",
+                           code="context_length_exceeded")
         if requested is None:
             room = self.limits.default_max_tokens
             return room if context is None else min(room, context - prompt_tokens)
@@ -276,7 +277,7 @@ class ServerApp:
         served = self.served
         try:
             request = Request(
-                tuple(ids), self._budget(body.max_tokens, len(ids)), sampling=body.sampling(),
+                tuple(ids), self._budget(body.max_tokens, len(ids), chat), sampling=body.sampling(),
                 eos_token_ids=served.eos_token_ids, seed=fresh_seed() if body.seed is None else body.seed, proposer=served.proposer, k=served.k,
                 request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
             )
