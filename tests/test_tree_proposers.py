@@ -325,8 +325,9 @@ def test_short_contexts_and_empty_shapes_draft_empty_trees():
 
 def test_the_registry_marks_exactly_these_kinds_as_tree_proposers():
     """The draft model and random tokens fill trees too (tests/test_tree_reference.py covers them),
-    and lookahead (tests/test_lookahead.py)."""
-    assert sorted(name for name, kind in PROPOSERS.items() if kind.trees) == sorted((*KINDS, "draft", "random", "lookahead"))
+    lookahead (tests/test_lookahead.py) and the EAGLE-3 head (tests/test_eagle3.py)."""
+    expected = (*KINDS, "draft", "random", "lookahead", "eagle3")
+    assert sorted(name for name, kind in PROPOSERS.items() if kind.trees) == sorted(expected)
 
 
 # --- whole requests: engine == reference, greedy identity -------------------------------------

@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers.utils import logging as hf_logging
 
 from verispec import machine
-from verispec.bench import llamacpp, plots, quick, sweep, sweep_report
+from verispec.bench import llamacpp, plots, quick, sweep, sweep_report, vllm
 from verispec.bench.methods import DEFAULT_METHODS, Method, parse_methods
 from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
@@ -115,6 +115,8 @@ def make_runner(
     eos = target.eos_token_ids
     if method.family == "llamacpp":
         return llamacpp.make_runner(method, target)
+    if method.family == "vllm":
+        return vllm.make_runner(method, target)
     if method.family == "verispec":
         if method.proposer is None:
             return VerispecRunner(target.lm, None, 0, eos, sampling, seed)
@@ -191,6 +193,7 @@ def measure(settings: Settings, console: Console) -> dict:
     out = settings.out
     methods = chosen_methods(settings)
     llamacpp.require([m.name for m in methods if m.family == "llamacpp"], settings.sampling)
+    vllm.require([m.name for m in methods if m.family == "vllm"], settings.sampling)
     out.mkdir(parents=True, exist_ok=True)
     with console.status("loading the model"):
         target = quick_target(out) if settings.quick else load_model(
