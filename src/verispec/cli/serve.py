@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import sys
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -82,7 +83,9 @@ def serve(
     from verispec.batching import RegistryBuilder, Scheduler
     from verispec.models.load import load_model
 
+    start = time.perf_counter()
     loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    print(f"loaded {model} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
     served = ServedModel.of(loaded, served_model_name or model, proposer, k_value)
@@ -136,8 +139,11 @@ def measured_batch_costs(lm: object, prompt_ids: list[int], slots: int) -> objec
         from verispec.profile import measure_batch_costs
     except ImportError:
         return None
-    print("measuring the batched forward's cost ...", file=sys.stderr, flush=True)
-    measured = measure_batch_costs(lm, prompt_ids, slots=slots)
+    print("measuring the batched forward's cost ...", end=" ", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    # Only v(rows) plans k (no per-context timings); three repeats keep the start short.
+    measured = measure_batch_costs(lm, prompt_ids, slots=slots, contexts=(), repeats=3)
+    print(f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return getattr(measured, "costs", measured)  # a profile with its costs, or the costs
 
 
@@ -146,8 +152,10 @@ def warm_up(scheduler: object, served: object, prompt_ids: list[int]) -> None:
     profiles the k policy (`--k auto`), which the first clients would otherwise wait for."""
     from verispec.request import Request
 
-    print("warming up ...", file=sys.stderr, flush=True)
+    print("warming up ...", end=" ", file=sys.stderr, flush=True)
+    start = time.perf_counter()
     for _ in range(scheduler.max_slots):
         scheduler.submit(Request(tuple(prompt_ids), 4, eos_token_ids=served.eos_token_ids, proposer=served.proposer,
                                  k=served.k))
     scheduler.run()
+    print(f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
