@@ -360,7 +360,7 @@ class Reply:
     async def events(self, output: Output, cancel: Callable[[], None]) -> AsyncIterator[str]:
         """The server-sent events of a streamed reply; the job is cancelled if they stop early
         (the client left: Starlette cancels this generator)."""
-        deltas = output._queue()
+        deltas = output.queue()
         try:
             if self.chat:
                 yield sse({**self._head(True), "choices": [self._choice(output, "", None, {"role": "assistant",

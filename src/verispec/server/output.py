@@ -76,7 +76,7 @@ class Output:
             self._add(self.stream.flush())
         self.finished = finished
         self._release(self.text[self.sent :])
-        self._queue().put_nowait(finished)
+        self.queue().put_nowait(finished)
         if self._done is not None and not self._done.done():
             self._done.set_result(finished)
         self.on_finish(self)
@@ -96,7 +96,8 @@ class Output:
             self._done = asyncio.get_running_loop().create_future()
         return await self._done
 
-    def _queue(self) -> asyncio.Queue:
+    def queue(self) -> asyncio.Queue:
+        """The handler's events: text deltas, then the `Finished` (made on first use, on the loop)."""
         if self.deltas is None:
             self.deltas = asyncio.Queue()
         return self.deltas
@@ -117,7 +118,7 @@ class Output:
     def _release(self, piece: str) -> None:
         if piece:
             self.sent += len(piece)
-            self._queue().put_nowait(piece)
+            self.queue().put_nowait(piece)
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
