@@ -93,8 +93,8 @@ def test_a_client_that_leaves_a_whole_reply_frees_its_slot(loaded):
 
 def test_slow_clients_are_dropped_and_the_others_served(loaded):
     """Ten connections sending their heads a byte at a time (slowloris), one whose body stalls:
-    the heads are cut after head_seconds, the body gets 408, and requests meanwhile succeed."""
-    limits = Limits(head_seconds=1.0, body_seconds=1.0)
+    the heads are cut after head_seconds (2 s), the body gets 408, and requests meanwhile succeed."""
+    limits = Limits(head_seconds=2.0, body_seconds=1.0)
     with running(loaded, limits=limits) as server:
         slow = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(10)]
         head = b"POST /v1/completions HTTP/1.1\r\nHost: slow\r\nX-Padding: " + b"a" * 100
