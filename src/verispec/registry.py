@@ -13,8 +13,9 @@ audit builds it on rational tables (or why it cannot), and a one-line descriptio
     >>> parse_k("auto:fast.json")
     KSpec(kind='auto', k=None, profile='fast.json', widths=None)
 
-A new proposer is one module (its `Proposer` class) plus one `register(ProposerKind(...))` call
-in this file (or in the module that defines it, imported before use).
+A new proposer is one module (its `Proposer` class, its builder and its audit fixture) plus one
+`register(ProposerKind(...))` call in this file (or in the module that defines it, imported
+before use).
 
 This module stays light (no torch, no transformers at import): the CLI's help text reads it.
 Builders import what they need when they run.
@@ -22,6 +23,7 @@ Builders import what they need when they run.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -311,207 +313,18 @@ def _tree_policy(
 
 
 # ---- the proposer kinds -----------------------------------------------------------------
+# Each builder and audit fixture lives beside what it builds; the table names them, and a
+# reference imports its module when first called, so reading the table imports no proposer.
 
 
-def _lookup(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
-    from verispec.proposers.prompt_lookup import PromptLookup
+def _ref(module: str, name: str, *bound: str) -> Callable:
+    """`module.name`, imported when called; `bound` goes first (a family's kind, e.g. "eagle")."""
 
-    return PromptLookup()
+    def call(*args):
+        return getattr(importlib.import_module(module), name)(*bound, *args)
 
-
-def _suffix(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
-    from verispec.proposers.suffix_index import SuffixIndex
-
-    return SuffixIndex(corpus)
-
-
-def _draft(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
-    from verispec.models.load import load_model
-    from verispec.proposers.draft_model import DraftModel
-
-    draft = load_model(argument, dtype=target.dtype)
-    return DraftModel(draft.lm, tokenizers=(target.tokenizer, draft.tokenizer))
-
-
-def _layerskip(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
-    from verispec.proposers.layer_skip import LayerSkip
-
-    total = target.config.num_hidden_layers
-    vocab_size = target.lm.vocab_size
-    parts = argument.split(":")
-    if len(parts) > 2:
-        raise ValueError(f"layerskip needs layerskip:L or layerskip:L:N, got 'layerskip:{argument}'")
-    layers = _integer(parts[0], "layerskip:L needs an integer number of layers L")
-    if not 1 <= layers < total:
-        raise ValueError(f"layerskip:L needs 1 <= L < {total} (the target has {total} layers), got {layers}")
-    head_tokens = None
-    if len(parts) == 2:
-        head_tokens = _integer(parts[1], "layerskip:L:N needs an integer number of head tokens N")
-        if not 1 <= head_tokens <= vocab_size:
-            raise ValueError(f"layerskip:L:N needs 1 <= N <= {vocab_size} (the vocabulary size), got {head_tokens}")
-    return LayerSkip(target.lm, layers, head_tokens, corpus)
-
-
-def _selfdraft(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
-    from verispec.proposers.self_draft import FORMATS, SelfDraft
-
-    fmt = argument or "q4"
-    if fmt not in FORMATS:
-        raise ValueError(f"selfdraft:FORMAT takes q4 or int8, got 'selfdraft:{argument}'")
-    gguf = target.source if fmt == "q4" and target.source.is_file() else None
-    return SelfDraft(target.transformers_model(), fmt, gguf=gguf, runtime=target.runtime)
-
-
-def _random(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
-    from verispec.proposers.random_tokens import RandomTokens
-
-    return RandomTokens(target.lm.vocab_size)
-
-
-LOOKAHEAD_OPTIONS = {"W": "window", "N": "ngram", "G": "pool"}
-
-
-def _lookahead(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
-    from verispec.proposers.lookahead import LookaheadProposer
-
-    return LookaheadProposer(**lookahead_options(argument))
-
-
-def lookahead_options(argument: str) -> dict[str, int]:
-    """The keyword arguments of `lookahead:W=5:N=4:G=5` (any of the three, in any order).
-
-    >>> lookahead_options("N=3:W=8")
-    {'ngram': 3, 'window': 8}
-    """
-    options: dict[str, int] = {}
-    for part in argument.split(":") if argument else []:
-        key, equals, value = part.partition("=")
-        if not equals or key not in LOOKAHEAD_OPTIONS:
-            raise ValueError(
-                f"lookahead options are W=window, N=n-gram size and G=pool width joined by ':' "
-                f"(e.g. lookahead:W=5:N=4:G=5), got {part!r} in 'lookahead:{argument}'"
-            )
-        if LOOKAHEAD_OPTIONS[key] in options:
-            raise ValueError(f"lookahead option {key} is given twice in 'lookahead:{argument}'")
-        options[LOOKAHEAD_OPTIONS[key]] = _integer(value, f"lookahead option {key} needs an integer")
-    return options
-
-
-def _integer(text: str, message: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{message}, got {text!r}") from None
-
-
-def _audit_lookup(tables: Tables) -> Proposer:
-    from verispec.proposers.prompt_lookup import PromptLookup
-
-    return PromptLookup(max_ngram=3)
-
-
-def _audit_suffix(tables: Tables) -> Proposer:
-    from verispec.proposers.suffix_index import SuffixIndex
-
-    # A corpus (the vocabulary descending, twice) makes its drafts differ from prompt
-    # lookup's; min_prob 0 drafts whenever anything matched.
-    return SuffixIndex([[*range(tables.target.vocab_size - 1, -1, -1)] * 2], min_prob=0)
-
-
-def _audit_draft(tables: Tables) -> Proposer:
-    from verispec.proposers.draft_model import DraftModel
-
-    return DraftModel(tables.draft)
-
-
-def _audit_random(tables: Tables) -> Proposer:
-    from verispec.proposers.random_tokens import RandomTokens
-
-    return RandomTokens(tables.target.vocab_size)
-
-
-def _audit_lookahead(tables: Tables) -> Proposer:
-    from verispec.proposers.lookahead import LookaheadProposer
-
-    # Bigrams, so the pool offers continuations from the second round of a 3-4 token request.
-    return LookaheadProposer(window=3, ngram=2, pool=2)
-
-
-def _head(kind: str) -> Callable[[str, LoadedModel, Corpus], Proposer]:
-    def build(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
-        from verispec.proposers.trained import head_proposer
-
-        directory, head_format = head_options(kind, argument)
-        return head_proposer(kind, directory, target.lm, head_format)
-
-    return build
-
-
-def head_options(kind: str, argument: str) -> tuple[str | None, str]:
-    """The head directory (None: the shipped head) and head format of `eagle[:DIR][:weights=F]`.
-
-    >>> head_options("eagle", "heads/mine:weights=bfloat16")
-    ('heads/mine', 'bfloat16')
-    >>> head_options("eagle", "")
-    (None, 'auto')
-    """
-    from verispec.proposers.trained import HEAD_FORMATS
-
-    directory, _, last = argument.rpartition(":")
-    if not last.startswith("weights="):
-        return argument or None, "auto"
-    head_format = last.removeprefix("weights=")
-    if head_format != "auto" and head_format not in HEAD_FORMATS:
-        raise ValueError(
-            f"{kind}:...:weights=F takes auto, {', '.join(HEAD_FORMATS)}; got {head_format!r} in '{kind}:{argument}'"
-        )
-    return directory or None, head_format
-
-
-def _audit_head(kind: str) -> Callable[[Tables], Proposer]:
-    def build(tables: Tables) -> Proposer:
-        from verispec.heads.untrained import tiny_head
-        from verispec.proposers.eagle import EagleProposer
-        from verispec.proposers.medusa import MedusaProposer
-
-        # An untrained float64 head on the table's deterministic features: exactness must not
-        # depend on the weights, and an untrained q rejects often (every repair path).
-        proposer = EagleProposer if kind == "eagle" else MedusaProposer
-        return proposer(tiny_head(kind, tables.target), tables.target)
-
-    return build
-
-
-# The shortest n-gram match whose continuation `lookup+HEAD` copies instead of asking the head.
-# 1: lookup drafts whenever it would alone and the head fills only the rounds it has nothing
-# for, so the combination never drafts worse than lookup. Measured (bf16, 6 extraction / rag /
-# translation dev prompts, greedy, k 4, an untrained EAGLE head): tokens per round 2.15 at 1,
-# 1.83 at 2 (the head took lookup's one-token-match rounds and lost them), lookup alone 2.12.
-COPY_MIN_MATCH = 1
-# The audit's tables have 2-4 tokens, where a one-token match nearly always exists: its builder
-# asks for two tokens so the head drafts too (the choice's exactness does not depend on it; the
-# reference-equality property test draws it from 1..3).
-AUDIT_COPY_MIN_MATCH = 2
-
-
-def _copy_or_head(kind: str) -> Callable[[str, LoadedModel, Corpus], Proposer]:
-    def build(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
-        from verispec.proposers.copy_or_head import CopyOrHead
-        from verispec.proposers.prompt_lookup import PromptLookup
-
-        return CopyOrHead(PromptLookup(min_ngram=COPY_MIN_MATCH), _head(kind)(argument, target, corpus))
-
-    return build
-
-
-def _audit_copy_or_head(kind: str) -> Callable[[Tables], Proposer]:
-    def build(tables: Tables) -> Proposer:
-        from verispec.proposers.copy_or_head import CopyOrHead
-        from verispec.proposers.prompt_lookup import PromptLookup
-
-        return CopyOrHead(PromptLookup(min_ngram=AUDIT_COPY_MIN_MATCH), _audit_head(kind)(tables))
-
-    return build
+    call.__qualname__ = call.__name__ = f"{module}.{name}{bound or ''}"
+    return call
 
 
 def _shipped(kind: str, spec: str | None = None) -> str | None:
@@ -528,86 +341,72 @@ def _default_draft() -> str:
     return f"draft:{DEFAULT_MODEL}"
 
 
+_P = "verispec.proposers."
 register(ProposerKind(
-    "lookup", "lookup", "chosen", _lookup,
+    "lookup", "lookup", "chosen", _ref(_P + "prompt_lookup", "build"),
     "prompt lookup: continues the longest recent n-gram match in the request itself",
-    audit=_audit_lookup, example="lookup", trees=True,
+    audit=_ref(_P + "prompt_lookup", "audit_fixture"), example="lookup", trees=True,
 ))
 register(ProposerKind(
-    "suffix", "suffix", "chosen", _suffix,
+    "suffix", "suffix", "chosen", _ref(_P + "suffix_index", "build"),
     "suffix index over the request and a corpus; drafts the most frequent continuation",
-    audit=_audit_suffix, example="suffix", trees=True,
+    audit=_ref(_P + "suffix_index", "audit_fixture"), example="suffix", trees=True,
 ))
 register(ProposerKind(
-    "lookahead", "lookahead[:W=5:N=4:G=5]", "chosen", _lookahead,
+    "lookahead", "lookahead[:W=5:N=4:G=5]", "chosen", _ref(_P + "lookahead", "build"),
     "lookahead decoding: Jacobi guesses on a window of W tokens feed a pool of N-grams (G per first token)",
-    audit=_audit_lookahead, example="lookahead", trees=True,
+    audit=_ref(_P + "lookahead", "audit_fixture"), example="lookahead", trees=True,
 ))
 register(ProposerKind(
-    "draft", "draft:PATH", "sampled", _draft,
+    "draft", "draft:PATH", "sampled", _ref(_P + "draft_model", "build"),
     "a smaller model with the target's tokenizer (.gguf file, checkpoint directory or name)",
-    audit=_audit_draft, example=_default_draft(), trees=True,
+    audit=_ref(_P + "draft_model", "audit_fixture"), example=_default_draft(), trees=True,
 ))
 register(ProposerKind(
-    "layerskip", "layerskip:L[:N]", "sampled", _layerskip,
+    "layerskip", "layerskip:L[:N]", "sampled", _ref(_P + "layer_skip", "build"),
     "the target's first L layers and its head (pruned to N tokens when N is given)",
     not_audited="it needs a transformer's layers, which the audit's rational tables lack; its "
     "drafts are sampled with their q like draft's, whose rules the audit covers",
     example="layerskip:8",
 ))
 register(ProposerKind(
-    "selfdraft", "selfdraft[:FORMAT]", "sampled", _selfdraft,
+    "selfdraft", "selfdraft[:FORMAT]", "sampled", _ref(_P + "self_draft", "build"),
     "the target's own weights on int4 kernels (FORMAT q4, the default; a GGUF's own 4-bit blocks) or int8",
     not_audited="it needs a transformer's weights to quantize, which the audit's rational tables "
     "lack; its drafts are sampled with their q like draft's, whose rules the audit covers",
     example="selfdraft:q4",
 ))
 register(ProposerKind(
-    "random", "random", "sampled", _random,
+    "random", "random", "sampled", _ref(_P + "random_tokens", "build"),
     "uniform random tokens: the baseline an adaptive k must learn to turn off",
-    audit=_audit_random, example="random", trees=True,
+    audit=_ref(_P + "random_tokens", "audit_fixture"), example="random", trees=True,
 ))
 register(ProposerKind(
-    "eagle", "eagle[:DIR][:weights=F]", "sampled", _head("eagle"),
+    "eagle", "eagle[:DIR][:weights=F]", "sampled", _ref(_P + "trained", "build", "eagle"),
     "a trained EAGLE-style head drafting in the target's feature space (DIR: from verispec train; "
     "none: the head shipped for the default model; F: how it drafts, auto, int8, bfloat16 or float32)",
-    audit=_audit_head("eagle"), example=_shipped("eagle"), trees=True,
+    audit=_ref(_P + "trained", "audit_fixture", "eagle"), example=_shipped("eagle"), trees=True,
 ))
-
-
-def _eagle3(argument: str, target: LoadedModel, corpus: Corpus) -> Proposer:
-    from verispec.proposers.eagle3 import eagle3_proposer
-
-    directory, head_format = head_options("eagle3", argument)
-    return eagle3_proposer(directory, target.lm, head_format)
-
-
-def _audit_eagle3(tables: Tables) -> Proposer:
-    from verispec.heads.untrained import tiny_head
-    from verispec.proposers.eagle import EagleProposer
-
-    return EagleProposer(tiny_head("eagle3", tables.target), tables.target)
-
-
 register(ProposerKind(
-    "eagle3", "eagle3[:DIR][:weights=F]", "sampled", _eagle3,
+    "eagle3", "eagle3[:DIR][:weights=F]", "sampled", _ref(_P + "eagle3", "build"),
     "a trained EAGLE-3 head in the standard layout vLLM serves (DIR: from verispec train --head eagle3, or a "
     "speculators-format checkpoint; F as for eagle)",
-    audit=_audit_eagle3, trees=True,
+    audit=_ref(_P + "trained", "audit_fixture", "eagle3"), trees=True,
 ))
 register(ProposerKind(
-    "medusa", "medusa[:DIR][:weights=F]", "sampled", _head("medusa"),
+    "medusa", "medusa[:DIR][:weights=F]", "sampled", _ref(_P + "trained", "build", "medusa"),
     "K trained residual heads on the target's last feature (DIR: from verispec train; none: the "
     "shipped head; F as for eagle)",
-    audit=_audit_head("medusa"), example=_shipped("medusa"), trees=True,
+    audit=_ref(_P + "trained", "audit_fixture", "medusa"), example=_shipped("medusa"), trees=True,
 ))
 register(ProposerKind(
-    "lookup+eagle", "lookup+eagle[:DIR][:weights=F]", "mixed", _copy_or_head("eagle"),
+    "lookup+eagle", "lookup+eagle[:DIR][:weights=F]", "mixed", _ref(_P + "copy_or_head", "build", "eagle"),
     "prompt lookup's draft whenever it has one (chosen), else the EAGLE-style head's sampled draft (DIR and F as for eagle)",
-    audit=_audit_copy_or_head("eagle"), example=_shipped("eagle", "lookup+eagle"), trees=True,
+    audit=_ref(_P + "copy_or_head", "audit_fixture", "eagle"), example=_shipped("eagle", "lookup+eagle"), trees=True,
 ))
 register(ProposerKind(
-    "lookup+medusa", "lookup+medusa[:DIR][:weights=F]", "mixed", _copy_or_head("medusa"),
+    "lookup+medusa", "lookup+medusa[:DIR][:weights=F]", "mixed", _ref(_P + "copy_or_head", "build", "medusa"),
     "prompt lookup's draft whenever it has one (chosen), else the Medusa heads' sampled draft (DIR and F as for medusa)",
-    audit=_audit_copy_or_head("medusa"), example=_shipped("medusa", "lookup+medusa"), trees=True,
+    audit=_ref(_P + "copy_or_head", "audit_fixture", "medusa"), example=_shipped("medusa", "lookup+medusa"),
+    trees=True,
 ))

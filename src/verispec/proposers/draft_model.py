@@ -24,15 +24,20 @@ tokens is refused with the tokenizer report (`verispec.tokenizer_contract`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from verispec.models.base import CausalLM
 from verispec.drafts import Draft, TreeDraft
+from verispec.models.base import CausalLM
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities, to_host
 from verispec.tokenizer_contract import check_tokenizers
 from verispec.tree_shape import TreeShape, fill, ranked_top, sample
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+    from verispec.models.table_pair import Tables
 
 
 class DraftModel:
@@ -143,3 +148,15 @@ class DraftModel:
         if self.sampling.greedy or not tokens:
             return Draft(tuple(tokens))
         return Draft(tuple(tokens), torch.stack(q_rows))
+
+
+def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> DraftModel:
+    """`draft:PATH`: the model at PATH in the target's dtype; its tokenizer must be the target's."""
+    from verispec.models.load import load_model
+
+    draft = load_model(argument, dtype=target.dtype)
+    return DraftModel(draft.lm, tokenizers=(target.tokenizer, draft.tokenizer))
+
+
+def audit_fixture(tables: Tables) -> DraftModel:
+    return DraftModel(tables.draft)

@@ -13,10 +13,16 @@ and no weight format changes the output's law.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Proposer
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+    from verispec.models.table_pair import Tables
 
 
 def eagle3_proposer(directory: str | None, target: CausalLM, head_format: str = "auto") -> Proposer:
@@ -41,3 +47,11 @@ def eagle3_proposer(directory: str | None, target: CausalLM, head_format: str = 
     dtype, weight_format = HEAD_FORMATS[head_format]
     head = load_eagle3(directory, target, dtype)
     return EagleProposer(for_drafting(head, weight_format), target)
+
+
+def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
+    """`eagle3[:DIR][:weights=F]`."""
+    from verispec.proposers.trained import head_options
+
+    directory, head_format = head_options("eagle3", argument)
+    return eagle3_proposer(directory, target.lm, head_format)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -30,6 +31,11 @@ from verispec.heads.vocab import check_d2t
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
 from verispec.proposers.draft_model import DraftModel
+from verispec.proposers.options import integer
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+    from verispec.models.table_pair import Tables
 
 
 class PrunedHead(nn.Module):
@@ -150,3 +156,21 @@ class LayerSkip(DraftModel):
         self.layers = layers
         self.head_tokens = None if head is None else head.token_ids
 
+
+def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> LayerSkip:
+    """`layerskip:L[:N]`: the target's first L layers (1 <= L < its layers), its head pruned to
+    the N (1 <= N <= its vocabulary) most frequent tokens of `corpus` when N is given."""
+    total = target.config.num_hidden_layers
+    vocab_size = target.lm.vocab_size
+    parts = argument.split(":")
+    if len(parts) > 2:
+        raise ValueError(f"layerskip needs layerskip:L or layerskip:L:N, got 'layerskip:{argument}'")
+    layers = integer(parts[0], "layerskip:L needs an integer number of layers L")
+    if not 1 <= layers < total:
+        raise ValueError(f"layerskip:L needs 1 <= L < {total} (the target has {total} layers), got {layers}")
+    head_tokens = None
+    if len(parts) == 2:
+        head_tokens = integer(parts[1], "layerskip:L:N needs an integer number of head tokens N")
+        if not 1 <= head_tokens <= vocab_size:
+            raise ValueError(f"layerskip:L:N needs 1 <= N <= {vocab_size} (the vocabulary size), got {head_tokens}")
+    return LayerSkip(target.lm, layers, head_tokens, corpus)

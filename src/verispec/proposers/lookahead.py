@@ -56,13 +56,20 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from verispec.drafts import ROOT, Draft, TreeDraft
+from verispec.proposers.options import integer
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape, fill
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+    from verispec.models.table_pair import Tables
+
 
 WINDOW, NGRAM, POOL = 5, 4, 5  # the defaults of `lookahead` (W, N, G)
 
@@ -245,3 +252,36 @@ def _trie(shape: TreeShape, sequences: Sequence[Sequence[int]]) -> TreeDraft:
         return list(dict.fromkeys(s[depth] for s in sequences if len(s) > depth and tuple(s[:depth]) == path))
 
     return fill(shape, candidates)
+
+
+OPTIONS = {"W": "window", "N": "ngram", "G": "pool"}
+
+
+def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> LookaheadProposer:
+    """`lookahead[:W=5:N=4:G=5]`."""
+    return LookaheadProposer(**lookahead_options(argument))
+
+
+def lookahead_options(argument: str) -> dict[str, int]:
+    """The keyword arguments of `lookahead:W=5:N=4:G=5` (any of the three, in any order).
+
+    >>> lookahead_options("N=3:W=8")
+    {'ngram': 3, 'window': 8}
+    """
+    options: dict[str, int] = {}
+    for part in argument.split(":") if argument else []:
+        key, equals, value = part.partition("=")
+        if not equals or key not in OPTIONS:
+            raise ValueError(
+                f"lookahead options are W=window, N=n-gram size and G=pool width joined by ':' "
+                f"(e.g. lookahead:W=5:N=4:G=5), got {part!r} in 'lookahead:{argument}'"
+            )
+        if OPTIONS[key] in options:
+            raise ValueError(f"lookahead option {key} is given twice in 'lookahead:{argument}'")
+        options[OPTIONS[key]] = integer(value, f"lookahead option {key} needs an integer")
+    return options
+
+
+def audit_fixture(tables: Tables) -> LookaheadProposer:
+    # Bigrams, so the pool offers continuations from the second round of a 3-4 token request.
+    return LookaheadProposer(window=3, ngram=2, pool=2)

@@ -18,11 +18,16 @@ long as that copy lasts, and siblings only add to it. Worked example: in the con
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape, fill
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+    from verispec.models.table_pair import Tables
 
 
 class PromptLookup:
@@ -101,3 +106,13 @@ def continuation_tree(context: Sequence[int], starts: Sequence[int], shape: Tree
         return ranked
 
     return fill(shape, candidates)
+
+
+def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> PromptLookup:
+    """`lookup`: prompt lookup with its defaults."""
+    return PromptLookup()
+
+
+def audit_fixture(tables: Tables) -> PromptLookup:
+    """`lookup` on the audit's tables: n-grams up to 3 tokens (a table's request is 2-4 tokens)."""
+    return PromptLookup(max_ngram=3)

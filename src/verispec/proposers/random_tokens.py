@@ -16,6 +16,7 @@ SpecInfer's rule and left out at temperature 0.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +24,10 @@ from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities
 from verispec.tree_shape import TreeShape, sample
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+    from verispec.models.table_pair import Tables
 
 
 class RandomTokens:
@@ -61,3 +66,12 @@ class RandomTokens:
         if sampling.greedy:
             return torch.full((self.vocab_size,), 1.0 / self.vocab_size, dtype=torch.float64)
         return probabilities(torch.zeros(1, self.vocab_size, dtype=torch.float64), sampling)[0]
+
+
+def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> RandomTokens:
+    """`random`: uniform tokens over the target's vocabulary."""
+    return RandomTokens(target.lm.vocab_size)
+
+
+def audit_fixture(tables: Tables) -> RandomTokens:
+    return RandomTokens(tables.target.vocab_size)

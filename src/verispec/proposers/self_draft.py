@@ -20,6 +20,8 @@ checkpoint, where q4 plainly would be a different model).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from transformers import PreTrainedModel
 
@@ -28,6 +30,11 @@ from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime, fast_runtime_refusal
 from verispec.models.quantized import quantized_model
 from verispec.proposers.draft_model import DraftModel
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+    from verispec.models.table_pair import Tables
+
 
 FORMATS = ("q4", "int8")
 
@@ -70,3 +77,12 @@ class SelfDraft(DraftModel):
         super().__init__(lm)
         self.fmt = fmt
         self.runtime = "hf" if isinstance(lm, HFCausalLM) else "fast"
+
+
+def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> SelfDraft:
+    """`selfdraft[:FORMAT]`: the target's weights in q4 (default; a GGUF target's own blocks) or int8."""
+    fmt = argument or "q4"
+    if fmt not in FORMATS:
+        raise ValueError(f"selfdraft:FORMAT takes q4 or int8, got 'selfdraft:{argument}'")
+    gguf = target.source if fmt == "q4" and target.source.is_file() else None
+    return SelfDraft(target.transformers_model(), fmt, gguf=gguf, runtime=target.runtime)

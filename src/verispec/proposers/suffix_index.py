@@ -43,11 +43,17 @@ no randomness. `propose_stateless` recounts everything by brute force over the r
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape, fill
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+    from verispec.models.table_pair import Tables
+
 
 # token -> (N(s, token), indexing position of its most recent occurrence after s)
 Counts = dict[int, tuple[int, int]]
@@ -225,3 +231,14 @@ def _advance(suffixes: list[_Node], token: int, root: _Node, max_match: int) -> 
             break
         grown.append(child)
     return grown
+
+
+def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> SuffixIndex:
+    """`suffix`: the index over `corpus` (token-id sequences, e.g. encoded prompts)."""
+    return SuffixIndex(corpus)
+
+
+def audit_fixture(tables: Tables) -> SuffixIndex:
+    # A corpus (the vocabulary descending, twice) makes its drafts differ from prompt
+    # lookup's; min_prob 0 drafts whenever anything matched.
+    return SuffixIndex([[*range(tables.target.vocab_size - 1, -1, -1)] * 2], min_prob=0)

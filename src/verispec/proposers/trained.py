@@ -7,7 +7,9 @@ Without DIR the head shipped for the default model is loaded (package data under
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,6 +17,11 @@ from verispec.machine import native_bf16
 from verispec.models import DEFAULT_MODEL
 from verispec.models.base import CausalLM
 from verispec.proposers.base import Proposer
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+    from verispec.models.table_pair import Tables
+
 
 HEAD_KINDS = ("eagle", "medusa")
 # How a head drafts: the dtype it computes in and its projections' weight format. The head only
@@ -100,3 +107,40 @@ def default_proposer(model: str) -> str:
     if model == DEFAULT_MODEL and (default_head("eagle") / "config.json").exists():
         return BEST_WITH_HEAD
     return BEST_WITHOUT_HEAD
+
+
+def build(kind: str, argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
+    """`kind[:DIR][:weights=F]` (kind eagle or medusa)."""
+    directory, head_format = head_options(kind, argument)
+    return head_proposer(kind, directory, target.lm, head_format)
+
+
+def head_options(kind: str, argument: str) -> tuple[str | None, str]:
+    """The head directory (None: the shipped head) and head format of `eagle[:DIR][:weights=F]`.
+
+    >>> head_options("eagle", "heads/mine:weights=bfloat16")
+    ('heads/mine', 'bfloat16')
+    >>> head_options("eagle", "")
+    (None, 'auto')
+    """
+    directory, _, last = argument.rpartition(":")
+    if not last.startswith("weights="):
+        return argument or None, "auto"
+    head_format = last.removeprefix("weights=")
+    if head_format != "auto" and head_format not in HEAD_FORMATS:
+        raise ValueError(
+            f"{kind}:...:weights=F takes auto, {', '.join(HEAD_FORMATS)}; got {head_format!r} in '{kind}:{argument}'"
+        )
+    return directory or None, head_format
+
+
+def audit_fixture(kind: str, tables: Tables) -> Proposer:
+    """A `kind` proposer (eagle, eagle3 or medusa) on the audit's tables."""
+    from verispec.heads.untrained import tiny_head
+    from verispec.proposers.eagle import EagleProposer
+    from verispec.proposers.medusa import MedusaProposer
+
+    # An untrained float64 head on the table's deterministic features: exactness must not
+    # depend on the weights, and an untrained q rejects often (every repair path).
+    proposer = MedusaProposer if kind == "medusa" else EagleProposer
+    return proposer(tiny_head(kind, tables.target), tables.target)
