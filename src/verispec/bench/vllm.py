@@ -104,7 +104,8 @@ class VllmRunner:
         self.method = method
         self.eos_token_ids = list(target.eos_token_ids)
         dtype = str(target.dtype).removeprefix("torch.")
-        self.process = spawn([str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # -P: the worker's own directory (which holds this module, vllm.py) must not shadow vLLM
+        self.process = spawn([str(python), "-P", str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._send({"target": str(checkpoint_directory(target)), "dtype": dtype, "eager": eager, "seed": 0,
                     "max_model_len": max_model_len, "speculative_config": speculative_config(method)})
         ready = self._receive()
@@ -120,11 +121,13 @@ class VllmRunner:
         answer = self._receive()
         tokens = answer["tokens"]
         clock.per_round = rounds(tokens, answer["drafts"]) if self.method.proposer else [1] * len(tokens)
-        clock.arrived()  # not streamed: the first tokens arrive with the last
         if on_token is not None:
             for token in tokens:
                 on_token(token)
+        # Not streamed: every token arrives with the last, so the first-token time is the wall
+        # time and there is no decode rate to report apart from it.
         outcome = clock.outcome(tokens)
+        outcome.first_tokens = len(tokens)
         outcome.peer = f"vLLM {self.engine['vllm']} (its own kernels)"
         return outcome
 
