@@ -12,7 +12,8 @@ docs/results/NAME.json, the `summary.json` that `verispec bench --out NAME` wrot
 
 One run gives one row per method (tok/s, ratio to plain, tau, greedy identity); several runs
 give one column pair per run (ratio to plain, tau), so one table compares dtypes or
-temperatures of one command. Every number is read from the summaries, never typed by hand, so
+temperatures of one command; a concurrency sweep gives, per method, each level's aggregate
+tok/s, ratio to plain and k. Every number is read from the summaries, never typed by hand, so
 `tests/test_docs.py` fails when a table and its summary disagree.
 """
 
@@ -106,7 +107,39 @@ def multi_table(names: list[str]) -> str:
     return "\n".join(rows)
 
 
+def sweep_table(name: str) -> str:
+    """A concurrency sweep (`verispec bench --concurrency`): per method and level, aggregate
+    tok/s and its ratio to verispec-plain at the same level, the k drafted per round, and where
+    speculation stops paying."""
+    run = summary(name)
+    levels = [str(c) for c in run["levels"]]
+    head = "| method |" + "".join(f" c = {c}: tok/s | x plain | k |" for c in levels)
+    rows = [head, "|---|" + "---|---|---|" * len(levels)]
+    for method, by_level in run["results"].items():
+        cells = []
+        for c in levels:
+            r = by_level.get(c)
+            if r is None:
+                cells.append(" | | |")
+                continue
+            k = "-" if r.get("drafted_per_round") is None else f"{r['drafted_per_round']:.2f}"
+            cells.append(f" {r['tokens_per_second']['median']:.1f} | {r['over_plain']['median']:.2f}x | {k} |")
+        rows.append(f"| {_label(method, run)} |" + "".join(cells))
+    rows.append("")
+    stops = [
+        f"{method} at c = {x['concurrency']} ({x['rows']:.1f} rows a step, v = {x['v_rows']:.2f} against plain's "
+        f"{x['v_plain_rows']:.2f} at {x['plain_rows']})"
+        for method, x in run.get("crossover", {}).items() if x.get("concurrency") is not None
+    ]
+    rows.append("Speculation stops paying: " + ("; ".join(stops) if stops else "at no level measured") + ".")
+    rows.append("")
+    rows.append(f"Run `{name}` ({_settings(run)}, concurrency {', '.join(levels)}) on {_machine(run)}.")
+    return "\n".join(rows)
+
+
 def table(names: list[str]) -> str:
+    if len(names) == 1 and "levels" in summary(names[0]):
+        return sweep_table(names[0])
     return single_table(names[0]) if len(names) == 1 else multi_table(names)
 
 
