@@ -22,7 +22,7 @@ from verispec.models.load import LoadedModel, load_tokenizer
 from verispec.proposers import DraftModel, PromptLookup, RandomTokens, SuffixIndex
 from verispec.proposers.base import Draft
 from verispec.proposers.layer_skip import LayerSkip
-from verispec.registry import PROPOSERS, KSpec, ProposerKind, build_proposer, check_k, parse_k, register
+from verispec.registry import PROPOSERS, KSpec, ProposerKind, ProposerSpec, build_proposer, check_k, parse_k, register
 
 VOCAB = 64
 
@@ -260,3 +260,65 @@ def test_the_readme_table_matches_the_registry():
         for kind in PROPOSERS.values()
     ]
     assert rows == expected, "README's proposer table should read:\n" + "\n".join(expected)
+
+
+# --- a spec is parsed once, where it enters --------------------------------------------------
+
+
+def test_a_spec_parses_into_its_kinds_typed_options():
+    from verispec.proposers.layer_skip import LayerSkipSpec
+    from verispec.proposers.lookahead import LookaheadSpec
+    from verispec.proposers.trained import HeadSpec
+    from verispec.registry import ProposerSpec, parse_spec
+
+    assert parse_spec(" lookup ").options is None and str(parse_spec(" lookup ")) == "lookup"
+    assert parse_spec("layerskip:8:512").options == LayerSkipSpec(8, 512)
+    assert parse_spec("lookahead:G=2").options == LookaheadSpec(pool=2)
+    assert parse_spec("eagle:heads/e:weights=int8").options == HeadSpec("eagle", "heads/e", "int8")
+    assert parse_spec("lookup+medusa").options == HeadSpec("medusa")
+    assert parse_spec("selfdraft").options == "q4" and parse_spec("draft:m/x").options == "m/x"
+    spec = parse_spec("random")
+    assert isinstance(spec, ProposerSpec) and parse_spec(spec) is spec and spec.kind is PROPOSERS["random"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("layerskip:two", "layerskip:L needs an integer number of layers L"),
+        ("layerskip:1:2:3", "layerskip needs layerskip:L or layerskip:L:N"),
+        ("selfdraft:q8", "selfdraft:FORMAT takes q4 or int8"),
+        ("lookahead:N=1", "lookahead's n-gram size N must be an integer >= 2, got 1"),
+        ("eagle:weights=int4", r"eagle:\.\.\.:weights=F takes auto"),
+    ],
+)
+def test_a_specs_format_errors_need_no_target(spec, message):
+    """Everything the text alone can get wrong is refused by `parse_spec`, before a model loads."""
+    from verispec.registry import parse_spec
+
+    with pytest.raises(ValueError, match=message):
+        parse_spec(spec)
+
+
+def test_a_builder_takes_the_parsed_spec(target):
+    from verispec.registry import parse_spec
+
+    spec = parse_spec("layerskip:1:5")
+    assert build_proposer(spec, target, corpus=[[9, 9, 7]]).head_tokens.tolist() == [0, 1, 2, 7, 9]
+    seen = []
+    kind = ProposerKind("spy", "spy:X", "chosen", lambda options, t, c: seen.append(options), "x",
+                        not_audited="a test's spy", parse=lambda argument: ("parsed", argument))
+    build_proposer(ProposerSpec(kind, kind.parse("a"), "spy:a"), target)
+    assert seen == [("parsed", "a")]
+
+
+def test_k_is_read_once_by_the_cli_the_bench_and_a_request():
+    from verispec.request import Request
+
+    assert Request((1,), 4, proposer="lookup", k="auto").k_spec == KSpec("auto")
+    assert Request((1,), 4, proposer="lookup", k=3).k_spec == Request((1,), 4, proposer="lookup", k=" 3 ").k_spec
+    assert Request((1,), 4).k_spec is None
+    with pytest.raises(ValueError, match="k must be an integer >= 1, auto"):
+        Request((1,), 4, proposer="lookup", k="many")
+    method = parse_method("verispec-lookup-tree:2x1")
+    assert method.k_spec == KSpec("tree", widths=(2, 1)) and method.proposer_spec.kind is PROPOSERS["lookup"]
+    assert parse_method("verispec-lookup-k4").k_spec == parse_k("4") == parse_k(4)

@@ -115,7 +115,7 @@ class RegistryBuilder:
             return proposer, request.k
         key = (request.proposer, request.k)
         if key not in self._policies:
-            self._policies[key] = build_policy(request.k, slot, proposer, request.prompt_ids, request.sampling)
+            self._policies[key] = build_policy(request.k_spec, slot, proposer, request.prompt_ids, request.sampling)
         return proposer, copy.deepcopy(self._policies[key])
 
 

@@ -26,18 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from verispec.k_spec import check_k
 from verispec.stats import Stats
 
 # Survival estimates are products of rates; allow their float round-off, nothing more.
 TOLERANCE = 1e-9
-
-
-def check_k(k: object, *, minimum: int = 1, name: str = "k (drafted tokens per round)") -> int:
-    """k as an int >= minimum. Speculative commands need minimum 1: k = 0 would decode plainly
-    while reporting itself as speculative; the cost model allows 0 (plain decoding)."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {k!r}")
-    return k
 
 
 def expected_tokens(alpha: float, k: int) -> float:

@@ -28,7 +28,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from verispec.cost import check_k
+from verispec.k_spec import (  # the k grammar, re-exported: the registry names every policy
+    K_GRAMMAR,
+    K_HELP,
+    K_POLICIES,
+    TREE_SHAPE_BOUND,
+    KSpec,
+    check_k,
+    parse_k,
+    tree_widths,
+)
 
 if TYPE_CHECKING:
     from verispec.models.table_pair import Tables
@@ -53,25 +62,29 @@ class ProposerKind:
         q (point-mass, token or block), "mixed" when some rounds' drafts are chosen and others
         sampled (token or block throughout, or auto: point-mass on the chosen rounds, block on
         the sampled ones).
-    build(argument, target, corpus): the proposer for the text after the first ':' ("" when
-        none), the loaded target model and token-id sequences (e.g. encoded prompts).
+    build(options, target, corpus): the proposer for its spec's parsed options (`parse`), the
+        loaded target model and token-id sequences (e.g. encoded prompts). It checks only what
+        needs the target (e.g. layerskip's L against the target's layers), never the text.
     description: one line for `verispec proposers` and the README.
     audit(tables): the proposer on the audit's rational tables (`tables.target`,
         `tables.draft`), or None with the reason in `not_audited`.
     example: a spec the greedy identity suite runs on the default model (None: leave it out).
     trees: whether it also fills tree shapes (`verispec.proposers.base.TreeProposer`), so a
         tree policy can ask it for several continuations per round.
+    parse(argument): the typed options of the text after the first ':' ("" when none), every
+        error of its format raised here; None: the text itself (None when empty).
     """
 
     name: str
     grammar: str
     drafts: Literal["chosen", "sampled", "mixed"]
-    build: Callable[[str, LoadedModel, Corpus], Proposer]
+    build: Callable[[object, LoadedModel, Corpus], Proposer]
     description: str
     audit: Callable[[Tables], Proposer] | None = None
     not_audited: str = ""
     example: str | None = None
     trees: bool = False
+    parse: Callable[[str], object] | None = None
 
     def __post_init__(self) -> None:
         if self.drafts not in ("chosen", "sampled", "mixed"):
@@ -147,10 +160,35 @@ def proposer_help() -> str:
     return f"{proposer_grammar()} (`verispec proposers` describes each)."
 
 
-def parse_spec(spec: str) -> tuple[ProposerKind, str]:
-    """A spec's kind and its argument ("" when none); checks the grammar, not the argument's
-    value (that needs the target: `build_proposer`)."""
-    name, colon, argument = spec.strip().partition(":")
+@dataclass(frozen=True)
+class ProposerSpec:
+    """A proposer spec, parsed once where it enters (the CLI, the bench, `build_proposer`):
+    its kind, the kind's typed options (`ProposerKind.parse`: e.g. a `HeadSpec` for
+    `eagle:DIR:weights=int8`, None for `lookup`) and the text it was read from.
+
+        >>> parse_spec("layerskip:8")
+        ProposerSpec(kind='layerskip', options=LayerSkipSpec(layers=8, head_tokens=None), text='layerskip:8')
+    """
+
+    kind: ProposerKind
+    options: object = None
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"ProposerSpec(kind={self.kind.name!r}, options={self.options!r}, text={self.text!r})"
+
+
+def parse_spec(spec: str | ProposerSpec) -> ProposerSpec:
+    """A spec's kind and typed options; every error of the text is raised here (what needs the
+    target, such as layerskip's L against its layers, is checked by the builder). A parsed spec
+    is returned as it is."""
+    if isinstance(spec, ProposerSpec):
+        return spec
+    text = spec.strip()
+    name, colon, argument = text.partition(":")
     kind = PROPOSERS.get(name)
     if kind is None:
         raise ValueError(f"unknown proposer {spec!r}; choose {proposer_grammar(', ')}")
@@ -158,110 +196,30 @@ def parse_spec(spec: str) -> tuple[ProposerKind, str]:
         raise ValueError(f"{name} takes no argument, got {spec!r}; write just {name!r}")
     if kind.argument == "required" and not argument:
         raise ValueError(f"{name} needs an argument: write {kind.grammar}, got {spec!r}")
-    return kind, argument
+    options = kind.parse(argument) if kind.parse is not None else (argument or None)
+    return ProposerSpec(kind, options, text)
 
 
-def build_proposer(spec: str, target: LoadedModel, corpus: Corpus = ()) -> Proposer:
-    """The proposer `spec` names, for the loaded `target`; corpus: token-id sequences (e.g.
-    encoded prompts) that `suffix` indexes and from which `layerskip:L:N` picks its N most
-    frequent tokens."""
-    kind, argument = parse_spec(spec)
-    return kind.build(argument, target, corpus)
+def build_proposer(spec: str | ProposerSpec, target: LoadedModel, corpus: Corpus = ()) -> Proposer:
+    """The proposer `spec` names (a parsed spec, or its text, parsed here), for the loaded
+    `target`; corpus: token-id sequences (e.g. encoded prompts) that `suffix` indexes and from
+    which `layerskip:L:N` picks its N most frequent tokens."""
+    parsed = parse_spec(spec)
+    return parsed.kind.build(parsed.options, target, corpus)
 
 
 # ---- k policies -------------------------------------------------------------------------
 
-K_POLICIES: dict[str, str] = {
-    "N": "constant: N drafted tokens per round (an integer >= 1)",
-    "auto": "AutoK: the cost model's best k per round (profiles first)",
-    "auto:PROFILE.json": "AutoK on a profile from `verispec profile --out`",
-    "heuristic": "HF's schedule: k + 2 after a full accept, else k - 1",
-    "tree": "the cost model's best token tree, chain or plain step per round (profiles first)",
-    "tree:PROFILE.json": "the tree policy on a profile from `verispec profile --out` (trees up to its k_max nodes)",
-    "tree:W1xW2x...": "a constant tree: each node at depth d - 1 has the top W_d candidates as children",
-}
-K_GRAMMAR = "an integer >= 1, auto, auto:PROFILE.json, heuristic, tree, tree:PROFILE.json or tree:W1xW2x..."
-K_HELP = f"Tokens drafted per round: {K_GRAMMAR} (trees need a proposer that fills them)."
-# The most nodes a constant tree may have: a typo such as tree:9x9x9x9 (7380 nodes) is refused
-# rather than scored.
-TREE_SHAPE_BOUND = 256
-
-
-@dataclass(frozen=True)
-class KSpec:
-    """A parsed k policy: kind "constant" (k), "heuristic", "auto" (profile: a file, or None to
-    measure one now) or "tree" (widths: a constant tree's children per node at each depth; else
-    the tree policy on `profile` or on one measured now)."""
-
-    kind: Literal["constant", "heuristic", "auto", "tree"]
-    k: int | None = None
-    profile: str | None = None
-    widths: tuple[int, ...] | None = None
-
-
-def parse_k(text: str, *, option: str = "--k") -> KSpec:
-    """A k policy spec (`K_GRAMMAR`).
-
-        >>> parse_k("tree:2x2x1")
-        KSpec(kind='tree', k=None, profile=None, widths=(2, 2, 1))
-    """
-    spec = text.strip()
-    if spec in ("heuristic", "auto", "tree"):
-        return KSpec(spec)
-    for kind in ("auto", "tree"):
-        if spec.startswith(f"{kind}:"):
-            argument = spec.removeprefix(f"{kind}:")
-            if not argument:
-                what = "auto:PROFILE.json needs the profile's path" if kind == "auto" else (
-                    "tree:PROFILE.json or tree:W1xW2x... needs a profile's path or the widths"
-                )
-                raise ValueError(f"{option} {what}, got {text!r}")
-            if kind == "tree" and set(argument) <= set("0123456789x"):
-                return KSpec("tree", widths=tree_widths(argument, option))
-            return KSpec(kind, profile=argument)
-    try:
-        k = int(spec)
-    except ValueError:
-        raise ValueError(f"{option} must be {K_GRAMMAR}, got {text!r}") from None
-    if k < 1:
-        raise ValueError(
-            f"{option} must be {K_GRAMMAR}, got {text!r}; k = 0 would decode plainly "
-            "(plain decoding is the baseline every comparison already runs)"
-        )
-    return KSpec("constant", k=k)
-
-
-def tree_widths(text: str, option: str = "--k") -> tuple[int, ...]:
-    """The widths of `tree:W1xW2x...`: integers >= 1, at most TREE_SHAPE_BOUND nodes in all."""
-    parts = text.split("x")
-    if not all(part.isdigit() for part in parts) or any(int(part) < 1 for part in parts):
-        raise ValueError(
-            f"{option} tree:W1xW2x... needs widths that are integers >= 1 joined by 'x' (e.g. tree:3x2x1), "
-            f"got tree:{text}"
-        )
-    widths = tuple(int(part) for part in parts)
-    nodes, level = 0, 1
-    for width in widths:
-        level *= width
-        nodes += level
-        if nodes > TREE_SHAPE_BOUND:
-            raise ValueError(
-                f"{option} tree:{text} has more than {TREE_SHAPE_BOUND} nodes (each node at depth d - 1 has "
-                f"W_d children); give smaller widths or fewer depths"
-            )
-    return widths
-
-
-def check_policy_proposer(k: str | KSpec, proposer: str, *, option: str = "--k") -> None:
+def check_policy_proposer(k: str | KSpec, proposer: str | ProposerSpec, *, option: str = "--k") -> None:
     """Refuse a tree policy for a proposer kind that cannot fill tree shapes (before any work)."""
     parsed = parse_k(k, option=option) if isinstance(k, str) else k
-    kind, _ = parse_spec(proposer)
+    kind = parse_spec(proposer).kind
     if parsed.kind != "tree" or kind.trees:
         return
     able = [entry.name for entry in PROPOSERS.values() if entry.trees]
     choose = f"choose a proposer that does ({', '.join(able)})" if able else "no registered proposer fills trees"
     raise ValueError(
-        f"{option} {k if isinstance(k, str) else 'tree'} drafts token trees, which proposer {kind.name} cannot "
+        f"{option} {parsed.text or 'tree'} drafts token trees, which proposer {kind.name} cannot "
         f"fill; {choose}, or give a chain policy (an integer k or auto)"
     )
 
@@ -356,6 +314,7 @@ register(ProposerKind(
     "lookahead", "lookahead[:W=5:N=4:G=5]", "chosen", _ref(_P + "lookahead", "build"),
     "lookahead decoding: Jacobi guesses on a window of W tokens feed a pool of N-grams (G per first token)",
     audit=_ref(_P + "lookahead", "audit_fixture"), example="lookahead", trees=True,
+    parse=_ref(_P + "lookahead", "parse"),
 ))
 register(ProposerKind(
     "draft", "draft:PATH", "sampled", _ref(_P + "draft_model", "build"),
@@ -367,14 +326,14 @@ register(ProposerKind(
     "the target's first L layers and its head (pruned to N tokens when N is given)",
     not_audited="it needs a transformer's layers, which the audit's rational tables lack; its "
     "drafts are sampled with their q like draft's, whose rules the audit covers",
-    example="layerskip:8",
+    example="layerskip:8", parse=_ref(_P + "layer_skip", "parse"),
 ))
 register(ProposerKind(
     "selfdraft", "selfdraft[:FORMAT]", "sampled", _ref(_P + "self_draft", "build"),
     "the target's own weights on int4 kernels (FORMAT q4, the default; a GGUF's own 4-bit blocks) or int8",
     not_audited="it needs a transformer's weights to quantize, which the audit's rational tables "
     "lack; its drafts are sampled with their q like draft's, whose rules the audit covers",
-    example="selfdraft:q4",
+    example="selfdraft:q4", parse=_ref(_P + "self_draft", "parse"),
 ))
 register(ProposerKind(
     "random", "random", "sampled", _ref(_P + "random_tokens", "build"),
@@ -382,31 +341,35 @@ register(ProposerKind(
     audit=_ref(_P + "random_tokens", "audit_fixture"), example="random", trees=True,
 ))
 register(ProposerKind(
-    "eagle", "eagle[:DIR][:weights=F]", "sampled", _ref(_P + "trained", "build", "eagle"),
+    "eagle", "eagle[:DIR][:weights=F]", "sampled", _ref(_P + "trained", "build"),
     "a trained EAGLE-style head drafting in the target's feature space (DIR: from verispec train; "
     "none: the head shipped for the default model; F: how it drafts, auto, int8, bfloat16 or float32)",
     audit=_ref(_P + "trained", "audit_fixture", "eagle"), example=_shipped("eagle"), trees=True,
+    parse=_ref(_P + "trained", "parse", "eagle"),
 ))
 register(ProposerKind(
     "eagle3", "eagle3[:DIR][:weights=F]", "sampled", _ref(_P + "eagle3", "build"),
     "a trained EAGLE-3 head in the standard layout vLLM serves (DIR: from verispec train --head eagle3, or a "
     "speculators-format checkpoint; F as for eagle)",
     audit=_ref(_P + "trained", "audit_fixture", "eagle3"), trees=True,
+    parse=_ref(_P + "trained", "parse", "eagle3"),
 ))
 register(ProposerKind(
-    "medusa", "medusa[:DIR][:weights=F]", "sampled", _ref(_P + "trained", "build", "medusa"),
+    "medusa", "medusa[:DIR][:weights=F]", "sampled", _ref(_P + "trained", "build"),
     "K trained residual heads on the target's last feature (DIR: from verispec train; none: the "
     "shipped head; F as for eagle)",
     audit=_ref(_P + "trained", "audit_fixture", "medusa"), example=_shipped("medusa"), trees=True,
+    parse=_ref(_P + "trained", "parse", "medusa"),
 ))
 register(ProposerKind(
-    "lookup+eagle", "lookup+eagle[:DIR][:weights=F]", "mixed", _ref(_P + "copy_or_head", "build", "eagle"),
+    "lookup+eagle", "lookup+eagle[:DIR][:weights=F]", "mixed", _ref(_P + "copy_or_head", "build"),
     "prompt lookup's draft whenever it has one (chosen), else the EAGLE-style head's sampled draft (DIR and F as for eagle)",
     audit=_ref(_P + "copy_or_head", "audit_fixture", "eagle"), example=_shipped("eagle", "lookup+eagle"), trees=True,
+    parse=_ref(_P + "trained", "parse", "eagle"),
 ))
 register(ProposerKind(
-    "lookup+medusa", "lookup+medusa[:DIR][:weights=F]", "mixed", _ref(_P + "copy_or_head", "build", "medusa"),
+    "lookup+medusa", "lookup+medusa[:DIR][:weights=F]", "mixed", _ref(_P + "copy_or_head", "build"),
     "prompt lookup's draft whenever it has one (chosen), else the Medusa heads' sampled draft (DIR and F as for medusa)",
     audit=_ref(_P + "copy_or_head", "audit_fixture", "medusa"), example=_shipped("medusa", "lookup+medusa"),
-    trees=True,
+    trees=True, parse=_ref(_P + "trained", "parse", "medusa"),
 ))

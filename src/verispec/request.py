@@ -21,6 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from itertools import count
 
+from verispec.k_spec import KSpec, parse_k
 from verispec.sampling import GREEDY, SamplingParams
 
 _ids = count()
@@ -37,7 +38,8 @@ class Request:
     output ends at the first of any. seed: the request's own random stream (`TorchRandom`), so
     its tokens depend on nothing else in a batch. proposer: a registry spec, or None (plain
     decoding, then k must be 0). k: an integer >= 0, or a k spec (`auto`, `heuristic`, ...;
-    `verispec.registry.K_GRAMMAR`). verifier: "auto" or a rule name (`verispec.verify.RULES`).
+    `verispec.k_spec.K_GRAMMAR`), read once into `k_spec` (None for k = 0). verifier: "auto" or
+    a rule name (`verispec.verify.RULES`).
     request_id: a name for logs, metrics and cancellation (unique by default)."""
 
     prompt_ids: tuple[int, ...]
@@ -49,6 +51,7 @@ class Request:
     k: int | str = 0
     verifier: str = "auto"
     request_id: str = field(default_factory=_next_id)
+    k_spec: KSpec | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         prompt = tuple(self.prompt_ids)
@@ -69,10 +72,13 @@ class Request:
         if self.proposer is not None and (not isinstance(self.proposer, str) or not self.proposer.strip()):
             raise ValueError(f"proposer must be a registry spec (e.g. 'lookup') or None, got {self.proposer!r}")
         k = self.k
-        if isinstance(k, bool) or not isinstance(k, (int, str)) or (isinstance(k, int) and k < 0):
+        if isinstance(k, bool) or not isinstance(k, (int, str)):
             raise ValueError(f"k must be an integer >= 0 or a k spec such as 'auto', got {k!r}")
         if self.proposer is None and k != 0:
             raise ValueError("without a proposer, k must be 0 (plain decoding)")
+        # read once, here: a constant k >= 1 or a policy (k = 0: plain decoding, no policy)
+        spec = None if k == 0 else parse_k(k, option="k")
+        object.__setattr__(self, "k_spec", spec)
 
     @property
     def speculative(self) -> bool:

@@ -33,7 +33,7 @@ from verispec.models.base import CausalLM, TreeScoring
 from verispec.models.load import LoadedModel
 from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer
-from verispec.registry import build_policy, build_proposer, parse_k, parse_spec, proposer_kinds
+from verispec.registry import KSpec, ProposerSpec, build_policy, build_proposer, parse_k, parse_spec, proposer_kinds
 from verispec.sampling import GREEDY
 
 HF_GENERATE = "hf-generate"
@@ -159,10 +159,10 @@ def method_name(proposer: str, k: str) -> str:
     return f"{proposer} k={k}"
 
 
-def runs_policy(proposer: str, k: str) -> bool:
+def runs_policy(proposer: str | ProposerSpec, k: str | KSpec) -> bool:
     """Whether the suite runs `proposer` at k policy `k`: a tree policy only for a proposer
     kind that fills token trees."""
-    return parse_k(k).kind != "tree" or parse_spec(proposer)[0].trees
+    return (parse_k(k) if isinstance(k, str) else k).kind != "tree" or parse_spec(proposer).kind.trees
 
 
 def identity_suite(
@@ -187,10 +187,12 @@ def identity_suite(
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     prompts = [(workload, workload.token_ids(loaded)) for workload in workloads]
     methods: dict[str, tuple[Proposer, KPolicy]] = {}
+    policies = {k: parse_k(k) for k in ks}
     for spec in identity_proposers() if proposers is None else proposers:
-        proposer = build_proposer(spec, loaded)
-        for k in [k for k in ks if runs_policy(spec, k)]:
-            policy = build_policy(k, loaded.lm, proposer, prompts[0][1], GREEDY)
+        parsed = parse_spec(spec)
+        proposer = build_proposer(parsed, loaded)
+        for k in [k for k in ks if runs_policy(parsed, policies[k])]:
+            policy = build_policy(policies[k], loaded.lm, proposer, prompts[0][1], GREEDY)
             methods[method_name(spec, k)] = (proposer, policy)
     dtype = str(loaded.dtype).removeprefix("torch.")
     records = []

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from verispec.registry import KSpec, check_k, check_policy_proposer, parse_k, parse_spec
+from verispec.registry import KSpec, ProposerSpec, check_k, check_policy_proposer, parse_k, parse_spec
 
 DEFAULT_METHODS = "verispec-plain,verispec-lookup-k4,verispec-lookup-auto,hf-generate,hf-lookup"
 
@@ -60,13 +60,15 @@ class Method:
     hf_mode: str | None = None
     hf_arg: str | None = None
     k: int | None = None
+    # read once from proposer, k and policy when the method is made (verispec methods only)
+    proposer_spec: ProposerSpec | None = field(init=False, default=None, repr=False, compare=False)
+    k_spec: KSpec | None = field(init=False, default=None, repr=False, compare=False)
 
-    @property
-    def k_spec(self) -> KSpec | None:
-        """The verispec k policy (None for plain decoding, HF and llama.cpp)."""
+    def __post_init__(self) -> None:
         if self.family != "verispec" or self.proposer is None:
-            return None
-        return parse_k(str(self.k) if self.k is not None else self.policy)
+            return
+        object.__setattr__(self, "k_spec", parse_k(self.k if self.k is not None else self.policy, option="the policy"))
+        object.__setattr__(self, "proposer_spec", parse_spec(self.proposer))
 
     @property
     def speculative(self) -> bool:
@@ -98,16 +100,20 @@ def parse_method(name: str) -> Method:
                 "e.g. verispec-lookup-k4"
             )
         match = _K.fullmatch(policy)
-        if match is None and policy not in POLICIES and not _is_tree_shape(policy, name):
+        if match is None and policy not in POLICIES and not policy.startswith("tree:"):
             raise ValueError(f"method {name!r}: the policy {policy!r} is not {POLICY_GRAMMAR}")
         k = method_k(int(match.group(1)), name) if match else None
         try:
-            parse_spec(proposer)
-            if match is None:
-                check_policy_proposer(policy, proposer, option="the policy")
+            method = Method(name, "verispec", proposer=proposer, policy=policy, k=k)
         except ValueError as error:
             raise ValueError(f"method {name!r}: {error}") from None
-        return Method(name, "verispec", proposer=proposer, policy=policy, k=k)
+        if method.k_spec.profile is not None:  # a profile path is no part of a method name
+            raise ValueError(f"method {name!r}: the policy {policy!r} is not {POLICY_GRAMMAR}")
+        try:
+            check_policy_proposer(method.k_spec, method.proposer_spec, option="the policy")
+        except ValueError as error:
+            raise ValueError(f"method {name!r}: {error}") from None
+        return method
     if name == "hf-generate":
         return Method(name, "hf", hf_mode="generate")
     if name.startswith("hf-lookup"):
@@ -143,11 +149,6 @@ def parse_method(name: str) -> Method:
         "hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain, "
         "llamacpp-lookup[-kN] or vllm-* (verispec.bench.vllm)"
     )
-
-
-def _is_tree_shape(policy: str, name: str) -> bool:
-    """tree:W1xW2x... (checked by `parse_k`); a profile path is no part of a method name."""
-    return policy.startswith("tree:") and parse_k(policy, option=f"method {name!r}: the policy").widths is not None
 
 
 def parse_methods(text: str | Sequence[str]) -> list[Method]:

@@ -120,7 +120,7 @@ def make_runner(
     if method.family == "verispec":
         if method.proposer is None:
             return VerispecRunner(target.lm, None, 0, eos, sampling, seed)
-        proposer = build_proposer(method.proposer, target)
+        proposer = build_proposer(method.proposer_spec, target)
         policy = build_policy(method.k_spec, target.lm, proposer, first_prompt, sampling)
         return VerispecRunner(target.lm, proposer, policy, eos, sampling, seed)
     hf = dict(sampling=sampling, seed=seed)

@@ -17,7 +17,7 @@ from verispec.cli import app
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
-from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, proposer_help
+from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, parse_k, parse_spec, proposer_help
 from verispec.sampling import GREEDY
 
 ARTICLE = (
@@ -48,8 +48,9 @@ def demo(
     deterministic: DeterministicOption = None,
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
-    proposer = proposer or default_proposer(model)
-    check_policy_proposer(k, proposer)
+    k_spec = parse_k(k)
+    proposer_spec = parse_spec(proposer or default_proposer(model))
+    check_policy_proposer(k_spec, proposer_spec)
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
     from verispec.bench.runners import VerispecRunner, warm_up  # transformers: imported when needed
@@ -60,15 +61,15 @@ def demo(
     rows: list[DemoRow] = []
     for name, text in PROMPTS.items():
         prompt_ids = loaded.encode(text)
-        drafter = build_proposer(proposer, loaded)
-        policy = build_policy(k, loaded.lm, drafter, prompt_ids, GREEDY)
+        drafter = build_proposer(proposer_spec, loaded)
+        policy = build_policy(k_spec, loaded.lm, drafter, prompt_ids, GREEDY)
         warm_up(loaded.lm, prompt_ids)
         plain = VerispecRunner(loaded.lm, None, 0, loaded.eos_token_ids)(prompt_ids, max_new_tokens)
         spec = VerispecRunner(loaded.lm, drafter, policy, loaded.eos_token_ids)(prompt_ids, max_new_tokens)
         mismatch = diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, dtype_name)
         rows.append(DemoRow(name, plain.tokens_per_s, spec.tokens_per_s, spec.stats.mean_accepted, mismatch))
         console.print(f"[bold]{name}[/bold]: {escape(loaded.decode(spec.tokens))}\n")
-    title = f"{loaded.name} ({dtype_name}), greedy, {max_new_tokens} new tokens, {proposer} k={k}"
+    title = f"{loaded.name} ({dtype_name}), greedy, {max_new_tokens} new tokens, {proposer_spec} k={k}"
     out = Console(file=sys.stdout)
     out.print(demo_table(rows, title))
     for row in rows:

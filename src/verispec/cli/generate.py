@@ -13,7 +13,7 @@ from verispec.bench.identity import diagnose, explain
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
-from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, proposer_help
+from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, parse_k, parse_spec, proposer_help
 from verispec.sampling import SamplingParams
 from verispec.textstream import TextStream
 
@@ -51,8 +51,9 @@ def generate(
     if not text.strip():
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    proposer = proposer or default_proposer(model)
-    check_policy_proposer(k, proposer)
+    k_spec = parse_k(k)
+    proposer_spec = parse_spec(proposer or default_proposer(model))
+    check_policy_proposer(k_spec, proposer_spec)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     from verispec.models.load import load_model  # transformers: imported when needed
@@ -62,8 +63,8 @@ def generate(
         print(f"note: {loaded.target_note}", file=sys.stderr)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
     check_context(loaded, len(prompt_ids), max_new_tokens)
-    drafter = build_proposer(proposer, loaded)
-    policy = build_policy(k, loaded.lm, drafter, prompt_ids, sampling)
+    drafter = build_proposer(proposer_spec, loaded)
+    policy = build_policy(k_spec, loaded.lm, drafter, prompt_ids, sampling)
     from verispec.bench.runners import VerispecRunner, warm_up
 
     warm_up(loaded.lm, prompt_ids)
@@ -87,7 +88,7 @@ def generate(
         "runtime": loaded.runtime,
         "weight_format": loaded.weight_format,
         "exact_weights": loaded.exact_weights,
-        "proposer": proposer,
+        "proposer": proposer_spec.text,
         "k": k,
         "plans": spec.stats.plan_counts(),  # the tree shapes, chains and plain steps chosen
         "by_source": spec.stats.as_dict()["by_source"],  # lookup+eagle: the copy and head rounds apart

@@ -16,7 +16,7 @@ from verispec.cli.paths import FORCE_HELP, check_output_file
 from verispec.cost import optimal_k, speedup_by_k
 from verispec.engine import generate
 from verispec.models import DEFAULT_MODEL
-from verispec.registry import build_proposer, proposer_help
+from verispec.registry import build_proposer, parse_spec, proposer_help
 from verispec.models.base import SlotScoring
 from verispec.profile import BATCH_ROWS, Profile, k_per_batch_size, measure_batch_costs, measure_profile, tiled_context
 from verispec.sampling import SamplingParams
@@ -87,6 +87,7 @@ def profile(
 ) -> None:
     """Measure the target's scoring cost v(n) and the proposer's draft cost c at the request's
     context length: medians and spread over repeats, and the best k they predict."""
+    proposer_spec = parse_spec(proposer)
     if out is not None:
         check_output_file(out, "--out", force)
     if plot is not None:
@@ -97,12 +98,12 @@ def profile(
     loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
     prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
     context = prompt_ids if context_tokens is None else tiled_context(prompt_ids, context_tokens)
-    drafter = build_proposer(proposer, loaded)
+    drafter = build_proposer(proposer_spec, loaded)
     measured = measure_profile(
         loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling,
         tree_nodes=tree_nodes,
     )
-    measured.target, measured.proposer = loaded.name, proposer
+    measured.target, measured.proposer = loaded.name, proposer_spec.text
     measured.machine["dtype"] = loaded.dtype_name
     measured.machine["runtime"] = loaded.runtime + (" (deterministic)" if getattr(loaded.lm, "deterministic", False) else "")
     if survival_tokens:

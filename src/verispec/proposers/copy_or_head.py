@@ -55,6 +55,7 @@ from verispec.tree_shape import TreeShape
 if TYPE_CHECKING:
     from verispec.models.load import LoadedModel
     from verispec.models.table_pair import Tables
+    from verispec.proposers.trained import HeadSpec
 
 
 COPY, HEAD = "copy", "head"
@@ -117,11 +118,11 @@ COPY_MIN_MATCH = 1
 AUDIT_COPY_MIN_MATCH = 2
 
 
-def build(kind: str, argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
-    """`lookup+KIND[:DIR][:weights=F]` (KIND eagle or medusa)."""
+def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
+    """`lookup+KIND[:DIR][:weights=F]` (KIND eagle or medusa): lookup, else the head `spec` names."""
     from verispec.proposers import trained
 
-    return CopyOrHead(PromptLookup(min_ngram=COPY_MIN_MATCH), trained.build(kind, argument, target, corpus))
+    return CopyOrHead(PromptLookup(min_ngram=COPY_MIN_MATCH), trained.build(spec, target, corpus))
 
 
 def audit_fixture(kind: str, tables: Tables) -> Proposer:

@@ -150,11 +150,11 @@ class DraftModel:
         return Draft(tuple(tokens), torch.stack(q_rows))
 
 
-def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> DraftModel:
+def build(path: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> DraftModel:
     """`draft:PATH`: the model at PATH in the target's dtype; its tokenizer must be the target's."""
     from verispec.models.load import load_model
 
-    draft = load_model(argument, dtype=target.dtype)
+    draft = load_model(path, dtype=target.dtype)
     return DraftModel(draft.lm, tokenizers=(target.tokenizer, draft.tokenizer))
 
 

@@ -22,7 +22,7 @@ from verispec.proposers.base import Proposer
 
 if TYPE_CHECKING:
     from verispec.models.load import LoadedModel
-    from verispec.models.table_pair import Tables
+    from verispec.proposers.trained import HeadSpec
 
 
 def eagle3_proposer(directory: str | None, target: CausalLM, head_format: str = "auto") -> Proposer:
@@ -49,9 +49,6 @@ def eagle3_proposer(directory: str | None, target: CausalLM, head_format: str = 
     return EagleProposer(for_drafting(head, weight_format), target)
 
 
-def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
+def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
     """`eagle3[:DIR][:weights=F]`."""
-    from verispec.proposers.trained import head_options
-
-    directory, head_format = head_options("eagle3", argument)
-    return eagle3_proposer(directory, target.lm, head_format)
+    return eagle3_proposer(spec.directory, target.lm, spec.weights)

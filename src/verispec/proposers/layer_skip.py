@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -157,20 +158,37 @@ class LayerSkip(DraftModel):
         self.head_tokens = None if head is None else head.token_ids
 
 
-def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> LayerSkip:
-    """`layerskip:L[:N]`: the target's first L layers (1 <= L < its layers), its head pruned to
-    the N (1 <= N <= its vocabulary) most frequent tokens of `corpus` when N is given."""
-    total = target.config.num_hidden_layers
-    vocab_size = target.lm.vocab_size
+@dataclass(frozen=True)
+class LayerSkipSpec:
+    """`layerskip:L[:N]`: the target's first L layers, its head pruned to N tokens (None: all)."""
+
+    layers: int
+    head_tokens: int | None = None
+
+
+def parse(argument: str) -> LayerSkipSpec:
+    """The options of `layerskip:L[:N]` (their bounds depend on the target: `build` checks them).
+
+    >>> parse("8:512")
+    LayerSkipSpec(layers=8, head_tokens=512)
+    """
     parts = argument.split(":")
     if len(parts) > 2:
         raise ValueError(f"layerskip needs layerskip:L or layerskip:L:N, got 'layerskip:{argument}'")
     layers = integer(parts[0], "layerskip:L needs an integer number of layers L")
-    if not 1 <= layers < total:
-        raise ValueError(f"layerskip:L needs 1 <= L < {total} (the target has {total} layers), got {layers}")
-    head_tokens = None
-    if len(parts) == 2:
-        head_tokens = integer(parts[1], "layerskip:L:N needs an integer number of head tokens N")
-        if not 1 <= head_tokens <= vocab_size:
-            raise ValueError(f"layerskip:L:N needs 1 <= N <= {vocab_size} (the vocabulary size), got {head_tokens}")
-    return LayerSkip(target.lm, layers, head_tokens, corpus)
+    head_tokens = integer(parts[1], "layerskip:L:N needs an integer number of head tokens N") if len(parts) == 2 else None
+    return LayerSkipSpec(layers, head_tokens)
+
+
+def build(spec: LayerSkipSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> LayerSkip:
+    """The target's first L layers (1 <= L < its layers), its head pruned to the N (1 <= N <= its
+    vocabulary) most frequent tokens of `corpus` when N is given."""
+    total = target.config.num_hidden_layers
+    vocab_size = target.lm.vocab_size
+    if not 1 <= spec.layers < total:
+        raise ValueError(f"layerskip:L needs 1 <= L < {total} (the target has {total} layers), got {spec.layers}")
+    if spec.head_tokens is not None and not 1 <= spec.head_tokens <= vocab_size:
+        raise ValueError(
+            f"layerskip:L:N needs 1 <= N <= {vocab_size} (the vocabulary size), got {spec.head_tokens}"
+        )
+    return LayerSkip(target.lm, spec.layers, spec.head_tokens, corpus)

@@ -134,9 +134,7 @@ class LookaheadProposer:
     a pool of `pool` G continuations per first token (G = 0: Jacobi decoding alone)."""
 
     def __init__(self, window: int = WINDOW, ngram: int = NGRAM, pool: int = POOL) -> None:
-        for name, value, least in (("window W", window, 1), ("n-gram size N", ngram, 2), ("pool width G", pool, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"lookahead's {name} must be an integer >= {least}, got {value!r}")
+        check_options(window, ngram, pool)
         self.window, self.ngram, self.pool = window, ngram, pool
         self._start = 0  # the window's first position (the context's length)
         self._guesses: list[int] = []  # the window: guesses for positions _start .. _start + W - 1
@@ -257,16 +255,30 @@ def _trie(shape: TreeShape, sequences: Sequence[Sequence[int]]) -> TreeDraft:
 OPTIONS = {"W": "window", "N": "ngram", "G": "pool"}
 
 
-def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> LookaheadProposer:
-    """`lookahead[:W=5:N=4:G=5]`."""
-    return LookaheadProposer(**lookahead_options(argument))
+def check_options(window: int, ngram: int, pool: int) -> None:
+    """Each option an integer with its lower bound: W >= 1, N >= 2, G >= 0."""
+    for name, value, least in (("window W", window, 1), ("n-gram size N", ngram, 2), ("pool width G", pool, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"lookahead's {name} must be an integer >= {least}, got {value!r}")
 
 
-def lookahead_options(argument: str) -> dict[str, int]:
-    """The keyword arguments of `lookahead:W=5:N=4:G=5` (any of the three, in any order).
+@dataclass(frozen=True)
+class LookaheadSpec:
+    """`lookahead[:W=5:N=4:G=5]`: window W, n-gram size N, pool width G."""
 
-    >>> lookahead_options("N=3:W=8")
-    {'ngram': 3, 'window': 8}
+    window: int = WINDOW
+    ngram: int = NGRAM
+    pool: int = POOL
+
+    def __post_init__(self) -> None:
+        check_options(self.window, self.ngram, self.pool)
+
+
+def parse(argument: str) -> LookaheadSpec:
+    """The options of `lookahead:W=5:N=4:G=5` (any of the three, in any order).
+
+    >>> parse("N=3:W=8")
+    LookaheadSpec(window=8, ngram=3, pool=5)
     """
     options: dict[str, int] = {}
     for part in argument.split(":") if argument else []:
@@ -279,7 +291,11 @@ def lookahead_options(argument: str) -> dict[str, int]:
         if OPTIONS[key] in options:
             raise ValueError(f"lookahead option {key} is given twice in 'lookahead:{argument}'")
         options[OPTIONS[key]] = integer(value, f"lookahead option {key} needs an integer")
-    return options
+    return LookaheadSpec(**options)
+
+
+def build(spec: LookaheadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> LookaheadProposer:
+    return LookaheadProposer(spec.window, spec.ngram, spec.pool)
 
 
 def audit_fixture(tables: Tables) -> LookaheadProposer:

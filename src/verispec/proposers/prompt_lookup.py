@@ -108,7 +108,7 @@ def continuation_tree(context: Sequence[int], starts: Sequence[int], shape: Tree
     return fill(shape, candidates)
 
 
-def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> PromptLookup:
+def build(options: None, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> PromptLookup:
     """`lookup`: prompt lookup with its defaults."""
     return PromptLookup()
 

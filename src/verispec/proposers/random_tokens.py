@@ -68,7 +68,7 @@ class RandomTokens:
         return probabilities(torch.zeros(1, self.vocab_size, dtype=torch.float64), sampling)[0]
 
 
-def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> RandomTokens:
+def build(options: None, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> RandomTokens:
     """`random`: uniform tokens over the target's vocabulary."""
     return RandomTokens(target.lm.vocab_size)
 

@@ -79,10 +79,15 @@ class SelfDraft(DraftModel):
         self.runtime = "hf" if isinstance(lm, HFCausalLM) else "fast"
 
 
-def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> SelfDraft:
-    """`selfdraft[:FORMAT]`: the target's weights in q4 (default; a GGUF target's own blocks) or int8."""
+def parse(argument: str) -> str:
+    """The format of `selfdraft[:FORMAT]` (q4 when none)."""
     fmt = argument or "q4"
     if fmt not in FORMATS:
         raise ValueError(f"selfdraft:FORMAT takes q4 or int8, got 'selfdraft:{argument}'")
+    return fmt
+
+
+def build(fmt: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> SelfDraft:
+    """The target's weights in `fmt` (q4 takes a GGUF target's own blocks)."""
     gguf = target.source if fmt == "q4" and target.source.is_file() else None
     return SelfDraft(target.transformers_model(), fmt, gguf=gguf, runtime=target.runtime)

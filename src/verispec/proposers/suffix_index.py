@@ -233,7 +233,7 @@ def _advance(suffixes: list[_Node], token: int, root: _Node, max_match: int) -> 
     return grown
 
 
-def build(argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> SuffixIndex:
+def build(options: None, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> SuffixIndex:
     """`suffix`: the index over `corpus` (token-id sequences, e.g. encoded prompts)."""
     return SuffixIndex(corpus)
 

@@ -8,6 +8,7 @@ Without DIR the head shipped for the default model is loaded (package data under
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -109,29 +110,38 @@ def default_proposer(model: str) -> str:
     return BEST_WITHOUT_HEAD
 
 
-def build(kind: str, argument: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
-    """`kind[:DIR][:weights=F]` (kind eagle or medusa)."""
-    directory, head_format = head_options(kind, argument)
-    return head_proposer(kind, directory, target.lm, head_format)
+@dataclass(frozen=True)
+class HeadSpec:
+    """`KIND[:DIR][:weights=F]`: the head's kind (eagle, eagle3, medusa), its directory (None:
+    the shipped head) and how it drafts (a key of `HEAD_FORMATS`, or "auto")."""
+
+    kind: str
+    directory: str | None = None
+    weights: str = "auto"
 
 
-def head_options(kind: str, argument: str) -> tuple[str | None, str]:
-    """The head directory (None: the shipped head) and head format of `eagle[:DIR][:weights=F]`.
+def parse(kind: str, argument: str) -> HeadSpec:
+    """The options of `kind[:DIR][:weights=F]`.
 
-    >>> head_options("eagle", "heads/mine:weights=bfloat16")
-    ('heads/mine', 'bfloat16')
-    >>> head_options("eagle", "")
-    (None, 'auto')
+    >>> parse("eagle", "heads/mine:weights=bfloat16")
+    HeadSpec(kind='eagle', directory='heads/mine', weights='bfloat16')
+    >>> parse("eagle", "")
+    HeadSpec(kind='eagle', directory=None, weights='auto')
     """
     directory, _, last = argument.rpartition(":")
     if not last.startswith("weights="):
-        return argument or None, "auto"
+        return HeadSpec(kind, argument or None)
     head_format = last.removeprefix("weights=")
     if head_format != "auto" and head_format not in HEAD_FORMATS:
         raise ValueError(
             f"{kind}:...:weights=F takes auto, {', '.join(HEAD_FORMATS)}; got {head_format!r} in '{kind}:{argument}'"
         )
-    return directory or None, head_format
+    return HeadSpec(kind, directory or None, head_format)
+
+
+def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
+    """An EAGLE or Medusa proposer for the loaded target."""
+    return head_proposer(spec.kind, spec.directory, target.lm, spec.weights)
 
 
 def audit_fixture(kind: str, tables: Tables) -> Proposer:
