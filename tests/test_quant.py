@@ -260,3 +260,23 @@ def test_int8_projection_adds_its_bias_scores_rows_alike_and_falls_back_where_th
     assert isinstance(projection(torch.randn(16, 24), None, "int8"), PackedLinear)
     with pytest.raises(ValueError, match="int8 kernel needs K a multiple of 16"):
         Int8Linear(torch.randn(16, 24))
+
+
+def test_one_weight_format_vocabulary_and_one_rule_for_an_int8_width_the_kernel_cannot_take():
+    """Every part reads its formats from `WeightFormat`; `linear_for` and `projection` agree on
+    int8 with K not a multiple of 16: that projection keeps its float weight (exact), where
+    `linear_for` used to raise."""
+    from verispec.models import weight_format
+    from verispec.models.weight_format import WeightFormat
+    from verispec.proposers import self_draft, trained
+
+    assert set(trained.HEAD_FORMATS) == set(weight_format.HEAD) and self_draft.FORMATS == weight_format.SELF_DRAFT
+    assert weight_format.parse("int8", weight_format.HEAD) is WeightFormat.INT8 == "int8"
+    with pytest.raises(ValueError, match="unknown weight format 'q4'; choose float32, bfloat16, int8"):
+        weight_format.parse("q4", weight_format.HEAD)
+    weight = torch.randn(16, 24, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(3, 24, generator=torch.Generator().manual_seed(4))
+    for layer in (linear_for(weight, "int8"), projection(weight, None, WeightFormat.INT8)):
+        assert not isinstance(layer, Int8Linear) and layer.exact
+        assert torch.allclose(layer(x), x @ weight.t(), atol=1e-5)
+    assert isinstance(linear_for(torch.randn(16, 32), WeightFormat.INT8), Int8Linear)

@@ -20,6 +20,8 @@ import functools
 import torch
 from torch import nn
 
+from verispec.models.weight_format import PROJECTION, WeightFormat, parse
+
 # oneDNN picks its kernel by this expected row count; 2 keeps single rows on the gemm path.
 PACK_ROWS = 2
 INT8_K_MULTIPLE = 16  # `Int8Linear`'s kernel needs the input width K a multiple of this
@@ -70,6 +72,7 @@ class PackedLinear(RowProjection):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.in_features = weight.shape[1]
+        self.exact = True  # the weight as given, packed: no rounding (`DenseLinear.exact`)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)  # opaque oneDNN layout
         self.bias = bias  # [out] or None
         self.pad_single_row = not single_row_matches(*weight.shape, weight.dtype)
@@ -136,8 +139,12 @@ def single_row_matches(out_features: int, in_features: int, dtype: torch.dtype) 
     return torch.equal(torch.ops.mkldnn._linear_pointwise(x[:1], packed, None, "none", [], ""), rows[:1])
 
 
-def projection(weight: torch.Tensor, bias: torch.Tensor | None = None, weight_format: str = "float") -> nn.Module:
-    """The projection module for `weight` [out, in] (and `bias` [out]) in `weight_format`.
+def projection(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, weight_format: str = WeightFormat.FLOAT
+) -> nn.Module:
+    """The projection module for a float `weight` [out, in] (and `bias` [out]) in
+    `weight_format` (one of `weight_format.PROJECTION`): the one place a float weight's format
+    is decided, for the fast runtime, the heads and `quant.linear_for` alike.
 
     "float": the weight's own dtype (float32 or bfloat16), prepacked for oneDNN where torch
     has it, else through `F.linear`.
@@ -145,25 +152,32 @@ def projection(weight: torch.Tensor, bias: torch.Tensor | None = None, weight_fo
     float32, whose sums come out the same bits for a fused weight as for its parts, so a
     runtime of dense projections gives transformers' float32 logits bit for bit (a reference
     for tests: oneDNN's prepacked products are the runtime's speed, and its only difference).
-    "int8": `Int8Linear`, the weight quantized per output channel (changes it: for drafts),
-    where the kernel takes its shape (`int8_fits`), else "float".
+    "float32", "bfloat16", "float16": the weight cast to that dtype, through `F.linear`
+    (`exact` unless the cast rounds it).
+    "int8": `Int8Linear`, the weight quantized per output channel (changes it: for drafts).
+    The rule for a width the int8 kernel cannot take (K not a multiple of `INT8_K_MULTIPLE`,
+    `int8_fits`): that projection keeps its float weight, as "float" builds it (the rest of a
+    head or a self-draft stays int8); `Int8Linear` itself refuses such a weight.
     """
+    fmt = parse(weight_format, PROJECTION)
     bias = None if bias is None else bias.contiguous()
-    if weight_format == "int8":
+    if fmt is WeightFormat.INT8:
         if int8_fits(weight):
             return Int8Linear(weight, bias)
-        weight_format = "float"  # a width the int8 kernel cannot take
-    if weight_format == "float":
+        fmt = WeightFormat.FLOAT  # a width the int8 kernel cannot take
+    if fmt is WeightFormat.FLOAT:
         if torch.backends.mkldnn.is_available() and weight.dtype in (torch.float32, torch.bfloat16):
             return PackedLinear(weight.contiguous(), bias)
         return DenseLinear(weight.contiguous(), bias)
-    if weight_format == "dense":
+    if fmt is WeightFormat.DENSE:
         return DenseLinear(weight.contiguous(), bias)
-    raise ValueError(f"unknown weight format {weight_format!r}; the fast runtime knows: float, dense, int8")
+    dtype = fmt.dtype
+    exact = dtype == weight.dtype or dtype == torch.float32  # widening to float32 rounds nothing
+    return DenseLinear(weight.to(dtype), None if bias is None else bias.to(dtype), exact=exact)
 
 
 def fused_projection(
-    weights: list[torch.Tensor], biases: list[torch.Tensor | None], weight_format: str = "float"
+    weights: list[torch.Tensor], biases: list[torch.Tensor | None], weight_format: str = WeightFormat.FLOAT
 ) -> nn.Module:
     """One projection computing every weight's [out, in] output side by side ([M, sum of outs]);
     a weight without a bias gets zeros where another has one."""
@@ -173,7 +187,7 @@ def fused_projection(
     return projection(torch.cat(weights) if len(weights) > 1 else weights[0], bias, weight_format)
 
 
-def packed_linears(module: nn.Module, weight_format: str = "float") -> nn.Module:
+def packed_linears(module: nn.Module, weight_format: str = WeightFormat.FLOAT) -> nn.Module:
     """`module` with every `nn.Linear` inside it replaced, in place, by `projection` of its
     weight and bias in `weight_format` (default: prepacked for oneDNN where torch has it). For
     inference only: the projections hold no parameters, so nothing trains or saves through

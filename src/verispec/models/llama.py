@@ -68,8 +68,8 @@ from verispec.models.quant import linear_for
 from verispec.models.quantized import stored_weights
 from verispec.models.rope import RopeTables, rope_parameters
 from verispec.models.scored_tree import PendingTree, ScoredTree
+from verispec.models.weight_format import QUANTIZED  # the weight formats built by `models.quant`
 
-QUANTIZED = ("q4", "int8")  # weight formats built by `models.quant`
 # Llama's forward; Qwen2 adds biases to q, k and v, which the fused projection carries.
 FAST_ARCHITECTURES = ("llama", "qwen2")
 

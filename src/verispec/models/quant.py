@@ -18,7 +18,9 @@ Formats:
   given as floats (a Hugging Face checkpoint, or F16/F32 matrices of a GGUF file) are
   quantized on load to 4 bits, which changes them: a different target (`exact` False).
 - "int8": `aten._weight_int8pack_mm`, int8 per output channel, quantized on load from the
-  float32 weights: always a different target, meant for drafts.
+  float32 weights: always a different target, meant for drafts. A projection whose width K
+  the kernel cannot take (not a multiple of 16) keeps its float32 weight: `linear.projection`
+  decides every float and int8 format, for this factory and the fast runtime's alike.
 
 How q4 stays exact. The kernel's only vectorised path takes bfloat16 activations and
 bfloat16 scale/zero pairs; it dequantises each weight in float32 as
@@ -46,10 +48,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from verispec.models.gguf_blocks import AFFINE, BLOCK, GGUFWeight
-from verispec.models.linear import DenseLinear, Int8Linear, RowProjection, projection
+from verispec.models.linear import RowProjection, projection
+from verispec.models.weight_format import LINEAR, parse
 
 Weight = GGUFWeight | torch.Tensor
-FORMATS = ("float32", "bfloat16", "q4", "int8")
+FORMATS = LINEAR  # the weight formats `linear_for` builds (`models.weight_format`)
 MAX_PIECES = 3  # bfloat16 pieces a scale or zero may be split into before falling back
 CODES = torch.arange(16, dtype=torch.float64) - 8  # u - 8 for every 4-bit code u
 PACK_CHUNK_ROWS = 4096  # a multiple of the kernel's 64-row blocks
@@ -114,8 +117,7 @@ def linear_for(
     (torch.Size([M, 960]), True)
     """
     parts = [weights] if isinstance(weights, (GGUFWeight, torch.Tensor)) else list(weights)
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown weight format {fmt!r}; choose {', '.join(FORMATS)}")
+    fmt = parse(fmt, FORMATS)
     if fmt == "q4" and not exact:
         return _fused_int4([_draft_planes(part) for part in parts], exact=False, bias=bias)
     if fmt == "q4":
@@ -126,11 +128,8 @@ def linear_for(
             return _fused_int4([quantized_planes(_floats(part)) for part in parts], exact=False, bias=bias)
         # Mixed: some blocks cannot be held exactly; the whole projection takes the exact route.
         return float32_route(torch.cat([_floats(part) for part in parts]), bias)
-    dense = torch.cat([_floats(part) for part in parts])  # [N, K] float32
-    if fmt == "int8":
-        return Int8Linear(dense, bias)
-    dtype = torch.float32 if fmt == "float32" else torch.bfloat16
-    return DenseLinear(dense.to(dtype), None if bias is None else bias.to(dtype), exact=fmt == "float32")
+    # float32, bfloat16 and int8 (with its rule for a width its kernel cannot take): `projection`
+    return projection(torch.cat([_floats(part) for part in parts]), bias, fmt)  # weight [N, K] float32
 
 
 def float32_route(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:

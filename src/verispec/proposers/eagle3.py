@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from verispec.models.base import CausalLM
+from verispec.models.weight_format import WeightFormat
 from verispec.proposers.base import Proposer
 
 if TYPE_CHECKING:
@@ -25,13 +26,15 @@ if TYPE_CHECKING:
     from verispec.proposers.trained import HeadSpec
 
 
-def eagle3_proposer(directory: str | None, target: CausalLM, head_format: str = "auto") -> Proposer:
+def eagle3_proposer(
+    directory: str | None, target: CausalLM, head_format: WeightFormat | str | None = "auto"
+) -> Proposer:
     """An `EagleProposer` drafting with the EAGLE-3 head in `directory` for `target`, packed
-    in `head_format` (a key of `proposers.trained.HEAD_FORMATS`, or "auto")."""
+    in `head_format` (as `proposers.trained.head_proposer` takes it)."""
     from verispec.heads import for_drafting
     from verispec.heads.export import load_eagle3
     from verispec.proposers.eagle import EagleProposer
-    from verispec.proposers.trained import HEAD_FORMATS, auto_head_format
+    from verispec.proposers.trained import HEAD_FORMATS, drafting_format
 
     if directory is None:
         raise ValueError(
@@ -40,13 +43,9 @@ def eagle3_proposer(directory: str | None, target: CausalLM, head_format: str = 
         )
     if not Path(directory).is_dir():
         raise ValueError(f"eagle3:DIR needs a head directory; {directory} is not a directory")
-    if head_format == "auto":
-        head_format = auto_head_format()
-    if head_format not in HEAD_FORMATS:
-        raise ValueError(f"unknown head format {head_format!r}; choose auto, {', '.join(HEAD_FORMATS)}")
-    dtype, weight_format = HEAD_FORMATS[head_format]
+    dtype, route = HEAD_FORMATS[drafting_format(head_format)]
     head = load_eagle3(directory, target, dtype)
-    return EagleProposer(for_drafting(head, weight_format), target)
+    return EagleProposer(for_drafting(head, route), target)
 
 
 def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:

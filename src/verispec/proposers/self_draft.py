@@ -29,6 +29,7 @@ from verispec.models.gguf_blocks import gguf_weights
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime, fast_runtime_refusal
 from verispec.models.quantized import quantized_model
+from verispec.models.weight_format import SELF_DRAFT, WeightFormat
 from verispec.proposers.draft_model import DraftModel
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from verispec.models.table_pair import Tables
 
 
-FORMATS = ("q4", "int8")
+FORMATS = SELF_DRAFT  # q4, int8 (`models.weight_format`)
 
 
 class SelfDraft(DraftModel):
@@ -55,12 +56,13 @@ class SelfDraft(DraftModel):
     def __init__(
         self,
         target: HFCausalLM | PreTrainedModel,
-        fmt: str = "q4",
+        fmt: WeightFormat | str = WeightFormat.Q4,
         gguf: str | os.PathLike | None = None,
         runtime: str = "auto",
     ):
-        if fmt not in FORMATS:
+        if fmt not in FORMATS:  # a name given to the class (the `selfdraft:FORMAT` spec is parsed once)
             raise ValueError(f"a self-draft runs in {' or '.join(FORMATS)}, got {fmt!r}")
+        fmt = WeightFormat(fmt)
         if runtime not in ("auto", "fast", "hf"):
             raise ValueError(f"unknown runtime {runtime!r}; choose auto, fast or hf")
         model = target if isinstance(target, PreTrainedModel) else target.model
@@ -79,15 +81,15 @@ class SelfDraft(DraftModel):
         self.runtime = "hf" if isinstance(lm, HFCausalLM) else "fast"
 
 
-def parse(argument: str) -> str:
+def parse(argument: str) -> WeightFormat:
     """The format of `selfdraft[:FORMAT]` (q4 when none)."""
     fmt = argument or "q4"
     if fmt not in FORMATS:
         raise ValueError(f"selfdraft:FORMAT takes q4 or int8, got 'selfdraft:{argument}'")
-    return fmt
+    return WeightFormat(fmt)
 
 
-def build(fmt: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> SelfDraft:
+def build(fmt: WeightFormat, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> SelfDraft:
     """The target's weights in `fmt` (q4 takes a GGUF target's own blocks)."""
     gguf = target.source if fmt == "q4" and target.source.is_file() else None
     return SelfDraft(target.transformers_model(), fmt, gguf=gguf, runtime=target.runtime)

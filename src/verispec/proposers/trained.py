@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from verispec.machine import native_bf16
-from verispec.models import DEFAULT_MODEL
+from verispec.models import DEFAULT_MODEL, weight_format
 from verispec.models.base import CausalLM
+from verispec.models.weight_format import HEAD, WeightFormat, head_packing
 from verispec.proposers.base import Proposer
 
 if TYPE_CHECKING:
@@ -25,14 +24,11 @@ if TYPE_CHECKING:
 
 
 HEAD_KINDS = ("eagle", "medusa")
-# How a head drafts: the dtype it computes in and its projections' weight format. The head only
-# proposes, so the choice changes q, never the output's law. "auto": int8 where the CPU computes
-# bfloat16 natively (its kernel takes bfloat16 activations), else float32.
-HEAD_FORMATS = {
-    "float32": (torch.float32, "float"),
-    "bfloat16": (torch.bfloat16, "float"),
-    "int8": (torch.bfloat16, "int8"),  # projections quantized per output channel on load
-}
+# How a head drafts, by weight format (`models.weight_format.HEAD`): the dtype it computes in and
+# its projections' route (`head_packing`). The head only proposes, so the choice changes q, never
+# the output's law. "auto": int8 where the CPU computes bfloat16 natively (its kernel takes
+# bfloat16 activations), else float32.
+HEAD_FORMATS = {fmt: head_packing(fmt) for fmt in HEAD}
 # Package data of verispec.heads, found without importing it (that would import transformers).
 SHIPPED = Path(__file__).resolve().parent.parent / "heads" / "default"
 
@@ -42,7 +38,7 @@ def default_head(kind: str) -> Path:
     return SHIPPED / kind
 
 
-def auto_head_format() -> str:
+def auto_head_format() -> WeightFormat:
     """int8 where the CPU computes bfloat16 natively, else float32 (emulated bfloat16 is slower).
 
     On a 2-core AMD EPYC with AVX-512 BF16, the shipped EAGLE head: a round of 2 new pairs and
@@ -51,24 +47,23 @@ def auto_head_format() -> str:
     halves them), tau at k = 4 on the dev prompts 1.95 against 1.96, and eagle-auto ran 1.04x
     the bfloat16 head's speed per prompt (geometric mean) in a bf16 and in a float32 bench.
     A packed bfloat16 step took 0.8 ms against 1.2 ms in float32."""
-    return "int8" if native_bf16() else "float32"
+    return WeightFormat.INT8 if native_bf16() else WeightFormat.FLOAT32
 
 
-def head_proposer(kind: str, directory: str | None, target: CausalLM, head_format: str = "auto") -> Proposer:
+def head_proposer(
+    kind: str, directory: str | None, target: CausalLM, head_format: WeightFormat | str = "auto"
+) -> Proposer:
     """An EAGLE or Medusa proposer for `target` (the engine's target, with a feature channel)
     with the head in `directory`, or the shipped one when None, packed for drafting in
-    `head_format` (a key of `HEAD_FORMATS`, or "auto": `auto_head_format`), whatever the
-    target's dtype."""
+    `head_format` (one of `models.weight_format.HEAD`, or "auto": `auto_head_format`; a name is
+    read by `drafting_format`), whatever the target's dtype."""
     from verispec.heads import for_drafting, load_head
     from verispec.proposers.eagle import EagleProposer
     from verispec.proposers.medusa import MedusaProposer
 
     if kind not in HEAD_KINDS:
         raise ValueError(f"unknown head kind {kind!r}; choose {' or '.join(HEAD_KINDS)}")
-    if head_format == "auto":
-        head_format = auto_head_format()
-    if head_format not in HEAD_FORMATS:
-        raise ValueError(f"unknown head format {head_format!r}; choose auto, {', '.join(HEAD_FORMATS)}")
+    dtype, route = HEAD_FORMATS[drafting_format(head_format)]
     if directory is None:
         directory = default_head(kind)
         if not directory.is_dir():
@@ -78,11 +73,10 @@ def head_proposer(kind: str, directory: str | None, target: CausalLM, head_forma
             )
     elif not Path(directory).is_dir():
         raise ValueError(f"{kind}:DIR needs a head directory; {directory} is not a directory")
-    dtype, weight_format = HEAD_FORMATS[head_format]
     head = load_head(directory, target, dtype)
     if head.config.kind != kind:
         raise ValueError(f"{directory} holds a {head.config.kind} head, not a {kind} head; use {head.config.kind}:{directory}")
-    return (EagleProposer if kind == "eagle" else MedusaProposer)(for_drafting(head, weight_format), target)
+    return (EagleProposer if kind == "eagle" else MedusaProposer)(for_drafting(head, route), target)
 
 
 # Where a head ships for the model, lookup+eagle with auto k: it copies where the context repeats
@@ -117,26 +111,31 @@ class HeadSpec:
 
     kind: str
     directory: str | None = None
-    weights: str = "auto"
+    weights: WeightFormat | None = None  # None: auto (`auto_head_format`)
 
 
 def parse(kind: str, argument: str) -> HeadSpec:
     """The options of `kind[:DIR][:weights=F]`.
 
     >>> parse("eagle", "heads/mine:weights=bfloat16")
-    HeadSpec(kind='eagle', directory='heads/mine', weights='bfloat16')
+    HeadSpec(kind='eagle', directory='heads/mine', weights=<WeightFormat.BFLOAT16: 'bfloat16'>)
     >>> parse("eagle", "")
-    HeadSpec(kind='eagle', directory=None, weights='auto')
+    HeadSpec(kind='eagle', directory=None, weights=None)
     """
     directory, _, last = argument.rpartition(":")
     if not last.startswith("weights="):
         return HeadSpec(kind, argument or None)
     head_format = last.removeprefix("weights=")
-    if head_format != "auto" and head_format not in HEAD_FORMATS:
-        raise ValueError(
-            f"{kind}:...:weights=F takes auto, {', '.join(HEAD_FORMATS)}; got {head_format!r} in '{kind}:{argument}'"
-        )
-    return HeadSpec(kind, directory or None, head_format)
+    if head_format != "auto" and head_format not in HEAD:
+        raise ValueError(f"{kind}:...:weights=F takes auto, {', '.join(HEAD)}; got {head_format!r} in '{kind}:{argument}'")
+    return HeadSpec(kind, directory or None, None if head_format == "auto" else WeightFormat(head_format))
+
+
+def drafting_format(head_format: WeightFormat | str | None) -> WeightFormat:
+    """The format a head drafts in: `head_format`, or `auto_head_format()` for None or "auto"."""
+    if head_format is None or head_format == "auto":
+        return auto_head_format()
+    return weight_format.parse(head_format, HEAD)
 
 
 def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:

@@ -1,0 +1,93 @@
+"""Weight formats: how a projection holds its weight, named once for every part of verispec.
+
+One type, `WeightFormat`, names what `--dtype` loads a target in, what a trained head drafts in
+(`eagle:DIR:weights=F`), what a self-draft quantizes to (`selfdraft:FORMAT`) and what the
+projection factories build (`models.linear.projection` for a float weight, `models.quant.
+linear_for` for GGUF blocks, which hands every float format to `projection`). Each part accepts
+a subset, named here; `parse` reads a name once and refuses one outside the subset.
+
+- float32, bfloat16, float16: float weights in that dtype (bfloat16 and float16 round a float32
+  weight: not the same target).
+- q4: 4-bit codes on torch's CPU int4 kernel (exact for a Q4 GGUF's own blocks, `models.quant`).
+- int8: int8 codes per output channel on torch's weight-only kernel, quantized on load (for
+  drafts). The kernel takes an input width K that is a multiple of 16 only: a projection of any
+  other width keeps its float weight (`projection` decides this, for every caller, and
+  `models.linear.Int8Linear` itself refuses such a weight).
+- float, dense: the fast runtime's routes for a weight kept in its own float dtype: prepacked
+  for oneDNN ("float"), or through `F.linear` as transformers computes it ("dense": a reference
+  for tests).
+
+A `WeightFormat` is a `str`, so the name and the member are interchangeable:
+
+    >>> parse("int8", HEAD) is WeightFormat.INT8, WeightFormat.INT8 == "int8"
+    (True, True)
+    >>> parse("int4", HEAD)
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown weight format 'int4'; choose float32, bfloat16, int8
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+import torch
+
+
+class WeightFormat(StrEnum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    Q4 = "q4"
+    INT8 = "int8"
+    FLOAT = "float"
+    DENSE = "dense"
+
+    @property
+    def quantized(self) -> bool:
+        """Held as integer codes (q4, int8), built by `models.quant`."""
+        return self in QUANTIZED
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The float dtype the weight is cast to (None: it keeps its own, or it is quantized)."""
+        return _DTYPES.get(self)
+
+
+_DTYPES = {
+    WeightFormat.FLOAT32: torch.float32,
+    WeightFormat.BFLOAT16: torch.bfloat16,
+    WeightFormat.FLOAT16: torch.float16,
+}
+
+# The subsets each part of verispec accepts.
+QUANTIZED = (WeightFormat.Q4, WeightFormat.INT8)
+TARGET = (WeightFormat.FLOAT32, WeightFormat.BFLOAT16, WeightFormat.FLOAT16, WeightFormat.Q4)  # --dtype, besides auto
+HEAD = (WeightFormat.FLOAT32, WeightFormat.BFLOAT16, WeightFormat.INT8)  # eagle:...:weights=F, besides auto
+SELF_DRAFT = QUANTIZED  # selfdraft:FORMAT
+LINEAR = (WeightFormat.FLOAT32, WeightFormat.BFLOAT16, WeightFormat.Q4, WeightFormat.INT8)  # quant.linear_for
+PROJECTION = (  # linear.projection: a float weight
+    WeightFormat.FLOAT, WeightFormat.DENSE, WeightFormat.FLOAT32, WeightFormat.BFLOAT16, WeightFormat.FLOAT16,
+    WeightFormat.INT8,
+)
+
+
+def parse(name: str, choices: Sequence[WeightFormat]) -> WeightFormat:
+    """The format `name` names, one of `choices`, or ValueError naming them."""
+    if name not in choices:
+        raise ValueError(f"unknown weight format {name!r}; choose {', '.join(choices)}")
+    return WeightFormat(name)
+
+
+def head_packing(fmt: WeightFormat) -> tuple[torch.dtype, WeightFormat]:
+    """How a head drafts in `fmt` (one of `HEAD`): the dtype it computes in and its projections'
+    route. int8 computes in bfloat16 (the int8 kernel's activations); its projections whose
+    width the kernel cannot take stay bfloat16 (`projection`).
+
+    >>> head_packing(WeightFormat.INT8)
+    (torch.bfloat16, <WeightFormat.INT8: 'int8'>)
+    """
+    if fmt == WeightFormat.INT8:
+        return torch.bfloat16, WeightFormat.INT8
+    return WeightFormat(fmt).dtype, WeightFormat.FLOAT
