@@ -81,6 +81,28 @@ def test_grow_is_deterministic_and_resumes_round_by_round(tiny, tmp_path):
     assert {c.sampled for c in grown} == {False, True}
 
 
+def test_grow_to_a_count_is_exact_and_a_function_of_the_seed_and_the_count(tiny, tmp_path):
+    """`conversations=N` stops at exactly N, cutting the round that reaches it; two growths of
+    one seed and count write the same sequences.jsonl; grown to a cut count and then further,
+    the cut round is replayed, so the file equals one growth to the larger count; a cache
+    holding more than N is refused."""
+    model, tokenizer = tiny
+    one, two, parts = (DataCache(tmp_path / name) for name in ("one", "two", "parts"))
+    for cache in (one, two):
+        assert len(grow(cache, model, tokenizer, (END,), 7, 0.0, TINY_INSTRUCTIONS, TINY_RESPONSES, conversations=37)) == 37
+    assert one.sequences_path.read_bytes() == two.sequences_path.read_bytes()
+    assert len(one.conversations()) == 37 and one.partial_round() == one.conversations()[-1].round  # 37 cuts a round of 24
+    first = grow(parts, model, tokenizer, (END,), 7, 0.0, TINY_INSTRUCTIONS, TINY_RESPONSES, conversations=13)
+    assert len(first) == 13 and parts.partial_round() == first[-1].round
+    assert len(grow(parts, model, tokenizer, (END,), 7, 0.0, TINY_INSTRUCTIONS, TINY_RESPONSES, conversations=37)) == 37
+    assert parts.sequences_path.read_bytes() == one.sequences_path.read_bytes()
+    whole = grow(parts, model, tokenizer, (END,), 7, time.monotonic() + 600, TINY_INSTRUCTIONS, TINY_RESPONSES, max_sequences=40)
+    assert parts.partial_round() is None and whole[:37] == one.conversations()
+    assert [c.round for c in whole] == sorted(c.round for c in whole) and len({fold(c.instruction) for c in whole}) == len(whole)
+    with pytest.raises(ValueError, match="already holds 37 conversations, more than the 20"):
+        grow(one, model, tokenizer, (END,), 7, 0.0, TINY_INSTRUCTIONS, TINY_RESPONSES, conversations=20)
+
+
 def test_magpie_recipe_is_unchanged_so_existing_data_directories_keep_growing():
     recipe = data_recipe("smollm2-135m-instruct", 0, InstructionRecipe(), ResponseRecipe())
     assert json.dumps(recipe) == (
@@ -401,6 +423,27 @@ def test_cli_trains_a_head_that_the_proposer_loads(tiny_model_dir, tmp_path, mon
     assert len(err) == 1 and err[0].startswith("error: ") and "--force" in err[0]
 
 
+def test_cli_data_conversations_rebuilds_the_same_data_directory(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """`--data-only --data-conversations N` grows exactly N conversations, whatever the clock;
+    two work directories of the same seed and count hold the same sequences.jsonl; a directory
+    holding more than N is refused with one error line."""
+    monkeypatch.setattr(data_module, "InstructionRecipe", lambda: TINY_INSTRUCTIONS)
+    monkeypatch.setattr(data_module, "ResponseRecipe", lambda: TINY_RESPONSES)
+    common = ["train", "--model", str(tiny_model_dir), "--head", "eagle", "--minutes", "0.001", "--threads", "1",
+              "--dtype", "float32", "--out", str(tmp_path / "unused"), "--data-only", "--seed", "5"]
+    files = []
+    for name in ("a", "b"):
+        assert main([*common, "--work", str(tmp_path / name), "--data-conversations", "29"]) == 0
+        assert "data: 29 sequences" in capsys.readouterr().out
+        files.append((tmp_path / name / "data" / "sequences.jsonl").read_bytes())
+    assert files[0] == files[1] and len(files[0].splitlines()) == 29
+    assert main([*common, "--work", str(tmp_path / "a"), "--data-conversations", "29"]) == 0  # already there: nothing grows
+    assert (tmp_path / "a" / "data" / "sequences.jsonl").read_bytes() == files[0]
+    capsys.readouterr()
+    assert main([*common, "--work", str(tmp_path / "a"), "--data-conversations", "10"]) == 2
+    assert "already holds 29 conversations, more than --data-conversations 10" in _one_error(capsys)
+
+
 def test_cli_init_continues_a_head_on_more_data(tiny_model_dir, tmp_path, monkeypatch, capsys):
     """`--init DIR` starts from DIR's weights and vocabulary: on the union of DIR's data and
     more, the held-back score before fitting is DIR's own (its data holds back the same
@@ -526,6 +569,9 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
         (["--depth", "0"], "--depth must be >= 1"),
         (["--head", "medusa", "--depth", "2"], "--depth stacks an EAGLE head's decoder layers"),
         (["--head", "eagle3", "--taps", "final"], "an eagle3 head reads the low, middle and high layers"),
+        (["--data-conversations", "0"], "--data-conversations must be >= 1"),
+        (["--data-conversations", "10", "--data-minutes", "0"], "give one of them"),
+        (["--data-conversations", "10", "--max-sequences", "5"], "--data-conversations sets the data's size exactly"),
     ],
 )
 def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, capsys):

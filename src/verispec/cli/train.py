@@ -3,7 +3,8 @@
 Stages, each resumable: (1) data: instructions (`--prompts`: magpie, those the target writes
 itself; openers, the same started with opening words of many kinds of request; documents,
 local package texts under a task) and the target's own answers, or raw
-local texts (texts: Python source and documentation, nothing generated), grown for
+local texts (texts: Python source and documentation, nothing generated), grown to exactly
+`--data-conversations` (a function of the seed and the count, not of the machine's speed) or for
 `--data-minutes` (`verispec.train.data`); (2) features: the target's hidden states over the
 data, computed once and cached beside it; (3) fitting for the rest of `--minutes`
 (`verispec.train.loop`) on that data and each `--also` directory's, from fresh weights or from
@@ -41,7 +42,8 @@ def train(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     seed: int = 0,
     data_minutes: Annotated[Optional[float], typer.Option("--data-minutes", help="Of --minutes, how long to grow the data (default: half; 0 uses the cached data as is).")] = None,
-    data_only: Annotated[bool, typer.Option("--data-only", help="Only grow the data (and cache its features), for --data-minutes.")] = False,
+    data_conversations: Annotated[Optional[int], typer.Option("--data-conversations", help="Grow the data to exactly this many conversations (the round that reaches it is cut there), however long it takes: the same data for the same seed, count, model, dtype and software, whatever the machine's speed; --minutes then budgets the features and fitting after it. Instead of --data-minutes.")] = None,
+    data_only: Annotated[bool, typer.Option("--data-only", help="Only grow the data (and cache its features), for --data-minutes or to --data-conversations.")] = False,
     work: Annotated[Optional[Path], typer.Option(help="Directory for the data, features and checkpoints (default: under the verispec cache).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue fitting from the work directory's checkpoint.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite a head already in --out.")] = False,
@@ -72,6 +74,14 @@ def train(
         raise ValueError("an eagle3 head reads the low, middle and high layers, as vLLM feeds it; drop --taps final")
     if not minutes > 0:
         raise ValueError(f"--minutes must be > 0, got {minutes}")
+    if data_conversations is not None:
+        if data_conversations < 1:
+            raise ValueError(f"--data-conversations must be >= 1, got {data_conversations}")
+        if data_minutes is not None:
+            raise ValueError("--data-conversations bounds the data stage by count, --data-minutes by the clock; give one of them")
+        if max_sequences is not None:
+            raise ValueError("--data-conversations sets the data's size exactly, --max-sequences at least; give one of them")
+        data_minutes = 0.0
     data_minutes = minutes / 2 if data_minutes is None else data_minutes
     if prompts not in PROMPT_SOURCES:
         raise ValueError(f"--prompts must be {', '.join(PROMPT_SOURCES)}, got {prompts!r}")
@@ -132,6 +142,12 @@ def train(
         instructions = InstructionRecipe()
     responses = ResponseRecipe()
     recipe = data_recipe(str(model), seed, instructions, responses)
+    held = len(cache.conversations())
+    if data_conversations is not None and held > data_conversations:
+        raise ValueError(
+            f"{cache.root} already holds {held} conversations, more than --data-conversations {data_conversations}; "
+            "give its count or another --work"
+        )
     cache.check_recipe(recipe)
     checkpoint = work / f"{head}-checkpoint.pt"
     if resume and not checkpoint.is_file():
@@ -145,14 +161,26 @@ def train(
     transformers = loaded.transformers_model().requires_grad_(False)  # it writes the data and its features
     deadline = started + minutes * 60
     with _bar() as bar:
-        task = bar.add_task("data", total=data_minutes * 60, info="")
         data_start = time.monotonic()
+        if data_conversations is None:
+            task = bar.add_task("data", total=data_minutes * 60, info="")
+
+            def grown(n: int, t: int) -> None:
+                bar.update(task, completed=time.monotonic() - data_start, info=f"{n} sequences, {t} answer tokens")
+        else:
+            task = bar.add_task("data", total=data_conversations, completed=held, info="")
+
+            def grown(n: int, t: int) -> None:
+                bar.update(task, completed=n, info=f"{n} sequences, {t} answer tokens")
         conversations = grow(
             cache, transformers, loaded.tokenizer, loaded.eos_token_ids, seed, data_start + data_minutes * 60,
-            instructions, responses, max_sequences,
-            progress=lambda n, t: bar.update(task, completed=time.monotonic() - data_start, info=f"{n} sequences, {t} answer tokens"),
+            instructions, responses, max_sequences, progress=grown, conversations=data_conversations,
         )
-        bar.update(task, completed=data_minutes * 60)
+        bar.update(task, completed=data_minutes * 60 if data_conversations is None else len(conversations))
+    if data_conversations is not None:
+        if len(conversations) < data_conversations:
+            raise ValueError(f"--prompts {prompts} ran out of passages at {len(conversations)} conversations, fewer than --data-conversations {data_conversations}")
+        deadline = time.monotonic() + minutes * 60  # the count took what it took; --minutes budgets the rest
     if not conversations:
         raise ValueError(f"no training data in {cache.root}; give --data-minutes > 0 to make some")
     print(f"features of {len(conversations)} sequences ...", file=sys.stderr)

@@ -11,6 +11,10 @@ are, one sequence each with no prompt and nothing generated. Rounds are appended
 `sequences.jsonl` as they finish, so an interrupted run keeps what it made and a later run
 continues with the next round. Round r draws its randomness from the torch seed
 `seed * 1_000_003 + r`, so the data is a function of the seed and the number of rounds.
+Grown to a count of conversations (`grow(..., conversations=N)`), the round that reaches N is
+cut there and `partial-round.json` names it; a later growth replays that round whole and
+appends what the cut left out, so a directory grown to N in any number of runs holds the first
+N conversations of one uncut growth: the data is a function of the seed and N.
 
 Features (`features.safetensors`) are computed once over every sequence, in the target's dtype,
 and stored per token as bfloat16, for the taps `feature_taps(L)`: FINAL (the final norm's
@@ -86,6 +90,7 @@ class DataCache:
         self.sequences_path = self.root / "sequences.jsonl"
         self.features_path = self.root / "features.safetensors"
         self.recipe_path = self.root / "recipe.json"
+        self.partial_path = self.root / "partial-round.json"  # the round a count cut short, if any
 
     def conversations(self) -> list[Conversation]:
         if not self.sequences_path.is_file():
@@ -110,6 +115,18 @@ class DataCache:
         else:
             self.root.mkdir(parents=True, exist_ok=True)
             self.recipe_path.write_text(json.dumps(recipe, indent=2) + "\n")
+
+    def partial_round(self) -> int | None:
+        """The round cut short by a count of conversations (the last one stored), or None."""
+        return json.loads(self.partial_path.read_text())["round"] if self.partial_path.is_file() else None
+
+    def mark_partial(self, r: int | None, kept: int = 0) -> None:
+        """Record that round `r` was cut after `kept` of its conversations (None: no round was)."""
+        if r is None:
+            self.partial_path.unlink(missing_ok=True)
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.partial_path.write_text(json.dumps({"round": r, "kept": kept}) + "\n")
 
     def append(self, conversations: list[Conversation]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -172,17 +189,36 @@ def grow(
     responses: ResponseRecipe = ResponseRecipe(),
     max_sequences: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    conversations: int | None = None,
 ) -> list[Conversation]:
     """Append rounds to `cache` until `time.monotonic()` passes `deadline`, at least
-    `max_sequences` exist, or a `Documents` or `Texts` source has nothing left (a round started
-    is finished, so the data stays a function of the seed and the number of rounds); returns
-    every conversation in the cache. A `Texts` round is its passages as they are (no prompt,
-    nothing generated). `progress(sequences, answer_tokens)` is called after each round."""
+    `max_sequences` exist, exactly `conversations` exist, or a `Documents` or `Texts` source has
+    nothing left; returns every conversation in the cache. A round started is finished (the
+    data stays a function of the seed and the number of rounds), except the one that reaches
+    `conversations`, which is cut there and recorded (`DataCache.mark_partial`): the next growth
+    replays it whole and appends the rest, so the data is a function of the seed and the count.
+    A cache already holding more than `conversations` is refused. A `Texts` round is its
+    passages as they are (no prompt, nothing generated). `progress(sequences, answer_tokens)`
+    is called after each round."""
     have = cache.conversations()
-    seen = {fold(c.instruction) for c in have}
-    next_round = max((c.round for c in have), default=-1) + 1
+    if conversations is not None and len(have) > conversations:
+        raise ValueError(
+            f"{cache.root} already holds {len(have)} conversations, more than the {conversations} asked for; "
+            "give its count or another data directory"
+        )
+    partial = cache.partial_round()
+    if partial is None:
+        next_round, skip = max((c.round for c in have), default=-1) + 1, 0
+        seen = {fold(c.instruction) for c in have}
+    else:  # replay the cut round from its start; its stored conversations are its first `skip`
+        next_round, skip = partial, sum(c.round == partial for c in have)
+        seen = {fold(c.instruction) for c in have if c.round < partial}
     stops = list(end_of_turn_ids(tokenizer, eos_token_ids))
-    while time.monotonic() < deadline and (max_sequences is None or len(have) < max_sequences):
+    while (
+        (conversations is not None or time.monotonic() < deadline)
+        and (max_sequences is None or len(have) < max_sequences)
+        and (conversations is None or len(have) < conversations)
+    ):
         r = next_round
         next_round += 1
         if isinstance(instructions, (Documents, Texts)) and r >= instructions.rounds:
@@ -203,7 +239,14 @@ def grow(
             made = [Conversation(r, text, False, [], list(tokenizer(text).input_ids)) for text in fresh]
         else:
             made = _answered(model, tokenizer, r, fresh, stops, instructions, responses)
-        cache.append(made)
+        made, skip = made[skip:], 0
+        if conversations is not None and len(have) + len(made) > conversations:
+            made = made[:conversations - len(have)]
+            cache.mark_partial(r, sum(c.round == r for c in have) + len(made))  # before the append: a crash between replays the round
+            cache.append(made)
+        else:
+            cache.append(made)
+            cache.mark_partial(None)
         have.extend(made)
         if progress is not None:
             progress(len(have), sum(len(c.answer_ids) for c in have))
