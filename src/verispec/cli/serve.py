@@ -68,7 +68,7 @@ def serve(
     requests in flight, on Ctrl-C or SIGTERM. See docs/serving.md."""
     try:
         from verispec.server import Limits, ServedModel, ServerApp
-        from verispec.server.run import make_server
+        from verispec.server.run import make_server, serve_with_engine_here
     except ImportError as error:
         raise BadInput(f"verispec serve needs the serve extra ({error.name} is missing): "
                        "pip install 'verispec[serve]'") from None
@@ -98,7 +98,7 @@ def serve(
     warm_up(scheduler, served, warm)
     limits = Limits(api_key=api_key, max_body_bytes=max_body_bytes, default_max_tokens=max_tokens,
                     grace_seconds=grace)
-    server_app = ServerApp(served, scheduler, limits)
+    server_app = ServerApp(served, scheduler, limits, engine_thread=False)  # forwards on the main thread
     where = f"http://{bracketed(host)}:{listener.getsockname()[1]}"
     reach = ("loopback only: other machines cannot reach it" if is_loopback(host)
              else "reachable from other machines; set --api-key and put TLS in front")
@@ -106,7 +106,7 @@ def serve(
           f"{proposer or 'none'}, k {k_value}, {max_slots} slots", file=sys.stderr)
     print(f"listening on {where}/v1 ({reach}); metrics at {where}/metrics; Ctrl-C stops", file=sys.stderr, flush=True)
     server = make_server(server_app, log_level="info", access_log=access_log)
-    server.run(sockets=[listener])
+    serve_with_engine_here(server, [listener])
     return 0 if server.started else 1
 
 

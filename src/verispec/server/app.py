@@ -123,10 +123,14 @@ class ServerApp:
     no new requests, those in flight finish or, after the grace period, end with
     finish_reason "abort"."""
 
-    def __init__(self, served: ServedModel, scheduler: Scheduler, limits: Limits = Limits()) -> None:
+    def __init__(
+        self, served: ServedModel, scheduler: Scheduler, limits: Limits = Limits(), *, engine_thread: bool = True
+    ) -> None:
+        """engine_thread: step the scheduler on a thread of its own; False: the caller runs it
+        (`EngineThread.run_here`, `verispec serve` on the main thread)."""
         self.served = served
         self.limits = limits
-        self.engine = EngineThread(scheduler)
+        self.engine = EngineThread(scheduler, own_thread=engine_thread)
         self.created = int(time.time())
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task | None = None

@@ -9,6 +9,14 @@ the end of each request that finished, go back to the event loop in one
 
     >>> engine = EngineThread(scheduler)
     >>> engine.start(asyncio.get_running_loop())
+
+Where the engine runs: on a thread of its own by default, or (`EngineThread(scheduler,
+own_thread=False)`, what `verispec serve` does) on the thread that calls `run_here`, the
+process's main thread, with the event loop on another. torch's CPU kernels run markedly slower
+from a thread other than the one that first used them (measured: plain bf16 decoding of the
+default model at 36 tokens/s on a second thread against 61 on the main one, fp32 27 against 46,
+q4 42 against 73), so the forwards stay on the main thread.
+
     >>> job = await engine.submit(request, sink)     # ValueError, QueueFull or Closed, at once
     >>> engine.cancel(job)                           # its slot is freed at the next step
     >>> await engine.drain(grace=10.0)               # at shutdown: finish or cancel, then stop
@@ -107,11 +115,13 @@ class EngineThread:
     """Steps `scheduler` on its own thread (module docstring). Its counts (`running`,
     `waiting`, `slots_in_use`) are written after every step and read by /metrics."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, *, own_thread: bool = True) -> None:
         self.scheduler = scheduler
         self.inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True) if own_thread else None
+        self.started = threading.Event()  # the event loop is known: the engine may run
+        self.stopped = threading.Event()  # the engine's loop has ended
         self.sinks: dict[Job, Sink] = {}  # the engine thread's: every job not yet reported finished
         self.failed: set[Job] = set()  # cancelled because a step raised
         self.accepting = True
@@ -131,7 +141,17 @@ class EngineThread:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.thread.start()
+        self.started.set()
+        if self.thread is not None:
+            self.thread.start()
+
+    def run_here(self, until: threading.Event) -> None:
+        """Run the engine on the calling thread (`own_thread=False`) once the event loop has
+        started it, until it stops, or `until` is set first (the server ended without it)."""
+        while not self.started.wait(0.1):
+            if until.is_set():
+                return
+        self._run()
 
     # --- the event loop's side -------------------------------------------------------------
 
@@ -154,11 +174,17 @@ class EngineThread:
         self.inbox.put(("close",))
         await asyncio.get_running_loop().run_in_executor(None, self.idle.wait, grace)
         self.inbox.put(("stop",))
-        await asyncio.get_running_loop().run_in_executor(None, self.thread.join, grace + 10.0)
+        await asyncio.get_running_loop().run_in_executor(None, self.stopped.wait, grace + 10.0)
 
     # --- the engine thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self.stopped.set()
+
+    def _loop(self) -> None:
         scheduler = self.scheduler
         while not (self.stopping and scheduler.idle):
             self._take_commands(block=scheduler.idle and not self.stopping)
@@ -179,7 +205,12 @@ class EngineThread:
         commands = []
         if block:
             self.idle.set()
-            commands.append(self.inbox.get())
+            while True:  # in slices, so a signal handler on the main thread runs meanwhile
+                try:
+                    commands.append(self.inbox.get(timeout=0.2))
+                    break
+                except queue.Empty:
+                    continue
         while True:
             try:
                 commands.append(self.inbox.get_nowait())

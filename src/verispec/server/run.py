@@ -82,6 +82,29 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def serve_with_engine_here(server: Server, sockets: list[socket.socket]) -> None:
+    """Run `server` (uvicorn, its event loop) on a thread of its own and the app's engine on
+    this one, the main thread (`EngineThread.run_here` says why); SIGINT and SIGTERM drain it
+    as `Server` does, and this returns once both have stopped."""
+    original = {sig: signal.signal(sig, server.handle_exit) for sig in SIGNALS}
+    ended = threading.Event()
+
+    def run() -> None:
+        try:
+            server.run(sockets=sockets)
+        finally:
+            ended.set()
+
+    loop_thread = threading.Thread(target=run, name="verispec-http", daemon=True)
+    loop_thread.start()
+    try:
+        server.app.engine.run_here(until=ended)
+        loop_thread.join()
+    finally:
+        for sig, handler in original.items():
+            signal.signal(sig, handler)
+
+
 def make_server(app: ServerApp, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
                 access_log: bool = True, limit_concurrency: int | None = 1024) -> Server:
     """A uvicorn server for `app`; its graceful-shutdown backstop is the app's grace period
