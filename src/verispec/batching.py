@@ -208,7 +208,6 @@ class Scheduler:
         drafts = [job.decoding.propose(plan) for job, plan in zip(jobs, plans)]
         logits = self._score(jobs, drafts)
         out = []
-        now = None
         for job, draft, rows in zip(jobs, drafts, logits):
             tokens = job.decoding.settle(draft, rows)
             now = self.clock()
@@ -316,9 +315,3 @@ def source_policy(decoding: Decoding) -> KPolicy | None:
     source = decoding.next_source()
     return decoding.policies.policy if source is None else decoding.policies.by_source.get(source)
 
-
-def run_requests(scheduler: Scheduler, requests: Sequence[Request]) -> list[Job]:
-    """Submit every request, step until all have finished; the jobs in request order."""
-    jobs = [scheduler.submit(request) for request in requests]
-    scheduler.run()
-    return jobs

@@ -125,13 +125,10 @@ class Decoding:
         """The decoding of `request` on `target` with `proposer` (built from `request.proposer`
         by the caller); `policy`: the k policy built from `request.k` (needed when it is a spec
         such as 'auto'; an integer k needs none); rng: default `TorchRandom(request.seed)`."""
-        if policy is None:
-            if isinstance(request.k, str):
-                raise ValueError(f"k {request.k!r} is a spec: build its policy (verispec.registry.build_policy) and pass it")
-            policy = request.k
         return cls(
             target, proposer, request.prompt_ids, max_new_tokens=request.max_new_tokens, sampling=request.sampling,
-            eos_token_id=request.eos_token_ids, rng=rng, seed=request.seed, k=policy, verifier=request.verifier,
+            eos_token_id=request.eos_token_ids, rng=rng, seed=request.seed, k=request.k_for_decoding(policy),
+            verifier=request.verifier,
             clock=clock,
         )
 

@@ -112,12 +112,9 @@ def reference_request(
 ) -> list[int]:
     """The reference decoding of `request` (as `Decoding.of` builds the engine's): `policy`
     built from `request.k` when it is a spec, rng default `TorchRandom(request.seed)`."""
-    if policy is None:
-        if isinstance(request.k, str):
-            raise ValueError(f"k {request.k!r} is a spec: build its policy (verispec.registry.build_policy) and pass it")
-        policy = request.k
     return reference_generate(
         target, proposer, request.prompt_ids, max_new_tokens=request.max_new_tokens, sampling=request.sampling,
-        eos_token_id=request.eos_token_ids, rng=rng if rng is not None else TorchRandom(request.seed), k=policy,
+        eos_token_id=request.eos_token_ids, rng=rng if rng is not None else TorchRandom(request.seed),
+        k=request.k_for_decoding(policy),
         verifier=request.verifier, clock=clock,
     )

@@ -84,6 +84,16 @@ class Request:
     def speculative(self) -> bool:
         return self.proposer is not None
 
+    def k_for_decoding(self, policy: object | None = None) -> object:
+        """What a decoder of this request takes as k: `policy` when given (a k spec such as
+        'auto' needs one, built with the model: `verispec.registry.build_policy`), else the
+        integer k; ValueError for a spec without its policy."""
+        if policy is not None:
+            return policy
+        if isinstance(self.k, str):
+            raise ValueError(f"k {self.k!r} is a spec: build its policy (verispec.registry.build_policy) and pass it")
+        return self.k
+
 
 def eos_ids(given: int | Collection[int] | None) -> frozenset[int]:
     """One EOS id, a collection of them, or None, as a frozenset (each an integer >= 0)."""
