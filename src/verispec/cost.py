@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from verispec.checks import is_number
 from verispec.k_spec import check_k
 from verispec.stats import Stats
 
@@ -275,14 +276,14 @@ def predicted_speedup(stats: Stats, costs: Costs) -> float:
 
 
 def check_alpha(alpha: float) -> None:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+    if not is_number(alpha, 0, 1):
         raise ValueError(f"alpha (per-token acceptance) must be a number in [0, 1], got {alpha!r}")
 
 
 def check_costs(c: float, v: float) -> None:
-    if isinstance(c, bool) or not isinstance(c, (int, float)) or not (math.isfinite(c) and c >= 0):
+    if not is_number(c, least=0):
         raise ValueError(f"c (draft step / target step) must be a finite number >= 0, got {c!r}")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+    if not is_number(v, least=0, open_least=True):
         raise ValueError(f"v (scoring time / target step) must be a finite number > 0, got {v!r}")
 
 
@@ -290,7 +291,7 @@ def check_v_curve(v: Sequence[float]) -> None:
     if len(v) == 0:
         raise ValueError("v(n) needs at least v(1); measure it with `verispec profile`")
     for n, value in enumerate(v, start=1):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        if not is_number(value, least=0, open_least=True):
             raise ValueError(f"v({n}) must be a finite number > 0, got {value!r}")
 
 
@@ -298,7 +299,7 @@ def check_survival(survival: Sequence[float]) -> None:
     """s_i are probabilities of nested events, so 1 >= s_1 >= s_2 >= ... >= 0."""
     previous = 1.0
     for i, s in enumerate(survival, start=1):
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s <= 1:
+        if not is_number(s, 0, 1):
             raise ValueError(f"survival s_{i} must be a probability in [0, 1], got {s!r}")
         if s > previous + TOLERANCE:
             raise ValueError(

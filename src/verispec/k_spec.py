@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from verispec.checks import is_int
+
 # The least constant k a speculative method drafts.
 K_MIN = 1
 
@@ -21,7 +23,7 @@ K_MIN = 1
 def check_k(k: object, *, minimum: int = K_MIN, name: str = "k (drafted tokens per round)") -> int:
     """k as an int >= minimum. Speculative commands need minimum 1: k = 0 would decode plainly
     while reporting itself as speculative; the cost model allows 0 (plain decoding)."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < minimum:
+    if not is_int(k, least=minimum):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {k!r}")
     return k
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from verispec.checks import is_int
 from verispec.cost import BatchCosts, Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape
@@ -28,7 +29,7 @@ class KPolicy(Protocol):
 
 class ConstantK:
     def __init__(self, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        if not is_int(k, least=0):
             raise ValueError(f"k must be an integer >= 0, got {k!r}")
         self.k = k
 
@@ -66,7 +67,7 @@ class HeuristicK:
     drafted token, k - 1 (at least 1) otherwise."""
 
     def __init__(self, start: int = 4) -> None:
-        if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+        if not is_int(start, least=1):
             raise ValueError(f"the starting k must be an integer >= 1, got {start!r}")
         self.start = start
         self.k = start
@@ -279,7 +280,7 @@ def checked_limit(limit: int | None, measured: int, name: str) -> int:
     """`limit` (None: `measured`), the most drafted tokens or tree nodes a plan may hold, checked
     to be an integer in [1, measured]: v(n) is known up to n = measured + 1."""
     top = measured if limit is None else limit
-    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= measured:
+    if not is_int(top, 1, measured):
         raise ValueError(
             f"{name} must be an integer in [1, {measured}] (v(n) is measured up to n = {measured + 1}), got {limit!r}"
         )

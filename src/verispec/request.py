@@ -16,11 +16,11 @@ and a policy object are built from its specs by whoever holds the model
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from itertools import count
 
+from verispec.checks import is_int
 from verispec.k_spec import KSpec, parse_k
 from verispec.sampling import GREEDY, SamplingParams
 
@@ -57,17 +57,17 @@ class Request:
         prompt = tuple(self.prompt_ids)
         if not prompt:
             raise ValueError("the prompt is empty; give at least one token")
-        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0 for t in prompt):
-            bad = next(t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0)
-            raise ValueError(f"prompt token ids must be integers >= 0, got {bad!r}")
+        bad = [t for t in prompt if not is_int(t, least=0, integral=True)]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers >= 0, got {bad[0]!r}")
         object.__setattr__(self, "prompt_ids", tuple(int(t) for t in prompt))
         m = self.max_new_tokens
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        if not is_int(m, least=0):
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {m!r}")
         if not isinstance(self.sampling, SamplingParams):
             raise ValueError(f"sampling must be a SamplingParams, got {self.sampling!r}")
         object.__setattr__(self, "eos_token_ids", eos_ids(self.eos_token_ids))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+        if not is_int(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if self.proposer is not None and (not isinstance(self.proposer, str) or not self.proposer.strip()):
             raise ValueError(f"proposer must be a registry spec (e.g. 'lookup') or None, got {self.proposer!r}")
@@ -101,6 +101,6 @@ def eos_ids(given: int | Collection[int] | None) -> frozenset[int]:
         return frozenset()
     ids = [given] if isinstance(given, int) else list(given)
     for eos in ids:
-        if isinstance(eos, bool) or not isinstance(eos, numbers.Integral) or eos < 0:
+        if not is_int(eos, least=0, integral=True):
             raise ValueError(f"eos_token_ids must be token ids (integers >= 0), got {eos!r}")
     return frozenset(int(eos) for eos in ids)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verispec.checks import is_int, is_number
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -38,19 +40,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if not is_number(t, least=0):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if self.top_k is not None and (
-            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
-        ):
+        if self.top_k is not None and not is_int(self.top_k, least=1):
             raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
-        if self.top_p is not None and not (
-            not isinstance(self.top_p, bool) and isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1
-        ):
+        if self.top_p is not None and not is_number(self.top_p, 0, 1, open_least=True):
             raise ValueError(f"top_p must lie in (0, 1] or be None, got {self.top_p!r}")
-        if self.min_p is not None and not (
-            not isinstance(self.min_p, bool) and isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1
-        ):
+        if self.min_p is not None and not is_number(self.min_p, 0, 1, open_most=True):
             raise ValueError(f"min_p must lie in [0, 1) or be None, got {self.min_p!r}")
 
     @property
