@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from verispec.checks import is_int
 from verispec.cost import BatchCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import Decoding, budgeted, check_request
@@ -146,9 +147,9 @@ class Scheduler:
     ) -> None:
         if not isinstance(target, SlotScoring):
             raise ValueError(f"{type(target).__name__} holds one cache; batching needs a model with slots (SlotScoring)")
-        if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
+        if not is_int(max_slots, least=1):
             raise ValueError(f"max_slots must be an integer >= 1, got {max_slots!r}")
-        if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0):
+        if max_waiting is not None and not is_int(max_waiting, least=0):
             raise ValueError(f"max_waiting must be an integer >= 0 or None, got {max_waiting!r}")
         self.target = target
         self.build = build

@@ -37,7 +37,6 @@ draws and the bookkeeping run on the host.
 
 from __future__ import annotations
 
-import numbers
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec import verify
+from verispec.checks import is_int
 from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict
 from verispec.models.base import CausalLM, TreeScoring
 from verispec.policies import KPolicy, PerSource, as_policy
@@ -306,7 +306,7 @@ def check_request(
     bad = [t for t in prompt if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if not is_int(max_new_tokens, least=0):
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     return prompt, eos_set(eos_token_id, vocab_size)
 
@@ -322,7 +322,7 @@ def eos_set(eos_token_id: EosIds, vocab_size: int) -> frozenset[int]:
     given = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     ids = []
     for eos in given:
-        if isinstance(eos, bool) or not isinstance(eos, numbers.Integral):
+        if not is_int(eos, integral=True):
             raise ValueError(f"eos_token_id must be a token id or a collection of them, got {eos!r}")
         if not 0 <= eos < vocab_size:
             raise ValueError(f"eos_token_id {eos} is outside the vocabulary [0, {vocab_size})")

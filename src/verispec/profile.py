@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from verispec.checks import is_int
 from verispec.cost import BatchCosts, check_survival, check_v_curve
 from verispec.drafts import ROOT, TreeDraft
 from verispec.engine import scored_parents, tree_target
@@ -196,7 +197,7 @@ def measure_profile(
     for name, value, least in (
         ("k_max", k_max, 1), ("repeats", repeats, 1), ("warmup", warmup, 0), ("tree_nodes", tree_nodes, 0)
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        if not is_int(value, least=least):
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     context = [int(t) for t in prompt_ids]
     if not context:
@@ -305,7 +306,7 @@ def measure_batch_costs(
     if not context or not all(0 <= t < target.vocab_size for t in context):
         raise ValueError(f"the batch profile needs a nonempty context of ids in [0, {target.vocab_size})")
     rows = sorted(set(rows))
-    if not rows or rows[0] != 1 or isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+    if not rows or rows[0] != 1 or not is_int(slots, least=1):
         raise ValueError(f"batch rows must start at 1 and slots be >= 1, got rows {rows} and slots {slots!r}")
     pool = [target.new_slot(len(context) + max(rows)) for _ in range(min(slots, max(rows)))]
     for slot in pool:

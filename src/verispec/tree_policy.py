@@ -57,6 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from verispec.checks import is_int, is_number
 from verispec.cost import Costs, FixedCosts, check_costs, check_v_curve
 from verispec.policies import AutoK, checked_limit, counter_growth, decayed, smoothed_rate
 from verispec.stats import Stats
@@ -142,7 +143,7 @@ def check_acceptance(acceptance: Acceptance) -> None:
         raise ValueError("acceptance a(d, r) needs at least one depth with at least one rank")
     for d, row in enumerate(acceptance, start=1):
         for r, a in enumerate(row):
-            if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 1:
+            if not is_number(a, 0, 1):
                 raise ValueError(f"acceptance a({d}, {r}) must be a probability in [0, 1], got {a!r}")
         if math.fsum(row) > 1 + 1e-9:
             raise ValueError(
@@ -340,7 +341,7 @@ class TreePolicy(AutoK):
         tree_margin: float = TREE_MARGIN,
         **options,
     ) -> None:
-        if isinstance(max_width, bool) or not isinstance(max_width, int) or max_width < 1:
+        if not is_int(max_width, least=1):
             raise ValueError(f"max_width (siblings per node) must be an integer >= 1, got {max_width!r}")
         if not (isinstance(tree_margin, (int, float)) and math.isfinite(tree_margin) and tree_margin >= 0):
             raise ValueError(f"tree_margin must be a finite number >= 0, got {tree_margin!r}")
@@ -444,7 +445,7 @@ def shape_from_widths(widths: Sequence[int]) -> TreeShape:
     paths: list[RankPath] = [()]
     level: list[RankPath] = [()]
     for width in widths:
-        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        if not is_int(width, least=1):
             raise ValueError(f"tree widths must be integers >= 1, got {width!r}")
         level = [(*parent, r) for parent in level for r in range(width)]
         paths.extend(level)
