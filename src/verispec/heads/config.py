@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from verispec.checks import is_int
 from verispec.models.base import FINAL, Tap, check_taps
 
 FORMAT = "verispec-head"
@@ -70,7 +71,7 @@ class HeadConfig:
             raise ValueError(f"an EAGLE head needs a decoder layer and no Medusa heads, got layer {self.layer}, K = {self.heads}")
         if self.kind == "eagle3" and (self.depth != 1 or not self.trained_output):
             raise ValueError(f"an EAGLE-3 head has one decoder layer and its own output layer, got depth {self.depth}, trained_output {self.trained_output}")
-        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1 or (self.kind == "medusa" and self.depth != 1):
+        if not is_int(self.depth, least=1) or (self.kind == "medusa" and self.depth != 1):
             raise ValueError(f"depth is an EAGLE head's number of decoder layers, at least 1 (1 for Medusa), got {self.depth!r}")
 
     @property

@@ -31,6 +31,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from verispec.checks import is_int
 from verispec.drafts import ROOT
 
 FINAL: Literal["final"] = "final"
@@ -204,7 +205,7 @@ def check_taps(taps: Sequence[Tap], num_layers: int) -> tuple[Tap, ...]:
     if not taps:
         raise ValueError("a feature needs at least one tap: 'final' or a layer number")
     for tap in taps:
-        if tap != FINAL and (isinstance(tap, bool) or not isinstance(tap, int) or not 1 <= tap <= num_layers):
+        if tap != FINAL and not is_int(tap, 1, num_layers):
             raise ValueError(f"feature tap {tap!r} is neither 'final' nor a layer number in 1..{num_layers}")
     if len(set(taps)) != len(taps):
         raise ValueError(f"feature taps repeat: {list(taps)}")

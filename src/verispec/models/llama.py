@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from verispec.checks import is_int
 from verispec.models.attention import InvariantAttention, RowAttention, SdpaAttention
 from verispec.models.base import (
     FINAL,
@@ -254,7 +255,7 @@ class LlamaRuntime:
         """A runtime of the first `layers` layers, then the final norm and `head` (default: this
         model's head), sharing every weight, with a cache of its own (layer skipping)."""
         total = self.shape.layers
-        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= total:
+        if not is_int(layers, 1, total):
             raise ValueError(f"the draft needs 1 <= layers <= {total} (the target has {total} layers), got {layers!r}")
         shape = replace(self.shape, layers=layers)
         return LlamaRuntime(

@@ -55,6 +55,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
+from verispec.checks import is_int
 from verispec.drafts import ROOT, Draft, TreeDraft
 from verispec.heads.eagle import EagleHead
 from verispec.models.base import CausalLM
@@ -82,7 +83,7 @@ class EagleProposer(HeadProposer):
     ) -> None:
         super().__init__(head, target)
         whole = prompt_window is None
-        if not whole and (isinstance(prompt_window, bool) or not isinstance(prompt_window, int) or prompt_window < 1):
+        if not whole and not is_int(prompt_window, least=1):
             raise ValueError(f"prompt_window must be an integer >= 1 or None (the whole prompt), got {prompt_window!r}")
         self.dynamic = dynamic
         self.prompt_window = prompt_window

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from verispec.checks import is_int
 from verispec.heads.vocab import check_d2t
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
@@ -73,7 +74,7 @@ def frequent_tokens(corpus: Iterable[Sequence[int]], n: int, vocab_size: int) ->
     >>> frequent_tokens([[5, 3, 5], [3, 5]], 3, 8).tolist()  # 5 and 3, then the smallest id
     [0, 3, 5]
     """
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= vocab_size:
+    if not is_int(n, 1, vocab_size):
         raise ValueError(f"the pruned head needs 1 <= N <= {vocab_size} tokens, got {n!r}")
     ids = [int(t) for sequence in corpus for t in sequence]
     if ids and not 0 <= min(ids) <= max(ids) < vocab_size:
@@ -99,7 +100,7 @@ def truncated_model(model: PreTrainedModel, layers: int, head: nn.Module | None 
             f"{type(model).__name__} does not keep its decoder layers in "
             f"`{model.base_model_prefix}.layers`; layer skipping supports Llama-style models"
         )
-    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= total:
+    if not is_int(layers, 1, total):
         raise ValueError(f"the draft needs 1 <= layers <= {total} (the target has {total} layers), got {layers!r}")
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = layers

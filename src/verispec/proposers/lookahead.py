@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from verispec.checks import is_int
 from verispec.drafts import ROOT, Draft, TreeDraft
 from verispec.proposers.options import integer
 from verispec.randomness import Random
@@ -258,7 +259,7 @@ OPTIONS = {"W": "window", "N": "ngram", "G": "pool"}
 def check_options(window: int, ngram: int, pool: int) -> None:
     """Each option an integer with its lower bound: W >= 1, N >= 2, G >= 0."""
     for name, value, least in (("window W", window, 1), ("n-gram size N", ngram, 2), ("pool width G", pool, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        if not is_int(value, least=least):
             raise ValueError(f"lookahead's {name} must be an integer >= {least}, got {value!r}")
 
 

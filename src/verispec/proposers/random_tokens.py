@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from verispec.checks import is_int
 from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 class RandomTokens:
     def __init__(self, vocab_size: int) -> None:
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        if not is_int(vocab_size, least=1):
             raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
         self.vocab_size = vocab_size
         self.sampling = SamplingParams()

@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from verispec.checks import is_int
 from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
@@ -78,9 +79,9 @@ class SuffixIndex:
         min_prob: float = 0.1,
         remember_outputs: bool = False,
     ) -> None:
-        if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < 1:
+        if not is_int(max_match, least=1):
             raise ValueError(f"max_match must be an integer >= 1, got {max_match!r}")
-        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+        if not is_int(min_count, least=1):
             raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
         if not isinstance(min_prob, (int, float)) or not 0 <= min_prob <= 1:
             raise ValueError(f"min_prob must lie in [0, 1], got {min_prob!r}")
