@@ -20,6 +20,9 @@ from verispec.registry import build_proposer, parse_spec, proposer_help
 from verispec.models.base import SlotScoring
 from verispec.profile import BATCH_ROWS, Profile, k_per_batch_size, measure_batch_costs, measure_profile, tiled_context
 from verispec.sampling import SamplingParams
+from verispec.vllm_config import drafter as vllm_drafter
+from verispec.vllm_config import vllm_config as make_vllm_config
+from verispec.vllm_config import write as write_vllm_config
 
 # A summarising request: the kind of prompt whose answer reuses its words, as many do.
 DEFAULT_PROMPT = (
@@ -83,6 +86,22 @@ def profile(
         Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")
     ] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Draw v(n) against n to this .png file.")] = None,
+    vllm_config: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--vllm-config",
+            help="Write the speculative_config vLLM should serve this model and proposer with, from these "
+            "measurements: its method, the best k and k per batch size (needs the survival and batch rows).",
+        ),
+    ] = None,
+    vllm_head: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--vllm-head",
+            help="With --vllm-config: the profiled head as vLLM reads it (an export of --format speculators for "
+            "eagle3, vllm-medusa for medusa); eagle3:DIR of a speculators export needs none.",
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
     """Measure the target's scoring cost v(n) and the proposer's draft cost c at the request's
@@ -92,6 +111,15 @@ def profile(
         check_output_file(out, "--out", force)
     if plot is not None:
         check_output_file(plot, "--plot", force, suffix=".png")
+    method = None
+    if vllm_config is not None:
+        check_output_file(vllm_config, "--vllm-config", force, suffix=".json")
+        if batch_rows < 2 or not survival_tokens:
+            raise BadInput("--vllm-config plans k per batch size from the survival and the batched forward: "
+                           "give --survival-tokens > 0 and --batch-rows >= 2 (or leave both at their defaults)")
+        method = vllm_drafter(proposer_spec, vllm_head)
+    elif vllm_head is not None:
+        raise BadInput("--vllm-head goes with --vllm-config; give both or neither")
     sampling = SamplingParams(temperature=temperature)
     from verispec.models.load import load_model  # transformers: imported when needed
 
@@ -129,10 +157,26 @@ def profile(
         measured.save(out)
     if plot is not None:
         draw(plot, measured)
+    if vllm_config is not None:
+        config = make_vllm_config(measured, method)
+        write_vllm_config(vllm_config, config)
+        print_vllm_config(config, vllm_config)
     if as_json:
         print(json.dumps(measured.to_dict()))
     else:
         show(measured)
+
+
+def print_vllm_config(config: dict, path: Path) -> None:
+    """Where the vLLM config went and what it says, on stderr (stdout may carry --json)."""
+    console = Console(stderr=True)
+    speculative = config["speculative_config"]
+    if speculative is None:
+        console.print(f"{path}: speculative_config null: no k beats plain decoding here; serve without speculation")
+        return
+    schedule = ", ".join(f"{first}-{last}: {k}" for first, last, k in speculative["num_speculative_tokens_per_batch_size"])
+    console.print(f"{path}: vLLM {speculative['method']}, num_speculative_tokens {speculative['num_speculative_tokens']}, "
+                  f"k by batch size {schedule}")
 
 
 def show(profile: Profile) -> None:
