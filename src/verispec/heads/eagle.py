@@ -34,8 +34,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from verispec.heads.config import HeadConfig
 from verispec.heads.drafting_layer import DraftingLayer
-from verispec.heads.vocab import check_d2t
-from verispec.models.hf import BufferedLayer
+from verispec.heads.feature_head import FeatureHead
 
 
 class FrozenRows(nn.Module):
@@ -72,7 +71,7 @@ def fuse_layer(config: HeadConfig) -> nn.Module:
     return nn.Linear(config.feature_size, config.hidden_size, bias=False)
 
 
-class EagleHead(nn.Module):
+class EagleHead(FeatureHead):
     """config: a `HeadConfig` of kind "eagle". d2t: LongTensor[N], head index -> token id.
     embedding: the target's input embedding [V, H] (kept by reference, frozen, not saved).
     output_weight: the target's output head weight [V, H] (needed unless config.trained_output).
@@ -87,40 +86,19 @@ class EagleHead(nn.Module):
         embedding: torch.Tensor,
         output_weight: torch.Tensor | None = None,
     ) -> None:
-        super().__init__()
-        if config.kind != "eagle":
-            raise ValueError(f"EagleHead needs a config of kind 'eagle', got {config.kind!r}")
+        super().__init__(config, "eagle", d2t, embedding)
         H, V = config.hidden_size, config.target.vocab_size
-        if tuple(embedding.shape) != (V, H):
-            raise ValueError(f"the target's embedding has shape {tuple(embedding.shape)}, the head expects [{V}, {H}]")
-        d2t = check_d2t(d2t, V)
-        if d2t.numel() != config.vocab_size:
-            raise ValueError(f"d2t holds {d2t.numel()} token ids, the config says N = {config.vocab_size}")
-        self.config = config
         self.layer_config = LlamaConfig(
             hidden_size=H, num_hidden_layers=config.depth, vocab_size=V, bos_token_id=None, eos_token_id=None, pad_token_id=None,
             **config.layer,
         )
         self.layer_config._attn_implementation = "sdpa"
-        self.embedding = embedding.detach()  # [V, H], the target's: not a parameter, not saved
-        self.register_buffer("d2t", d2t)  # [N]
         self.fuse = fuse_layer(config)
         self.fc = nn.Linear(2 * H, H, bias=True)
         self.layers = nn.ModuleList(LlamaDecoderLayer(self.layer_config, layer_idx=i) for i in range(config.depth))
         self.rotary = LlamaRotaryEmbedding(self.layer_config)
         self.norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
-        self.output = output_layer(config, d2t, output_weight)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """What the head computes in (its norm is never packed, see `checkpoint.for_drafting`)."""
-        return self.norm.weight.dtype
-
-    def new_cache(self) -> DynamicCache:
-        """An empty KV cache for one sequence; roll back with `cache.crop(length - cache_length)`."""
-        cache = DynamicCache(config=self.layer_config)
-        cache.layers = [BufferedLayer() for _ in self.layers]
-        return cache
+        self.output = output_layer(config, self.d2t, output_weight)
 
     def forward(
         self,

@@ -32,8 +32,7 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from verispec.heads.config import HeadConfig
-from verispec.heads.vocab import check_d2t
-from verispec.models.hf import BufferedLayer
+from verispec.heads.feature_head import FeatureHead
 from verispec.models.linear import fused_projection, packed_linears, projection
 from verispec.models.rope import RopeTables, rope_parameters
 
@@ -125,7 +124,7 @@ class Eagle3Layer(nn.Module):
         return self.rope.rotate(x.reshape(B * T, heads, D), cos, sin).view(B, T, heads, D).transpose(1, 2)
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(FeatureHead):
     """config: a `HeadConfig` of kind "eagle3" (one layer, trained output; `layer` may hold
     `norm_before_residual`). d2t: LongTensor[N], head index -> token id (ascending).
     embedding: the target's input embedding [V, H] (frozen, not saved). output_weight: the
@@ -137,41 +136,21 @@ class Eagle3Head(nn.Module):
     def __init__(
         self, config: HeadConfig, d2t: torch.Tensor, embedding: torch.Tensor, output_weight: torch.Tensor | None = None
     ) -> None:
-        super().__init__()
-        if config.kind != "eagle3":
-            raise ValueError(f"Eagle3Head needs a config of kind 'eagle3', got {config.kind!r}")
-        H, V = config.hidden_size, config.target.vocab_size
-        if tuple(embedding.shape) != (V, H):
-            raise ValueError(f"the target's embedding has shape {tuple(embedding.shape)}, the head expects [{V}, {H}]")
-        d2t = check_d2t(d2t, V)
-        if d2t.numel() != config.vocab_size:
-            raise ValueError(f"d2t holds {d2t.numel()} token ids, the config says N = {config.vocab_size}")
-        self.config = config
+        super().__init__(config, "eagle3", d2t, embedding)
+        H = config.hidden_size
         self.layer_config = layer_config(config)
-        self.embedding = embedding.detach()  # [V, H], the target's: not a parameter, not saved
-        self.register_buffer("d2t", d2t)  # [N]
         self.fc = nn.Linear(config.feature_size, H, bias=False)
         self.layers = nn.ModuleList([Eagle3Layer(self.layer_config, bool(config.layer.get(NORM_BEFORE_RESIDUAL, False)))])
         self.norm = LlamaRMSNorm(H, eps=self.layer_config.rms_norm_eps)
         self.lm_head = nn.Linear(H, config.vocab_size, bias=False)
         if output_weight is not None:  # start from the target's own rows: a fresh head drafts as the target's row would
             with torch.no_grad():
-                self.lm_head.weight.copy_(output_weight.detach()[d2t])
+                self.lm_head.weight.copy_(output_weight.detach()[self.d2t])
 
     @property
     def fuse(self) -> nn.Module:
         """The fusion of the taps [F -> H] (`EagleHead.fuse`'s role), vLLM's `fc`."""
         return self.fc
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.norm.weight.dtype
-
-    def new_cache(self) -> DynamicCache:
-        """An empty KV cache for one sequence; roll back with `cache.crop(length - cache_length)`."""
-        cache = DynamicCache(config=self.layer_config)
-        cache.layers = [BufferedLayer()]
-        return cache
 
     def forward(
         self,
