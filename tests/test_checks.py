@@ -63,3 +63,18 @@ def test_number_bounds_are_inclusive_unless_opened():
 def test_the_predicates_answer_bools():
     assert is_int(np.int64(3), 0, 5, integral=True) is True
     assert is_number(np.float64(0.5), 0, 1) is True
+
+
+def test_options_that_took_a_bool_as_a_number_now_refuse_it():
+    from verispec.cost import FixedCosts, OnlineCosts, optimal_k
+    from verispec.proposers.suffix_index import SuffixIndex
+
+    prior = FixedCosts(0.1, [1.0] * 5)
+    with pytest.raises(ValueError, match="min_prob"):
+        SuffixIndex(min_prob=True)
+    with pytest.raises(ValueError, match="cost_prior_weight"):
+        OnlineCosts(prior, prior_weight=True)
+    with pytest.raises(ValueError, match="cost_memory"):
+        OnlineCosts(prior, memory=True)
+    with pytest.raises(ValueError, match="margin"):
+        optimal_k(0.1, [1.0] * 5, alpha=0.5, margin=False)

@@ -111,7 +111,7 @@ def optimal_k(
     """
     if (survival is None) == (alpha is None):
         raise ValueError("give exactly one of survival (measured) or alpha (constant acceptance)")
-    if not math.isfinite(margin) or margin < 0:
+    if not is_number(margin, least=0):
         raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
     if survival is None:
         survival = survival_from_alpha(alpha, max(len(v) - 1, 0))
@@ -188,9 +188,9 @@ class OnlineCosts:
     def __init__(self, prior: Costs, *, prior_weight: float = 1.0, memory: float = 0.995) -> None:
         check_v_curve(prior.v)
         check_costs(prior.c, prior.v[0])
-        if not (isinstance(prior_weight, (int, float)) and prior_weight > 0 and math.isfinite(prior_weight)):
+        if not is_number(prior_weight, least=0, open_least=True):
             raise ValueError(f"cost_prior_weight (rounds the profile is worth) must be > 0, got {prior_weight!r}")
-        if not (isinstance(memory, (int, float)) and 0 < memory <= 1):
+        if not is_number(memory, 0, 1, open_least=True):
             raise ValueError(f"cost_memory (the decay per round) must be in (0, 1], got {memory!r}")
         self.prior_c = float(prior.c)
         self.prior_v = [float(x) for x in prior.v]

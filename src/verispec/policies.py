@@ -152,7 +152,7 @@ class AutoK:
             raise ValueError(f"memory (the decay per speculative round) must be in (0, 1], got {memory!r}")
         if not margin >= 0:
             raise ValueError(f"margin must be >= 0, got {margin!r}")
-        if not (isinstance(probe_every, int) and isinstance(probe_cap, int) and 1 <= probe_every <= probe_cap):
+        if not (is_int(probe_every, least=1) and is_int(probe_cap, least=probe_every)):
             raise ValueError(f"need integers 1 <= probe_every <= probe_cap, got {probe_every}, {probe_cap}")
         prior = FixedCosts(costs.c, list(costs.v[: k_max + 1]), getattr(costs, "step_seconds", None))
         self.costs = OnlineCosts(prior, prior_weight=cost_prior_weight, memory=cost_memory)

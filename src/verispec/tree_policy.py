@@ -343,7 +343,7 @@ class TreePolicy(AutoK):
     ) -> None:
         if not is_int(max_width, least=1):
             raise ValueError(f"max_width (siblings per node) must be an integer >= 1, got {max_width!r}")
-        if not (isinstance(tree_margin, (int, float)) and math.isfinite(tree_margin) and tree_margin >= 0):
+        if not is_number(tree_margin, least=0):
             raise ValueError(f"tree_margin must be a finite number >= 0, got {tree_margin!r}")
         costs = tree_costs(costs)
         checked_limit(max_nodes, len(costs.v) - 1, "max_nodes")  # named as the caller named it

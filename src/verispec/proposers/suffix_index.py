@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from verispec.checks import is_int
+from verispec.checks import is_int, is_number
 from verispec.drafts import Draft, TreeDraft
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
@@ -83,7 +83,7 @@ class SuffixIndex:
             raise ValueError(f"max_match must be an integer >= 1, got {max_match!r}")
         if not is_int(min_count, least=1):
             raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
-        if not isinstance(min_prob, (int, float)) or not 0 <= min_prob <= 1:
+        if not is_number(min_prob, 0, 1):
             raise ValueError(f"min_prob must lie in [0, 1], got {min_prob!r}")
         self.max_match = max_match
         self.min_count = min_count
