@@ -15,7 +15,8 @@ import statistics
 import time
 
 from verispec.bench.llamacpp import require
-from verispec.models.load import DEFAULT_MODEL, locate
+from verispec.models import DEFAULT_MODEL
+from verispec.models.sources import locate
 from verispec.sampling import GREEDY
 
 SIZES = (1, 2, 3, 4, 5, 6, 9, 11)

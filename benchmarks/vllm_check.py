@@ -57,7 +57,8 @@ def default_target() -> Path:
     """The default model as a Hugging Face checkpoint directory: verispec's float32 conversion
     of the shipped GGUF file (made on first load)."""
     from verispec.models import DEFAULT_MODEL
-    from verispec.models.load import converted_dir, load_model
+    from verispec.models.load import load_model
+    from verispec.models.sources import converted_dir
 
     source = Path(load_model(DEFAULT_MODEL, dtype="float32", runtime="hf").source)
     return converted_dir(source) if source.suffix == ".gguf" else source

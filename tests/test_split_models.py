@@ -62,12 +62,12 @@ def test_a_missing_part_names_the_install_command(fake_split, monkeypatch) -> No
 
 
 def test_the_pair_is_named_wherever_a_model_name_is_taken(fake_split, monkeypatch) -> None:
-    from verispec.models import load
+    from verispec.models import sources
 
     monkeypatch.setitem(SPLIT, "qwen2.5-coder-1.5b-instruct", SPLIT["fake-model"])
-    assert load.locate("qwen2.5-coder-1.5b-instruct") == joined_path("fake-model")
+    assert sources.locate("qwen2.5-coder-1.5b-instruct") == joined_path("fake-model")
     with pytest.raises(FileNotFoundError, match="qwen2.5-coder-0.5b-instruct"):
-        load.locate("no-such-model")
+        sources.locate("no-such-model")
 
 
 def test_the_pins() -> None:

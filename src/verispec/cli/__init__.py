@@ -4,11 +4,16 @@ Each command lives in its own module of this package and registers itself on `ap
 `paths` holds the checks commands run on the files they read and write. Bad input (a
 usage error, a ValueError, a missing file, an output that would be overwritten) is reported as
 one `error: ...` line on stderr with exit status 2, never a traceback.
+
+The commands never reach a model hub: the loaders pass `local_files_only=True` on every read
+(`verispec.models.sources`), and this package sets `HF_HUB_OFFLINE=1` (unless the environment
+already says otherwise) before any command module imports transformers, which read it at import.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -35,6 +40,8 @@ class BadInput(Exception):
     """A command was given something it cannot use; the message says what and what to do."""
 
 
+# Before a command module imports transformers and huggingface_hub, which read it at import.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
 

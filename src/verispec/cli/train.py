@@ -113,7 +113,9 @@ def train(
 
     import torch
 
-    from verispec.models.load import cache_root, load_model, native_bf16
+    from verispec.machine import native_bf16
+    from verispec.models.load import load_model
+    from verispec.models.parts import cache_root
     from verispec.train.data import (
         DataCache, InstructionRecipe, ResponseRecipe, cached_features, concatenate_features, data_recipe, grow, load_features,
     )

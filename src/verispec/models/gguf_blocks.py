@@ -40,7 +40,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 
 BLOCK = 32  # weights per group in every coded format but Q6_K
 SUPER = 256  # weights per k-quant super-block
-CODED = ("Q4_0", "Q4_1", "Q8_0")  # the formats `--dtype auto` takes as all-4-bit (`load.coded_exactly`)
+CODED = ("Q4_0", "Q4_1", "Q8_0")  # the formats `--dtype auto` takes as all-4-bit (`load_plan.coded_exactly`)
 AFFINE = ("Q4_1", "Q4_K")  # w = D u + M
 READ = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_0", "Q6_K")  # kept as codes and group constants
 GROUP = {"Q6_K": 16}  # weights per group where not BLOCK

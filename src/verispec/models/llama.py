@@ -509,7 +509,13 @@ class Segment:
 def fast_runtime_refusal(model: nn.Module, dtype: torch.dtype | None = None) -> str | None:
     """Why the fast runtime cannot run this transformers model in `dtype` (default: the
     model's own) (None: it can)."""
-    config = model.config
+    weight = model.get_output_embeddings().weight
+    return config_refusal(model.config, dtype or weight.dtype, weight.device)
+
+
+def config_refusal(config, dtype: torch.dtype, device: torch.device | str = "cpu") -> str | None:
+    """Why the fast runtime cannot run a model of this transformers config in `dtype` on
+    `device` (None: it can); read from the config alone, before any weight is loaded."""
     kind = getattr(config, "model_type", None)
     if kind not in FAST_ARCHITECTURES:
         return f"the fast runtime runs Llama-architecture models and this is {kind!r} (it runs {', '.join(FAST_ARCHITECTURES)}); use runtime 'hf'"
@@ -517,10 +523,8 @@ def fast_runtime_refusal(model: nn.Module, dtype: torch.dtype | None = None) -> 
         return "the fast runtime attends to every cached position and this model uses sliding-window attention; use runtime 'hf'"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"the fast runtime's MLP is SiLU-gated and this model uses {config.hidden_act!r}; use runtime 'hf'"
-    weight = model.get_output_embeddings().weight
-    if weight.device.type != "cpu":
-        return f"the fast runtime runs on the CPU and this model is on {weight.device}; use runtime 'hf'"
-    dtype = dtype or weight.dtype
+    if torch.device(device).type != "cpu":
+        return f"the fast runtime runs on the CPU and this model is on {device}; use runtime 'hf'"
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the fast runtime computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}; use runtime 'hf'"
     try:

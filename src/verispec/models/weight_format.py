@@ -13,6 +13,7 @@ a subset, named here; `parse` reads a name once and refuses one outside the subs
   drafts). The kernel takes an input width K that is a multiple of 16 only: a projection of any
   other width keeps its float weight (`projection` decides this, for every caller, and
   `models.linear.Int8Linear` itself refuses such a weight).
+- auto (`--dtype` only): chosen per model and machine when it is loaded (`models.load_plan`).
 - float, dense: the fast runtime's routes for a weight kept in its own float dtype: prepacked
   for oneDNN ("float"), or through `F.linear` as transformers computes it ("dense": a reference
   for tests).
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import Literal
 
 import torch
 
@@ -65,6 +67,8 @@ _DTYPES = {
 QUANTIZED = (WeightFormat.Q4, WeightFormat.INT8)
 TARGET = (WeightFormat.FLOAT32, WeightFormat.BFLOAT16, WeightFormat.FLOAT16, WeightFormat.Q4)  # --dtype, besides auto
 HEAD = (WeightFormat.FLOAT32, WeightFormat.BFLOAT16, WeightFormat.INT8)  # eagle:...:weights=F, besides auto
+AUTO = "auto"  # --dtype auto: chosen per model and machine (`models.load_plan`)
+TARGET_ALIASES = {"fp32": WeightFormat.FLOAT32, "bf16": WeightFormat.BFLOAT16, "fp16": WeightFormat.FLOAT16}
 SELF_DRAFT = QUANTIZED  # selfdraft:FORMAT
 LINEAR = (WeightFormat.FLOAT32, WeightFormat.BFLOAT16, WeightFormat.Q4, WeightFormat.INT8)  # quant.linear_for
 PROJECTION = (  # linear.projection: a float weight
@@ -78,6 +82,23 @@ def parse(name: str, choices: Sequence[WeightFormat]) -> WeightFormat:
     if name not in choices:
         raise ValueError(f"unknown weight format {name!r}; choose {', '.join(choices)}")
     return WeightFormat(name)
+
+
+def parse_target(dtype: str | torch.dtype) -> WeightFormat | Literal["auto"]:
+    """What `--dtype` (`load_model`'s dtype) names: `AUTO`, or a format of `TARGET` by its
+    name, its alias (`TARGET_ALIASES`) or its torch dtype; ValueError naming the choices.
+
+    >>> parse_target("bf16"), parse_target(torch.float32), parse_target("auto")
+    (<WeightFormat.BFLOAT16: 'bfloat16'>, <WeightFormat.FLOAT32: 'float32'>, 'auto')
+    """
+    if dtype == AUTO:
+        return AUTO
+    named = next((fmt for fmt, torch_dtype in _DTYPES.items() if torch_dtype == dtype), None)
+    if isinstance(dtype, torch.dtype) and named is not None:
+        return named
+    if isinstance(dtype, str) and (dtype in TARGET or dtype in TARGET_ALIASES):
+        return TARGET_ALIASES.get(dtype) or WeightFormat(dtype)
+    raise ValueError(f"unknown dtype {dtype!r}; choose {AUTO}, {', '.join(TARGET[:-1])} or {TARGET[-1]}")
 
 
 def head_packing(fmt: WeightFormat) -> tuple[torch.dtype, WeightFormat]:

@@ -1,0 +1,288 @@
+"""What `load_model` will build, decided before any weight is read: `plan_load` -> `LoadPlan`.
+
+A plan names the file or directory, the architecture (from the config alone: a checkpoint's
+`config.json`, a GGUF file's converted copy or its header), the runtime and why, the weight
+format and why (`--dtype auto`'s choice), and whether the weights will be exactly the source's
+float32 weights. `verispec load-plan` prints one; `load_model` builds from one
+(`models.load`).
+
+`--dtype auto` is decided by what the machine is and what the file holds:
+- q4 for a GGUF file whose every matrix is Q4_0, Q4_1 or Q8_0 (`coded_exactly`: q4 holds those
+  blocks exactly) on the fast runtime, where torch's int4 kernel beats bfloat16
+  (`MachineFacts.int4_faster`: an x86-64 CPU with native bf16, as measured);
+- else bfloat16 where the CPU computes bf16 natively, float32 elsewhere (`resolve_dtype`).
+
+The machine's facts are read from `verispec.machine` unless given (`MachineFacts`), so a plan
+for another machine is one argument away.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import torch
+from gguf import GGUFReader
+from safetensors import safe_open
+from transformers import AutoConfig, PretrainedConfig
+
+from verispec.machine import native_bf16
+from verispec.models import DEFAULT_MODEL
+from verispec.models.gguf_blocks import CODED, READ
+from verispec.models.llama import config_refusal
+from verispec.models.sources import (
+    blocks_cache,
+    converted_dir,
+    from_directory,
+    from_gguf,
+    is_converted,
+    locate,
+    tokenizer_source,
+)
+from verispec.models.weight_format import AUTO, WeightFormat, parse_target
+
+
+class Runtime(StrEnum):
+    """What runs the model: a runtime is one value here and one build in `models.load`."""
+
+    FAST = "fast"  # verispec's Llama runtime (`models.llama.LlamaRuntime`)
+    HF = "hf"  # transformers' own model (`models.hf.HFCausalLM`)
+
+
+RUNTIMES = (AUTO, *Runtime)  # what `runtime=` accepts: auto takes the fast runtime where it runs the model
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """What `--dtype auto` reads about the machine.
+
+    native_bf16: the CPU computes bfloat16 natively (`verispec.machine.native_bf16`).
+    int4_faster: torch's int4 kernel beats bfloat16 here (`int4_faster`).
+    """
+
+    native_bf16: bool
+    int4_faster: bool
+
+
+def this_machine() -> MachineFacts:
+    return MachineFacts(native_bf16=native_bf16(), int4_faster=int4_faster())
+
+
+def int4_faster() -> bool:
+    """Whether torch's int4 kernel beats bfloat16 here, as measured: an x86-64 CPU with native
+    bf16 (its vectorised path takes bfloat16 activations; other CPUs are unmeasured)."""
+    return platform.machine().lower() in ("x86_64", "amd64") and native_bf16()
+
+
+def float_format(machine: MachineFacts) -> WeightFormat:
+    """`--dtype auto`'s float format: bfloat16 where the CPU computes it natively, else float32."""
+    return WeightFormat.BFLOAT16 if machine.native_bf16 else WeightFormat.FLOAT32
+
+
+def resolve_dtype(dtype: str | torch.dtype, machine: MachineFacts | None = None) -> torch.dtype:
+    """The dtype a target's transformers model is loaded in: the format's own (auto's float
+    format on `machine`, default this one); float32 for q4, whose projections then hold codes."""
+    fmt = parse_target(dtype)
+    if fmt == AUTO:
+        fmt = float_format(machine or this_machine())
+    return fmt.dtype or torch.float32
+
+
+def matrix_types(gguf: Path) -> set[str]:
+    """The block types of the GGUF file's matrices ("Q4_1", "Q6_K", "F16", ...; the
+    one-dimensional tensors, the norms, stay float32 anyway). Read from the cached blocks'
+    metadata where `gguf_blocks` has cached them, else from the file's tensor table."""
+    cached = blocks_cache(gguf)
+    if cached.is_file():
+        with safe_open(cached, framework="pt") as stored:
+            part = {kind: "codes" if kind in READ else "values" for kind in stored.metadata().values()}
+            kinds = [(kind, len(stored.get_slice(f"{name}:{part[kind]}").get_shape())) for name, kind in stored.metadata().items()]
+    else:
+        kinds = [(tensor.tensor_type.name, len(tensor.shape)) for tensor in GGUFReader(gguf).tensors]
+    return {kind for kind, dims in kinds if dims == 2}
+
+
+def coded_exactly(gguf: Path) -> bool:
+    """Whether every matrix of the GGUF file is stored in a block type q4 holds exactly on the
+    int4 kernel alone (Q4_0, Q4_1, Q8_0): what `--dtype auto` takes q4 for."""
+    matrices = matrix_types(gguf)
+    return bool(matrices) and matrices <= set(CODED)
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What `load_model` builds: read by `models.load.build`, printed by `verispec load-plan`.
+
+    name: what the model is loaded as (the embedded name or the path given).
+    source: the .gguf file or checkpoint directory. architecture: the config's model type.
+    runtime, runtime_reason: what runs it and why. deterministic: the fast runtime's
+        shape-invariant attention.
+    weight_format, dtype_reason: what the weights are held in (float32, bfloat16, float16 or
+        q4) and why (asked for, or `--dtype auto`'s reasons).
+    exact_weights: every weight equals the source's float32 weight, bit for bit; None where the
+        build decides it projection by projection (q4 on a GGUF file with matrices of types
+        not read raw, such as F16: each is held exactly or quantized on load as its blocks allow).
+    trust_remote_code: run modelling code shipped in a checkpoint directory.
+    """
+
+    name: str
+    source: Path
+    architecture: str
+    runtime: Runtime
+    runtime_reason: str
+    deterministic: bool
+    weight_format: WeightFormat
+    dtype_reason: str
+    exact_weights: bool | None
+    auto: bool = False  # the weight format was chosen by --dtype auto
+    trust_remote_code: bool = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the transformers model is loaded in (`resolve_dtype`)."""
+        return resolve_dtype(self.weight_format)
+
+    @property
+    def gguf(self) -> bool:
+        return self.source.is_file()
+
+    @property
+    def converted(self) -> Path | None:
+        """A GGUF file's converted float32 copy (None for a directory); written by the first load."""
+        return converted_dir(self.source) if self.gguf else None
+
+    @property
+    def tokenizer(self) -> Path:
+        return tokenizer_source(self.source)
+
+    @property
+    def auto_choice(self) -> str | None:
+        """Why `--dtype auto` chose q4, where it did (`LoadedModel.target_note` says it); None
+        where the plain rule (bfloat16 where native, else float32) or an explicit dtype holds."""
+        return self.dtype_reason if self.auto and self.weight_format == WeightFormat.Q4 else None
+
+    def as_dict(self) -> dict:
+        """The plan as JSON values (`verispec load-plan --json`)."""
+        converted = self.converted
+        return {
+            "model": self.name,
+            "source": str(self.source),
+            "converted": None if converted is None else str(converted),
+            "converted_cached": self.gguf and is_converted(self.source),
+            "tokenizer": str(self.tokenizer),
+            "architecture": self.architecture,
+            "runtime": str(self.runtime),
+            "runtime_reason": self.runtime_reason,
+            "deterministic": self.deterministic,
+            "dtype": str(self.weight_format),
+            "dtype_reason": self.dtype_reason,
+            "exact_weights": self.exact_weights,
+        }
+
+    def describe(self) -> str:
+        """A few lines for a person: what is loaded from where, on what, in what, and why."""
+        if self.gguf:
+            cached = "cached" if is_converted(self.source) else "written by the first load, ~20 s"
+            source = f"{self.source} (GGUF; float32 copy {self.converted}, {cached})"
+        else:
+            source = f"{self.source} (checkpoint directory)"
+        exact = {
+            True: "yes: every weight is the source's float32 weight, bit for bit",
+            False: "no: the weights are rounded or quantized, a different model from float32",
+            None: "projection by projection, as the file's block types allow (the loaded model says)",
+        }[self.exact_weights]
+        determinism = " (deterministic)" if self.deterministic else ""
+        return "\n".join([
+            f"model:    {self.name} ({self.architecture})",
+            f"source:   {source}",
+            f"runtime:  {self.runtime}{determinism}: {self.runtime_reason}",
+            f"dtype:    {self.weight_format}: {self.dtype_reason}",
+            f"exact:    {exact}",
+        ])
+
+
+def plan_load(
+    name_or_path: str | os.PathLike = DEFAULT_MODEL,
+    dtype: str | torch.dtype = AUTO,
+    runtime: str = AUTO,
+    deterministic: bool | None = None,
+    *,
+    trust_remote_code: bool = False,
+    machine: MachineFacts | None = None,
+) -> LoadPlan:
+    """What `load_model` with these arguments builds (its docstring says what each means),
+    reading only the config and, for auto or q4 on a GGUF file, its tensor table.
+    machine: the facts `--dtype auto` reads (default: this machine's, `this_machine`)."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
+    if deterministic and runtime == Runtime.HF:
+        raise ValueError("deterministic scoring is a fast-runtime mode; drop it or choose runtime 'fast' or 'auto'")
+    asked = parse_target(dtype)
+    machine = machine or this_machine()
+    source = locate(name_or_path)
+    config = model_config(source, trust_remote_code)
+    refusal = config_refusal(config, resolve_dtype(asked, machine))
+    if runtime == Runtime.FAST and refusal:
+        raise ValueError(f"{source}: {refusal}")
+    if deterministic and refusal:
+        raise ValueError(f"{source}: deterministic scoring needs the fast runtime, but {refusal}")
+    chosen = Runtime.HF if runtime == Runtime.HF or refusal else Runtime.FAST
+    if runtime != AUTO:
+        runtime_reason = "asked for"
+    else:
+        runtime_reason = f"chosen by --runtime auto: {refusal or f'the fast runtime runs {config.model_type!r} models'}"
+    fmt, dtype_reason, exact = weight_choice(asked, source, chosen, machine)
+    return LoadPlan(
+        name=str(name_or_path),
+        source=source,
+        architecture=config.model_type,
+        runtime=chosen,
+        runtime_reason=runtime_reason,
+        deterministic=chosen == Runtime.FAST if deterministic is None else deterministic,
+        weight_format=fmt,
+        dtype_reason=dtype_reason,
+        exact_weights=exact,
+        auto=asked == AUTO,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def weight_choice(
+    asked: WeightFormat | str, source: Path, runtime: Runtime, machine: MachineFacts
+) -> tuple[WeightFormat, str, bool | None]:
+    """The weight format for `asked` (a `TARGET` format or auto), why, and whether the weights
+    will be the source's float32 weights bit for bit (`LoadPlan.exact_weights`)."""
+    if asked == AUTO:
+        if runtime == Runtime.FAST and source.is_file() and machine.int4_faster and coded_exactly(source):
+            return WeightFormat.Q4, (
+                "chosen by --dtype auto: every matrix of this GGUF file is Q4_0/Q4_1/Q8_0, which q4 holds "
+                "exactly, and on a CPU with native bf16 its int4 kernel beats bfloat16, which rounds the "
+                "weights; --dtype bfloat16 or float32 overrides"
+            ), True
+        fmt = float_format(machine)
+        why = "this CPU computes bfloat16 natively" if machine.native_bf16 else "this CPU has no native bfloat16"
+        return fmt, f"chosen by --dtype auto: {why}", fmt == WeightFormat.FLOAT32
+    if asked != WeightFormat.Q4:
+        return asked, "asked for", asked == WeightFormat.FLOAT32
+    if not source.is_file():
+        return asked, "asked for; a checkpoint's float weights are quantized on load", False
+    # Blocks read raw stay exact (on the int4 kernel, or float32 where they have no exact int4
+    # form); a matrix of any other type is quantized on load unless a fused partner is read raw.
+    matrices = matrix_types(source)
+    return asked, "asked for", True if matrices and matrices <= set(READ) else None
+
+
+def model_config(source: Path, trust_remote_code: bool = False) -> PretrainedConfig:
+    """The transformers config of a checkpoint directory or GGUF file, no weight read: a GGUF
+    file's converted copy's where it is cached, else its header's."""
+    if source.is_file():
+        return from_directory(AutoConfig, converted_dir(source)) if is_converted(source) else from_gguf(AutoConfig, source)
+    if not (source / "config.json").is_file():
+        raise ValueError(
+            f"{source} has no config.json, so it is not a Hugging Face model directory; "
+            "give a checkpoint directory, a .gguf file or an embedded name"
+        )
+    return from_directory(AutoConfig, source, trust_remote_code=trust_remote_code)

@@ -1,0 +1,135 @@
+"""plan_load: what load_model will build and why, decided from the config and the GGUF tensor
+table alone, with the machine's facts given; `verispec load-plan` prints it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_load_model import write_gguf
+from transformers import LlamaConfig
+
+from verispec.cli import main
+from verispec.models import load_plan, sources
+from verispec.models.load_plan import MachineFacts, Runtime, plan_load
+from verispec.models.weight_format import WeightFormat
+
+X86_BF16 = MachineFacts(native_bf16=True, int4_faster=True)
+ARM_BF16 = MachineFacts(native_bf16=True, int4_faster=False)  # native bf16, int4 unmeasured (not x86)
+NO_BF16 = MachineFacts(native_bf16=False, int4_faster=False)
+
+
+def config_only(directory, **options):
+    """A Llama checkpoint directory with its config and no weights: a plan reads nothing else."""
+    LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=4, num_key_value_heads=2, **options).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture
+def gguf(tmp_path, monkeypatch):
+    """gguf(kind): a GGUF file of one `kind` matrix, its converted copy's config in the cache."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+
+    def make(kind: str):
+        path = tmp_path / f"{kind}.gguf"
+        write_gguf(path, kind)
+        config_only(sources.converted_dir(path))
+        return path
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("machine", "fmt", "exact"), [(X86_BF16, WeightFormat.BFLOAT16, False), (NO_BF16, WeightFormat.FLOAT32, True)]
+)
+def test_auto_on_a_checkpoint_follows_the_cpu(tmp_path, machine, fmt, exact) -> None:
+    plan = plan_load(config_only(tmp_path), machine=machine)
+    assert plan.weight_format == fmt and plan.dtype == fmt.dtype and plan.exact_weights is exact
+    assert plan.runtime == Runtime.FAST and plan.deterministic and plan.architecture == "llama"
+    assert plan.dtype_reason.startswith("chosen by --dtype auto") and plan.auto_choice is None
+    assert plan.source == plan.tokenizer == tmp_path and plan.converted is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "machine", "fmt"),
+    [
+        ("Q4_1", X86_BF16, WeightFormat.Q4),
+        ("Q8_0", X86_BF16, WeightFormat.Q4),
+        ("Q4_1", ARM_BF16, WeightFormat.BFLOAT16),
+        ("Q6_K", X86_BF16, WeightFormat.BFLOAT16),
+        ("F16", X86_BF16, WeightFormat.BFLOAT16),
+        ("Q4_1", NO_BF16, WeightFormat.FLOAT32),
+    ],
+)
+def test_auto_takes_q4_for_an_all_q4_gguf_where_int4_is_faster(gguf, kind, machine, fmt) -> None:
+    plan = plan_load(gguf(kind), machine=machine)
+    assert plan.weight_format == fmt and plan.runtime == Runtime.FAST
+    if fmt == WeightFormat.Q4:
+        assert plan.exact_weights and plan.dtype == torch.float32
+        assert plan.auto_choice == plan.dtype_reason and "Q4_0/Q4_1/Q8_0" in plan.auto_choice
+    else:
+        assert plan.auto_choice is None
+
+
+def test_auto_takes_q4_only_on_the_fast_runtime(gguf) -> None:
+    plan = plan_load(gguf("Q4_1"), runtime="hf", machine=X86_BF16)
+    assert plan.weight_format == WeightFormat.BFLOAT16 and plan.runtime == Runtime.HF
+    assert plan.runtime_reason == "asked for" and not plan.deterministic
+
+
+def test_explicit_q4_says_what_is_exact(gguf, tmp_path) -> None:
+    assert plan_load(gguf("Q4_0"), "q4").exact_weights is True
+    assert plan_load(gguf("Q6_K"), "q4").exact_weights is True  # read raw: float32 where int4 cannot hold it
+    assert plan_load(gguf("F16"), "q4").exact_weights is None  # decided per projection when built
+    assert plan_load(config_only(tmp_path / "checkpoint"), "q4").exact_weights is False  # quantized on load
+    assert plan_load(gguf("Q4_0"), "fp32").weight_format == WeightFormat.FLOAT32  # an alias, one vocabulary
+
+
+def test_the_runtime_and_why(tmp_path) -> None:
+    config_only(tmp_path)
+    plan = plan_load(tmp_path, "float16")
+    assert plan.runtime == Runtime.HF and "not float16; use runtime 'hf'" in plan.runtime_reason
+    assert plan.runtime_reason.startswith("chosen by --runtime auto")
+    with pytest.raises(ValueError, match="not float16; use runtime 'hf'"):
+        plan_load(tmp_path, "float16", runtime="fast")
+    with pytest.raises(ValueError, match="unknown runtime 'llama'; choose auto, fast, hf"):
+        plan_load(tmp_path, runtime="llama")
+    with pytest.raises(ValueError, match="unknown dtype 'int8'; choose auto, float32, bfloat16, float16 or q4"):
+        plan_load(tmp_path, "int8")
+    assert not plan_load(tmp_path, "float32", deterministic=False).deterministic
+
+
+def test_the_plan_prints_as_lines_and_as_json(gguf) -> None:
+    plan = plan_load(gguf("Q4_1"), machine=X86_BF16)
+    lines = plan.describe().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["model", "source", "runtime", "dtype", "exact"]
+    assert "(GGUF; float32 copy" in lines[1] and "cached" in lines[1] and lines[3].startswith("dtype:    q4: chosen")
+    shown = json.loads(json.dumps(plan.as_dict()))
+    assert shown["dtype"] == "q4" and shown["runtime"] == "fast" and shown["exact_weights"] is True
+    assert shown["converted"] == shown["tokenizer"] == str(plan.converted) and shown["converted_cached"]
+
+
+def test_the_default_machine_is_read_where_not_given(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(load_plan, "native_bf16", lambda: False)
+    assert plan_load(config_only(tmp_path)).weight_format == WeightFormat.FLOAT32
+
+
+def test_load_plan_command(tmp_path, capsys) -> None:
+    config_only(tmp_path)
+    assert main(["load-plan", "--model", str(tmp_path), "--dtype", "float32", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["dtype"] == "float32" and shown["runtime"] == "fast" and shown["exact_weights"] is True
+    assert main(["load-plan", "--model", str(tmp_path), "--dtype", "bf16", "--runtime", "hf"]) == 0
+    assert "runtime:  hf: asked for" in capsys.readouterr().out
+    for argv, says in [
+        (["--dtype", "int8"], "error: unknown dtype 'int8'; choose auto, float32, bfloat16, float16 or q4"),
+        (["--runtime", "fastest"], "error: unknown runtime 'fastest'; choose auto, fast, hf"),
+        (["--dtype", "float16", "--runtime", "fast"], "not float16; use runtime 'hf'"),
+    ]:
+        assert main(["load-plan", "--model", str(tmp_path), *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and says in err[0]
+    assert main(["load-plan", "--model", str(tmp_path / "absent")]) == 2
+    assert "never downloads models" in capsys.readouterr().err
