@@ -1,5 +1,7 @@
 """vLLM as a benchmark peer, without vLLM: method names, the speculative_config each becomes,
-the rounds read from its proposer's drafts, and the runner's pipe to a stand-in worker."""
+the rounds read from its proposer's drafts, the runner's pipe to a stand-in worker, and the
+concurrency sweep's closed loop on a stand-in engine; with vLLM's venv, one closed loop of 4
+on vLLM's CPU build (slow: its engine starts in minutes)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 from verispec.bench.methods import parse_method
-from verispec.bench.vllm import VllmRunner, parse, require, speculative_config
+from verispec.bench.vllm import VENV_PYTHON, VllmRunner, parse, require, speculative_config
 from verispec.bench.vllm_worker import rounds
 from verispec.models.load import LoadedModel
 from verispec.sampling import GREEDY, SamplingParams
@@ -98,3 +100,129 @@ def test_the_runner_talks_to_its_worker_over_json_lines(tmp_path):
     plain = VllmRunner(parse("vllm-plain"), target, spawn=spawn)
     assert plain([1], 3).tokens_per_round == [1, 1, 1]
     plain.close()
+
+
+BATCH_STAND_IN = """
+import json, sys
+config = json.loads(sys.stdin.readline())
+print(json.dumps({"ready": True, "vllm": "stand-in", "patches": [], "config": config}), flush=True)
+flight = {}  # key -> [next token, left]
+for line in sys.stdin:
+    message = json.loads(line)
+    if "add" in message:
+        assert len(flight) < config["max_num_seqs"]
+        flight[message["add"]] = [message["prompt"][-1] + 1, message["max_tokens"], True]
+        continue
+    outputs, verified = [], []
+    for key, state in list(flight.items()):
+        first = state[2]
+        n = 1 if first else min(3, state[1])  # the prefill emits one token; each later step up to 3
+        if not first:
+            verified.append([key, 2, 2])
+        tokens = list(range(state[0], state[0] + n))
+        state[0], state[1], state[2] = state[0] + n, state[1] - n, False
+        outputs.append({"key": key, "tokens": tokens, "finished": state[1] == 0})
+        if state[1] == 0:
+            del flight[key]
+    print(json.dumps({"outputs": outputs, "verified": verified}), flush=True)
+"""
+
+
+@pytest.fixture
+def batch_target(tmp_path):
+    checkpoint = tmp_path / "model"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    script = tmp_path / "worker.py"
+    script.write_text(BATCH_STAND_IN)
+    target = LoadedModel(name="tiny", lm=None, model=None, tokenizer=None, eos_token_ids=(2,), dtype=torch.float32,
+                         source=checkpoint)
+
+    def spawn(command, **kwargs):
+        return subprocess.Popen([sys.executable, str(script)], **kwargs)
+
+    return target, spawn
+
+
+def test_the_batch_server_keeps_c_requests_in_flight_on_vllms_engine(batch_target):
+    from verispec.bench.closed_loop import closed_loop
+    from verispec.bench.vllm import VllmBatchServer
+
+    target, spawn = batch_target
+    runner = VllmRunner(parse("vllm-ngram-k2"), target, max_num_seqs=4, spawn=spawn)
+    ticks = iter(range(1000))
+    server = VllmBatchServer(runner, 3, clock=lambda: float(next(ticks)))
+    prompts = [[10 * i] for i in range(1, 8)]
+    loop = closed_loop(server, prompts, 3, 6)
+    assert loop.most_in_flight == 3 and sorted(s.key for s in loop.served) == list(range(7))
+    for s in loop.served:
+        assert s.tokens == list(range(prompts[s.key][0] + 1, prompts[s.key][0] + 7))  # each request its own tokens
+        assert s.submitted < s.first_token < s.finished and s.ttft > 0 and s.tpot > 0
+        # the prefill's token, then 3 + 2: vLLM's counters say 2 drafts verified and accepted each step
+        assert s.stats.drafted == [0, 2, 2] and s.stats.accepted == [0, 2, 2] and s.stats.new_tokens == 6
+        assert dict(s.stats.plans) == {"plain step": 1, "chain k = 2": 2} and s.peer.startswith("vLLM stand-in")
+    assert server.in_flight == 0
+    with pytest.raises(ValueError, match="batches at most 4"):
+        VllmBatchServer(runner, 5)
+    runner.close()
+    assert runner.process.returncode == 0
+
+
+def test_the_sweep_serves_vllm_methods_at_every_level(batch_target, monkeypatch):
+    from verispec.bench import vllm
+    from verispec.bench.protocol import Protocol
+    from verispec.bench.sweep import Servers, check_methods, run_sweep
+    from verispec.bench.workloads import Workload
+
+    target, spawn = batch_target
+    method = parse("vllm-ngram-k2")
+    check_methods([method], (1, 4, 8))  # vLLM batches: no refusal above 1
+    servers = Servers(target, GREEDY, 0, 64, None, 4)
+    made = []
+
+    def runner(method, target, **options):
+        made.append(options)
+        return VllmRunner(method, target, spawn=spawn, **options)
+
+    monkeypatch.setattr(vllm, "VllmRunner", runner)
+    workloads = [(Workload(f"p{i}", "cat", f"prompt {i}", False), [10 * i]) for i in range(1, 6)]
+    try:
+        requests, loops = run_sweep(servers.get, [method], workloads, (1, 4), Protocol(4, 1, 0))
+    finally:
+        servers.close()
+    assert made == [{"max_model_len": 2048, "max_num_seqs": 4}]  # one engine for both levels
+    # 4 tokens: the prefill's, then 3 (2 drafts accepted): 2 rounds
+    assert {(r["rounds"], r["drafted"], r["accepted"], r["new_tokens"]) for r in requests} == {(2, 2, 2, 4)}
+    assert [(loop["concurrency"], loop["most_in_flight"], loop["requests"]) for loop in loops] == [(1, 1, 5), (4, 4, 5)]
+    assert all(r["peer"].startswith("vLLM stand-in") for r in requests)
+    assert all(engine.process.returncode == 0 for engine in servers.engines.values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VENV_PYTHON.is_file(), reason="vLLM's CPU build is not installed: make vllm-env")
+def test_vllm_serves_a_closed_loop_of_four_with_its_own_batching():
+    """vLLM's CPU build on the default model in float32 (its engine starts in a minute or
+    more): 6 requests, 4 in flight, ngram drafts. Each request's output is what the same engine
+    decodes for it alone (batching changes nothing in it), and vLLM's counters verified drafts.
+    Its agreement with verispec-plain is the sweep's identity check, as for every peer."""
+    from verispec.bench.closed_loop import closed_loop
+    from verispec.bench.vllm import VllmBatchServer
+    from verispec.models.load import load_model
+
+    target = load_model("smollm2-135m-instruct", dtype="float32")
+    texts = ["Count from one to twenty: one, two, three,", "The capital of France is",
+             "Repeat after me: the cat sat on the mat. The cat sat on the mat.", "def add(a, b):\n    return",
+             "List the days of the week: Monday, Tuesday,", "Water boils at"]
+    prompts = [target.encode(text) for text in texts]
+    runner = VllmRunner(parse("vllm-ngram-k3"), target, max_num_seqs=4)
+    try:
+        loop = closed_loop(VllmBatchServer(runner, 4), prompts, 4, 16)
+        alone = [runner(prompt, 16).tokens for prompt in prompts]
+    finally:
+        runner.close()
+    assert loop.most_in_flight == 4 and sorted(s.key for s in loop.served) == list(range(6))
+    for s in loop.served:
+        assert s.tokens == alone[s.key], texts[s.key]
+        assert s.stats.new_tokens == len(s.tokens) and sum(s.stats.accepted) <= sum(s.stats.drafted)
+        assert s.submitted < s.first_token <= s.finished
+    assert sum(sum(s.stats.accepted) for s in loop.served) > 0

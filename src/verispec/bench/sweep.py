@@ -18,8 +18,10 @@ prompt once per repeat):
 Servers: verispec methods run `verispec.batching.Scheduler` (continuous batching; an auto k is
 planned per batch from v(n), `profile.measure_batch_costs`, measured once per run);
 `llamacpp-plain` runs `llamacpp.LlamaCppBatchServer` (llama.cpp's batch API, continuous);
-`hf-generate` runs `closed_loop.HFBatchServer` (left-padded whole batches). Other HF and
-llama.cpp methods cannot batch and are refused at c > 1.
+`hf-generate` runs `closed_loop.HFBatchServer` (left-padded whole batches); `vllm-*` methods
+run `vllm.VllmBatchServer` (vLLM's engine in its own venv, continuous; one engine per method
+for every level, batching up to the highest). Other HF and llama.cpp methods cannot batch and
+are refused at c > 1.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from verispec.batching import RegistryBuilder
-from verispec.bench import llamacpp
+from verispec.bench import llamacpp, vllm
 from verispec.bench.closed_loop import HFBatchServer, Loop, Served, Server, VerispecServer, closed_loop
 from verispec.bench.identity import diagnose
 from verispec.bench.methods import PLAIN, Method, parse_methods
@@ -76,8 +78,8 @@ def is_sweep(levels: Sequence[int]) -> bool:
 
 def batchable(method: Method) -> bool:
     """Whether the sweep can serve `method` with several requests in flight: verispec's
-    scheduler, HF `generate` on a padded batch, llama.cpp's batch API (plain)."""
-    return (method.family == "verispec" or (method.family == "hf" and method.hf_mode == "generate")
+    scheduler, HF `generate` on a padded batch, llama.cpp's batch API (plain), vLLM's engine."""
+    return (method.family in ("verispec", "vllm") or (method.family == "hf" and method.hf_mode == "generate")
             or (method.family == "llamacpp" and method.proposer is None))
 
 
@@ -90,7 +92,7 @@ def check_methods(methods: Sequence[Method], levels: Sequence[int]) -> None:
         raise ValueError(
             f"{', '.join(unbatched)} decode one request at a time here (HF's assisted generation refuses batches; "
             "llama-cpp-python's prompt lookup drives one sequence; the sweep batches verispec methods, "
-            "hf-generate and llamacpp-plain), so they cannot run at --concurrency above 1; drop them or run "
+            "hf-generate, llamacpp-plain and vllm-*), so they cannot run at --concurrency above 1; drop them or run "
             "them with --concurrency 1"
         )
 
@@ -101,16 +103,19 @@ class Servers:
 
     builders: one `RegistryBuilder` per verispec method, shared by its levels (an auto policy
     is profiled once). batch_costs: v(n) for every verispec scheduler (None: not measured).
-    context: positions a llama.cpp sequence needs (the longest prompt and the budget)."""
+    context: positions a llama.cpp sequence or a vLLM request needs (the longest prompt and the
+    budget). most_in_flight: the highest level, the requests each vLLM engine batches."""
 
     target: LoadedModel
     sampling: SamplingParams
     seed: int
     context: int
     batch_costs: BatchCosts | None = None
+    most_in_flight: int = 1
     made: dict[tuple[str, int], Server] = field(default_factory=dict)
     builders: dict[str, RegistryBuilder] = field(default_factory=dict)
     llama: object = None  # the llama_cpp.Llama every llama.cpp server decodes with, once loaded
+    engines: dict[str, vllm.VllmRunner] = field(default_factory=dict)  # one vLLM worker per method
 
     def get(self, method: Method, concurrency: int) -> Server:
         key = (method.name, concurrency)
@@ -127,6 +132,11 @@ class Servers:
             if self.llama is None:
                 self.llama = llamacpp.load_batch_model(method, self.target)
             return llamacpp.LlamaCppBatchServer(self.llama, eos, concurrency, self.context, torch.get_num_threads())
+        if method.family == "vllm":
+            if method.name not in self.engines:
+                self.engines[method.name] = vllm.VllmRunner(
+                    method, self.target, max_model_len=max(2048, self.context), max_num_seqs=self.most_in_flight)
+            return vllm.VllmBatchServer(self.engines[method.name], concurrency)
         if method.family == "hf" and method.hf_mode == "generate":
             return HFBatchServer(self.target.transformers_model(), eos, self.sampling, self.seed)
         raise ValueError(f"{method.name} cannot serve a closed loop; run it with --concurrency 1")
@@ -136,6 +146,8 @@ class Servers:
             close = getattr(server, "close", None)
             if close is not None:
                 close()
+        for engine in self.engines.values():
+            engine.close()
 
 
 def continuous(method: Method) -> bool:
@@ -304,7 +316,7 @@ def measure_sweep(
     with console.status("measuring the batched forward's cost v(n) (auto k per batch)"):
         profile = measure_batch_costs(target, methods, prompts[0][1], settings.quick)
     servers = Servers(target, settings.sampling, settings.seed, longest + protocol.max_new_tokens + 1,
-                      profile.costs if profile is not None else None)
+                      profile.costs if profile is not None else None, max(levels))
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TimeRemainingColumn(), console=console, transient=True,

@@ -8,9 +8,12 @@
 
 vLLM pins its own torch and transformers, so it runs in the venv `make vllm-env` makes, as a
 long-lived subprocess (`verispec.bench.vllm_worker`) holding one engine per method, fed the
-same prompt token ids, budget and EOS ids as every other method, one request at a time. The
-runner's clock is the same `Clock`, end to end around the request (the pipe adds well under a
-millisecond); tokens per round come from the drafts vLLM's proposer returned. Greedy only, as
+same prompt token ids, budget and EOS ids as every other method. `VllmRunner` serves one
+request at a time; its clock is the same `Clock`, end to end around the request (the pipe
+adds well under a millisecond); tokens per round come from the drafts vLLM's proposer
+returned. `VllmBatchServer` serves the concurrency sweep's closed loop (`closed_loop.Server`)
+with vLLM's own continuous batching: requests join between engine steps, each step is one
+pipe round trip, timed on the sweep's clock. Greedy only, as
 for llama.cpp, and the target must be a checkpoint directory vLLM can read (for a GGUF target,
 verispec's float32 conversion of it).
 
@@ -22,13 +25,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from verispec.bench.closed_loop import Served
 from verispec.bench.methods import Method, split_k
 from verispec.bench.runners import Clock, Outcome
 from verispec.models.load import LoadedModel
 from verispec.sampling import SamplingParams
+from verispec.stats import Stats
+from verispec.tree_shape import describe_plan
 
 VENV_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 WORKER = Path(__file__).resolve().with_name("vllm_worker.py")
@@ -97,17 +104,21 @@ def checkpoint_directory(target: LoadedModel) -> Path:
 
 class VllmRunner:
     """One vLLM engine for `method` on `target`, in a worker process of vLLM's venv; call it as
-    any runner. `close` ends the worker (it also ends when the runner is collected)."""
+    any runner. max_num_seqs: the most requests its engine batches (`VllmBatchServer`).
+    `close` ends the worker (it also ends when the runner is collected)."""
 
     def __init__(self, method: Method, target: LoadedModel, python: Path = VENV_PYTHON, eager: bool = True,
-                 max_model_len: int = 2048, spawn: Callable[..., subprocess.Popen] = subprocess.Popen) -> None:
+                 max_model_len: int = 2048, max_num_seqs: int = 1,
+                 spawn: Callable[..., subprocess.Popen] = subprocess.Popen) -> None:
         self.method = method
         self.eos_token_ids = list(target.eos_token_ids)
         dtype = str(target.dtype).removeprefix("torch.")
         # -P: the worker's own directory (which holds this module, vllm.py) must not shadow vLLM
         self.process = spawn([str(python), "-P", str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._send({"target": str(checkpoint_directory(target)), "dtype": dtype, "eager": eager, "seed": 0,
-                    "max_model_len": max_model_len, "speculative_config": speculative_config(method)})
+                    "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+                    "speculative_config": speculative_config(method)})
+        self.max_num_seqs = max_num_seqs
         ready = self._receive()
         self.engine = {"vllm": ready.get("vllm"), "patches": ready.get("patches", [])}
 
@@ -149,6 +160,57 @@ class VllmRunner:
         if not line:
             raise RuntimeError(f"vLLM's worker for {self.method.name} ended (exit status {self.process.wait()}); its errors are above")
         return json.loads(line)
+
+
+class VllmBatchServer:
+    """The closed loop's server (`closed_loop.Server`) on a runner's engine: vLLM's continuous
+    batching, up to `slots` requests in flight (at most the engine's max_num_seqs). `submit`
+    adds a request to the engine; `step` runs one engine step (one target forward over every
+    request in flight, its drafts verified in it) and reads each request's new tokens, timed on
+    `clock` when the step's answer arrives. A request's stats: one round per step that emitted
+    its tokens (the prefill's first), its drafts and accepted tokens as vLLM's scheduler counted
+    them (its plans: the k vLLM drafted each round). Several servers may share one runner (one per concurrency level); its owner closes it."""
+
+    def __init__(self, runner: VllmRunner, slots: int, clock: Callable[[], float] = time.perf_counter) -> None:
+        if not 1 <= slots <= runner.max_num_seqs:
+            raise ValueError(f"{runner.method.name}: {slots} requests in flight, but its engine batches at most {runner.max_num_seqs}")
+        self.runner, self.slots, self.clock = runner, slots, clock
+        self.eos_token_ids = runner.eos_token_ids
+        self.peer = f"vLLM {runner.engine['vllm']}, its continuous batching (its own kernels)"
+        self.requests: dict[int, dict] = {}  # key -> tokens, stats, times
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.requests)
+
+    def submit(self, key: int, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
+        if len(self.requests) >= self.slots:
+            raise ValueError(f"{self.slots} requests are in flight already; wait for one to finish")
+        self.requests[key] = {"tokens": [], "stats": Stats(), "submitted": self.clock(), "first": None}
+        self.runner._send({"add": key, "prompt": [int(t) for t in prompt_ids], "max_tokens": max_new_tokens,
+                           "stop": self.eos_token_ids})
+
+    def step(self) -> list[Served]:
+        self.runner._send({"step": True})
+        answer = self.runner._receive()
+        now = self.clock()
+        verified = {key: (drafted, accepted) for key, drafted, accepted in answer["verified"]}
+        served = []
+        for output in answer["outputs"]:
+            request = self.requests[output["key"]]
+            tokens = output["tokens"]
+            if tokens:
+                drafted, accepted = verified.get(output["key"], (0, 0))
+                request["stats"].record_round(drafted, accepted)
+                request["stats"].record_plan(describe_plan(drafted))
+                request["stats"].new_tokens += len(tokens)
+                request["tokens"] += tokens
+                request["first"] = request["first"] if request["first"] is not None else now
+            if output["finished"]:
+                del self.requests[output["key"]]
+                served.append(Served(output["key"], request["tokens"], request["submitted"], request["first"], now,
+                                     request["stats"], self.peer))
+        return served
 
 
 def make_runner(method: Method, target: LoadedModel) -> VllmRunner:

@@ -1,18 +1,35 @@
 """The vLLM side of `verispec.bench.vllm`, run by the python of the venv `make vllm-env` makes
 (vLLM pins its own torch and transformers, so verispec never imports it): standard library and
-vLLM only, one engine in this process, one JSON line per request on stdin and per answer on
+vLLM only, one engine in this process, one JSON line per message on stdin and per answer on
 stdout.
 
     first line in:   {"target": DIR, "dtype": "float32", "speculative_config": {...} | null,
-                      "eager": true, "max_model_len": 2048, "seed": 0}
+                      "eager": true, "max_model_len": 2048, "seed": 0, "max_num_seqs": 1}
     first line out:  {"ready": true, "vllm": "0.32.0", "patches": [...]}
-    each line in:    {"prompt": [ids], "max_tokens": n, "stop": [eos ids]}
-    each line out:   {"tokens": [ids], "drafts": [[ids], ...], "seconds": s}
+
+One request at a time (`LLM.generate`):
+
+    line in:         {"prompt": [ids], "max_tokens": n, "stop": [eos ids]}
+    line out:        {"tokens": [ids], "drafts": [[ids], ...], "seconds": s}
 
 `drafts` are what vLLM's proposer returned, in order, for the request (it runs alone): with
-its greedy output they give the tokens each round emitted (`rounds`). Stock vLLM 0.32 refuses
-a Medusa checkpoint with a truncated vocabulary (`Medusa.load_weights` never reports
-`token_map` loaded); `patch_medusa` adds that one name to what the loader reports.
+its greedy output they give the tokens each round emitted (`rounds`).
+
+Several in flight (the engine's own continuous batching, up to max_num_seqs): the caller adds
+requests between steps and steps the engine (`LLMEngine.add_request`, `LLMEngine.step`):
+
+    line in:         {"add": key, "prompt": [ids], "max_tokens": n, "stop": [eos ids]}  (no answer)
+    line in:         {"step": true}
+    line out:        {"outputs": [{"key": key, "tokens": [new ids], "finished": bool}, ...],
+                      "verified": [[key, drafted, accepted], ...]}
+
+`outputs`: every request that emitted tokens in this step (the step is one target forward
+over every request in flight), with its new tokens only. `verified`: vLLM's own acceptance
+counters, per request whose drafts this step verified, as its scheduler counts them.
+
+Stock vLLM 0.32 refuses a Medusa checkpoint with a truncated vocabulary (`Medusa.load_weights`
+never reports `token_map` loaded); `patch_medusa` adds that one name to what the loader
+reports.
 """
 
 from __future__ import annotations
@@ -79,20 +96,76 @@ def rounds(output: list[int], drafts: list[list[int]]) -> list[int]:
     return per_round
 
 
+def watch_verification(verified: list[list]) -> None:
+    """Record (request, drafts verified, drafts accepted) as vLLM's scheduler counts them, per
+    request and step (`Scheduler.make_spec_decoding_stats`, called once for each)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    original = Scheduler.make_spec_decoding_stats
+
+    def make_spec_decoding_stats(self, stats, num_draft_tokens, num_accepted_tokens, *args, **kwargs):
+        request_id = kwargs.get("request_id", args[-1] if args else None)
+        verified.append([request_id, num_draft_tokens, num_accepted_tokens])
+        return original(self, stats, num_draft_tokens, num_accepted_tokens, *args, **kwargs)
+
+    Scheduler.make_spec_decoding_stats = make_spec_decoding_stats
+
+
+class Loop:
+    """The engine's requests in flight, by the caller's keys: a request's id is its key as text
+    (its outputs carry that id; vLLM's scheduler adds a dash and 8 random characters)."""
+
+    def __init__(self, engine, sampling_params, delta) -> None:
+        self.engine, self.sampling_params, self.delta = engine, sampling_params, delta
+        self.keys: dict[str, object] = {}  # request id -> key, for the requests in flight
+        self.verified: list[list] = []
+        watch_verification(self.verified)
+
+    def add(self, request: dict) -> None:
+        params = self.sampling_params(temperature=0.0, max_tokens=request["max_tokens"],
+                                      stop_token_ids=request["stop"], output_kind=self.delta)
+        request_id = str(request["add"])
+        if request_id in self.keys:
+            raise ValueError(f"request {request_id} is already in flight")
+        self.engine.add_request(request_id, {"prompt_token_ids": request["prompt"]}, params)
+        self.keys[request_id] = request["add"]
+
+    def step(self) -> dict:
+        self.verified.clear()
+        outputs = [{"key": self.keys[o.request_id], "tokens": list(o.outputs[0].token_ids), "finished": o.finished}
+                   for o in self.engine.step()]
+        verified = [[self.keys[request_id.rsplit("-", 1)[0]], drafted, accepted]
+                    for request_id, drafted, accepted in self.verified]
+        for output in outputs:
+            if output["finished"]:
+                del self.keys[str(output["key"])]
+        return {"outputs": outputs, "verified": verified}
+
+
 def serve(lines, reply) -> None:
     config = json.loads(next(lines))
     from vllm import LLM, SamplingParams
+    from vllm.sampling_params import RequestOutputKind
     import vllm
 
     recorded: list[list[int]] = []
     watch_proposers(recorded)
     patches = [patch_medusa()] if (config.get("speculative_config") or {}).get("method") == "medusa" else []
     llm = LLM(model=config["target"], dtype=config["dtype"], max_model_len=config["max_model_len"],
-              enforce_eager=config["eager"], seed=config["seed"], enable_prefix_caching=False, max_num_seqs=1,
+              enforce_eager=config["eager"], seed=config["seed"], enable_prefix_caching=False,
+              max_num_seqs=config.get("max_num_seqs", 1),
               speculative_config=config.get("speculative_config"))
     reply({"ready": True, "vllm": vllm.__version__, "patches": patches})
+    loop = Loop(llm.llm_engine, SamplingParams, RequestOutputKind.DELTA)
     for line in lines:
         request = json.loads(line)
+        if "add" in request:
+            loop.add(request)
+            continue
+        if "step" in request:
+            recorded.clear()  # drafts are read per request from vLLM's counters here
+            reply(loop.step())
+            continue
         greedy = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], stop_token_ids=request["stop"])
         recorded.clear()
         start = time.perf_counter()
