@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from verispec import generate
 from verispec.bench.methods import parse_method
 from verispec.bench.vllm import VENV_PYTHON, VllmRunner, parse, require, speculative_config
 from verispec.bench.vllm_worker import rounds
@@ -203,8 +204,8 @@ def test_the_sweep_serves_vllm_methods_at_every_level(batch_target, monkeypatch)
 def test_vllm_serves_a_closed_loop_of_four_with_its_own_batching():
     """vLLM's CPU build on the default model in float32 (its engine starts in a minute or
     more): 6 requests, 4 in flight, ngram drafts. Each request's output is what the same engine
-    decodes for it alone (batching changes nothing in it), and vLLM's counters verified drafts.
-    Its agreement with verispec-plain is the sweep's identity check, as for every peer."""
+    decodes for it alone (batching changes nothing in it) and verispec's plain greedy decoding
+    of the same float32 weights, and vLLM's counters verified drafts."""
     from verispec.bench.closed_loop import closed_loop
     from verispec.bench.vllm import VllmBatchServer
     from verispec.models.load import load_model
@@ -214,6 +215,8 @@ def test_vllm_serves_a_closed_loop_of_four_with_its_own_batching():
              "Repeat after me: the cat sat on the mat. The cat sat on the mat.", "def add(a, b):\n    return",
              "List the days of the week: Monday, Tuesday,", "Water boils at"]
     prompts = [target.encode(text) for text in texts]
+    plain = [generate(target.lm, None, prompt, max_new_tokens=16, sampling=GREEDY, eos_token_id=target.eos_token_ids, k=0).tokens
+             for prompt in prompts]
     runner = VllmRunner(parse("vllm-ngram-k3"), target, max_num_seqs=4)
     try:
         loop = closed_loop(VllmBatchServer(runner, 4), prompts, 4, 16)
@@ -222,7 +225,7 @@ def test_vllm_serves_a_closed_loop_of_four_with_its_own_batching():
         runner.close()
     assert loop.most_in_flight == 4 and sorted(s.key for s in loop.served) == list(range(6))
     for s in loop.served:
-        assert s.tokens == alone[s.key], texts[s.key]
+        assert s.tokens == alone[s.key] == plain[s.key], texts[s.key]
         assert s.stats.new_tokens == len(s.tokens) and sum(s.stats.accepted) <= sum(s.stats.drafted)
         assert s.submitted < s.first_token <= s.finished
     assert sum(sum(s.stats.accepted) for s in loop.served) > 0
