@@ -10,8 +10,8 @@ import torch
 
 from verispec.bench.identity import diagnose, first_mismatch
 from verispec.bench.methods import HF_LOOKUP_TOKENS, PLAIN, Method, parse_method, parse_methods
-from verispec.bench.protocol import rotated
-from verispec.bench.report import OVERALL, by_source, plans_section, quartiles, summarize
+from verispec.bench.protocol import engine_fields, rotated
+from verispec.bench.report import OVERALL, by_source, cost_model_section, plans_section, quartiles, summarize
 from verispec.bench.runners import emitted_per_round
 from verispec.bench.workloads import (
     DATA_VARIABLE,
@@ -22,6 +22,7 @@ from verispec.bench.workloads import (
     read_workloads,
     select,
 )
+from verispec.stats import Stats
 
 
 def test_method_grammar():
@@ -165,6 +166,38 @@ def test_speedup_is_paired_per_repeat_then_median_and_quartiles_across_prompts()
     assert fast["speedup_median"] == 2.0 and fast["speedup_q1"] == 1.5 and fast["speedup_q3"] == 3.5
     assert fast["tokens_per_round"] == 2.0 and fast["prompts"] == 3 and fast["runs"] == 9
     assert summary["results"][PLAIN]["c"]["speedup_median"] == 1.0
+
+
+def engine(rounds: list[tuple[int, int, float]], seconds_per_draft: float = 0.0) -> dict:
+    """A run's engine counters from its rounds, (drafted, accepted, target seconds) each."""
+    stats = Stats()
+    for drafted, accepted, seconds in rounds:
+        stats.record_round(drafted, accepted, draft_seconds=drafted * seconds_per_draft, target_seconds=seconds)
+    return engine_fields(stats)
+
+
+def test_the_cost_model_predicts_from_the_runs_own_acceptance_c_and_v():
+    # plain: 0.1 s a forward, t(1). The draft method: rounds of k = 2, 2, 1 accepting 2, 0, 1,
+    # so position 1 accepted 2 of 3 times and position 2 1 of 1: s = (2/3, 2/3), E(1) = 5/3,
+    # E(2) = 7/3. c = 0.05 s / 0.1 s = 0.5; v(3) = 0.15 / 0.1 = 1.5, v(2) = 0.12 / 0.1 = 1.2.
+    # Predicted: (7/3 + 7/3 + 5/3) / ((2 c + v(3)) 2 + c + v(2)) = (19/3) / 6.7.
+    plain = run_record(PLAIN, "p0", 0, 0.8, tokens=8, rounds=8) | {"engine": engine([(0, 0, 0.1)] * 8)}
+    fast = run_record("fast", "p0", 0, 0.5, tokens=6, rounds=3) | {
+        "engine": engine([(2, 2, 0.15), (2, 0, 0.15), (1, 1, 0.12)], seconds_per_draft=0.05)}
+    methods = parse_methods(PLAIN) + [Method("fast", "verispec", "draft:d", "k2", k=2)]
+    summary = summarize([plain, fast, run_record("hf-generate", "p0", 0, 1.0)], methods + parse_methods("hf-generate")[1:], {})
+    overall = summary["results"]["fast"][OVERALL]
+    assert overall["position_acceptance"] == [2 / 3, 1.0]
+    model = overall["cost_model"]
+    assert model["step_seconds"] == pytest.approx(0.1) and model["c"] == pytest.approx(0.5)
+    assert model["v"] == pytest.approx({2: 1.2, 3: 1.5})
+    assert model["expected_tokens_per_round"] == pytest.approx(19 / 9)
+    assert model["predicted_speedup"] == pytest.approx(19 / 3 / 6.7)
+    assert summary["results"][PLAIN][OVERALL]["cost_model"] is None
+    assert summary["results"]["hf-generate"][OVERALL]["cost_model"] is None
+    lines = cost_model_section(summary, ["fast", "hf-generate"])
+    assert "| fast | 0.67 1.00 | 0.500 | v(2) 1.20, v(3) 1.50 | 2.11 | 2.00 | 0.95x | 1.20x |" in lines
+    assert not any("hf-generate" in line for line in lines)
 
 
 def test_the_plans_section_lists_each_source_of_a_combined_proposer():

@@ -147,7 +147,8 @@ def record(
 
 
 def engine_fields(stats: Stats | None) -> dict | None:
-    """The engine's counters: per-round drafted/accepted, per-position acceptance, time split.
+    """The engine's counters: per-round drafted/accepted and target seconds, per-position
+    acceptance, time split.
 
     prefill_seconds covers the prompt but its last token (the pending token goes into round
     1); target_seconds is the verification forwards; overhead_seconds the rule and rollback.
@@ -158,6 +159,7 @@ def engine_fields(stats: Stats | None) -> dict | None:
         **stats.as_dict(),
         "drafted_per_round": stats.drafted,
         "accepted_per_round": stats.accepted,
+        "target_seconds_per_round": stats.round_target_seconds,
         "position_acceptance": [
             accepts / attempts if attempts else None
             for accepts, attempts in zip(stats.position_accepts, stats.position_attempts)

@@ -15,6 +15,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from verispec.bench.methods import PLAIN, Method
+from verispec.cost import FixedCosts, expected_tokens_by_k, predicted_speedup
+from verispec.stats import Stats
 
 OVERALL = "overall"
 
@@ -70,7 +72,88 @@ def group_summary(records: Sequence[dict], plain: dict[tuple[str, int], dict]) -
         "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
         "plans": dict(sum((Counter(e.get("plans", {})) for e in engines), Counter()).most_common()),
         "by_source": by_source([e.get("by_source", {}) for e in engines]),
+        "position_acceptance": position_acceptance(engines),
+        "cost_model": cost_model(engines, [plain[r["prompt_id"], r["repeat"]]["engine"] for r in records]),
     }
+
+
+def position_counts(engines: Sequence[dict]) -> tuple[list[int], list[int]]:
+    """The runs' `Stats.position_attempts` and `position_accepts`, summed position by position."""
+    longest = max((len(e["position_attempts"]) for e in engines), default=0)
+    attempts, accepts = [0] * longest, [0] * longest
+    for e in engines:
+        for i, (tried, taken) in enumerate(zip(e["position_attempts"], e["position_accepts"])):
+            attempts[i] += tried
+            accepts[i] += taken
+    return attempts, accepts
+
+
+def position_acceptance(engines: Sequence[dict]) -> list[float] | None:
+    """Acceptance by position over the runs: [i] = of the rounds whose draft reached position
+    i + 1 with the first i accepted, the share that accepted it too; None where nothing was
+    drafted."""
+    attempts, accepts = position_counts(engines)
+    rates = [taken / tried for tried, taken in zip(attempts, accepts) if tried]
+    return rates or None
+
+
+def cost_model(engines: Sequence[dict], plain_engines: Sequence[dict | None]) -> dict | None:
+    """What the cost model predicts for these runs (`cost.predicted_speedup`) from what they
+    measured themselves, to set beside the measured speedup.
+
+    t(1): verispec-plain's seconds per forward (each of its rounds scores one position) on the
+    same prompts and repeats. c: the runs' draft seconds per drafted token / t(1). v(n): the
+    mean seconds of their rounds that scored n positions / t(1) (`v`, by n); an n no round
+    scored gets v(1) = 1 or the line between its measured neighbours, which the prediction
+    never reads. survival: the product of the acceptance by position. The model leaves out
+    prefill and the engine's verify and commit time, which the measured end-to-end speedup
+    includes. None for runs that drafted nothing, drafted trees (the chain formula does not
+    cost them) or kept no engine counters (HF, llama.cpp), or without plain's counters.
+    """
+    if not engines or any(e is None for e in plain_engines) or any(e["tree_rounds"] for e in engines):
+        return None
+    drafted = [k for e in engines for k in e["drafted_per_round"]]
+    if not sum(drafted):
+        return None
+    step = sum(e["target_seconds"] for e in plain_engines) / sum(e["rounds"] for e in plain_engines)
+    seconds: dict[int, list[float]] = defaultdict(list)
+    for e in engines:
+        for k, spent in zip(e["drafted_per_round"], e["target_seconds_per_round"]):
+            seconds[k + 1].append(spent)
+    v = {n: statistics.fmean(spent) / step for n, spent in sorted(seconds.items())}
+    c = sum(e["draft_seconds"] for e in engines) / sum(drafted) / step
+    attempts, accepts = position_counts(engines)
+    stats = Stats(drafted=drafted, position_attempts=attempts, position_accepts=accepts)
+    return {
+        "step_seconds": step,
+        "c": c,
+        "v": v,
+        "expected_tokens_per_round": predicted_tokens(stats),
+        "predicted_speedup": predicted_speedup(stats, FixedCosts(c, v_curve(v, max(drafted) + 1))),
+    }
+
+
+def predicted_tokens(stats: Stats) -> float:
+    """The tokens per round the runs' survival predicts for their rounds' k, on average
+    (positions no round reached count as rejected, as in `cost.predicted_speedup`)."""
+    survival = stats.survival()
+    expected = expected_tokens_by_k(survival + [0.0] * (max(stats.drafted) - len(survival)))
+    return statistics.fmean(expected[k] for k in stats.drafted)
+
+
+def v_curve(measured: dict[int, float], positions: int) -> list[float]:
+    """v(n) for n = 1..positions: the measured values, v(1) = 1 where unmeasured, and any other
+    unmeasured n on the line between its measured neighbours."""
+    known = {1: 1.0} | measured
+    points = sorted(known.items())
+    curve = []
+    for n in range(1, positions + 1):
+        if n in known:
+            curve.append(known[n])
+            continue
+        (low, v_low), (high, v_high) = max(p for p in points if p[0] < n), min(p for p in points if p[0] > n)
+        curve.append(v_low + (v_high - v_low) * (n - low) / (high - low))
+    return curve
 
 
 def by_source(parts: Sequence[dict]) -> dict:
@@ -197,6 +280,43 @@ def sampled_section(summary: dict, names: Sequence[str]) -> list[str]:
     return lines
 
 
+def cost_model_section(summary: dict, names: Sequence[str]) -> list[str]:
+    """Acceptance by position and the cost model's predicted speedup beside the measured one,
+    for each method whose runs it can cost (`cost_model`)."""
+    rows = []
+    for name in names:
+        overall = summary["results"][name][OVERALL]
+        model = overall.get("cost_model")
+        if model is None:
+            continue
+        v = ", ".join(f"v({n}) {value:.2f}" for n, value in model["v"].items())
+        rows.append([
+            name, " ".join(f"{rate:.2f}" for rate in overall["position_acceptance"] or []), f"{model['c']:.3f}", v,
+            f"{model['expected_tokens_per_round']:.2f}", f"{overall['tokens_per_round']:.2f}",
+            f"{model['predicted_speedup']:.2f}x", f"{overall['speedup_median']:.2f}x",
+        ])
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## The cost model against the measurement (all prompts)",
+        "",
+        "Acceptance by position i: of the rounds whose draft reached position i with the first i - 1 "
+        "accepted, the share that accepted it too. Predicted: `cost.predicted_speedup` from these runs' "
+        "own survival (the product of those rates), c (draft seconds per drafted token) and v(n) (the mean "
+        "seconds of a forward over n positions), both over verispec-plain's seconds per forward in the same "
+        "runs; tau predicted is the tokens per round that survival gives. The model leaves out prefill and the "
+        "engine's verify and commit time, which the measured end-to-end speedup (the median over prompts) "
+        "includes.",
+        "",
+    ]
+    return lines + table(
+        ["method", "acceptance by position", "c", "v(n) measured", "tau predicted", "tau measured",
+         "predicted speedup", "measured speedup"],
+        rows,
+    )
+
+
 def plans_section(summary: dict, names: Sequence[str]) -> list[str]:
     """What the speculative methods' policies chose per round (k, tree shape or a plain step),
     over all prompts: the three most frequent plans with their share of rounds; for a proposer
@@ -296,6 +416,7 @@ def render(summary: dict, plots: Sequence[str]) -> str:
             for o in [results[n][OVERALL]]
         ],
     )
+    lines += cost_model_section(summary, others)
     lines += plans_section(summary, others)
     lines += identity_section(summary, others) if greedy else sampled_section(summary, names)
     if plots:
