@@ -102,7 +102,8 @@ def cost_model(engines: Sequence[dict], plain_engines: Sequence[dict | None]) ->
     measured themselves, to set beside the measured speedup.
 
     t(1): verispec-plain's seconds per forward (each of its rounds scores one position) on the
-    same prompts and repeats. c: the runs' draft seconds per drafted token / t(1). v(n): the
+    same prompts and repeats. c: the runs' draft seconds per drafted token / t(1) (a draft model's
+    first round reads the whole prompt, so over short outputs c includes its prefill). v(n): the
     mean seconds of their rounds that scored n positions / t(1) (`v`, by n); an n no round
     scored gets v(1) = 1 or the line between its measured neighbours, which the prediction
     never reads. survival: the product of the acceptance by position. The model leaves out
@@ -305,7 +306,8 @@ def cost_model_section(summary: dict, names: Sequence[str]) -> list[str]:
         "accepted, the share that accepted it too. Predicted: `cost.predicted_speedup` from these runs' "
         "own survival (the product of those rates), c (draft seconds per drafted token) and v(n) (the mean "
         "seconds of a forward over n positions), both over verispec-plain's seconds per forward in the same "
-        "runs; tau predicted is the tokens per round that survival gives. The model leaves out prefill and the "
+        "runs (a draft model's c includes its own read of the prompt in the first round); tau predicted is the "
+        "tokens per round that survival gives. The model leaves out the target's prefill and the "
         "engine's verify and commit time, which the measured end-to-end speedup (the median over prompts) "
         "includes.",
         "",
