@@ -45,11 +45,17 @@ def native_bf16() -> bool:
 def cpu_has_bf16(cpuinfo: str, machine: str) -> bool:
     """From /proc/cpuinfo: AVX512-BF16 or AMX-BF16 on x86, the BF16 extension on Arm."""
     wanted = {"avx512_bf16", "amx_bf16"} if machine in ("x86_64", "AMD64", "i686") else {"bf16"}
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features") and wanted & set(value.split()):
-            return True
-    return False
+    return bool(wanted & cpu_flags(cpuinfo))
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """Every flag a "flags" (x86) or "Features" (Arm) line of /proc/cpuinfo names."""
+    return {
+        flag
+        for line in cpuinfo.splitlines()
+        if line.partition(":")[0].strip().lower() in ("flags", "features")
+        for flag in line.partition(":")[2].split()
+    }
 
 
 def version() -> str:

@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 
 from verispec.cost import BatchCosts, optimal_k
-from verispec.machine import cpuinfo
+from verispec.machine import cpu_flags as machine_cpu_flags, cpuinfo
 from verispec.profile import Profile, k_per_batch_size
 from verispec.registry import ProposerSpec
 
@@ -96,11 +96,8 @@ def batch_schedule(k_by_size: dict[int, int]) -> list[list[int]]:
 
 def cpu_flags() -> list[str]:
     """The `KERNEL_FLAGS` this CPU has, from /proc/cpuinfo."""
-    for line in cpuinfo().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features"):
-            return [flag for flag in KERNEL_FLAGS if flag in value.split()]
-    return []
+    present = machine_cpu_flags(cpuinfo())
+    return [flag for flag in KERNEL_FLAGS if flag in present]
 
 
 def vllm_config(profile: Profile, method: dict, today: datetime.date | None = None) -> dict:
