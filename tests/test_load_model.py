@@ -155,10 +155,12 @@ def test_the_fast_runtime_keeps_one_copy_of_the_weights(tmp_path) -> None:
 def test_runtime_choice(tmp_path) -> None:
     save_checkpoint(tmp_path)
     assert isinstance(load_model(tmp_path, runtime="fast", deterministic=True).lm, LlamaRuntime)
-    with pytest.raises(ValueError, match="unknown runtime 'fastest'; choose auto, fast, hf"):
+    with pytest.raises(ValueError, match="unknown runtime 'fastest'; choose auto, fast, hf, llamacpp"):
         load_model(tmp_path, runtime="fastest")
-    with pytest.raises(ValueError, match="deterministic scoring is a fast-runtime mode"):
+    with pytest.raises(ValueError, match="deterministic scoring is a mode of the fast and llama.cpp runtimes"):
         load_model(tmp_path, runtime="hf", deterministic=True)
+    with pytest.raises(ValueError, match="the llama.cpp runtime reads a GGUF file, not a checkpoint directory"):
+        load_model(tmp_path, runtime="llamacpp")
     float16 = load_model(tmp_path, dtype="float16")  # the fast runtime computes in fp32/bf16 only
     assert float16.runtime == "hf" and isinstance(float16.lm, HFCausalLM)
     with pytest.raises(ValueError, match="not float16; use runtime 'hf'"):

@@ -101,6 +101,18 @@ def test_the_runtime_and_why(tmp_path) -> None:
     assert not plan_load(tmp_path, "float32", deterministic=False).deterministic
 
 
+def test_the_llamacpp_runtime_takes_a_gguf_file_as_llama_cpp_computes_it(gguf, tmp_path) -> None:
+    plan = plan_load(gguf("Q4_1"), runtime="llamacpp", machine=X86_BF16)
+    assert plan.runtime == Runtime.LLAMACPP and plan.weight_format == WeightFormat.GGUF and plan.deterministic
+    assert plan.exact_weights is False and plan.dtype == torch.float32 and "different target" in plan.dtype_reason
+    assert "llama.cpp's arithmetic" in plan.describe().splitlines()[-1]
+    assert not plan_load(gguf("Q4_1"), runtime="llamacpp", deterministic=False).deterministic
+    with pytest.raises(ValueError, match="--dtype q4 does not apply to the llama.cpp runtime"):
+        plan_load(gguf("Q4_1"), "q4", runtime="llamacpp")
+    with pytest.raises(ValueError, match="reads a GGUF file, not a checkpoint directory"):
+        plan_load(config_only(tmp_path / "checkpoint"), runtime="llamacpp")
+
+
 def test_the_plan_prints_as_lines_and_as_json(gguf) -> None:
     plan = plan_load(gguf("Q4_1"), machine=X86_BF16)
     lines = plan.describe().splitlines()

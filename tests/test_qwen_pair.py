@@ -55,3 +55,23 @@ def test_the_draft_model_proposer_gives_plain_greedy_tokens(target) -> None:
         assert spec.tokens == plain.tokens, prompt
         accepted += spec.stats.mean_accepted > 1
     assert accepted  # the 0.5B agrees with the 1.5B often enough to be accepted at all
+
+
+def test_the_llamacpp_runtime_gives_its_own_plain_greedy_tokens() -> None:
+    """On llama.cpp (deterministic: forwards of at most 3 rows after the prompt) the draft model
+    and prompt lookup give the runtime's own plain greedy tokens."""
+    from verispec.bench.runners import VerispecRunner
+    from verispec.models.load import load_model
+    from verispec.registry import build_proposer
+
+    pytest.importorskip("llama_cpp", reason="pip install -e '.[llamacpp]'")
+    target = load_model(TARGET, runtime="llamacpp")
+    assert target.runtime == "llamacpp" and target.weight_format == "gguf" and not target.exact_weights
+    assert "different target" in target.target_note and target.eos_token_ids == (151645, 151643)
+    assert target.memory()["kv_bytes_per_token"] == 28 * 2 * 2 * 128 * 2  # float16 keys and values
+    for spec in (f"draft:{DRAFT}", "lookup"):
+        drafter = build_proposer(spec, target)
+        for prompt in PROMPTS:
+            ids = target.encode(prompt)
+            plain = VerispecRunner(target.lm, None, 0, target.eos_token_ids)(ids, 24)
+            assert VerispecRunner(target.lm, drafter, 4, target.eos_token_ids)(ids, 24).tokens == plain.tokens, (spec, prompt)

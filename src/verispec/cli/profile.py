@@ -17,7 +17,7 @@ from verispec.cost import optimal_k, speedup_by_k
 from verispec.engine import generate
 from verispec.models import DEFAULT_MODEL
 from verispec.registry import build_proposer, parse_spec, proposer_help
-from verispec.models.base import SlotScoring
+from verispec.models.base import SlotScoring, TreeScoring
 from verispec.profile import BATCH_ROWS, Profile, k_per_batch_size, measure_batch_costs, measure_profile, tiled_context
 from verispec.sampling import SamplingParams
 from verispec.vllm_config import drafter as vllm_drafter
@@ -40,18 +40,24 @@ DEFAULT_PROMPT = (
 )
 
 
+TREE_NODES = 16  # --tree-nodes' default where the model scores trees
+BATCH_ROWS_DEFAULT = 64  # --batch-rows' default where the model has request slots
+
+
 @app.command()
 def profile(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
     k_max: Annotated[int, typer.Option("--k-max", min=1, help="Measure v(n) for n = 1..k_max + 1.")] = 8,
     tree_nodes: Annotated[
-        int,
+        Optional[int],
         typer.Option(
             "--tree-nodes", min=0,
-            help="Also time tree rounds of 0..this many nodes (v(nodes + 1) for trees) beside chains as long; 0: skip.",
+            help="Also time tree rounds of 0..this many nodes (v(nodes + 1) for trees) beside chains as long; 0: skip "
+            "[default: 16 where the model scores trees in one forward, else 0].",
+            show_default=False,
         ),
-    ] = 16,
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats of every measurement.")] = 7,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed repeats first.")] = 2,
     context_tokens: Annotated[
@@ -74,13 +80,15 @@ def profile(
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
     batch_rows: Annotated[
-        int,
+        Optional[int],
         typer.Option(
             "--batch-rows", min=0,
             help="Also time batched forwards of 1..this many rows over up to 8 request slots, and print the k "
-            "auto would draft per request at each batch size; 0: skip.",
+            "auto would draft per request at each batch size; 0: skip [default: 64 where the model has request "
+            "slots, else 0].",
+            show_default=False,
         ),
-    ] = 64,
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of tables.")] = False,
     out: Annotated[
         Optional[Path], typer.Option(help="Write the profile JSON here (for `cost --profile`, `--k auto:FILE`).")
@@ -114,7 +122,7 @@ def profile(
     method = None
     if vllm_config is not None:
         check_output_file(vllm_config, "--vllm-config", force, suffix=".json")
-        if batch_rows < 2 or not survival_tokens:
+        if (batch_rows is not None and batch_rows < 2) or not survival_tokens:
             raise BadInput("--vllm-config plans k per batch size from the survival and the batched forward: "
                            "give --survival-tokens > 0 and --batch-rows >= 2 (or leave both at their defaults)")
         method = vllm_drafter(proposer_spec, vllm_head)
@@ -127,6 +135,12 @@ def profile(
     prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
     context = prompt_ids if context_tokens is None else tiled_context(prompt_ids, context_tokens)
     drafter = build_proposer(proposer_spec, loaded)
+    if tree_nodes is None:
+        tree_nodes = TREE_NODES if isinstance(loaded.lm, TreeScoring) else 0
+    if batch_rows is None:
+        batch_rows = BATCH_ROWS_DEFAULT if isinstance(loaded.lm, SlotScoring) else 0
+    if vllm_config is not None and batch_rows < 2:
+        raise BadInput(f"--vllm-config plans k per batch size from batched forwards; {loaded.runtime} has no request slots")
     measured = measure_profile(
         loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling,
         tree_nodes=tree_nodes,

@@ -14,16 +14,32 @@ positions length.. (`llama_memory_seq_rm`, what `Llama.eval` does before it deco
 next `extend` fills them again. `score` decodes in a second context of its own (made on first
 use), cleared before each call, so the live cache is never touched.
 
-Row-count dependence: llama.cpp computes a forward of one token through other kernels than a
-forward of several. On the default model (SmolLM2-135M Q4_1) a token decoded alone differs
-from the same token decoded among others in about a quarter of positions (max |diff| 0.1-1.1,
-the argmax changing at a few of them), and the difference then reaches every later row through
-its keys and values. Rows of forwards of 2 or more tokens are the same bits whatever their
-count, and whichever rows ask for logits. So `deterministic` (the default) decodes a lone
-token with a padding row after it: every forward, prefill and `score` included, then takes the
-many-row path, and extend/rollback histories equal `score` bit for bit, which makes greedy
-speculative output equal plain greedy output. `deterministic=False` decodes a lone token alone
-(cheaper); greedy speculative output may then part from plain decoding at a close choice.
+Row-count dependence: llama.cpp may compute a row through other kernels depending on how many
+rows one forward decodes, and a row's difference then reaches every later row through its keys
+and values. Measured here (2-core x86-64 with AVX-512, llama-cpp-python 0.3.36):
+- attention: without flash attention, a forward of one token takes another attention path than
+  a forward of several (on the default model, SmolLM2-135M Q4_1, a quarter of the rows differ,
+  max |diff| 0.1-1.1). Flash attention, always on here, computes a row the same way whatever
+  the forward's size: with it, the default model's rows are the same bits for forwards of 1 to
+  16 rows and any prompt split.
+- matrix products: a K-quant matrix (Qwen2.5-Coder's Q4_K) is repacked on load for a matrix
+  kernel that takes 4 or more rows at a time; forwards of 1 to 3 rows take the vector kernel
+  instead. Rows of forwards of 1, 2 and 3 tokens are the same bits; a forward of 4 or more
+  differs from them in every row (max |diff| about 0.6 on the 1.5B).
+So `deterministic` (the default) decodes every later forward (`extend`, and `score`'s rows) in
+pieces of at most `DETERMINISTIC_ROWS` = 3 tokens, while `prefill` decodes the prompt in pieces
+of `n_batch`, as llama.cpp decodes a prompt. The target is then what llama.cpp's own plain
+decoding computes: the prompt in one batch, each later token through the one-to-three-row
+kernels. Every position's logits are a function of the prompt and the tokens before it alone,
+however verification batched them, so greedy speculative output equals plain greedy output
+(and llama.cpp's own greedy decoding); extend/rollback histories equal `score` bit for bit where
+the prefill was at most 3 tokens (`score` has no prompt to batch; after a longer prefill they
+differ by the prompt's rounding). A verification of k + 1 > 3 rows costs two or more forwards
+(on the 1.5B, 5 rows as 3 + 2 take about 110 ms against 100 ms in one).
+`deterministic=False` decodes up to `n_batch` tokens per forward (faster long verifications); a
+row's logits then depend on how it was batched, so greedy speculative output may part from plain
+decoding at a close choice, and sampled output follows whichever forward's numbers scored the
+position.
 
 Returned logits are float32 [rows, V], one copy of the kept rows out of llama.cpp's output
 buffer (read through a numpy view). The token, position and output-flag arrays of the batch
@@ -44,6 +60,7 @@ import torch
 from verispec.models.base import check_extend, check_score_ids
 
 INSTALL = "pip install -e '.[llamacpp]'"
+DETERMINISTIC_ROWS = 3  # the most rows one forward takes through llama.cpp's vector kernels
 
 
 class LlamaCppLM:
@@ -57,9 +74,8 @@ class LlamaCppLM:
     n_ctx: positions the cache holds (prompt and new tokens together). n_threads: llama.cpp's
     threads, for one-token and many-token forwards alike (default: torch's count). n_batch: the
     most tokens one `llama_decode` takes; longer inputs are decoded in pieces of that size.
-    deterministic: decode a lone token with a second, padding row (its cache cell removed
-    right after), so that every row takes llama.cpp's many-row kernels and a row's logits do
-    not depend on how many rows are scored with it.
+    deterministic: decode in pieces of at most `DETERMINISTIC_ROWS` tokens, so that every row
+    takes the same kernels and its logits do not depend on how many rows are scored with it.
     """
 
     def __init__(
@@ -75,6 +91,7 @@ class LlamaCppLM:
         except ImportError as error:
             raise ImportError(f"the llama.cpp runtime needs llama-cpp-python; install it with `{INSTALL}`") from error
         threads = n_threads or torch.get_num_threads()
+        self.api = llama_cpp
         self.llama = llama_cpp.Llama(
             model_path=str(model_path),
             n_ctx=n_ctx,
@@ -82,18 +99,31 @@ class LlamaCppLM:
             n_threads_batch=threads,
             n_batch=n_batch,
             logits_all=True,
+            flash_attn=True,  # the same attention for a forward of any size (module docstring)
             verbose=False,
         )
         self.vocab_size = int(self.llama.n_vocab())
         self.n_ctx = int(self.llama.n_ctx())
         self.deterministic = deterministic
-        self._live = _Sequence(self.llama, self.llama._ctx, self.llama._batch, self.vocab_size, deterministic)
+        self.n_batch = int(self.llama.n_batch)
+        self.piece = min(DETERMINISTIC_ROWS, self.n_batch) if deterministic else self.n_batch
+        self._live = _Sequence(self.llama, self.llama._ctx, self.llama._batch, self.vocab_size)
         self._scratch: _Sequence | None = None  # score's own context, made on first use
         self._length = 0
 
     @property
     def length(self) -> int:
         return self._length
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's tensors as llama.cpp holds them (the file's blocks, mapped)."""
+        return int(self.api.llama_model_size(self.llama.model))
+
+    def kv_bytes_per_token(self) -> int:
+        """Cache bytes one position takes: keys and values of every layer in float16."""
+        model = self.llama.model
+        head_dim = self.api.llama_model_n_embd(model) // self.api.llama_model_n_head(model)
+        return int(self.api.llama_model_n_layer(model) * 2 * self.api.llama_model_n_head_kv(model) * head_dim * 2)
 
     def reset(self) -> None:
         self._live.clear()
@@ -104,12 +134,12 @@ class LlamaCppLM:
         if len(ids):
             self._check_room(len(ids))
             check_score_ids(ids, self.vocab_size, "prefill")
-            self._decode(ids, rows=0)
+            self._decode(ids, rows=0, piece=self.n_batch)
 
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
         self._check_room(len(tokens))
-        return self._decode(tokens, rows=keep or len(tokens))  # [keep or n, V]
+        return self._decode(tokens, rows=keep or len(tokens), piece=self.piece)  # [keep or n, V]
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self._length:
@@ -123,13 +153,13 @@ class LlamaCppLM:
         if len(ids) > self.n_ctx:
             raise ValueError(f"score got {len(ids)} tokens; the llama.cpp context holds {self.n_ctx}")
         if self._scratch is None:
-            self._scratch = _Sequence.fresh(self.llama, self.vocab_size, self.deterministic)
+            self._scratch = _Sequence.fresh(self.llama, self.vocab_size)
         self._scratch.clear()
-        return self._scratch.decode(ids, 0, rows=len(ids))  # [T, V]
+        return self._scratch.decode(ids, 0, rows=len(ids), piece=self.piece)  # [T, V]
 
-    def _decode(self, tokens: Sequence[int], rows: int) -> torch.Tensor:
+    def _decode(self, tokens: Sequence[int], rows: int, piece: int) -> torch.Tensor:
         try:
-            logits = self._live.decode(tokens, self._length, rows)
+            logits = self._live.decode(tokens, self._length, rows, piece)
         except BaseException:
             self._live.forget_from(self._length)  # a piece may have been written before the failure
             raise
@@ -137,7 +167,7 @@ class LlamaCppLM:
         return logits
 
     def _check_room(self, n: int) -> None:
-        if self._length + n + self.deterministic > self.n_ctx:  # room for a padding row
+        if self._length + n > self.n_ctx:
             raise ValueError(
                 f"{self._length} cached and {n} new tokens exceed the llama.cpp context of {self.n_ctx} "
                 "positions; build the model with a larger n_ctx"
@@ -148,10 +178,9 @@ class _Sequence:
     """Sequence 0 of one llama.cpp context, decoded through one batch whose token, position
     and output-flag arrays are numpy views (written without a Python loop per token)."""
 
-    def __init__(self, llama, context, batch, vocab_size: int, deterministic: bool) -> None:
+    def __init__(self, llama, context, batch, vocab_size: int) -> None:
         import llama_cpp
 
-        self.deterministic = deterministic
         self.api = llama_cpp
         self.llama = llama  # keeps the model alive as long as this context
         self.context, self.batch = context, batch
@@ -167,13 +196,13 @@ class _Sequence:
             raw.seq_id[i][0] = 0
 
     @classmethod
-    def fresh(cls, llama, vocab_size: int, deterministic: bool) -> _Sequence:
+    def fresh(cls, llama, vocab_size: int) -> _Sequence:
         """A second context over the same loaded model, with the same settings, and its batch."""
         from llama_cpp import _internals
 
         context = _internals.LlamaContext(model=llama._model, params=llama.context_params, verbose=False)
         batch = _internals.LlamaBatch(n_tokens=llama.n_batch, embd=0, n_seq_max=1, verbose=False)
-        return cls(llama, context, batch, vocab_size, deterministic)
+        return cls(llama, context, batch, vocab_size)
 
     def clear(self) -> None:
         self.api.llama_memory_clear(self.memory, True)
@@ -182,26 +211,21 @@ class _Sequence:
         """Remove the cache cells of positions >= `position`."""
         self.api.llama_memory_seq_rm(self.memory, 0, position, -1)
 
-    def decode(self, tokens: Sequence[int], start: int, rows: int) -> torch.Tensor:
-        """Decode `tokens` at positions start.. in pieces of at most the batch's capacity; the
-        logits of the last `rows` tokens, float32 [rows, V]."""
+    def decode(self, tokens: Sequence[int], start: int, rows: int, piece: int) -> torch.Tensor:
+        """Decode `tokens` at positions start.. in pieces of at most `piece` tokens (at most the
+        batch's capacity); the logits of the last `rows` tokens, float32 [rows, V]."""
         n = len(tokens)
         ids = np.asarray(tokens, dtype=np.int32)  # [n]
         logits = torch.empty(rows, self.vocab_size, dtype=torch.float32)  # [rows, V]
         written = 0
-        for begin in range(0, n, self.capacity):
-            end = min(n, begin + self.capacity)
+        for begin in range(0, n, piece):
+            end = min(n, begin + piece)
             size = end - begin
             self.token[:size] = ids[begin:end]
             self.pos[:size] = np.arange(start + begin, start + end, dtype=np.int32)
             self.wanted[:size] = np.arange(begin, end) >= n - rows
-            padded = self.deterministic and size == 1
-            if padded:  # a second row, never read, so that llama.cpp takes its many-row kernels
-                self.token[1], self.pos[1], self.wanted[1] = ids[begin], start + end, 0
-            self.batch.batch.n_tokens = size + padded
+            self.batch.batch.n_tokens = size
             self.context.decode(self.batch)
-            if padded:
-                self.forget_from(start + end)
             outputs = int(self.wanted[:size].sum())
             if outputs:
                 buffer = np.ctypeslib.as_array(self.context.get_logits(), shape=(outputs, self.vocab_size))

@@ -37,6 +37,7 @@ from safetensors.torch import save_file
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    GenerationConfig,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -47,7 +48,7 @@ from verispec.models.base import CausalLM
 from verispec.models.gguf_blocks import GGUFWeight, gguf_weights
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
-from verispec.models.load_plan import LoadPlan, Runtime, plan_load
+from verispec.models.load_plan import LLAMACPP_TARGET, LoadPlan, Runtime, model_config, plan_load
 from verispec.models.memory import kv_bytes_per_token, peak_rss_bytes, weight_bytes
 from verispec.models.quant import Int4Linear
 from verispec.models.quantized import quantized_model
@@ -88,7 +89,7 @@ class LoadedModel:
     dtype: torch.dtype
     source: Path
     runtime: str = "hf"
-    weight_format: str = "float"  # "float" (weights in `dtype`) or "q4"
+    weight_format: str = "float"  # "float" (weights in `dtype`), "q4", or "gguf" (llama.cpp's own blocks)
     exact_weights: bool = True  # every weight equals the source's float32 weight, bit for bit
     auto_choice: str | None = None  # why dtype "auto" chose what it did, where that is not the plain rule
     layout: str | None = None  # q4 on the fast runtime: which projections run on which kernel (`projection_layout`)
@@ -118,6 +119,13 @@ class LoadedModel:
     @property
     def target_note(self) -> str | None:
         """What a quantized format did to the model, for wherever it is chosen; None for float."""
+        if self.weight_format == "gguf":
+            pieces = (
+                "; every forward is decoded in pieces of at most 3 tokens, so a row's logits do not depend on how "
+                "many rows are scored with it" if getattr(self.lm, "deterministic", False) else
+                "; --no-deterministic: a row's logits may depend on how many rows are scored with it"
+            )
+            return f"llama.cpp: {LLAMACPP_TARGET}{pieces}"
         if self.weight_format == "float":
             if self.dtype == torch.bfloat16 and self.source.is_file():
                 return (
@@ -205,7 +213,10 @@ def load_model(
 
 
 def build(plan: LoadPlan) -> LoadedModel:
-    """The model `plan` describes: its transformers model and tokenizer, then the runtime."""
+    """The model `plan` describes: its transformers model and tokenizer, then the runtime
+    (llama.cpp reads the GGUF file itself: `_on_llamacpp`)."""
+    if plan.runtime == Runtime.LLAMACPP:
+        return _on_llamacpp(plan)
     source, torch_dtype = plan.source, plan.dtype
     if plan.gguf:
         # Its converted copy is float32: the fast runtime casts each weight as it packs it,
@@ -221,7 +232,7 @@ def build(plan: LoadPlan) -> LoadedModel:
 
         model = reload()
         tokenizer = _directory_tokenizer(source, plan.trust_remote_code)
-    config, eos_token_ids = model.config, eos_ids(model, tokenizer)
+    config, eos_token_ids = model.config, eos_ids(model.config, model.generation_config, tokenizer)
     if plan.runtime == Runtime.HF:
         lm, model, exact = _on_transformers(plan, model)
     else:
@@ -241,6 +252,36 @@ def build(plan: LoadPlan) -> LoadedModel:
         layout=projection_layout(lm) if plan.weight_format == WeightFormat.Q4 else None,
         config=config,
         reload=reload,
+    )
+
+
+def _on_llamacpp(plan: LoadPlan) -> LoadedModel:
+    """Runtime "llamacpp": llama.cpp decodes the GGUF file with torch's thread count; no
+    transformers model is loaded (`transformers_model()` loads the file's float32 one where
+    something runs transformers itself, HF's generate in the benchmark)."""
+    from verispec.models.llamacpp import LlamaCppLM
+
+    config = model_config(plan.source)
+    tokenizer = load_tokenizer(plan.source)
+    converted = converted_dir(plan.source)
+    generation = (
+        from_directory(GenerationConfig, converted) if (converted / "generation_config.json").is_file()
+        else GenerationConfig.from_model_config(config)
+    )
+    lm = LlamaCppLM(plan.source, n_threads=torch.get_num_threads(), deterministic=plan.deterministic)
+    return LoadedModel(
+        name=plan.name,
+        lm=lm,
+        model=None,
+        tokenizer=tokenizer,
+        eos_token_ids=eos_ids(config, generation, tokenizer),
+        dtype=plan.dtype,
+        source=plan.source,
+        runtime=plan.runtime.value,
+        weight_format=plan.weight_format.value,
+        exact_weights=False,
+        config=config,
+        reload=lambda: _gguf_model(plan.source, plan.dtype)[0],
     )
 
 
@@ -283,14 +324,17 @@ def _directory_tokenizer(directory: Path, trust_remote_code: bool) -> PreTrained
 EXTRA_EOS = {"qwen2": ("<|endoftext|>",)}
 
 
-def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
-    configured = getattr(model.generation_config, "eos_token_id", None)
+def eos_ids(
+    config: PretrainedConfig, generation: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase
+) -> tuple[int, ...]:
+    """Every id that ends a reply: the generation config's, the tokenizer's, then `EXTRA_EOS`."""
+    configured = getattr(generation, "eos_token_id", None)
     if configured is None:
         configured = []
     elif isinstance(configured, int):
         configured = [configured]
     ids = [*configured, tokenizer.eos_token_id]
-    for text in EXTRA_EOS.get(getattr(model.config, "model_type", None), ()):
+    for text in EXTRA_EOS.get(getattr(config, "model_type", None), ()):
         token = tokenizer.convert_tokens_to_ids(text)
         if isinstance(token, int) and token != tokenizer.unk_token_id:
             ids.append(token)

@@ -50,9 +50,16 @@ class Runtime(StrEnum):
 
     FAST = "fast"  # verispec's Llama runtime (`models.llama.LlamaRuntime`)
     HF = "hf"  # transformers' own model (`models.hf.HFCausalLM`)
+    LLAMACPP = "llamacpp"  # llama.cpp itself on a GGUF file (`models.llamacpp.LlamaCppLM`): its arithmetic
 
 
 RUNTIMES = (AUTO, *Runtime)  # what `runtime=` accepts: auto takes the fast runtime where it runs the model
+
+LLAMACPP_TARGET = (
+    "the GGUF file's own blocks as llama.cpp computes them (activations quantized to 8 bits per block, "
+    "keys and values in float16, its own summation order): a different target from the file's float32 "
+    "model, verified exactly as llama.cpp computes it"
+)
 
 
 @dataclass(frozen=True)
@@ -142,8 +149,10 @@ class LoadPlan:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype the transformers model is loaded in (`resolve_dtype`)."""
-        return resolve_dtype(self.weight_format)
+        """The dtype the transformers model is loaded in (`resolve_dtype`); float32 for the
+        llama.cpp runtime, whose logits are float32 and whose transformers model (for HF's own
+        generate) is the file's float32 model."""
+        return torch.float32 if self.weight_format == WeightFormat.GGUF else resolve_dtype(self.weight_format)
 
     @property
     def gguf(self) -> bool:
@@ -194,6 +203,8 @@ class LoadPlan:
             False: "no: the weights are rounded or quantized, a different model from float32",
             None: "projection by projection, as the file's block types allow (the loaded model says)",
         }[self.exact_weights]
+        if self.runtime == Runtime.LLAMACPP:
+            exact = "no: llama.cpp's arithmetic on the file's blocks, a different model from float32"
         determinism = " (deterministic)" if self.deterministic else ""
         return "\n".join([
             f"model:    {self.name} ({self.architecture})",
@@ -219,11 +230,16 @@ def plan_load(
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
     if deterministic and runtime == Runtime.HF:
-        raise ValueError("deterministic scoring is a fast-runtime mode; drop it or choose runtime 'fast' or 'auto'")
+        raise ValueError(
+            "deterministic scoring is a mode of the fast and llama.cpp runtimes; drop it or choose runtime "
+            "'fast', 'llamacpp' or 'auto'"
+        )
     asked = parse_target(dtype)
     machine = machine or this_machine()
     source = locate(name_or_path)
     config = model_config(source, trust_remote_code)
+    if runtime == Runtime.LLAMACPP:
+        return llamacpp_plan(str(name_or_path), source, config, asked, deterministic)
     refusal = config_refusal(config, resolve_dtype(asked, machine))
     if runtime == Runtime.FAST and refusal:
         raise ValueError(f"{source}: {refusal}")
@@ -247,6 +263,35 @@ def plan_load(
         exact_weights=exact,
         auto=asked == AUTO,
         trust_remote_code=trust_remote_code,
+    )
+
+
+def llamacpp_plan(
+    name: str, source: Path, config: PretrainedConfig, asked: WeightFormat | str, deterministic: bool | None
+) -> LoadPlan:
+    """Runtime "llamacpp": llama.cpp decodes the GGUF file's own blocks, so there is no weight
+    format to choose; deterministic (the default) pads a lone token to llama.cpp's many-row
+    kernels (`LlamaCppLM`)."""
+    if not source.is_file():
+        raise ValueError(
+            f"{source}: the llama.cpp runtime reads a GGUF file, not a checkpoint directory; give a .gguf file "
+            "or an embedded GGUF model's name, or choose runtime fast or hf"
+        )
+    if asked != AUTO:
+        raise ValueError(
+            f"--dtype {asked} does not apply to the llama.cpp runtime, which computes the GGUF file's own "
+            "blocks; drop --dtype (or give auto)"
+        )
+    return LoadPlan(
+        name=name,
+        source=source,
+        architecture=config.model_type,
+        runtime=Runtime.LLAMACPP,
+        runtime_reason="asked for",
+        deterministic=True if deterministic is None else deterministic,
+        weight_format=WeightFormat.GGUF,
+        dtype_reason=LLAMACPP_TARGET,
+        exact_weights=False,
     )
 
 

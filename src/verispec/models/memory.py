@@ -13,6 +13,7 @@ from __future__ import annotations
 import resource
 import sys
 from collections.abc import Iterable
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -22,7 +23,9 @@ _SCALARS = (str, bytes, int, float, bool, type(None))
 
 def tensor_bytes(*roots: object, exclude: Iterable[object] = ()) -> int:
     """Bytes of every tensor storage reachable from `roots` through attributes, containers
-    and modules, each storage once, leaving out those reachable from `exclude`."""
+    and modules, each storage once, leaving out those reachable from `exclude`; a model held
+    outside torch that counts its own weights (`weight_bytes()`) counts as those bytes. Python
+    modules an object refers to are not walked."""
     seen = _storages(exclude)
     return sum(size for key, size in _storages(roots).items() if key not in seen)
 
@@ -34,12 +37,14 @@ def _storages(roots: Iterable[object]) -> dict[int, int]:
     todo = list(roots)
     while todo:
         obj = todo.pop()
-        if isinstance(obj, _SCALARS) or id(obj) in visited:
+        if isinstance(obj, _SCALARS) or isinstance(obj, ModuleType) or id(obj) in visited:
             continue
         visited.add(id(obj))
         if isinstance(obj, torch.Tensor):
             key, size = storage_of(obj)
             found[key] = size
+        elif callable(getattr(obj, "weight_bytes", None)):  # a model that counts its own (`LlamaCppLM`)
+            found[-id(obj)] = int(obj.weight_bytes())
         elif isinstance(obj, nn.Module):
             todo.extend(obj.parameters(recurse=False))
             todo.extend(obj.buffers(recurse=False))
@@ -60,7 +65,11 @@ def weight_bytes(lm: object) -> int | None:
     """Bytes of the weights `lm` holds in memory, each tensor counted once (a tied head is the
     embedding), whatever their layout (prepacked, int4-packed, float): a transformers adapter's
     (`HFCausalLM`) parameters and buffers, the fast runtime's (`LlamaRuntime`) embedding, norms,
-    projections and head; None for a model of another kind."""
+    projections and head; what a model that counts its own says (`LlamaCppLM.weight_bytes`);
+    None for a model of another kind."""
+    measure = getattr(lm, "weight_bytes", None)
+    if callable(measure):
+        return int(measure())
     model = getattr(lm, "model", None)
     if isinstance(model, nn.Module):
         tensors = [*model.parameters(), *model.buffers()]

@@ -14,6 +14,8 @@ a subset, named here; `parse` reads a name once and refuses one outside the subs
   other width keeps its float weight (`projection` decides this, for every caller, and
   `models.linear.Int8Linear` itself refuses such a weight).
 - auto (`--dtype` only): chosen per model and machine when it is loaded (`models.load_plan`).
+- gguf: the GGUF file's own blocks as llama.cpp computes them (runtime "llamacpp" only; no
+  `--dtype` names it, `models.load_plan` sets it).
 - float, dense: the fast runtime's routes for a weight kept in its own float dtype: prepacked
   for oneDNN ("float"), or through `F.linear` as transformers computes it ("dense": a reference
   for tests).
@@ -45,6 +47,7 @@ class WeightFormat(StrEnum):
     INT8 = "int8"
     FLOAT = "float"
     DENSE = "dense"
+    GGUF = "gguf"
 
     @property
     def quantized(self) -> bool:

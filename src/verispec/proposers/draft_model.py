@@ -152,11 +152,15 @@ class DraftModel:
 
 def build(path: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> DraftModel:
     """`draft:PATH`: the model at PATH in the target's weight format (q4 for a q4 target, else
-    its dtype) on the runtime "auto" picks for it; its tokenizer must be the target's. The
-    draft's numerics never change the output's law, only how often its guesses are accepted."""
+    its dtype) on the runtime "auto" picks for it, or on llama.cpp for a llama.cpp target
+    (without the lone-token padding: a draft's numerics never change the output's law, only
+    how often its guesses are accepted); its tokenizer must be the target's."""
     from verispec.models.load import load_model
 
-    draft = load_model(path, dtype=target.dtype_name)
+    if target.runtime == "llamacpp":
+        draft = load_model(path, runtime="llamacpp", deterministic=False)
+    else:
+        draft = load_model(path, dtype=target.dtype_name)
     return DraftModel(draft.lm, tokenizers=(target.tokenizer, draft.tokenizer))
 
 
