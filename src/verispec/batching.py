@@ -146,7 +146,10 @@ class Scheduler:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not isinstance(target, SlotScoring):
-            raise ValueError(f"{type(target).__name__} holds one cache; batching needs a model with slots (SlotScoring)")
+            raise ValueError(
+                f"{type(target).__name__} holds one cache; batching needs a model with slots (SlotScoring): "
+                "the fast runtime's (runtime 'fast' or 'auto')"
+            )
         if not is_int(max_slots, least=1):
             raise ValueError(f"max_slots must be an integer >= 1, got {max_slots!r}")
         if max_waiting is not None and not is_int(max_waiting, least=0):

@@ -14,32 +14,34 @@ positions length.. (`llama_memory_seq_rm`, what `Llama.eval` does before it deco
 next `extend` fills them again. `score` decodes in a second context of its own (made on first
 use), cleared before each call, so the live cache is never touched.
 
-Row-count dependence: llama.cpp may compute a row through other kernels depending on how many
-rows one forward decodes, and a row's difference then reaches every later row through its keys
-and values. Measured here (2-core x86-64 with AVX-512, llama-cpp-python 0.3.36):
-- attention: without flash attention, a forward of one token takes another attention path than
-  a forward of several (on the default model, SmolLM2-135M Q4_1, a quarter of the rows differ,
-  max |diff| 0.1-1.1). Flash attention, always on here, computes a row the same way whatever
-  the forward's size: with it, the default model's rows are the same bits for forwards of 1 to
-  16 rows and any prompt split.
-- matrix products: a K-quant matrix (Qwen2.5-Coder's Q4_K) is repacked on load for a matrix
-  kernel that takes 4 or more rows at a time; forwards of 1 to 3 rows take the vector kernel
-  instead. Rows of forwards of 1, 2 and 3 tokens are the same bits; a forward of 4 or more
-  differs from them in every row (max |diff| about 0.6 on the 1.5B).
-So `deterministic` (the default) decodes every later forward (`extend`, and `score`'s rows) in
-pieces of at most `DETERMINISTIC_ROWS` = 3 tokens, while `prefill` decodes the prompt in pieces
-of `n_batch`, as llama.cpp decodes a prompt. The target is then what llama.cpp's own plain
-decoding computes: the prompt in one batch, each later token through the one-to-three-row
-kernels. Every position's logits are a function of the prompt and the tokens before it alone,
-however verification batched them, so greedy speculative output equals plain greedy output
-(and llama.cpp's own greedy decoding); extend/rollback histories equal `score` bit for bit where
-the prefill was at most 3 tokens (`score` has no prompt to batch; after a longer prefill they
-differ by the prompt's rounding). A verification of k + 1 > 3 rows costs two or more forwards
-(on the 1.5B, 5 rows as 3 + 2 take about 110 ms against 100 ms in one).
-`deterministic=False` decodes up to `n_batch` tokens per forward (faster long verifications); a
-row's logits then depend on how it was batched, so greedy speculative output may part from plain
-decoding at a close choice, and sampled output follows whichever forward's numbers scored the
-position.
+Row-count dependence: llama.cpp computes a row through other kernels depending on how many rows
+one forward decodes, and a row's difference then reaches every later row through its keys and
+values. Measured here (2-core x86-64 with AVX-512, llama-cpp-python 0.3.36):
+- one row: a forward of a single token takes another attention path than a forward of 2 or 3
+  (without flash attention at any context; with it, from a few hundred cached positions on,
+  where its one-query path splits the cache). Max |diff| 0.4-0.6 on the Qwen pair's 1.5B.
+- four or more rows: a K-quant matrix (the 1.5B's Q4_K) is repacked on load for a kernel that
+  takes 4 or more rows at once, which rounds otherwise than the vector kernel of 1-3 rows, in
+  every row (max |diff| about 0.6).
+- forwards of 2 and of 3 rows give every row the same bits, at every context length measured
+  (60 to 1500 cached positions), with and without flash attention, on both the default model
+  and the 1.5B.
+So `deterministic` (the default) decodes every forward after the prompt (`extend`, and `score`'s
+rows) in pieces of 2 or 3 tokens (`pieces`): a lone token is decoded with a second, padding row
+(its cache cell removed right after), a longer input is cut into threes and twos. Every
+position's logits are then a function of the prompt and the tokens before it alone, however
+verification batched them, so greedy speculative output equals plain greedy output. The prompt
+itself is decoded as llama.cpp decodes a prompt (`prefill`, up to `n_batch` tokens a forward),
+the same way for every method. extend/rollback histories equal `score` bit for bit where the
+prefill was at most 3 tokens (`score` has no prompt to batch; after a longer prefill they differ
+by the prompt's rounding). The price: plain decoding's one-token step costs a two-row forward
+(on the 1.5B about 50 ms against 33 ms), and a verification of 4 or more rows two forwards.
+`deterministic=False` decodes as llama.cpp itself does (a lone token alone, up to `n_batch` a
+forward): plain decoding at llama.cpp's own speed, but a row's logits then depend on how it
+was batched, so the output is not one fixed target's: greedy speculative output may part from
+plain decoding at a close choice, and a sampled token follows whichever forward scored it.
+Flash attention is on either way (faster here, and one path for any forward size on short
+contexts).
 
 Returned logits are float32 [rows, V], one copy of the kept rows out of llama.cpp's output
 buffer (read through a numpy view). The token, position and output-flag arrays of the batch
@@ -60,7 +62,7 @@ import torch
 from verispec.models.base import check_extend, check_score_ids
 
 INSTALL = "pip install -e '.[llamacpp]'"
-DETERMINISTIC_ROWS = 3  # the most rows one forward takes through llama.cpp's vector kernels
+DETERMINISTIC_ROWS = (2, 3)  # the forward sizes that give every row the same bits (module docstring)
 
 
 class LlamaCppLM:
@@ -74,8 +76,9 @@ class LlamaCppLM:
     n_ctx: positions the cache holds (prompt and new tokens together). n_threads: llama.cpp's
     threads, for one-token and many-token forwards alike (default: torch's count). n_batch: the
     most tokens one `llama_decode` takes; longer inputs are decoded in pieces of that size.
-    deterministic: decode in pieces of at most `DETERMINISTIC_ROWS` tokens, so that every row
-    takes the same kernels and its logits do not depend on how many rows are scored with it.
+    deterministic: decode every forward after the prompt in pieces of 2 or 3 tokens (`pieces`),
+    so that every row takes the same kernels and its logits do not depend on how many rows are
+    scored with it.
     """
 
     def __init__(
@@ -106,7 +109,6 @@ class LlamaCppLM:
         self.n_ctx = int(self.llama.n_ctx())
         self.deterministic = deterministic
         self.n_batch = int(self.llama.n_batch)
-        self.piece = min(DETERMINISTIC_ROWS, self.n_batch) if deterministic else self.n_batch
         self._live = _Sequence(self.llama, self.llama._ctx, self.llama._batch, self.vocab_size)
         self._scratch: _Sequence | None = None  # score's own context, made on first use
         self._length = 0
@@ -134,12 +136,13 @@ class LlamaCppLM:
         if len(ids):
             self._check_room(len(ids))
             check_score_ids(ids, self.vocab_size, "prefill")
-            self._decode(ids, rows=0, piece=self.n_batch)
+            self._decode(ids, rows=0, sizes=pieces(len(ids), self.n_batch, deterministic=False))
 
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
         self._check_room(len(tokens))
-        return self._decode(tokens, rows=keep or len(tokens), piece=self.piece)  # [keep or n, V]
+        sizes = pieces(len(tokens), self.n_batch, self.deterministic)
+        return self._decode(tokens, rows=keep or len(tokens), sizes=sizes)  # [keep or n, V]
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self._length:
@@ -155,11 +158,12 @@ class LlamaCppLM:
         if self._scratch is None:
             self._scratch = _Sequence.fresh(self.llama, self.vocab_size)
         self._scratch.clear()
-        return self._scratch.decode(ids, 0, rows=len(ids), piece=self.piece)  # [T, V]
+        sizes = pieces(len(ids), self.n_batch, self.deterministic)
+        return self._scratch.decode(ids, 0, rows=len(ids), sizes=sizes)  # [T, V]
 
-    def _decode(self, tokens: Sequence[int], rows: int, piece: int) -> torch.Tensor:
+    def _decode(self, tokens: Sequence[int], rows: int, sizes: list[int]) -> torch.Tensor:
         try:
-            logits = self._live.decode(tokens, self._length, rows, piece)
+            logits = self._live.decode(tokens, self._length, rows, sizes)
         except BaseException:
             self._live.forget_from(self._length)  # a piece may have been written before the failure
             raise
@@ -167,7 +171,7 @@ class LlamaCppLM:
         return logits
 
     def _check_room(self, n: int) -> None:
-        if self._length + n > self.n_ctx:
+        if self._length + n + self.deterministic > self.n_ctx:  # room for a padding row
             raise ValueError(
                 f"{self._length} cached and {n} new tokens exceed the llama.cpp context of {self.n_ctx} "
                 "positions; build the model with a larger n_ctx"
@@ -211,24 +215,46 @@ class _Sequence:
         """Remove the cache cells of positions >= `position`."""
         self.api.llama_memory_seq_rm(self.memory, 0, position, -1)
 
-    def decode(self, tokens: Sequence[int], start: int, rows: int, piece: int) -> torch.Tensor:
-        """Decode `tokens` at positions start.. in pieces of at most `piece` tokens (at most the
-        batch's capacity); the logits of the last `rows` tokens, float32 [rows, V]."""
+    def decode(self, tokens: Sequence[int], start: int, rows: int, sizes: list[int]) -> torch.Tensor:
+        """Decode `tokens` at positions start.. in forwards of `sizes` tokens (`pieces`; a size
+        one more than the tokens left pads them with a row that is decoded and then forgotten);
+        the logits of the last `rows` tokens, float32 [rows, V]."""
         n = len(tokens)
         ids = np.asarray(tokens, dtype=np.int32)  # [n]
         logits = torch.empty(rows, self.vocab_size, dtype=torch.float32)  # [rows, V]
-        written = 0
-        for begin in range(0, n, piece):
-            end = min(n, begin + piece)
-            size = end - begin
-            self.token[:size] = ids[begin:end]
-            self.pos[:size] = np.arange(start + begin, start + end, dtype=np.int32)
-            self.wanted[:size] = np.arange(begin, end) >= n - rows
+        written, begin = 0, 0
+        for size in sizes:
+            end = min(n, begin + size)
+            real = end - begin
+            self.token[:real] = ids[begin:end]
+            self.pos[:real] = np.arange(start + begin, start + end, dtype=np.int32)
+            self.wanted[:real] = np.arange(begin, end) >= n - rows
+            if size > real:  # a padding row, never read, so that a lone token takes the two-row kernels
+                self.token[real], self.pos[real], self.wanted[real] = ids[end - 1], start + end, 0
             self.batch.batch.n_tokens = size
             self.context.decode(self.batch)
-            outputs = int(self.wanted[:size].sum())
+            if size > real:
+                self.forget_from(start + end)
+            outputs = int(self.wanted[:real].sum())
             if outputs:
                 buffer = np.ctypeslib.as_array(self.context.get_logits(), shape=(outputs, self.vocab_size))
                 logits[written : written + outputs] = torch.from_numpy(buffer)
                 written += outputs
+            begin = end
         return logits
+
+
+def pieces(n: int, n_batch: int, deterministic: bool) -> list[int]:
+    """The forward sizes that decode n tokens: up to `n_batch` each, or, deterministic, only 2
+    or 3 (threes, then twos for a remainder: 4 -> 2 + 2, 7 -> 3 + 2 + 2; a lone token -> 2,
+    its second row a padding row).
+
+    >>> pieces(1, 512, True), pieces(4, 512, True), pieces(7, 512, True), pieces(7, 512, False)
+    ([2], [2, 2], [3, 2, 2], [7])
+    """
+    if not deterministic:
+        return [min(n_batch, n - begin) for begin in range(0, n, n_batch)]
+    if n <= 1:
+        return [2] * n
+    threes, rest = divmod(n, 3)
+    return {0: [3] * threes, 1: [3] * (threes - 1) + [2, 2], 2: [3] * threes + [2]}[rest]

@@ -20,6 +20,8 @@ The transformers model is loaded either way. The HF runtime keeps it (`LoadedMod
 the fast runtime consumes it while packing, one layer at a time, so the weights are never held
 twice, and `LoadedModel.transformers_model()` loads it again from the same files for whatever
 needs transformers itself (HF generate in the benchmark, a self-draft, training's features).
+`runtime="llamacpp"` (a GGUF file only) loads no transformers model: llama.cpp reads the file
+(`models.llamacpp.LlamaCppLM`), the tokenizer and config come from the file or its cached copy.
 """
 
 from __future__ import annotations
@@ -121,9 +123,11 @@ class LoadedModel:
         """What a quantized format did to the model, for wherever it is chosen; None for float."""
         if self.weight_format == "gguf":
             pieces = (
-                "; every forward is decoded in pieces of at most 3 tokens, so a row's logits do not depend on how "
-                "many rows are scored with it" if getattr(self.lm, "deterministic", False) else
-                "; --no-deterministic: a row's logits may depend on how many rows are scored with it"
+                "; every forward after the prompt decodes 2 or 3 tokens (a lone token with a padding row), so a "
+                "row's logits do not depend on how many rows are scored with it"
+                if getattr(self.lm, "deterministic", False) else
+                "; --no-deterministic: a row's logits depend on how many rows are scored with it, so the output "
+                "follows no one fixed target and greedy speculative output may part from plain decoding"
             )
             return f"llama.cpp: {LLAMACPP_TARGET}{pieces}"
         if self.weight_format == "float":
