@@ -106,6 +106,18 @@ def test_converted_copy_is_keyed_by_the_file(tmp_path, monkeypatch) -> None:
     assert sources.converted_dir(gguf) != first
 
 
+def test_a_gguf_tokenizer_is_read_back_from_a_saved_copy(tmp_path, monkeypatch) -> None:
+    """transformers builds a tokenizer read from a GGUF file without the normalizer its saved
+    form loads with (Qwen2's NFC): every load reads a saved copy, so the first and later loads,
+    and loads with and without a converted model, give the same tokenizer."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    gguf = sources.locate(load.DEFAULT_MODEL)
+    first = load.load_tokenizer(load.DEFAULT_MODEL)
+    copy = sources.tokenizer_copy(gguf)
+    assert (copy / "tokenizer_config.json").is_file() and sources.tokenizer_source(gguf) == copy
+    assert first.backend_tokenizer.to_str() == load.load_tokenizer(load.DEFAULT_MODEL).backend_tokenizer.to_str()
+
+
 def save_checkpoint(path, seed: int = 0):
     """A tiny Llama over the 300-token test tokenizer, saved as a local checkpoint."""
     model = tiny_llama(seed, layers=1, vocab=300)

@@ -313,8 +313,28 @@ def load_tokenizer(name_or_path: str | os.PathLike, trust_remote_code: bool = Fa
     source = locate(name_or_path)
     if source.is_dir():
         return _directory_tokenizer(source, trust_remote_code)
-    tokens = tokenizer_source(source)
-    return from_gguf(AutoTokenizer, source) if tokens == source else from_directory(AutoTokenizer, tokens)
+    return gguf_tokenizer(source)
+
+
+def gguf_tokenizer(gguf: Path, read: PreTrainedTokenizerBase | None = None) -> PreTrainedTokenizerBase:
+    """A GGUF file's tokenizer, always as loaded from a saved directory: the converted copy, else
+    a tokenizer-only copy saved on first use (`read`: the file's tokenizer already read).
+    transformers builds a tokenizer read from the file without the normalizer its saved form
+    loads with (Qwen2's NFC), so a first load and every later one would otherwise differ, and
+    the tokenizer contract would refuse a pair loaded one each way."""
+    saved = tokenizer_source(gguf)
+    if not (saved / "tokenizer_config.json").is_file():
+        read = read or from_gguf(AutoTokenizer, gguf)
+        partial = saved.with_name(f".{saved.name}.{os.getpid()}.partial")
+        try:
+            read.save_pretrained(partial)
+            partial.rename(saved)
+        except OSError as error:
+            warnings.warn(f"could not save the tokenizer to {saved} ({error}); using it as read from {gguf}")
+            return read
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    return from_directory(AutoTokenizer, saved)
 
 
 def _directory_tokenizer(directory: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
@@ -425,7 +445,7 @@ def _gguf_model(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTra
     model = from_gguf(AutoModelForCausalLM, gguf, dtype=torch.float32)
     tokenizer = from_gguf(AutoTokenizer, gguf)
     _save_converted(model, tokenizer, converted)
-    return model.to(dtype), tokenizer
+    return model.to(dtype), gguf_tokenizer(gguf, tokenizer)
 
 
 def _save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:

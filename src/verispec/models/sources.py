@@ -110,10 +110,18 @@ def blocks_cache(gguf: Path) -> Path:
 
 def tokenizer_source(source: Path) -> Path:
     """Where the tokenizer of `source` (a directory or a .gguf file) is read from: the
-    directory itself, the GGUF file's converted copy once it exists, else the file."""
+    directory itself, the GGUF file's converted copy once it exists, else its tokenizer-only
+    copy (`tokenizer_copy`, written on first use)."""
     if source.is_dir():
         return source
-    return converted_dir(source) if is_converted(source) else source
+    return converted_dir(source) if is_converted(source) else tokenizer_copy(source)
+
+
+def tokenizer_copy(gguf: Path) -> Path:
+    """Where a GGUF file's tokenizer alone is saved when no converted copy exists yet (the
+    llama.cpp runtime converts no weights)."""
+    directory = converted_dir(gguf)
+    return directory.with_name(directory.name + "-tokenizer")
 
 
 def check_tokenizer_files(directory: Path) -> None:
