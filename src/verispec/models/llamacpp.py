@@ -62,7 +62,6 @@ import torch
 from verispec.models.base import check_extend, check_score_ids
 
 INSTALL = "pip install -e '.[llamacpp]'"
-DETERMINISTIC_ROWS = (2, 3)  # the forward sizes that give every row the same bits (module docstring)
 
 
 class LlamaCppLM:

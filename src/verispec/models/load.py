@@ -322,18 +322,12 @@ def gguf_tokenizer(gguf: Path, read: PreTrainedTokenizerBase | None = None) -> P
     transformers builds a tokenizer read from the file without the normalizer its saved form
     loads with (Qwen2's NFC), so a first load and every later one would otherwise differ, and
     the tokenizer contract would refuse a pair loaded one each way."""
-    saved = tokenizer_source(gguf)
-    if not (saved / "tokenizer_config.json").is_file():
+    saved, marker = tokenizer_source(gguf), "tokenizer_config.json"
+    if not (saved / marker).is_file():
         read = read or from_gguf(AutoTokenizer, gguf)
-        partial = saved.with_name(f".{saved.name}.{os.getpid()}.partial")
-        try:
-            read.save_pretrained(partial)
-            partial.rename(saved)
-        except OSError as error:
-            warnings.warn(f"could not save the tokenizer to {saved} ({error}); using it as read from {gguf}")
+        _save_directory(saved, marker, read.save_pretrained, "the tokenizer", f"using it as read from {gguf}")
+        if not (saved / marker).is_file():
             return read
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
     return from_directory(AutoTokenizer, saved)
 
 
@@ -456,14 +450,26 @@ def _save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+
+    def write(partial: Path) -> None:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+
+    _save_directory(target, "config.json", write, "the converted model", "every load will convert again")
+
+
+def _save_directory(target: Path, marker: str, write: Callable[[Path], None], what: str, instead: str) -> None:
+    """Save a directory: `write` fills a temporary sibling, renamed to `target` when complete,
+    so a concurrent or interrupted load never sees half of it. A failure warns that `what` was
+    not saved and what happens `instead`, unless `target / marker` exists by then (another load
+    saved it)."""
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
+        write(partial)
         partial.rename(target)
     except OSError as error:
-        if not (target / "config.json").is_file():
-            warnings.warn(f"could not save the converted model to {target} ({error}); every load will convert again")
+        if not (target / marker).is_file():
+            warnings.warn(f"could not save {what} to {target} ({error}); {instead}")
     finally:
         shutil.rmtree(partial, ignore_errors=True)
