@@ -29,6 +29,9 @@ def test_method_names_parse_into_vllm_methods():
     eagle3 = parse_method("vllm-eagle3:out/my-head-k2")  # the policy splits at the last '-'
     assert (eagle3.proposer, eagle3.k) == ("eagle3:out/my-head", 2)
     assert parse_method("vllm-medusa:out/m").proposer == "medusa:out/m"
+    schedule = parse_method("vllm-config:runs/vllm-lookup.json")  # the file's own k per batch size
+    assert (schedule.proposer, schedule.k) == ("config:runs/vllm-lookup.json", None)
+    assert parse_method("vllm-config:runs/my-lookup.json-k3").k == 3
     for bad, message in (("vllm-lookup", "write vllm-plain"), ("vllm-eagle3", "write vllm-plain"),
                          ("vllm-medusa:m-k3", "drafts its own K tokens")):
         with pytest.raises(ValueError, match=message):
@@ -48,6 +51,26 @@ def test_each_method_becomes_vllms_speculative_config(tmp_path):
     assert speculative_config(parse(f"vllm-medusa:{tmp_path / 'm'}"))["num_speculative_tokens"] == 4
     with pytest.raises(ValueError, match="has no config.json; export a head there"):
         speculative_config(parse(f"vllm-eagle3:{tmp_path / 'nowhere'}"))
+
+
+def test_a_profiled_config_runs_as_written_or_at_a_fixed_k(tmp_path):
+    schedule = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3, "num_speculative_tokens": 3,
+                "num_speculative_tokens_per_batch_size": [[1, 3, 3], [4, 7, 2], [8, 64, 0]]}
+    written = tmp_path / "vllm-lookup.json"
+    written.write_text(json.dumps({"speculative_config": schedule, "verispec": {"k_per_batch_size": {"1": 3}}}))
+    assert speculative_config(parse(f"vllm-config:{written}")) == schedule
+    fixed = {key: value for key, value in schedule.items() if key != "num_speculative_tokens_per_batch_size"}
+    assert speculative_config(parse(f"vllm-config:{written}-k2")) == fixed | {"num_speculative_tokens": 2}
+    off = tmp_path / "off.json"
+    off.write_text(json.dumps({"speculative_config": None, "verispec": {}}))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"method": "ngram"}))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    for path, message in ((off, "serve without speculation"), (other, "has no speculative_config"),
+                          (broken, "cannot read"), (tmp_path / "missing.json", "cannot read")):
+        with pytest.raises(ValueError, match=message):
+            speculative_config(parse(f"vllm-config:{path}"))
 
 
 def test_rounds_follow_the_drafts_along_the_greedy_output():

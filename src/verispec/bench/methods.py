@@ -18,7 +18,8 @@ Grammar (names are comma-separated):
                                         peer: its arithmetic differs, see bench.llamacpp)
     llamacpp-lookup[-kN]                llama-cpp-python's prompt lookup, num_pred_tokens = N (10)
     vllm-plain, vllm-ngram[-kN],        vLLM's CPU build in its own venv (a peer, `bench.vllm`)
-    vllm-eagle3:DIR[-kN], vllm-medusa:DIR
+    vllm-eagle3:DIR[-kN], vllm-medusa:DIR,
+    vllm-config:FILE[-kN]
 
 The policy is split off at the LAST '-', so a draft PATH may itself contain '-'.
 """

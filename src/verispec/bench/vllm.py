@@ -5,6 +5,9 @@
     vllm-eagle3:DIR[-kN]        an EAGLE-3 head in speculators' format (`verispec export-head
                                 --format speculators`), N drafts (3)
     vllm-medusa:DIR             a Medusa head in vLLM's format (`--format vllm-medusa`), its K drafts
+    vllm-config:FILE[-kN]       the `speculative_config` of FILE, written by `verispec profile
+                                --vllm-config` (its k per batch size); -kN: the same drafter at
+                                a fixed N, the schedule dropped, to compare the two
 
 vLLM pins its own torch and transformers, so it runs in the venv `make vllm-env` makes, as a
 long-lived subprocess (`verispec.bench.vllm_worker`) holding one engine per method, fed the
@@ -41,12 +44,12 @@ VENV_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "pyth
 WORKER = Path(__file__).resolve().with_name("vllm_worker.py")
 NGRAM_TOKENS = 4
 EAGLE3_TOKENS = 3
-METHODS_GRAMMAR = "vllm-plain, vllm-ngram[-kN], vllm-eagle3:DIR[-kN] or vllm-medusa:DIR"
+METHODS_GRAMMAR = "vllm-plain, vllm-ngram[-kN], vllm-eagle3:DIR[-kN], vllm-medusa:DIR or vllm-config:FILE[-kN]"
 
 
 def parse(name: str) -> Method:
-    """A `vllm-*` method name -> Method(family "vllm", proposer None, "ngram", "eagle3:DIR" or
-    "medusa:DIR", k).
+    """A `vllm-*` method name -> Method(family "vllm", proposer None, "ngram", "eagle3:DIR",
+    "medusa:DIR" or "config:FILE", k; for config:FILE, None keeps the file's schedule).
 
     >>> parse("vllm-ngram-k3").proposer, parse("vllm-ngram-k3").k
     ('ngram', 3)
@@ -59,6 +62,8 @@ def parse(name: str) -> Method:
     if head == "vllm-ngram":
         return Method(name, "vllm", proposer="ngram", k=k or NGRAM_TOKENS)
     kind, _, directory = head.removeprefix("vllm-").partition(":")
+    if kind == "config" and directory:
+        return Method(name, "vllm", proposer=f"config:{directory}", k=k)
     if kind in ("eagle3", "medusa") and directory:
         if kind == "medusa" and k is not None:
             raise ValueError(f"method {name!r}: a Medusa head drafts its own K tokens; write vllm-medusa:DIR")
@@ -73,12 +78,32 @@ def speculative_config(method: Method) -> dict | None:
     if method.proposer == "ngram":
         return {"method": "ngram", "num_speculative_tokens": method.k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     kind, _, directory = method.proposer.partition(":")
+    if kind == "config":
+        return profiled_config(method, Path(directory))
     config = Path(directory) / "config.json"
     if not config.is_file():
         raise ValueError(f"method {method.name!r}: {directory} has no config.json; export a head there with `verispec export-head`")
     if kind == "medusa":
         return {"method": "medusa", "model": str(Path(directory).resolve()), "num_speculative_tokens": json.loads(config.read_text())["num_heads"]}
     return {"method": "eagle3", "model": str(Path(directory).resolve()), "num_speculative_tokens": method.k}
+
+
+def profiled_config(method: Method, path: Path) -> dict:
+    """The `speculative_config` of a `verispec profile --vllm-config` file, as written (its k per
+    batch size), or at the method's fixed k with the schedule dropped."""
+    try:
+        written = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"method {method.name!r}: cannot read {path} as JSON ({error}); write it with `verispec profile --vllm-config`") from None
+    if not isinstance(written, dict) or "speculative_config" not in written:
+        raise ValueError(f"method {method.name!r}: {path} has no speculative_config; write it with `verispec profile --vllm-config`")
+    config = written["speculative_config"]
+    if config is None:
+        raise ValueError(f"method {method.name!r}: {path} says to serve without speculation (no k beat plain decoding there); use vllm-plain")
+    if method.k is None:
+        return config
+    fixed = {key: value for key, value in config.items() if key != "num_speculative_tokens_per_batch_size"}
+    return fixed | {"num_speculative_tokens": method.k}
 
 
 def require(names: Sequence[str], sampling: SamplingParams, python: Path = VENV_PYTHON) -> None:
