@@ -315,6 +315,17 @@ def test_batch_k_drafts_as_alone_when_v_is_flat_and_less_when_it_rises():
     assert linear.plan([entry] * 2, fixed_rows=8, fixed_tokens=6.0) == [0, 0]
 
 
+def test_batch_k_is_not_stopped_short_by_a_step_in_v():
+    """A kernel's row blocking makes v(N) a staircase (measured, float32, this model: 2 rows
+    1.21, 3 rows 1.58, 4 rows 1.59): a second draft alone does not pay, the eight a copying
+    request's survival supports do (E / T 1.41 / 1.21 = 1.17 at k = 1, 4.28 / 2.42 = 1.77 at k = 8)."""
+    staircase = BatchK(BatchCosts((1, 2, 3, 4, 8, 12), (1.0, 1.21, 1.58, 1.59, 2.30, 2.79)))
+    copying = Adjustable(most=8, survival=[0.41] * 8, c=0.0)
+    assert staircase.plan([copying]) == [8]
+    assert staircase.plan([Adjustable(most=1, survival=[0.41], c=0.0)]) == [1]  # never past its own k
+    assert staircase.plan([Adjustable(most=8, survival=[0.1] * 8, c=0.0)]) == [0]  # nowhere along the path pays
+
+
 def test_batch_costs_interpolate_and_refuse_bad_points():
     costs = BatchCosts((1, 4, 8), (1.0, 1.3, 2.1))
     assert costs.at(1) == 1.0 and costs.at(4) == pytest.approx(1.3) and costs.at(6) == pytest.approx(1.7)

@@ -361,11 +361,13 @@ class BatchK:
 
     A step emits E = sum_i (1 + s_i1 + ... + s_ik_i) tokens in T = sum_i c_i k_i + v(N) time
     (in one-row forwards; N = sum_i (k_i + 1) rows, v from `BatchCosts`). Starting from
-    k_i = 0, it adds the one draft that raises E / T most, while one does, never past the k the
-    request's own policy chose (which already weighs its acceptance and its own cost, and
-    probes when it stopped). So with v flat it drafts as each request would alone, and as the
-    forward turns compute-bound (v(N) rising with N) it drafts less, or not at all. Fixed-k
-    requests keep their k; their rows count in N.
+    k_i = 0, it adds one draft at a time, the one that gives the highest E / T next, until every
+    request is at the k its own policy chose (which already weighs its acceptance and its own
+    cost, and probes when it stopped), and keeps the point of that path with the highest E / T.
+    A step in v(N) (a kernel's row blocking) thus does not stop it short of a longer chain that
+    pays. With v flat it drafts as each request would alone, and as the forward turns
+    compute-bound (v(N) rising with N) it drafts less, or not at all. Fixed-k requests keep
+    their k; their rows count in N.
     """
 
     def __init__(self, costs: BatchCosts) -> None:
@@ -378,17 +380,20 @@ class BatchK:
         rows = fixed_rows + len(adjustable)
         tokens = fixed_tokens + len(adjustable)
         drafting = 0.0
+        best_ks, best_rate = list(ks), tokens / self.costs.at(rows)
         while True:
-            best, best_rate = None, tokens / (drafting + self.costs.at(rows))
+            pick, pick_rate = None, 0.0
             for i, entry in enumerate(adjustable):
                 if ks[i] >= entry.most:
                     continue
                 rate = (tokens + entry.survival[ks[i]]) / (drafting + entry.c + self.costs.at(rows + 1))
-                if rate > best_rate:
-                    best, best_rate = i, rate
-            if best is None:
-                return ks
-            tokens += adjustable[best].survival[ks[best]]
-            drafting += adjustable[best].c
-            ks[best] += 1
+                if pick is None or rate > pick_rate:
+                    pick, pick_rate = i, rate
+            if pick is None:
+                return best_ks
+            tokens += adjustable[pick].survival[ks[pick]]
+            drafting += adjustable[pick].c
+            ks[pick] += 1
             rows += 1
+            if pick_rate > best_rate:
+                best_ks, best_rate = list(ks), pick_rate
