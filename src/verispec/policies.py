@@ -383,10 +383,11 @@ class BatchK:
         best_ks, best_rate = list(ks), tokens / self.costs.at(rows)
         while True:
             pick, pick_rate = None, 0.0
+            forward = self.costs.at(rows + 1)  # one more row, whichever request drafts it
             for i, entry in enumerate(adjustable):
                 if ks[i] >= entry.most:
                     continue
-                rate = (tokens + entry.survival[ks[i]]) / (drafting + entry.c + self.costs.at(rows + 1))
+                rate = (tokens + entry.survival[ks[i]]) / (drafting + entry.c + forward)
                 if pick is None or rate > pick_rate:
                     pick, pick_rate = i, rate
             if pick is None:
