@@ -123,6 +123,10 @@ def test_the_runner_talks_to_its_worker_over_json_lines(tmp_path):
     assert runner.process.returncode == 0
     plain = VllmRunner(parse("vllm-plain"), target, spawn=spawn)
     assert plain([1], 3).tokens_per_round == [1, 1, 1]
+    started = []
+    with pytest.raises(ValueError, match="cannot read"):  # refused before any worker starts
+        VllmRunner(parse(f"vllm-config:{tmp_path / 'missing.json'}"), target, spawn=lambda *a, **k: started.append(a))
+    assert started == []
     plain.close()
 
 

@@ -137,12 +137,14 @@ class VllmRunner:
                  spawn: Callable[..., subprocess.Popen] = subprocess.Popen) -> None:
         self.method = method
         self.eos_token_ids = list(target.eos_token_ids)
-        dtype = str(target.dtype).removeprefix("torch.")
+        # read (and refused) before a worker starts, which would otherwise report the refusal's
+        # closed pipe with a traceback of its own
+        setup = {"target": str(checkpoint_directory(target)), "dtype": str(target.dtype).removeprefix("torch."),
+                 "eager": eager, "seed": 0, "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+                 "speculative_config": speculative_config(method)}
         # -P: the worker's own directory (which holds this module, vllm.py) must not shadow vLLM
         self.process = spawn([str(python), "-P", str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._send({"target": str(checkpoint_directory(target)), "dtype": dtype, "eager": eager, "seed": 0,
-                    "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
-                    "speculative_config": speculative_config(method)})
+        self._send(setup)
         self.max_num_seqs = max_num_seqs
         ready = self._receive()
         self.engine = {"vllm": ready.get("vllm"), "patches": ready.get("patches", [])}
