@@ -23,6 +23,7 @@ from verispec.engine import generate
 from verispec.models.table_pair import Tables
 from verispec.models.tables import TableLM, random_table
 from verispec.policies import Adjustable, AutoK, BatchK, HeuristicK
+from verispec.proposers.draft_model import DraftModel
 from verispec.reference import reference_request
 from verispec.registry import PROPOSERS
 from verispec.request import Request
@@ -35,10 +36,12 @@ AUDITED = [name for name, kind in PROPOSERS.items() if kind.audit is not None]
 
 def audit_builder(draft: TableLM, policies: dict[str, Callable[[], object]] | None = None):
     """Builds a request's proposer on its slot from the registry's audit fixture named by
-    `request.proposer`, and its policy: `policies[request.k]()` for a named one, else the k."""
+    `request.proposer` (with a draft table of the slot's own), and its policy:
+    `policies[request.k]()` for a named one, else the k."""
 
     def build(request: Request, slot: TableLM):
-        proposer = None if request.proposer is None else PROPOSERS[request.proposer].audit(Tables(slot, draft))
+        tables = Tables(slot, draft.new_slot())  # a draft model's cache is its slot's own
+        proposer = None if request.proposer is None else PROPOSERS[request.proposer].audit(tables)
         k = request.k
         return proposer, (policies[k]() if isinstance(k, str) else k)
 
@@ -166,6 +169,10 @@ BATCHED_AUDIT = {
         (1, Request((1, 2, 1, 2), 2, sampling=TOP_P, proposer="lookup", k=2, verifier="point-mass", seed=5)),
         (0, Request((2, 0), 2, sampling=T1, proposer="medusa", k=1, verifier="token", seed=6)),
     ], {"auto": lambda: auto_policy(2)}, BatchCosts((1, 2, 4, 8), (1.0, 1.3, 1.9, 3.5))),
+    "two draft models side by side": (1, [
+        (0, Request((0,), 2, sampling=T1, proposer="draft", k=1, seed=0)),
+        (0, Request((0,), 2, sampling=T1, proposer="draft", k=1, seed=0)),
+    ], None, None),
     "suffix, lookahead, random with EOS": (1, [
         (0, Request((0, 2, 0, 2), 3, sampling=T1, proposer="suffix", k=2, eos_token_ids={1}, seed=7)),
         (0, Request((1, 0), 2, sampling=T1, proposer="lookahead", k=2, eos_token_ids={1}, seed=8)),
@@ -234,6 +241,18 @@ def test_the_batched_audit_catches_a_broken_batch(control):
         requests = [(0, Request((0, 1), 2, sampling=T1, seed=1)), (0, Request((2, 2), 2, sampling=T1, seed=2))]
     exact = product_of_exact_laws(base, [r for _, r in requests])
     assert distance(exact, joint_law(target, draft, requests)) > 1e-3
+
+
+def test_a_draft_model_shared_by_two_slots_is_refused():
+    """Two slots drafting with one draft model move each other's cache, and each request's draws
+    would come from the other's context: the draft proposer refuses it at its next draft."""
+    target, draft = random_table(3, 1, seed=0), random_table(3, 2, seed=7)
+    scheduler = Scheduler(target, lambda request, slot: (DraftModel(draft), 1), max_slots=2, clock=TickClock())
+    for seed in (0, 1):
+        scheduler.submit(Request((0,), 3, sampling=T1, proposer="draft", k=1, seed=seed))
+    with pytest.raises(RuntimeError, match="a draft model of its own"):
+        for _ in range(4):
+            scheduler.step()
 
 
 # --- the scheduler's bookkeeping ------------------------------------------------------------------

@@ -13,9 +13,11 @@ independent draws, with replacement, from q after the node's path (`tree_shape.s
 `extend([pending, *path])` then a rollback to the context in the cache (`propose_tree`), or
 a full recomputation (`propose_tree_stateless`); the same rows either way.
 
-The draft keeps its own cache. `processed` mirrors what the cache holds: the context plus all
-but the last drafted token. `commit` crops it to the longest prefix shared with the emitted
-context, so the next round resumes from the same logical prefix a full recomputation would.
+The draft keeps its own cache, which nothing else may move (a draft model shared by two
+decodings, such as two batch slots, is refused at its next draft). `processed` mirrors what
+the cache holds: the context plus all but the last drafted token. `commit` crops it to the
+longest prefix shared with the emitted context, so the next round resumes from the same logical
+prefix a full recomputation would.
 
 Given `tokenizers=(target_tokenizer, draft_tokenizer)`, a pair whose ids do not mean the same
 tokens is refused with the tokenizer report (`verispec.tokenizer_contract`).
@@ -103,6 +105,12 @@ class DraftModel:
     def _uncached(self, context: Sequence[int]) -> list[int]:
         """Follow `context` (`commit`) and return its tokens the cache lacks: at least its last
         one, whose logits row the next draft starts from."""
+        if self.model.length != len(self._processed):
+            raise RuntimeError(
+                f"the draft model's cache holds {self.model.length} positions where this proposer put "
+                f"{len(self._processed)}: something else moved it; give each decoding (each batch slot) a draft "
+                "model of its own"
+            )
         self.commit(context)
         if len(self._processed) == len(context):
             # The whole context is cached (block verification may repair with the rejected
