@@ -131,7 +131,8 @@ def sweep_table(name: str) -> str:
         f"{x['v_plain_rows']:.2f} at {x['plain_rows']})"
         for method, x in run.get("crossover", {}).items() if x.get("concurrency") is not None
     ]
-    rows.append("Speculation stops paying: " + ("; ".join(stops) if stops else "at no level measured") + ".")
+    rows.append("Speculation stops paying: " + "; ".join(stops) + "." if stops
+                else "Every speculative verispec method is at or above verispec-plain (median) at every level measured.")
     rows.append("")
     rows.append(f"Run `{name}` ({_settings(run)}, concurrency {', '.join(levels)}) on {_machine(run)}.")
     return "\n".join(rows)
