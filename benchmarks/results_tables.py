@@ -126,14 +126,16 @@ def sweep_table(name: str) -> str:
             cells.append(f" {r['tokens_per_second']['median']:.1f} | {r['over_plain']['median']:.2f}x | {k} |")
         rows.append(f"| {_label(method, run)} |" + "".join(cells))
     rows.append("")
+    crossover = run.get("crossover", {})
     stops = [
         f"{method} at c = {x['concurrency']} ({x['rows']:.1f} rows a step, v = {x['v_rows']:.2f} against plain's "
         f"{x['v_plain_rows']:.2f} at {x['plain_rows']})"
-        for method, x in run.get("crossover", {}).items() if x.get("concurrency") is not None
+        for method, x in crossover.items() if x.get("concurrency") is not None
     ]
-    rows.append("Speculation stops paying: " + "; ".join(stops) + "." if stops
-                else "Every speculative verispec method is at or above verispec-plain (median) at every level measured.")
-    rows.append("")
+    if stops:
+        rows += ["Speculation stops paying: " + "; ".join(stops) + ".", ""]
+    elif crossover:  # a run without speculative verispec methods says nothing of them
+        rows += ["Every speculative verispec method is at or above verispec-plain (median) at every level measured.", ""]
     rows.append(f"Run `{name}` ({_settings(run)}, concurrency {', '.join(levels)}) on {_machine(run)}.")
     return "\n".join(rows)
 
