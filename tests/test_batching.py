@@ -6,6 +6,7 @@ bookkeeping (joins, leaves, cancellation, queue bound, slots reused, k per batch
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -22,12 +23,14 @@ from verispec.cost import BatchCosts, FixedCosts
 from verispec.engine import generate
 from verispec.models.table_pair import Tables
 from verispec.models.tables import TableLM, random_table
+from verispec.plan import Lowering, Plan
 from verispec.policies import Adjustable, AutoK, BatchK, HeuristicK
 from verispec.proposers.draft_model import DraftModel
 from verispec.reference import reference_request
 from verispec.registry import PROPOSERS
 from verispec.request import Request
 from verispec.sampling import GREEDY
+from verispec.tree_shape import TreeShape
 
 T1 = SamplingParams(temperature=1.0)
 
@@ -332,6 +335,21 @@ def test_batch_k_drafts_as_alone_when_v_is_flat_and_less_when_it_rises():
     # fixed-k requests already use the cheap rows: the auto ones draft less
     assert sum(bent.plan([entry] * 4, fixed_rows=12, fixed_tokens=9.0)) < sum(ks)
     assert linear.plan([entry] * 2, fixed_rows=8, fixed_tokens=6.0) == [0, 0]
+
+
+def test_batch_k_adjusts_only_the_plans_that_let_it():
+    """`BatchK.adjust` lowers the chains whose policy lets a batch lower them (auto k's plans
+    carry a `lowering`) as `plan` would, keeps the others whole and counts their rows (a tree's
+    nodes + 1) and their tokens."""
+    lowerable = Plan(4, source="copy", lowering=Lowering((0.8, 0.6, 0.45, 0.3), 0.02))
+    tree = Plan(shape=TreeShape.of([(0,), (1,), (0, 0)]))
+    plans, tokens = [lowerable, Plan(3), tree, lowerable], [1.0, 2.5, 1.5, 1.0]
+    entry = Adjustable(4, lowerable.lowering.survival, 0.02)
+    for costs in ((1, 64), (1.0, 1.0)), ((1, 2, 64), (1.0, 2.0, 64.0)), ((1, 8, 16, 64), (1.0, 1.2, 2.0, 8.0)):
+        batch_k = BatchK(BatchCosts(*costs))
+        first, last = batch_k.plan([entry, entry], fixed_rows=4 + 4, fixed_tokens=4.0)
+        assert batch_k.adjust(plans, tokens) == [replace(lowerable, k=first), Plan(3), tree, replace(lowerable, k=last)]
+    assert BatchK(BatchCosts((1, 64), (1.0, 1.0))).adjust(plans, tokens) == plans  # flat: as alone
 
 
 def test_batch_k_is_not_stopped_short_by_a_step_in_v():

@@ -27,6 +27,7 @@ from verispec.models.tables import TableLM, bigram, random_table, seed_pair
 from verispec.policies import HeuristicK
 from verispec.proposers import DraftModel, PromptLookup
 from verispec.reference import reference_generate
+from verispec.request import Request
 from verispec.sampling import probabilities
 
 V = 6
@@ -246,7 +247,8 @@ def test_stats_are_consistent_on_random_runs(seed, eos):
     target = random_table(4, 2, seed=seed, eos_token_id=eos)
     for proposer, k in [(DraftModel(random_table(4, 2, seed=seed + 50)), 3),
                         (PromptLookup(2), HeuristicK(2)), (None, 0)]:
-        out = generate(target, proposer, [1, 2, 3, 1, 2], max_new_tokens=25, k=k, seed=seed, eos_token_id=eos)
+        out = generate(target, proposer, [1, 2, 3, 1, 2], max_new_tokens=25, k=k, seed=seed, eos_token_id=eos,
+                       sampling=SAMPLED)
         assert_consistent(out.stats, out.tokens, eos)
 
 
@@ -286,6 +288,25 @@ def test_stream_yields_what_generate_returns(seed):
         decoding = stream(target, proposer, [0, 1, 2, 0], **options)
         streamed = list(decoding)
         assert streamed == decoding.tokens == generate(target, proposer, [0, 1, 2, 0], **options).tokens
+
+
+def test_decoding_is_greedy_unless_sampling_says_otherwise():
+    """The keyword form builds a `Request`: one default (greedy, as the CLI's and HF's), one
+    validation; a `Request` runs the same."""
+    target = random_table(4, 2, seed=7)
+    options = dict(max_new_tokens=12, k=3)
+    default = generate(target, DraftModel(random_table(4, 2, seed=8)), [0, 1], seed=3, **options)
+    greedy = generate(target, DraftModel(random_table(4, 2, seed=8)), [0, 1], sampling=GREEDY, **options)
+    sampled = [generate(target, DraftModel(random_table(4, 2, seed=8)), [0, 1], seed=s, sampling=SAMPLED, **options)
+               for s in range(4)]
+    assert default.tokens == greedy.tokens and any(run.tokens != greedy.tokens for run in sampled)
+    assert stream(target, None, [0, 1], max_new_tokens=2, k=0).request.sampling.greedy
+    request = Request((0, 1), 12, sampling=SAMPLED, seed=2, proposer="draft", k=3)
+    by_request = generate(target, DraftModel(random_table(4, 2, seed=8)), request)
+    by_keywords = generate(target, DraftModel(random_table(4, 2, seed=8)), [0, 1], sampling=SAMPLED, seed=2, **options)
+    assert by_request.tokens == by_keywords.tokens
+    with pytest.raises(TypeError, match="not both"):
+        generate(target, DraftModel(random_table(4, 2, seed=8)), request, max_new_tokens=3)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -331,7 +352,7 @@ def test_output_distribution_is_the_targets(exact_joint, proposer, k, verifier, 
     """Every random branch of whole generations (3 new tokens, seed tables), weighed exactly."""
     target, draft = seed_pair()
     prompt = [0, 1, 0]
-    options = dict(max_new_tokens=3, k=k, verifier=verifier, eos_token_id=eos)
+    options = dict(max_new_tokens=3, k=k, verifier=verifier, eos_token_id=eos, sampling=SAMPLED)
 
     def run_once(rng):
         return tuple(generate(target, proposer(draft), prompt, rng=rng, **options).tokens)
@@ -383,7 +404,7 @@ class Rejecting(TorchRandom):
 @pytest.mark.parametrize("verifier", ["token", "block"])
 def test_a_zero_residual_falls_back_to_p_and_is_counted(verifier):
     target = random_table(4, 2, seed=5, zeros=False)
-    options = dict(max_new_tokens=12, k=3, verifier=verifier)
+    options = dict(max_new_tokens=12, k=3, verifier=verifier, sampling=SAMPLED)
     out = generate(target, UlpAboveTarget(target), [0, 1], rng=Rejecting(3), **options)
     reference = reference_generate(target, UlpAboveTarget(target), [0, 1], rng=Rejecting(3), **options)
     assert out.tokens == reference and len(out.tokens) == 12
@@ -395,7 +416,8 @@ def test_a_zero_residual_falls_back_to_p_and_is_counted(verifier):
 @pytest.mark.parametrize("verifier", ["token", "block"])
 def test_with_real_randomness_a_draft_equal_to_the_target_up_to_rounding_decodes(verifier):
     target = random_table(4, 2, seed=5, zeros=False)
-    out = generate(target, UlpAboveTarget(target), [0, 1], max_new_tokens=40, k=3, verifier=verifier, seed=1)
+    out = generate(target, UlpAboveTarget(target), [0, 1], max_new_tokens=40, k=3, verifier=verifier, seed=1,
+                   sampling=SAMPLED)
     assert len(out.tokens) == 40 and out.stats.acceptance_rate > 0.99
 
 
@@ -422,10 +444,10 @@ class Overdrafting:
     [
         (dict(prompt=[]), "prompt is empty"),
         (dict(prompt=[0, V]), rf"prompt token id {V} is outside the vocabulary \[0, {V}\)"),
-        (dict(prompt=[-1]), r"prompt token id -1 is outside"),
+        (dict(prompt=[-1]), r"prompt token ids must be integers >= 0, got -1"),
         (dict(eos_token_id=V), f"eos_token_id {V} is outside"),
         (dict(eos_token_id=[EOS, V]), f"eos_token_id {V} is outside"),
-        (dict(eos_token_id=[EOS, "5"]), "eos_token_id must be a token id or a collection"),
+        (dict(eos_token_id=[EOS, "5"]), "eos_token_ids must be token ids"),
         (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0, got -1"),
         (dict(proposer=None, k=2), "without a proposer, k must be 0"),
         (dict(proposer=None, k=HeuristicK()), "without a proposer, k must be 0"),

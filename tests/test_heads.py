@@ -587,7 +587,7 @@ def test_one_token_prompt_drafts_nothing_then_speculates(kind):
     proposer.begin([2], SamplingParams())
     table.prefill([])
     assert len(proposer.propose([2], 3, TorchRandom(0))) == 0
-    run = generate(table, proposer, [2], max_new_tokens=6, k=3, seed=1)
+    run = generate(table, proposer, [2], max_new_tokens=6, k=3, seed=1, sampling=SamplingParams())
     assert run.stats.drafted[0] == 0 and sum(run.stats.drafted) > 0
 
 

@@ -50,7 +50,7 @@ def simulate(policy: KPolicy, alpha: float, *, c: float = 0.0, timed: bool = Tru
     rng, stats, seconds = random.Random(seed), Stats(), 0.0
     policy.begin()
     while stats.new_tokens < TOKENS:
-        k = policy.choose(stats)
+        k = policy.choose(stats).k
         accepted = 0
         while accepted < k and rng.random() < alpha:
             accepted += 1

@@ -13,6 +13,7 @@ from verispec.cost import FixedCosts, optimal_k, speedup_by_k, survival_from_alp
 from verispec.drafts import Draft
 from verispec.engine import generate
 from verispec.models.tables import TableLM, random_table, seed_pair
+from verispec.plan import Plan
 from verispec.policies import AutoK, ConstantK, HeuristicK, PerSource, as_policy
 from verispec.registry import build_policy
 from verispec.profile import measure_profile
@@ -35,7 +36,7 @@ def simulate(policy: AutoK, rate: Callable[[int], float], rounds: int, seed: int
     policy.begin()
     chosen = []
     for r in range(rounds):
-        k = policy.choose(stats)
+        k = policy.choose(stats).k
         accepted = 0
         while accepted < k and rng.random() < rate(r):
             accepted += 1
@@ -45,14 +46,14 @@ def simulate(policy: AutoK, rate: Callable[[int], float], rounds: int, seed: int
 
 
 def test_constant_and_heuristic_k():
-    assert ConstantK(3).choose(Stats()) == 3
+    assert ConstantK(3).choose(Stats()) == Plan(3)
     policy, stats = HeuristicK(4), Stats()
     policy.begin()
-    assert policy.choose(stats) == 4
+    assert policy.choose(stats).k == 4
     stats.record_round(4, 4)
-    assert policy.choose(stats) == 6
+    assert policy.choose(stats).k == 6
     stats.record_round(6, 1)
-    assert policy.choose(stats) == 5
+    assert policy.choose(stats).k == 5
     with pytest.raises(ValueError, match="k must be an integer"):
         ConstantK(-1)
     with pytest.raises(ValueError, match="auto needs measured costs"):
@@ -71,9 +72,9 @@ def test_autok_decodes_plainly_when_drafts_are_garbage_and_probes_ever_more_rare
 def test_autok_does_not_collapse_after_one_unlucky_round():
     policy = AutoK(FLAT)
     stats = Stats()
-    first = policy.choose(stats)
+    first = policy.choose(stats).k
     stats.record_round(first, 0)
-    assert policy.choose(stats) >= 1
+    assert policy.choose(stats).k >= 1
 
 
 def test_autok_comes_back_when_acceptance_recovers():
@@ -215,7 +216,7 @@ def test_engine_with_autok_and_prompt_lookup_equals_the_reference(seed):
 def test_build_policy(tmp_path):
     target = random_table(3, 1, seed=0)
     prompt = [0, 1, 2, 0, 1]
-    assert build_policy("3", target, PromptLookup(), prompt).choose(Stats()) == 3
+    assert build_policy("3", target, PromptLookup(), prompt).choose(Stats()) == Plan(3)
     assert isinstance(build_policy("heuristic", target, PromptLookup(), prompt), HeuristicK)
     measured = build_policy("auto", target, PromptLookup(), prompt)
     assert isinstance(measured, AutoK) and measured.k_max == 8 and measured.v[0] == 1
@@ -241,7 +242,9 @@ def test_each_source_gets_its_own_policy_and_its_own_rounds():
         policies.begin()
         for r in range(rounds):
             source = ("copy", "head")[r % 2]
-            k = policies.choose(stats, source)
+            plan = policies.choose(stats, source)
+            assert plan.source == source
+            k = plan.k
             stats.record_round(k, k if source == "copy" else 0, source=source)
             chosen[source].append(k)
         return stats, chosen
@@ -256,7 +259,7 @@ def test_each_source_gets_its_own_policy_and_its_own_rounds():
     mixed_stats, mixed_chosen = Stats(), []
     mixed.begin()
     for r in range(200):  # the same rounds without sources: one policy for the mixture
-        k = mixed.choose(mixed_stats, None)
+        k = mixed.choose(mixed_stats, None).k
         mixed_stats.record_round(k, k if r % 2 == 0 else 0)
         mixed_chosen.append(k)
     assert sum(k > 0 for k in mixed_chosen[161::2]) >= 15 and not mixed_stats.by_source  # drafts on head rounds
@@ -267,6 +270,6 @@ def test_a_proposer_with_one_source_is_driven_by_the_policy_itself():
     policies = PerSource(policy)
     policies.begin()
     for _ in range(30):
-        k = policies.choose(stats, None)
+        k = policies.choose(stats, None).k
         stats.record_round(k, k)
     assert policies.by_source == {} and policy.survival()[0] > 0.85

@@ -80,7 +80,8 @@ def test_enumerated_output_distribution_is_the_targets(exact_joint, verifier):
     total: dict[tuple[int, ...], float] = {}
     for prob, tokens in outcomes(
         lambda rng: tuple(
-            generate(target, RandomTokens(3), [0], max_new_tokens=3, rng=rng, eos_token_id=2, k=2, verifier=verifier).tokens
+            generate(target, RandomTokens(3), [0], max_new_tokens=3, rng=rng, eos_token_id=2, k=2, verifier=verifier,
+                     sampling=SamplingParams()).tokens
         )
     ):
         total[tokens] = total.get(tokens, 0.0) + prob

@@ -32,7 +32,7 @@ import pytest
 import torch
 from scipy.stats import power_divergence
 
-from verispec import TorchRandom, generate
+from verispec import SamplingParams, TorchRandom, generate
 from verispec.audit.controls import stale_residual_siblings
 from verispec.audit.trees import TopRankedDraft
 from verispec.drafts import Verdict
@@ -109,7 +109,7 @@ def first_two_tokens(verifier, seeds: range, proposer_name: str = "draft", k=2) 
     prompt = COPY_PROMPT if proposer_name.startswith("lookup+") else PROMPT
     for seed in seeds:
         a, b, _ = generate(TARGET, proposer, prompt, max_new_tokens=3, k=k, rng=TorchRandom(seed),
-                           verifier=verifier).tokens
+                           verifier=verifier, sampling=SamplingParams()).tokens
         counts["first"][a] += 1
         counts["second"][b] += 1
         counts["pair"][a, b] += 1

@@ -138,7 +138,8 @@ def test_enumerated_output_distribution_is_the_targets(exact_joint):
     total = {}
     for prob, tokens in outcomes(
         lambda rng: tuple(
-            generate(target, SuffixIndex(min_prob=0), prompt, max_new_tokens=4, rng=rng, eos_token_id=2, k=3).tokens
+            generate(target, SuffixIndex(min_prob=0), prompt, max_new_tokens=4, rng=rng, eos_token_id=2, k=3,
+                     sampling=SamplingParams()).tokens
         )
     ):
         total[tokens] = total.get(tokens, 0.0) + prob

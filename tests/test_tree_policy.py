@@ -158,7 +158,7 @@ def simulate(policy: TreePolicy, v: list[float], rounds: int = 1500, seed: int =
     policy.begin()
     for _ in range(rounds):
         plan = policy.choose(stats)
-        shape = plan if isinstance(plan, TreeShape) else TreeShape.chain(plan)
+        shape = plan.shape if plan.is_tree else TreeShape.chain(plan.k)
         tree = TreeDraft((0,) * len(shape), shape.parents)
         path, node = [], ROOT
         while True:
@@ -174,7 +174,7 @@ def simulate(policy: TreePolicy, v: list[float], rounds: int = 1500, seed: int =
             node = chosen
         draft_s, target_s = C * shape.depth * STEP, v[len(shape)] * STEP
         seconds += (draft_s if shape.paths else 0.0) + target_s
-        offers = tree.offers(path) if isinstance(plan, TreeShape) else None
+        offers = tree.offers(path) if plan.is_tree else None
         stats.record_round(len(shape), len(path), draft_seconds=draft_s, target_seconds=target_s, offers=offers)
         stats.new_tokens += len(path) + 1
     return stats.new_tokens / (seconds / STEP), stats
@@ -217,12 +217,12 @@ def test_empty_sibling_slots_count_as_rejected():
     """A proposer with one continuation where the shape asked for two: rank 1 loses its prior."""
     policy, stats = TreePolicy(FixedCosts(0.0, [1.0] * 5), prior_weight=1.0), Stats()
     plan = policy.choose(stats)
-    assert isinstance(plan, TreeShape) and sum(1 for p in plan.paths if len(p) == 1) > 1
+    assert plan.is_tree and sum(1 for p in plan.shape.paths if len(p) == 1) > 1
     for _ in range(10):
         stats.record_round(1, 1, offers=TreeDraft((0,), (ROOT,)).offers((0,)))  # one node, accepted
         plan = policy.choose(stats)
     assert policy.acceptance()[0][1] < 0.05
-    assert not isinstance(plan, TreeShape) or all(p[0] == 0 for p in plan.paths)
+    assert not plan.is_tree or all(p[0] == 0 for p in plan.shape.paths)
 
 
 def test_a_profile_that_timed_trees_prices_them():
@@ -419,7 +419,7 @@ def test_build_policy_makes_a_constant_tree():
         pytest.skip("the constant tree policy is not in this tree")
     target = random_table(3, 1, seed=0)
     policy = build_policy("tree:2x1", target, RankedDraft(random_table(3, 1, seed=1)), [0, 1])
-    assert policy.choose(Stats()) == shape_from_widths([2, 1])
+    assert policy.choose(Stats()).shape == shape_from_widths([2, 1])
 
 
 @pytest.mark.parametrize(

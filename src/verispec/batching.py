@@ -4,16 +4,16 @@ A `Scheduler` holds up to `max_slots` requests at once, each in a slot of the ta
 its own over the shared weights, `SlotScoring`), and queues the rest. One `step`:
 
     admit   waiting requests take free slots: prefill, begin the proposer and the policy
-    plan    each request's k: its own policy's choice, lowered by `BatchK` when the batch's
-            forward grows compute-bound (auto k only)
+    plan    each request's plan (`Decoding.plan`), then `BatchK.adjust` lowers the k of the
+            chains whose policy lets it (auto k) when the batch's forward grows compute-bound
     propose each request drafts with its own proposer state and its own random source
     score   one `extend_slots` forward over every request's [pending, drafts] rows (ragged:
             request i scores k_i + 1 rows, k_i may be 0); a tree round scores on its own
     settle  each request observes, verifies with its own rng, commits or rolls back its slot
     retire  finished (EOS, budget) and cancelled requests free their slots
 
-Each request runs the very stages of `verispec.engine.Decoding` (its `propose` and `settle`),
-only the forward is shared, and a slot's rows attend to that slot's cache only, so a request's
+Each request runs the very stages of `verispec.engine.Decoding` (its `plan`, `propose` and
+`settle`), only the forward is shared, and a slot's rows attend to that slot's cache only, so a request's
 output law is its target's whatever shares its steps. Its tokens are too, for a given seed,
 as long as its k does not depend on the batch: greedy decoding always, and sampling with a
 constant k or with `batch_costs=None`. A batch-aware auto k drafts differently beside other
@@ -36,10 +36,9 @@ from typing import Literal
 
 from verispec.checks import is_int
 from verispec.cost import BatchCosts
-from verispec.drafts import Draft, TreeDraft
-from verispec.engine import Decoding, budgeted, check_request
+from verispec.engine import Decoding, Proposal, Scored, check_request
 from verispec.models.base import CausalLM, SlotScoring
-from verispec.policies import AutoK, Adjustable, BatchK, KPolicy
+from verispec.policies import BatchK, KPolicy
 from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
@@ -174,7 +173,7 @@ class Scheduler:
     def submit(self, request: Request) -> Job:
         """Queue `request`; ValueError when the target cannot take it, `QueueFull` when the
         slots and the queue are all taken."""
-        check_request(self.target.vocab_size, request.prompt_ids, request.max_new_tokens, request.eos_token_ids)
+        check_request(request, self.target.vocab_size)
         if self.max_context is not None and len(request.prompt_ids) + request.max_new_tokens > self.max_context:
             raise ValueError(
                 f"the prompt ({len(request.prompt_ids)} tokens) and max_new_tokens ({request.max_new_tokens}) "
@@ -208,12 +207,13 @@ class Scheduler:
         if not self.running:
             return []
         jobs = list(self.running)
-        plans = self._plan(jobs)
-        drafts = [job.decoding.propose(plan) for job, plan in zip(jobs, plans)]
-        logits = self._score(jobs, drafts)
+        plans = [job.decoding.plan() for job in jobs]
+        if self.batch_k is not None and len(jobs) > 1:
+            plans = self.batch_k.adjust(plans, [job.stats.mean_accepted or 1.0 for job in jobs])
+        proposals = [job.decoding.propose(plan) for job, plan in zip(jobs, plans)]
         out = []
-        for job, draft, rows in zip(jobs, drafts, logits):
-            tokens = job.decoding.settle(draft, rows)
+        for job, proposal, scored in zip(jobs, proposals, self._score(jobs, proposals)):
+            tokens = job.decoding.settle(proposal, scored)
             now = self.clock()
             if job.first_token is None and tokens:
                 job.first_token = now
@@ -257,49 +257,26 @@ class Scheduler:
         self._slots += 1
         return Slot(self.target.new_slot())
 
-    def _plan(self, jobs: list[Job]) -> list[int | object]:
-        """Each job's plan for this step: its own policy's, then `BatchK`'s for auto chains."""
-        plans = []
-        for job in jobs:
-            d = job.decoding
-            source = d.next_source()
-            plans.append(budgeted(d.policies.choose(d.stats, source), d.max_new_tokens - len(d.tokens)))
-        if self.batch_k is None or len(jobs) < 2:
-            return plans
-        adjustable, fixed_rows, fixed_tokens, where = [], 0, 0.0, []
-        for i, (job, plan) in enumerate(zip(jobs, plans)):
-            policy = source_policy(job.decoding)
-            if isinstance(plan, int) and isinstance(policy, AutoK) and not getattr(policy, "trees", False):
-                adjustable.append(Adjustable(plan, policy.survival(), policy.c))
-                where.append(i)
-            else:
-                fixed_rows += (plan if isinstance(plan, int) else len(plan)) + 1
-                fixed_tokens += job.stats.mean_accepted or 1.0  # its tokens per round so far
-        for i, k in zip(where, self.batch_k.plan(adjustable, fixed_rows, fixed_tokens)):
-            plans[i] = k
-        return plans
-
-    def _score(self, jobs: list[Job], drafts: list[Draft | TreeDraft]) -> list[object]:
+    def _score(self, jobs: list[Job], proposals: list[Proposal]) -> list[Scored]:
         """The rows of every job's round: chains in one `extend_slots` forward, trees alone."""
-        logits: list[object] = [None] * len(jobs)
-        chains = [i for i, draft in enumerate(drafts) if not isinstance(draft, TreeDraft)]
-        for i, draft in enumerate(drafts):
-            if isinstance(draft, TreeDraft):
-                logits[i] = jobs[i].decoding.score(draft)
+        scored: list[Scored | None] = [None] * len(jobs)
+        chains = [i for i, proposal in enumerate(proposals) if not proposal.draft.is_tree]
+        for i, proposal in enumerate(proposals):
+            if proposal.draft.is_tree:
+                scored[i] = jobs[i].decoding.score(proposal)
         if chains:
             rows = []
             for i in chains:
                 jobs[i].decoding.check_cache()
-                rows.append(jobs[i].decoding.scored_tokens(drafts[i]))
+                rows.append(jobs[i].decoding.scored_tokens(proposals[i].draft))
             start = self.clock()
-            scored = self.target.extend_slots([jobs[i].slot.lm for i in chains], rows)
+            logits = self.target.extend_slots([jobs[i].slot.lm for i in chains], rows)
             seconds = self.clock() - start
             total = sum(len(r) for r in rows)
             self.step_rows.append(total)
-            for i, rows_i in zip(chains, scored):
-                jobs[i].decoding.record_target_seconds(seconds, total)
-                logits[i] = rows_i
-        return logits
+            for i, rows_i in zip(chains, logits):
+                scored[i] = Scored(rows_i, seconds, total)
+        return scored
 
     def _retire_cancelled(self) -> None:
         for job in [job for job in self.waiting if job.cancel_requested]:
@@ -312,10 +289,4 @@ class Scheduler:
         job.state, job.finish_reason, job.finished = "finished", reason, self.clock()
         self.running.remove(job)
         self._free.append(job.slot)
-
-
-def source_policy(decoding: Decoding) -> KPolicy | None:
-    """The policy that chose this round's plan: the source's own for a combined proposer."""
-    source = decoding.next_source()
-    return decoding.policies.policy if source is None else decoding.policies.by_source.get(source)
 

@@ -2,6 +2,10 @@
 drafted tokens and the q they were sampled from) or a `TreeDraft` (a token tree), and the
 rule's `Verdict` / `TreeVerdict` on it. Plain data, so proposers, the rules and the engine all
 depend on this module and none of them on another.
+
+Both drafts answer the round's questions the same way (`accepted`, `offered`, `cut_after`,
+`depth`; `is_tree` for the forward that scores them), so the engine asks a draft rather than
+testing its type.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ class Draft:
     tokens: tuple[int, ...]
     q: torch.Tensor | None = None
 
+    is_tree = False  # scored as a chain: each token after the one before it
+
     def __post_init__(self) -> None:
         if self.q is not None and tuple(self.q.shape[:1]) != (len(self.tokens),):
             raise ValueError(
@@ -35,9 +41,26 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def depth(self) -> int:
+        return len(self.tokens)
+
     def truncated(self, n: int) -> Draft:
         """The first n drafted tokens (and their q rows)."""
         return Draft(self.tokens[:n], None if self.q is None else self.q[:n])
+
+    def accepted(self, verdict: Verdict) -> tuple[int, ...]:
+        """The drafted tokens a verdict keeps: a prefix."""
+        return self.tokens[: verdict.n_accepted]
+
+    def offered(self, verdict: Verdict) -> None:
+        """A chain offers one token per position (`Stats` counts it from the verdict alone)."""
+        return None
+
+    def cut_after(self, eos_ids: frozenset[int]) -> Draft:
+        """Drafted tokens after an EOS can never be emitted: the draft without them."""
+        end = through_first_eos(self.tokens, eos_ids)
+        return self if end == len(self) else self.truncated(end)
 
 
 EMPTY_DRAFT = Draft(())
@@ -77,6 +100,8 @@ class TreeDraft:
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
     q: torch.Tensor | None = None
+
+    is_tree = True  # scored in one forward with each node seeing its own ancestors
 
     def __post_init__(self) -> None:
         if len(self.parents) != len(self.tokens):
@@ -126,6 +151,18 @@ class TreeDraft:
 
     def path_tokens(self, path: Sequence[int]) -> tuple[int, ...]:
         return tuple(self.tokens[i] for i in path)
+
+    def accepted(self, verdict: TreeVerdict) -> tuple[int, ...]:
+        """The drafted tokens a verdict keeps: its accepted root path's."""
+        return self.path_tokens(verdict.path)
+
+    def offered(self, verdict: TreeVerdict) -> tuple[list[int], list[int]]:
+        """What the round tried along the accepted path (`offers`), for `Stats`."""
+        return self.offers(verdict.path)
+
+    def cut_after(self, eos_ids: frozenset[int]) -> TreeDraft:
+        """Every node below an EOS node dropped: it can never be emitted."""
+        return self.pruned(lambda node: self.parents[node] == ROOT or self.tokens[self.parents[node]] not in eos_ids)
 
     def offers(self, path: Sequence[int]) -> tuple[list[int], list[int]]:
         """What a round with accepted root path `path` tried, for per-rank acceptance counts:
@@ -183,3 +220,8 @@ class TreeVerdict:
     @property
     def n_accepted(self) -> int:
         return len(self.path)
+
+
+def through_first_eos(tokens: Sequence[int], eos_ids: frozenset[int]) -> int:
+    """How many of `tokens` to keep: through the first EOS, or all of them."""
+    return next((i + 1 for i, token in enumerate(tokens) if token in eos_ids), len(tokens))

@@ -1,4 +1,9 @@
-"""The round loop: propose -> score -> verify -> commit.
+"""The round loop: plan -> propose -> score -> settle (observe, verify, commit).
+
+It is `verispec.reference`'s round with caches: each stage returns a value (the `Plan`, a
+`Proposal`, the `Scored` rows, the emitted tokens) that the next one takes, and the decoding
+keeps only what lasts between rounds (the context, the tokens, `Stats`, the proposer's and
+the policies' state).
 
 Cache contract (the seed's): the target has processed every emitted token but the last, the
 *pending* token. A round feeds the target `[pending, x_1..x_k']` in one forward, whose k' + 1
@@ -15,20 +20,22 @@ repair or bonus token).
 Observation: a proposer that learns from the target's rows (`ObservingProposer`) receives
 each round's scored logits between scoring and verification.
 
-Trees: a policy may answer a `TreeShape` instead of k. The proposer (a `TreeProposer`) fills
-it, the target (a `TreeScoring` model) scores [pending, nodes] in one forward with each node
-seeing its own ancestors, a tree rule picks the accepted root path, and the cache keeps that
+Trees: a policy may plan a tree shape instead of a chain's k (`Plan.shape`). The proposer (a
+`TreeProposer`) fills it, the target (a `TreeScoring` model) scores [pending, nodes] in one
+forward with each node seeing its own ancestors, a tree rule picks the accepted root path, and the cache keeps that
 path only (`keep_path`) before the usual rollback. A tree deeper than `remaining - 1` is cut
 to that depth before proposing, and nodes below an EOS are dropped.
 
 Sources: a proposer that drafts each round from one of several sources (`SourcedProposer`:
 copying or a head) names the round's source first, and that source's own policy picks k from
-its own rounds (`verispec.policies.PerSource`, `Stats.by_source`).
+its own rounds (`verispec.policies.PerSource`, `Stats.by_source`); the plan names the source.
 
-Batches: the round's stages are public (`propose`, `score`, `settle`), so the batch scheduler
-(`verispec.batching.Scheduler`) runs the same code for each request of a step, replacing
-only `score` by one forward over every request's rows. A request is data (`Request`);
-`Decoding.of` builds its decoding, and the keyword form below stays for library calls.
+Batches: the round's stages are public (`plan`, `propose`, `score`, `settle`), so the batch
+scheduler (`verispec.batching.Scheduler`) runs the same code for each request of a step,
+letting `BatchK` lower the plans and replacing only `score` by one forward over every
+request's rows (a `Scored` per request). A request is data (`Request`, greedy unless its
+sampling says otherwise); the keyword form (`generate(target, proposer, prompt_ids,
+max_new_tokens=..., ...)`) builds one, so both forms validate and default alike.
 
 Devices: the target and the proposer may run on any torch device. Their logits cross to the
 host once a round, as the rows the rule reads (`sampling.rule_rows`); the rules, the random
@@ -40,22 +47,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from verispec import verify
-from verispec.checks import is_int
-from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict
+from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict, through_first_eos
 from verispec.models.base import CausalLM, TreeScoring
+from verispec.plan import Plan
 from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
-from verispec.tree_shape import TreeShape, describe_plan
 
 EosIds = int | Collection[int] | None  # one EOS id, several, or none
+T = TypeVar("T")
 
 
 @dataclass
@@ -64,11 +72,41 @@ class Generation:
     stats: Stats
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """Stage 1's value: the round's plan (cut to the budget), the draft (cut after an EOS) and
+    the proposer's seconds."""
+
+    plan: Plan
+    draft: Draft | TreeDraft
+    seconds: float
+
+    @property
+    def source(self) -> str | None:
+        return self.plan.source
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Stage 2's value: the target's logits[k' + 1, V] over [pending, *draft] (a tree's row
+    i + 1 after node i), on the target's device; the forward's seconds, and the rows it
+    scored in all (k' + 1, more when a batch's requests shared it)."""
+
+    logits: torch.Tensor
+    seconds: float
+    rows: int
+
+
 class Decoding:
     """One request. Iterate it to receive tokens as they are committed; `tokens` and `stats`
     hold what has been emitted so far.
 
-    eos_token_id: an id, a collection of ids (the output ends at the first of any), or None.
+    request: a `Request` (its k an integer, or a spec whose built `policy` is given), or the
+        keyword form: the prompt's token ids and `max_new_tokens`, `sampling` (default greedy),
+        `eos_token_id` (an id, a collection of ids, or None), `seed`, `k` (an integer or a
+        policy object, default 4) and `verifier`, from which a `Request` is built (it names no
+        proposer or k spec: the decoding runs the proposer and the policy it is given).
+    rng: default `TorchRandom(request.seed)`.
     clock: reads seconds for `stats` (a fake clock makes the timings, and so the choices of a
         policy that reads them, reproducible).
     """
@@ -77,39 +115,37 @@ class Decoding:
         self,
         target: CausalLM,
         proposer: Proposer | None,
-        prompt_ids: Sequence[int],
+        request: Request | Sequence[int],
         *,
-        max_new_tokens: int,
-        sampling: SamplingParams | None = None,
-        eos_token_id: EosIds = None,
+        policy: int | KPolicy | None = None,
         rng: Random | None = None,
-        seed: int = 0,
-        k: int | KPolicy = 4,
-        verifier: str | verify.Verifier = "auto",
         clock: Callable[[], float] = time.perf_counter,
+        **keywords,
     ) -> None:
-        self.target = target
-        self.clock = clock
-        self.sampling = sampling or SamplingParams()
-        self.prompt, self.eos_ids = check_request(target.vocab_size, prompt_ids, max_new_tokens, eos_token_id)
+        if isinstance(request, Request):
+            if keywords:
+                raise TypeError(f"give a Request or the keyword form, not both (got {', '.join(sorted(keywords))})")
+            k = request.k_for_decoding(policy)
+        else:
+            if policy is not None:
+                raise TypeError("the keyword form takes the policy as k=")
+            request, k = keyword_request(request, **keywords)
+        check_request(request, target.vocab_size)
         if proposer is None and k != 0:
             raise ValueError("without a proposer, k must be 0 (plain decoding)")
+        self.request = request
+        self.target = target
         self.proposer = proposer
-        self.max_new_tokens = max_new_tokens
-        self.rng = rng if rng is not None else TorchRandom(seed)
+        self.clock = clock
+        self.rng = rng if rng is not None else TorchRandom(request.seed)
         self.policy = as_policy(k)
         self.policies = PerSource(self.policy)
-        self._source: str | None = None  # which source drafts this round (`SourcedProposer`)
-        self._source_known: tuple[str | None] | None = None  # `next_source`'s answer until `propose`
-        if getattr(self.policy, "trees", False) and verifier == "block":
+        if getattr(self.policy, "trees", False) and request.verifier == "block":
             raise ValueError("block verification is defined for chains; verify trees with auto or token, or give a chain k")
-        self.choose_rule = verify.rule_chooser(verifier, self.sampling.greedy)
+        self.choose_rule = verify.rule_chooser(request.verifier, request.sampling.greedy)
         self.tokens: list[int] = []
         self.stats = Stats()
         self._context: list[int] = []  # prompt + emitted; its last token is the pending token
-        self._draft_seconds = 0.0  # this round's proposer and target seconds, for its commit
-        self._target_seconds = 0.0
-        self._batch_rows: int | None = None  # the rows of this round's forward in all, if shared
 
     @classmethod
     def of(
@@ -122,15 +158,24 @@ class Decoding:
         rng: Random | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> Decoding:
-        """The decoding of `request` on `target` with `proposer` (built from `request.proposer`
-        by the caller); `policy`: the k policy built from `request.k` (needed when it is a spec
-        such as 'auto'; an integer k needs none); rng: default `TorchRandom(request.seed)`."""
-        return cls(
-            target, proposer, request.prompt_ids, max_new_tokens=request.max_new_tokens, sampling=request.sampling,
-            eos_token_id=request.eos_token_ids, rng=rng, seed=request.seed, k=request.k_for_decoding(policy),
-            verifier=request.verifier,
-            clock=clock,
-        )
+        """`Decoding(target, proposer, request, ...)`."""
+        return cls(target, proposer, request, policy=policy, rng=rng, clock=clock)
+
+    @property
+    def prompt(self) -> list[int]:
+        return list(self.request.prompt_ids)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.request.max_new_tokens
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.request.eos_token_ids
 
     @property
     def done(self) -> bool:
@@ -155,69 +200,54 @@ class Decoding:
         while not self.done:
             yield from self.round()
 
+    def timed(self, work: Callable[..., T], *args) -> tuple[T, float]:
+        """`work(*args)` and the seconds it took on the decoding's clock (two reads)."""
+        start = self.clock()
+        out = work(*args)
+        return out, self.clock() - start
+
     def begin(self) -> None:
         """Prefill the prompt (all but its last token, the first round's pending token) and
         start the proposer and the policy."""
         self._context = list(self.prompt)
-        start = self.clock()
-        self.target.prefill(self._context[: self._processed])
-        self.stats.prefill_seconds = self.clock() - start
+        _, self.stats.prefill_seconds = self.timed(self.target.prefill, self._context[: self._processed])
         if self.proposer is not None:
             self.proposer.begin(self.prompt, self.sampling)
         self.policies.begin()
 
     def round(self) -> list[int]:
         """One round: the tokens it emits (at least one)."""
-        draft = self.propose()
-        logits = self.score(draft)
-        return self.settle(draft, logits)
+        proposal = self.propose(self.plan())
+        return self.settle(proposal, self.score(proposal))
 
-    def settle(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> list[int]:
-        """Stages 2b-4 on the round's scored rows logits[k' + 1, V]: observe, verify, commit."""
-        self._observe(draft, logits)
-        verdict = self._verify(logits, draft)
-        return self._commit(draft, verdict)
+    def plan(self) -> Plan:
+        """Stage 0: the next round's plan, by the policy of the source that drafts it (decided
+        from the context alone), cut to the budget. Ask once per round: a policy learns from
+        every answer it gives."""
+        source = draft_source(self.proposer, self._context)
+        return self.policies.choose(self.stats, source).budgeted(self.max_new_tokens - len(self.tokens))
 
-    def next_source(self) -> str | None:
-        """The source that drafts the next round (`SourcedProposer`; None for one source),
-        decided from the context alone; `propose` drafts from it."""
-        if self._source_known is None:
-            self._source_known = (draft_source(self.proposer, self._context),)
-        return self._source_known[0]
-
-    def propose(self, plan: int | TreeShape | None = None) -> Draft | TreeDraft:
-        """Stage 1: ask the policy for k (or a tree shape), unless a batch scheduler gives the
-        `plan`, then the proposer for up to k tokens (or at most the shape's nodes), cut after
-        EOS."""
-        self._source = self.next_source()
-        self._source_known = None
-        if plan is None:
-            plan = self.policies.choose(self.stats, self._source)
-        plan = budgeted(plan, self.max_new_tokens - len(self.tokens))
-        self.stats.record_plan(describe_plan(plan), self._source)
-        self._draft_seconds = 0.0
-        if not plan:
-            return EMPTY_DRAFT
-        start = self.clock()
-        if isinstance(plan, TreeShape):
-            draft = self.proposer.propose_tree(self._context, plan, self.rng)
-        else:
-            draft = self.proposer.propose(self._context, plan, self.rng)
-        self._draft_seconds = self.clock() - start
+    def propose(self, plan: Plan) -> Proposal:
+        """Stage 1: the proposer drafts at most what `plan` asks (`plan()`'s, or a batch's
+        lowering of it), cut after EOS."""
+        self.stats.record_plan(plan.describe(), plan.source)
+        if not plan.nodes:
+            return Proposal(plan, EMPTY_DRAFT, 0.0)
+        draft, seconds = self.timed(drafted, self.proposer, plan, self._context, self.rng)
         check_draft(draft, plan, self.target.vocab_size)
-        return cut_after_eos(draft, self.eos_ids)
+        return Proposal(plan, draft.cut_after(self.eos_ids), seconds)
 
-    def score(self, draft: Draft | TreeDraft) -> torch.Tensor:
-        """Stage 2: one target forward over [pending, drafts]: logits[k' + 1, V] (a tree's
-        row i + 1 after node i), on the target's device."""
+    def score(self, proposal: Proposal) -> Scored:
+        """Stage 2: one target forward over [pending, *drafts] (a tree's nodes each after its
+        own ancestors)."""
         self.check_cache()
-        start = self.clock()
-        if isinstance(draft, TreeDraft):
-            logits = tree_target(self.target).extend_tree([self._pending, *draft.tokens], scored_parents(draft))
+        draft = proposal.draft
+        if draft.is_tree:
+            extend = tree_target(self.target).extend_tree
+            logits, seconds = self.timed(extend, [self._pending, *draft.tokens], scored_parents(draft))
         else:
-            logits = self.target.extend(self.scored_tokens(draft))
-        self.record_target_seconds(self.clock() - start)
-        return logits
+            logits, seconds = self.timed(self.target.extend, self.scored_tokens(draft))
+        return Scored(logits, seconds, len(draft) + 1)
 
     def scored_tokens(self, draft: Draft) -> list[int]:
         """What a chain round's forward scores after the cached prefix: [pending, *drafts]."""
@@ -231,36 +261,35 @@ class Decoding:
                 f"{self._processed}: the model's rollback broke the cache contract"
             )
 
-    def record_target_seconds(self, seconds: float, batch_rows: int | None = None) -> None:
-        """The round's scoring time; a batch's forward: the whole forward this request waited
-        on, which scored `batch_rows` rows in all (None: this round's own)."""
-        self._target_seconds = seconds
-        self._batch_rows = batch_rows
+    def settle(self, proposal: Proposal, scored: Scored) -> list[int]:
+        """Stage 3 on the round's scored rows: observe, verify, commit; the emitted tokens."""
+        observed = self._observe(proposal.draft, scored.logits)
+        verdict, seconds = self.timed(self._verify, proposal.draft, scored.logits)
+        self.stats.verify_seconds += seconds
+        emitted, seconds = self.timed(self._commit, proposal, scored, verdict, proposal.seconds + observed)
+        self.stats.commit_seconds += seconds
+        return emitted
 
-    def _observe(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> None:
-        """Stage 2b: a proposer that learns from the target's rows (`ObservingProposer`, e.g.
-        lookahead's Jacobi iteration) sees this round's logits[k' + 1, V] before the verdict;
-        its seconds count as drafting."""
-        if isinstance(self.proposer, ObservingProposer):
-            start = self.clock()
-            self.proposer.observe(self._context, draft, logits)
-            self._draft_seconds += self.clock() - start
+    def _observe(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> float:
+        """A proposer that learns from the target's rows (`ObservingProposer`, e.g. lookahead's
+        Jacobi iteration) sees this round's logits[k' + 1, V] before the verdict; its seconds
+        (returned) count as drafting."""
+        if not isinstance(self.proposer, ObservingProposer):
+            return 0.0
+        return self.timed(self.proposer.observe, self._context, draft, logits)[1]
 
-    def _verify(self, logits: torch.Tensor, draft: Draft | TreeDraft) -> Verdict | TreeVerdict:
-        """Stage 3: build the rule's rows on the host (p with the request's transforms, or the
-        checked logits when greedy) and apply the rule chosen for this draft."""
-        start = self.clock()
-        verdict = self.choose_rule(draft)(rule_rows(logits, self.sampling), draft, self.rng)
-        self.stats.verify_seconds += self.clock() - start
-        return verdict
+    def _verify(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> Verdict | TreeVerdict:
+        """Build the rule's rows on the host (p with the request's transforms, or the checked
+        logits when greedy) and apply the rule chosen for this draft."""
+        return self.choose_rule(draft)(rule_rows(logits, self.sampling), draft, self.rng)
 
-    def _commit(self, draft: Draft | TreeDraft, verdict: Verdict | TreeVerdict) -> list[int]:
-        """Stage 4: emit accepted + next (cut at EOS), crop the caches to the emitted prefix
-        but the new pending token (a tree's cache first keeps its accepted path only)."""
-        start = self.clock()
+    def _commit(self, proposal: Proposal, scored: Scored, verdict: Verdict | TreeVerdict, draft_seconds: float) -> list[int]:
+        """Emit accepted + next (cut at EOS), crop the caches to the emitted prefix but the
+        new pending token (a tree's cache first keeps its accepted path only), record the round."""
+        draft = proposal.draft
         emitted = emitted_tokens(draft, verdict, self.eos_ids)
         self._context.extend(emitted)
-        if isinstance(draft, TreeDraft):
+        if draft.is_tree:
             tree_target(self.target).keep_path([0, *(node + 1 for node in verdict.path)])
         self.target.rollback(self._processed)
         self.tokens.extend(emitted)
@@ -270,72 +299,68 @@ class Decoding:
             len(draft),
             verdict.n_accepted,
             verdict.fallback,
-            draft_seconds=self._draft_seconds,
-            target_seconds=self._target_seconds,
-            offers=draft.offers(verdict.path) if isinstance(draft, TreeDraft) else None,
-            source=self._source,
-            batch_rows=self._batch_rows,
+            draft_seconds=draft_seconds,
+            target_seconds=scored.seconds,
+            offers=draft.offered(verdict),
+            source=proposal.source,
+            batch_rows=scored.rows,
         )
         self.stats.new_tokens = len(self.tokens)
-        if self._source is not None:
-            self.stats.source(self._source).new_tokens += len(emitted)
-        self.stats.commit_seconds += self.clock() - start
+        if proposal.source is not None:
+            self.stats.source(proposal.source).new_tokens += len(emitted)
         return emitted
 
 
-def generate(target: CausalLM, proposer: Proposer | None, prompt_ids: Sequence[int], **options) -> Generation:
-    """Run a request to the end; options as for `Decoding` (max_new_tokens is required)."""
-    run = Decoding(target, proposer, prompt_ids, **options)
+def generate(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Generation:
+    """Run a request to the end: a `Request`, or the keyword form (`Decoding`; greedy unless
+    `sampling` says otherwise, max_new_tokens required)."""
+    run = Decoding(target, proposer, request, **options)
     for _ in run:
         pass
     return Generation(run.tokens, run.stats)
 
 
-def stream(target: CausalLM, proposer: Proposer | None, prompt_ids: Sequence[int], **options) -> Decoding:
+def stream(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Decoding:
     """A request whose tokens arrive as they are committed: `for token in stream(...)`."""
-    return Decoding(target, proposer, prompt_ids, **options)
+    return Decoding(target, proposer, request, **options)
 
 
-def check_request(
-    vocab_size: int, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: EosIds
-) -> tuple[list[int], frozenset[int]]:
-    """The prompt as a list of ints and the EOS ids as a set, or ValueError saying what is wrong."""
-    prompt = [int(t) for t in prompt_ids]
-    if not prompt:
-        raise ValueError("the prompt is empty; give at least one token")
-    bad = [t for t in prompt if not 0 <= t < vocab_size]
+def keyword_request(
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    sampling: SamplingParams | None = None,
+    eos_token_id: EosIds = None,
+    seed: int = 0,
+    k: int | KPolicy = 4,
+    verifier: str | verify.Verifier = "auto",
+) -> tuple[Request, int | KPolicy]:
+    """The keyword form as a `Request` (its sampling default, greedy, when none is given) and
+    the k it runs with (an integer or a built policy)."""
+    options = {} if sampling is None else {"sampling": sampling}
+    request = Request(tuple(prompt_ids), max_new_tokens, eos_token_ids=eos_token_id, seed=seed, verifier=verifier, **options)
+    return request, k
+
+
+def check_request(request: Request, vocab_size: int) -> None:
+    """ValueError unless the request's prompt and EOS ids are in the target's vocabulary (the
+    rest of a request is checked when it is built)."""
+    bad = [t for t in request.prompt_ids if t >= vocab_size]
     if bad:
         raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-    if not is_int(max_new_tokens, least=0):
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    return prompt, eos_set(eos_token_id, vocab_size)
+    bad = sorted(t for t in request.eos_token_ids if t >= vocab_size)
+    if bad:
+        raise ValueError(f"eos_token_id {bad[0]} is outside the vocabulary [0, {vocab_size})")
 
 
-def eos_set(eos_token_id: EosIds, vocab_size: int) -> frozenset[int]:
-    """{id} for one EOS id, the set of a collection of them, {} for None.
-
-    >>> sorted(eos_set([2, 0, 2], vocab_size=3))
-    [0, 2]
-    """
-    if eos_token_id is None:
-        return frozenset()
-    given = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    ids = []
-    for eos in given:
-        if not is_int(eos, integral=True):
-            raise ValueError(f"eos_token_id must be a token id or a collection of them, got {eos!r}")
-        if not 0 <= eos < vocab_size:
-            raise ValueError(f"eos_token_id {eos} is outside the vocabulary [0, {vocab_size})")
-        ids.append(int(eos))
-    return frozenset(ids)
-
-
-def budgeted(plan: int | TreeShape, remaining: int) -> int | TreeShape:
-    """The policy's k or tree shape within the budget: at most `remaining - 1` tokens deep
-    (0 or an empty shape: a plain step)."""
-    if isinstance(plan, TreeShape):
-        return plan.truncated(remaining - 1)
-    return max(0, min(plan, remaining - 1))
+def drafted(proposer: Proposer, plan: Plan, context: Sequence[int], rng: Random, stateless: bool = False) -> Draft | TreeDraft:
+    """The proposer's draft for `plan`: a chain of at most k tokens, or a tree filling at most
+    the plan's shape (`stateless`: recomputed from the context alone, as the reference asks)."""
+    if plan.shape is not None:
+        fill = proposer.propose_tree_stateless if stateless else proposer.propose_tree
+        return fill(context, plan.shape, rng)
+    chain = proposer.propose_stateless if stateless else proposer.propose
+    return chain(context, plan.k, rng)
 
 
 def tree_target(target: CausalLM) -> TreeScoring:
@@ -354,17 +379,14 @@ def scored_parents(tree: TreeDraft) -> list[int]:
     return [ROOT, *(parent + 1 for parent in tree.parents)]
 
 
-def check_draft(draft: Draft | TreeDraft, plan: int | TreeShape, vocab_size: int) -> None:
-    if isinstance(plan, TreeShape):
-        if not isinstance(draft, TreeDraft):
-            raise ValueError(f"the proposer answered a tree shape with {type(draft).__name__}, not a TreeDraft")
-        if len(draft) > len(plan) or draft.depth > plan.depth:
-            raise ValueError(
-                f"the proposer drafted a tree of {len(draft)} nodes and depth {draft.depth} for a "
-                f"shape of {len(plan)} nodes and depth {plan.depth}"
-            )
-    elif len(draft) > plan:
-        raise ValueError(f"the proposer drafted {len(draft)} tokens when asked for at most {plan}")
+def check_draft(draft: Draft | TreeDraft, plan: Plan, vocab_size: int) -> None:
+    if draft.is_tree != plan.is_tree:
+        asked = "a tree shape" if plan.is_tree else "a chain's k"
+        raise ValueError(f"the proposer answered {asked} with {type(draft).__name__}")
+    if len(draft) > plan.nodes:
+        raise ValueError(f"the proposer drafted {len(draft)} tokens when asked for at most {plan.nodes}")
+    if draft.depth > plan.depth:
+        raise ValueError(f"the proposer drafted a tree of depth {draft.depth} for a shape of depth {plan.depth}")
     bad = [t for t in draft.tokens if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"drafted token id {bad[0]} is outside the target vocabulary [0, {vocab_size})")
@@ -372,26 +394,8 @@ def check_draft(draft: Draft | TreeDraft, plan: int | TreeShape, vocab_size: int
         raise ValueError(f"proposal q has vocabulary {draft.q.shape[-1]}, the target {vocab_size}")
 
 
-def cut_after_eos(draft: Draft | TreeDraft, eos_ids: frozenset[int]) -> Draft | TreeDraft:
-    """Drafted tokens after an EOS can never be emitted: drop them before scoring (in a tree,
-    every node below an EOS node)."""
-    if isinstance(draft, TreeDraft):
-        return draft.pruned(lambda node: draft.parents[node] == ROOT or draft.tokens[draft.parents[node]] not in eos_ids)
-    end = _through_first_eos(draft.tokens, eos_ids)
-    return draft if end == len(draft) else draft.truncated(end)
-
-
 def emitted_tokens(draft: Draft | TreeDraft, verdict: Verdict | TreeVerdict, eos_ids: frozenset[int]) -> list[int]:
     """The accepted prefix (a tree's accepted path) and the repair/bonus token, ending at the
     first EOS."""
-    if isinstance(draft, TreeDraft):
-        accepted = draft.path_tokens(verdict.path)
-    else:
-        accepted = draft.tokens[: verdict.n_accepted]
-    emitted = [*accepted, verdict.next_token]
-    return emitted[: _through_first_eos(emitted, eos_ids)]
-
-
-def _through_first_eos(tokens: Sequence[int], eos_ids: frozenset[int]) -> int:
-    """How many of `tokens` to keep: through the first EOS, or all of them."""
-    return next((i + 1 for i, token in enumerate(tokens) if token in eos_ids), len(tokens))
+    emitted = [*draft.accepted(verdict), verdict.next_token]
+    return emitted[: through_first_eos(emitted, eos_ids)]

@@ -1,18 +1,20 @@
 """Speculation-length (k) policies: how many tokens to draft in the next round.
 
 A policy sees only the past (the request's `Stats`), so whatever it picks, the verifier's
-exactness is untouched. k = 0 means a plain decoding step.
+exactness is untouched. It answers a `Plan` (`verispec.plan`): a chain's k (0: a plain
+decoding step) or a tree shape.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from verispec.checks import is_int
 from verispec.cost import BatchCosts, Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
+from verispec.plan import Lowering, Plan
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape
 
@@ -22,8 +24,8 @@ class KPolicy(Protocol):
         """A new request."""
         ...
 
-    def choose(self, stats: Stats) -> int:
-        """k >= 0 for the next round."""
+    def choose(self, stats: Stats) -> Plan:
+        """The next round's plan: a chain's k >= 0 or a tree shape."""
         ...
 
 
@@ -36,8 +38,8 @@ class ConstantK:
     def begin(self) -> None:
         pass
 
-    def choose(self, stats: Stats) -> int:
-        return self.k
+    def choose(self, stats: Stats) -> Plan:
+        return Plan(self.k)
 
 
 class ConstantTree:
@@ -45,7 +47,7 @@ class ConstantTree:
     shape is fixed in advance, as Medusa's and SpecInfer's are, and for the exhaustive audit.
 
     >>> ConstantTree(TreeShape.of([(0,), (1,)])).choose(Stats()).describe()
-    '2 nodes: 2'
+    'tree 2 nodes: 2'
     """
 
     trees = True  # it answers tree shapes (the engine refuses block verification for them)
@@ -58,8 +60,8 @@ class ConstantTree:
     def begin(self) -> None:
         pass
 
-    def choose(self, stats: Stats) -> TreeShape:
-        return self.shape
+    def choose(self, stats: Stats) -> Plan:
+        return Plan(shape=self.shape)
 
 
 class HeuristicK:
@@ -79,7 +81,7 @@ class HeuristicK:
         if stats.rounds and stats.drafted[-1] > 0:
             all_accepted = stats.accepted[-1] == stats.drafted[-1]
             self.k = self.k + 2 if all_accepted else max(1, self.k - 1)
-        return self.k
+        return Plan(self.k)
 
 
 class AutoK:
@@ -121,9 +123,9 @@ class AutoK:
     `verispec.profile.measured_autok` builds one from a brief profile measured on the spot.
 
         >>> from verispec.cost import FixedCosts
-        >>> AutoK(FixedCosts(c=0.0, v=[1.0] * 9)).choose(Stats())  # free drafts, flat v: k_max
+        >>> AutoK(FixedCosts(c=0.0, v=[1.0] * 9)).choose(Stats()).k  # free drafts, flat v: k_max
         8
-        >>> AutoK(FixedCosts(c=0.5, v=[1.0] * 9)).choose(Stats())  # costly drafts: plain first
+        >>> AutoK(FixedCosts(c=0.5, v=[1.0] * 9)).choose(Stats()).k  # costly drafts: plain first
         0
     """
 
@@ -183,7 +185,14 @@ class AutoK:
         self._plain = 0  # plain rounds since speculation stopped or the last probe
         self._wait = self.probe_every
 
-    def choose(self, stats: Stats) -> int:
+    def choose(self, stats: Stats) -> Plan:
+        return self._as_plan(self._choice(stats))
+
+    def _as_plan(self, choice: int | TreeShape) -> Plan:
+        """A chain that a batch may lower (`BatchK`), with the survival and c it weighs."""
+        return Plan(choice, lowering=Lowering(tuple(self.survival()), self.c))
+
+    def _choice(self, stats: Stats) -> int | TreeShape:
         fresh = self._absorb(stats)
         if self._probing:
             self._probing = False
@@ -328,13 +337,14 @@ class PerSource:
         self.policy.begin()
         self.by_source = {}
 
-    def choose(self, stats: Stats, source: str | None) -> int | TreeShape:
+    def choose(self, stats: Stats, source: str | None) -> Plan:
+        """The plan of `source`'s policy, naming the source."""
         if source is None:
-            return self.policy.choose(stats)
+            return Plan.of(self.policy.choose(stats))
         if source not in self.by_source:
             self.by_source[source] = copy.deepcopy(self.policy)
             self.by_source[source].begin()
-        return self.by_source[source].choose(stats.source(source))
+        return replace(Plan.of(self.by_source[source].choose(stats.source(source))), source=source)
 
 
 def as_policy(k: int | KPolicy) -> KPolicy:
@@ -372,6 +382,22 @@ class BatchK:
 
     def __init__(self, costs: BatchCosts) -> None:
         self.costs = costs
+
+    def adjust(self, plans: Sequence[Plan], tokens: Sequence[float]) -> list[Plan]:
+        """A step's plans, each one that a batch may lower (`Plan.lowering`) at the k `plan`
+        gives it; the others as they are, their rows counted in N and their `tokens` (each
+        request's tokens per round so far) in E."""
+        lowerable = [i for i, plan in enumerate(plans) if plan.lowering is not None]
+        fixed = [i for i, plan in enumerate(plans) if plan.lowering is None]
+        ks = self.plan(
+            [Adjustable(plans[i].k, plans[i].lowering.survival, plans[i].lowering.c) for i in lowerable],
+            sum(plans[i].nodes + 1 for i in fixed),
+            sum(tokens[i] for i in fixed),
+        )
+        adjusted = list(plans)
+        for i, k in zip(lowerable, ks):
+            adjusted[i] = replace(plans[i], k=k)
+        return adjusted
 
     def plan(self, adjustable: Sequence[Adjustable], fixed_rows: int = 0, fixed_tokens: float = 0.0) -> list[int]:
         """The k of each adjustable request, beside fixed-k requests that score `fixed_rows`

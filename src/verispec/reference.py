@@ -23,7 +23,7 @@ import torch
 
 from verispec import verify
 from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
-from verispec.engine import EosIds, budgeted, check_request, cut_after_eos, emitted_tokens
+from verispec.engine import EosIds, check_request, drafted, emitted_tokens, keyword_request
 from verispec.models.base import CausalLM
 from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
@@ -31,7 +31,6 @@ from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
 from verispec.sampling import SamplingParams, rule_rows
 from verispec.stats import Stats
-from verispec.tree_shape import TreeShape
 
 
 def reference_generate(
@@ -47,28 +46,45 @@ def reference_generate(
     verifier: str | verify.Verifier = "auto",
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[int]:
-    sampling = sampling or SamplingParams()
-    context, eos_ids = check_request(target.vocab_size, prompt_ids, max_new_tokens, eos_token_id)
-    choose_rule = verify.rule_chooser(verifier, sampling.greedy)
-    policies = PerSource(as_policy(k))
+    """The engine's keyword form, without caches (greedy unless `sampling` says otherwise)."""
+    request, k = keyword_request(
+        prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos_token_id, k=k, verifier=verifier
+    )
+    return reference_request(target, proposer, request, policy=k, rng=rng, clock=clock)
+
+
+def reference_request(
+    target: CausalLM,
+    proposer: Proposer | None,
+    request: Request,
+    *,
+    policy: int | KPolicy | None = None,
+    rng: Random | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[int]:
+    """The reference decoding of `request` (as `Decoding` runs it): `policy` built from
+    `request.k` when it is a spec, rng default `TorchRandom(request.seed)`."""
+    check_request(request, target.vocab_size)
+    rng = rng if rng is not None else TorchRandom(request.seed)
+    sampling, eos_ids, budget = request.sampling, request.eos_token_ids, request.max_new_tokens
+    choose_rule = verify.rule_chooser(request.verifier, sampling.greedy)
+    policies = PerSource(as_policy(request.k_for_decoding(policy)))
     policies.begin()
+    context = list(request.prompt_ids)
     if proposer is not None:
         # A request configures its proposer (a draft model's q uses the request's sampling).
         proposer.begin(list(context), sampling)
     stats = Stats()
     out: list[int] = []
-    while len(out) < max_new_tokens and (not out or out[-1] not in eos_ids):
+    while len(out) < budget and (not out or out[-1] not in eos_ids):
         source = draft_source(proposer, context, stateless=True)
-        plan = budgeted(policies.choose(stats, source), max_new_tokens - len(out))
+        plan = policies.choose(stats, source).budgeted(budget - len(out))
         draft, draft_seconds = EMPTY_DRAFT, 0.0
-        if plan:
+        if plan.nodes:
             start = clock()
-            if isinstance(plan, TreeShape):
-                draft = proposer.propose_tree_stateless(context, plan, rng)
-            else:
-                draft = proposer.propose_stateless(context, plan, rng)
+            draft = drafted(proposer, plan, context, rng, stateless=True)
             draft_seconds = clock() - start
-        draft = cut_after_eos(draft, eos_ids)
+        draft = draft.cut_after(eos_ids)
         start = clock()
         logits = _recomputed_rows(target, context, draft)
         target_seconds = clock() - start
@@ -84,7 +100,7 @@ def reference_generate(
             verdict.fallback,
             draft_seconds=draft_seconds,
             target_seconds=target_seconds,
-            offers=draft.offers(verdict.path) if isinstance(draft, TreeDraft) else None,
+            offers=draft.offered(verdict),
             source=source,
         )
         context += emitted
@@ -95,26 +111,7 @@ def reference_generate(
 def _recomputed_rows(target: CausalLM, context: list[int], draft: Draft | TreeDraft) -> torch.Tensor:
     """The rows a round verifies, from scratch: after the context and each drafted prefix
     (for a tree, one full recomputation per node, of the context and that node's path)."""
-    if not isinstance(draft, TreeDraft):
+    if not draft.is_tree:
         return target.score(context + list(draft.tokens))[len(context) - 1 :]
     paths = [draft.path_tokens(draft.path_to(node)) for node in range(len(draft))]
     return torch.stack([target.score(context + list(path))[-1] for path in [(), *paths]])
-
-
-def reference_request(
-    target: CausalLM,
-    proposer: Proposer | None,
-    request: Request,
-    *,
-    policy: int | KPolicy | None = None,
-    rng: Random | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-) -> list[int]:
-    """The reference decoding of `request` (as `Decoding.of` builds the engine's): `policy`
-    built from `request.k` when it is a spec, rng default `TorchRandom(request.seed)`."""
-    return reference_generate(
-        target, proposer, request.prompt_ids, max_new_tokens=request.max_new_tokens, sampling=request.sampling,
-        eos_token_id=request.eos_token_ids, rng=rng if rng is not None else TorchRandom(request.seed),
-        k=request.k_for_decoding(policy),
-        verifier=request.verifier, clock=clock,
-    )

@@ -16,7 +16,7 @@ and a policy object are built from its specs by whoever holds the model
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -38,8 +38,9 @@ class Request:
     output ends at the first of any. seed: the request's own random stream (`TorchRandom`), so
     its tokens depend on nothing else in a batch. proposer: a registry spec, or None (plain
     decoding, then k must be 0). k: an integer >= 0, or a k spec (`auto`, `heuristic`, ...;
-    `verispec.k_spec.K_GRAMMAR`), read once into `k_spec` (None for k = 0). verifier: "auto" or
-    a rule name (`verispec.verify.RULES`).
+    `verispec.k_spec.K_GRAMMAR`), read once into `k_spec` (None for k = 0). verifier: "auto", a
+    rule name (`verispec.verify.RULES`) or a rule function (checked where it is chosen,
+    `verispec.verify.rule_chooser`).
     request_id: a name for logs, metrics and cancellation (unique by default)."""
 
     prompt_ids: tuple[int, ...]
@@ -49,7 +50,7 @@ class Request:
     seed: int = 0
     proposer: str | None = None
     k: int | str = 0
-    verifier: str = "auto"
+    verifier: str | Callable = "auto"
     request_id: str = field(default_factory=_next_id)
     k_spec: KSpec | None = field(init=False, default=None, repr=False, compare=False)
 

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING
 
 from verispec.checks import is_int, is_number
 from verispec.cost import Costs, FixedCosts, check_costs, check_v_curve
+from verispec.plan import Plan
 from verispec.policies import AutoK, checked_limit, counter_growth, decayed, smoothed_rate
 from verispec.stats import Stats
 from verispec.tree_shape import RankPath, TreeShape, describe_plan
@@ -83,8 +84,8 @@ Acceptance = Sequence[Sequence[float]]
 
 
 @dataclass(frozen=True)
-class Plan:
-    """A candidate round: `shape` (empty: a plain step), its expected tokens and its cost in
+class Candidate:
+    """A candidate round of the search: `shape` (empty: a plain step), its expected tokens and its cost in
     plain target steps."""
 
     shape: TreeShape
@@ -119,7 +120,7 @@ class Plan:
         return describe_plan(self.shape)
 
 
-PLAIN = Plan(TreeShape(()), 1.0, 1.0)
+PLAIN = Candidate(TreeShape(()), 1.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -131,10 +132,10 @@ class TreeChoice:
     chosen: speculative if it beats plain decoding by the margin, else plain.
     """
 
-    best_tree: Plan
-    best_chain: Plan
-    speculative: Plan
-    chosen: Plan
+    best_tree: Candidate
+    best_chain: Candidate
+    speculative: Candidate
+    chosen: Candidate
 
 
 def check_acceptance(acceptance: Acceptance) -> None:
@@ -181,8 +182,8 @@ def round_cost(shape: TreeShape, c: float, v: Sequence[float]) -> float:
     return c * shape.depth + forward
 
 
-def plan_of(shape: TreeShape, acceptance: Acceptance, c: float, v: Sequence[float]) -> Plan:
-    return Plan(shape, expected_tokens(shape, acceptance), round_cost(shape, c, v))
+def plan_of(shape: TreeShape, acceptance: Acceptance, c: float, v: Sequence[float]) -> Candidate:
+    return Candidate(shape, expected_tokens(shape, acceptance), round_cost(shape, c, v))
 
 
 def greedy_order(acceptance: Acceptance, max_nodes: int, max_depth: int) -> list[tuple[RankPath, float]]:
@@ -241,7 +242,7 @@ def search(
 
 def best_of_each_size(
     acceptance: Acceptance, c: float, v: Sequence[float], *, max_nodes: int | None = None
-) -> list[Plan]:
+) -> list[Candidate]:
     """The shape of the best speedup among those of n nodes, for each n = 1..max_nodes (sizes
     whose every node would have P = 0 left out): what `verispec cost --ranks` tabulates."""
     top = _checked(acceptance, c, v, max_nodes)
@@ -274,7 +275,7 @@ def _best_by_size(acceptance: Acceptance, c: float, v: Sequence[float], top: int
     return best
 
 
-def _greedy_plan(acceptance: Acceptance, c: float, v: Sequence[float], nodes: int, limit: int) -> Plan:
+def _greedy_plan(acceptance: Acceptance, c: float, v: Sequence[float], nodes: int, limit: int) -> Candidate:
     order = greedy_order(acceptance, nodes, limit)
     return plan_of(TreeShape.of(path for path, _ in order), acceptance, c, v)
 
@@ -327,7 +328,7 @@ class TreePolicy(AutoK):
 
         >>> from verispec.cost import FixedCosts
         >>> TreePolicy(FixedCosts(c=0.0, v=[1.0] * 5)).choose(Stats()).describe()  # free and flat
-        '4 nodes: 3-1'
+        'tree 4 nodes: 3-1'
     """
 
     trees = True  # it answers tree shapes (the engine refuses block verification for them)
@@ -355,8 +356,9 @@ class TreePolicy(AutoK):
     def max_nodes(self) -> int:
         return self.k_max
 
-    def choose(self, stats: Stats) -> int | TreeShape:
-        plan = super().choose(stats)
+    def _as_plan(self, choice: int | TreeShape) -> Plan:
+        """The chosen tree or chain, kept whole in a batch (`BatchK` lowers chains of `AutoK`)."""
+        plan = Plan.of(choice)
         self._plans.append(plan)
         return plan
 
@@ -382,8 +384,7 @@ class TreePolicy(AutoK):
 
     def _draft_levels(self, stats: Stats, r: int) -> int:
         """A tree round's proposer steps: the depth asked for, at most the nodes it drafted."""
-        plan = self._plans[r] if r < len(self._plans) else stats.drafted[r]
-        depth = plan.depth if isinstance(plan, TreeShape) else plan
+        depth = self._plans[r].depth if r < len(self._plans) else stats.drafted[r]
         return min(depth, stats.drafted[r])
 
     def _forget_acceptance(self) -> None:
@@ -392,7 +393,7 @@ class TreePolicy(AutoK):
         self._accepts = [[0.0] * self.max_width for _ in range(self.k_max)]
         self._seen_attempts: list[list[int]] = []
         self._seen_accepts: list[list[int]] = []
-        self._plans: list[int | TreeShape] = []  # what this policy answered for each round
+        self._plans: list[Plan] = []  # what this policy answered for each round
 
     def _absorb_acceptance(self, stats: Stats, new_rounds: int) -> tuple[list[list[float]], list[list[float]]]:
         """Decay the counts and add the rank counters' growth since the last call; return it."""
@@ -416,17 +417,17 @@ def _table_growth(now: list[list[int]], before: list[list[int]], depths: int, wi
     return [counter_growth(row(now, d), row(before, d), width) for d in range(depths)]
 
 
-def _count_empty_siblings(plan: int | TreeShape, attempts: list[list[float]], accepts: list[list[float]]) -> None:
+def _count_empty_siblings(plan: Plan, attempts: list[list[float]], accepts: list[list[float]]) -> None:
     """Add, along one round's accepted path (read off its accept counts), the sibling slots its
     shape asked for and the proposer left empty beside filled ones, as rejected attempts."""
-    if not isinstance(plan, TreeShape):
+    if plan.shape is None:
         return  # a chain asks for one child per depth: nothing to leave empty beside it
     path: RankPath = ()
     for d, (tried, won) in enumerate(zip(attempts, accepts)):
         offered = sum(1 for x in tried if x > 0)
         if offered == 0:
             return
-        asked = sum(1 for p in plan.paths if len(p) == d + 1 and p[:d] == path)
+        asked = sum(1 for p in plan.shape.paths if len(p) == d + 1 and p[:d] == path)
         for r in range(offered, min(asked, len(tried))):
             tried[r] += 1
         ranks = [r for r, x in enumerate(won) if x > 0]

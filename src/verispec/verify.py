@@ -241,7 +241,7 @@ def rule_chooser(verifier: str | Verifier, greedy_sampling: bool) -> RuleChoice:
     if greedy_sampling:
         if verifier not in ("auto", "greedy"):
             raise ValueError(f"temperature 0 verifies greedily; {verifier!r} needs temperature > 0")
-        return lambda draft: tree_greedy if isinstance(draft, TreeDraft) else greedy
+        return lambda draft: tree_greedy if draft.is_tree else greedy
     if verifier == "greedy":
         raise ValueError("the greedy rule is exact only at temperature 0; use auto, token or block")
     if verifier == "auto":
@@ -252,7 +252,7 @@ def rule_chooser(verifier: str | Verifier, greedy_sampling: bool) -> RuleChoice:
 
 def _tree_rule(draft: Draft | TreeDraft, verifier: str = "auto") -> TreeVerifier | None:
     """The rule for a tree at temperature > 0 (None for a chain)."""
-    if not isinstance(draft, TreeDraft):
+    if not draft.is_tree:
         return None
     if verifier == "block":
         raise ValueError("block verification is defined for chains; verify trees with auto or token")

@@ -55,7 +55,7 @@ def with_replacement_siblings(p: torch.Tensor, draft: Draft | TreeDraft, rng: Ra
     """BROKEN: on a chosen tree, accepts each sibling x_s with p_u(x_s) from the node's row
     p[n + 1, V] (never the renormalised r), then repairs from p_u without the rejected
     siblings. Chains (the empty draft of a plain step) go to the token rule."""
-    if not isinstance(draft, TreeDraft):
+    if not draft.is_tree:
         return token_level(p, draft, rng)
 
     def siblings(p_row: torch.Tensor, children: list[int]) -> tuple[int | None, torch.Tensor]:
@@ -74,7 +74,7 @@ def stale_residual_siblings(p: torch.Tensor, draft: Draft | TreeDraft, rng: Rand
     """BROKEN: on a sampled tree, tests every sibling x_s with min(1, p_u(x_s) / q_s(x_s))
     against the node's row p_u, never against the residual the rejected siblings leave; all
     rejected: the repair from norm(max(p_u - q_s, 0)). Chains go to the token rule."""
-    if not isinstance(draft, TreeDraft):
+    if not draft.is_tree:
         return token_level(p, draft, rng)
 
     def siblings(p_row: torch.Tensor, children: list[int]) -> tuple[int | None, torch.Tensor]:

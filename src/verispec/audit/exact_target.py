@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from fractions import Fraction
 
-from verispec.engine import EosIds, eos_set
+from verispec.engine import EosIds
+from verispec.request import eos_ids
 from verispec.models.tables import Row, TableLM
 from verispec.sampling import SamplingParams
 
@@ -81,7 +82,7 @@ def target_sequences(
             return tuple(Fraction(int(i == best)) for i in range(len(row)))
         return exact_probabilities(row, sampling)
 
-    return autoregressive({(): Fraction(1)}, next_row, max_new_tokens, eos_set(eos_token_id, target.vocab_size))
+    return autoregressive({(): Fraction(1)}, next_row, max_new_tokens, eos_ids(eos_token_id))
 
 
 def autoregressive(

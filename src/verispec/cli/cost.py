@@ -23,7 +23,7 @@ from verispec.cost import (
 from verispec.profile import Profile
 from verispec.tree_policy import (
     TREE_MARGIN,
-    Plan,
+    Candidate,
     TreeChoice,
     best_of_each_size,
     check_acceptance,
@@ -180,7 +180,7 @@ def parse_ranks(text: str) -> list[list[float]]:
     return table
 
 
-def _print_tree(choice: TreeChoice, by_size: list[Plan], costs: FixedCosts, ranks: str, as_json: bool) -> None:
+def _print_tree(choice: TreeChoice, by_size: list[Candidate], costs: FixedCosts, ranks: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps({
             "c": costs.c, "v": list(costs.v), "ranks": ranks, "tree_margin": TREE_MARGIN,
@@ -219,7 +219,7 @@ def _print_tree(choice: TreeChoice, by_size: list[Plan], costs: FixedCosts, rank
         print("its rank paths: " + " ".join("(" + ",".join(map(str, path)) + ")" for path in choice.chosen.shape.paths))
 
 
-def _explained(plan: Plan, costs: FixedCosts) -> str:
+def _explained(plan: Candidate, costs: FixedCosts) -> str:
     n, depth = len(plan.shape), plan.shape.depth
     scoring = f"v({n + 1})" if costs.v[n] == max(costs.v[: n + 1]) else f"max v(m <= {n + 1})"
     return (
