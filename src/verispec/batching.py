@@ -36,7 +36,7 @@ from typing import Literal
 
 from verispec.checks import is_int
 from verispec.cost import BatchCosts
-from verispec.engine import Decoding, Proposal, Scored, check_request
+from verispec.engine import Decoding, Proposal, Scored, check_request, timed
 from verispec.models.base import CausalLM, SlotScoring
 from verispec.policies import BatchK, KPolicy
 from verispec.proposers.base import Proposer
@@ -269,9 +269,7 @@ class Scheduler:
             for i in chains:
                 jobs[i].decoding.check_cache()
                 rows.append(jobs[i].decoding.scored_tokens(proposals[i].draft))
-            start = self.clock()
-            logits = self.target.extend_slots([jobs[i].slot.lm for i in chains], rows)
-            seconds = self.clock() - start
+            logits, seconds = timed(self.clock, self.target.extend_slots, [jobs[i].slot.lm for i in chains], rows)
             total = sum(len(r) for r in rows)
             self.step_rows.append(total)
             for i, rows_i in zip(chains, logits):

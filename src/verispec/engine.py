@@ -158,7 +158,8 @@ class Decoding:
         rng: Random | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> Decoding:
-        """`Decoding(target, proposer, request, ...)`."""
+        """`Decoding(target, proposer, request, ...)`, as callers wrote it before `Decoding` took a
+        `Request` itself."""
         return cls(target, proposer, request, policy=policy, rng=rng, clock=clock)
 
     @property
@@ -200,17 +201,11 @@ class Decoding:
         while not self.done:
             yield from self.round()
 
-    def timed(self, work: Callable[..., T], *args) -> tuple[T, float]:
-        """`work(*args)` and the seconds it took on the decoding's clock (two reads)."""
-        start = self.clock()
-        out = work(*args)
-        return out, self.clock() - start
-
     def begin(self) -> None:
         """Prefill the prompt (all but its last token, the first round's pending token) and
         start the proposer and the policy."""
         self._context = list(self.prompt)
-        _, self.stats.prefill_seconds = self.timed(self.target.prefill, self._context[: self._processed])
+        _, self.stats.prefill_seconds = timed(self.clock, self.target.prefill, self._context[: self._processed])
         if self.proposer is not None:
             self.proposer.begin(self.prompt, self.sampling)
         self.policies.begin()
@@ -233,7 +228,7 @@ class Decoding:
         self.stats.record_plan(plan.describe(), plan.source)
         if not plan.nodes:
             return Proposal(plan, EMPTY_DRAFT, 0.0)
-        draft, seconds = self.timed(drafted, self.proposer, plan, self._context, self.rng)
+        draft, seconds = timed(self.clock, drafted, self.proposer, plan, self._context, self.rng)
         check_draft(draft, plan, self.target.vocab_size)
         return Proposal(plan, draft.cut_after(self.eos_ids), seconds)
 
@@ -244,9 +239,9 @@ class Decoding:
         draft = proposal.draft
         if draft.is_tree:
             extend = tree_target(self.target).extend_tree
-            logits, seconds = self.timed(extend, [self._pending, *draft.tokens], scored_parents(draft))
+            logits, seconds = timed(self.clock, extend, [self._pending, *draft.tokens], scored_parents(draft))
         else:
-            logits, seconds = self.timed(self.target.extend, self.scored_tokens(draft))
+            logits, seconds = timed(self.clock, self.target.extend, self.scored_tokens(draft))
         return Scored(logits, seconds, len(draft) + 1)
 
     def scored_tokens(self, draft: Draft) -> list[int]:
@@ -264,9 +259,9 @@ class Decoding:
     def settle(self, proposal: Proposal, scored: Scored) -> list[int]:
         """Stage 3 on the round's scored rows: observe, verify, commit; the emitted tokens."""
         observed = self._observe(proposal.draft, scored.logits)
-        verdict, seconds = self.timed(self._verify, proposal.draft, scored.logits)
+        verdict, seconds = timed(self.clock, self._verify, proposal.draft, scored.logits)
         self.stats.verify_seconds += seconds
-        emitted, seconds = self.timed(self._commit, proposal, scored, verdict, proposal.seconds + observed)
+        emitted, seconds = timed(self.clock, self._commit, proposal, scored, verdict, proposal.seconds + observed)
         self.stats.commit_seconds += seconds
         return emitted
 
@@ -276,7 +271,7 @@ class Decoding:
         (returned) count as drafting."""
         if not isinstance(self.proposer, ObservingProposer):
             return 0.0
-        return self.timed(self.proposer.observe, self._context, draft, logits)[1]
+        return timed(self.clock, self.proposer.observe, self._context, draft, logits)[1]
 
     def _verify(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> Verdict | TreeVerdict:
         """Build the rule's rows on the host (p with the request's transforms, or the checked
@@ -323,6 +318,14 @@ def generate(target: CausalLM, proposer: Proposer | None, request: Request | Seq
 def stream(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Decoding:
     """A request whose tokens arrive as they are committed: `for token in stream(...)`."""
     return Decoding(target, proposer, request, **options)
+
+
+def timed(clock: Callable[[], float], work: Callable[..., T], *args) -> tuple[T, float]:
+    """`work(*args)` and the seconds it took: two reads of `clock`, one on each side (on a
+    `TickClock`, one tick whatever ran, so the engine and the reference record alike)."""
+    start = clock()
+    out = work(*args)
+    return out, clock() - start
 
 
 def keyword_request(

@@ -10,7 +10,7 @@ A proposer that learns from the target's rows (`ObservingProposer`) observes the
 rows at the engine's point: after scoring, before the verdict.
 
 It times each round's drafting (and observing) and scoring on `clock` as the engine does (two
-reads around each), so a policy that learns from round timings (`AutoK`) sees the same seconds
+reads around each, `verispec.engine.timed`), so a policy that learns from round timings (`AutoK`) sees the same seconds
 in both when both run on the same fake clock (one that advances by a fixed tick per read).
 """
 
@@ -23,7 +23,7 @@ import torch
 
 from verispec import verify
 from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
-from verispec.engine import EosIds, check_request, drafted, emitted_tokens, keyword_request
+from verispec.engine import EosIds, check_request, drafted, emitted_tokens, keyword_request, timed
 from verispec.models.base import CausalLM
 from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
@@ -81,17 +81,11 @@ def reference_request(
         plan = policies.choose(stats, source).budgeted(budget - len(out))
         draft, draft_seconds = EMPTY_DRAFT, 0.0
         if plan.nodes:
-            start = clock()
-            draft = drafted(proposer, plan, context, rng, stateless=True)
-            draft_seconds = clock() - start
+            draft, draft_seconds = timed(clock, drafted, proposer, plan, context, rng, True)
         draft = draft.cut_after(eos_ids)
-        start = clock()
-        logits = _recomputed_rows(target, context, draft)
-        target_seconds = clock() - start
+        logits, target_seconds = timed(clock, _recomputed_rows, target, context, draft)
         if isinstance(proposer, ObservingProposer):
-            start = clock()
-            proposer.observe(context, draft, logits)
-            draft_seconds += clock() - start
+            draft_seconds += timed(clock, proposer.observe, context, draft, logits)[1]
         verdict = choose_rule(draft)(rule_rows(logits, sampling), draft, rng)
         emitted = emitted_tokens(draft, verdict, eos_ids)
         stats.record_round(
