@@ -14,7 +14,7 @@ from rich.table import Table
 
 from verispec.bench.identity import diagnose, explain, verdict
 from verispec.cli import app
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, parse_k, parse_spec, proposer_help
@@ -46,6 +46,7 @@ def demo(
     dtype: str = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     k_spec = parse_k(k)
@@ -56,7 +57,7 @@ def demo(
     from verispec.bench.runners import VerispecRunner, warm_up  # transformers: imported when needed
     from verispec.models.load import load_model
 
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
     dtype_name = loaded.dtype_name
     rows: list[DemoRow] = []
     for name, text in PROMPTS.items():

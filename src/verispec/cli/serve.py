@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from verispec.cli import BadInput, app
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, check_policy_proposer, parse_k, proposer_help
@@ -32,6 +32,7 @@ def serve(
     ] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
     host: Annotated[
         str, typer.Option(help="Address to listen on; 127.0.0.1 keeps the server on this machine.")
     ] = "127.0.0.1",
@@ -84,7 +85,7 @@ def serve(
     from verispec.models.load import load_model
 
     start = time.perf_counter()
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
     print(f"loaded {model} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)

@@ -156,6 +156,7 @@ class StaticModel:
             old = self.cache.slots
             self._grow(old + 1, self.cache.width)
             self.free = list(range(self.cache.slots - 1, old - 1, -1))
+        self.free.sort(reverse=True)  # the lowest free slot: the smallest batch bucket without deterministic scoring
         return self.free.pop()
 
     def release(self, index: int) -> None:
@@ -453,6 +454,17 @@ class StaticLlama(StaticSlot):
         return cls(core)
 
     # --- SlotScoring ------------------------------------------------------------------------
+
+    def reserve_slots(self, slots: int) -> None:
+        """Hold `slots` slots for `new_slot` besides the runtime's own, allocated now: the
+        `Scheduler` reserves its `max_slots` when it is built, so that with deterministic
+        scoring every later step has the same shape, the one a request decoded alone on this
+        runtime has too."""
+        model = self.model
+        if slots + 1 > model.cache.slots:
+            old = model.cache.slots
+            model._grow(slots + 1, model.cache.width)
+            model.free += range(old, model.cache.slots)
 
     def new_slot(self, capacity: int = 256) -> StaticSlot:
         """A slot of this model's cache (with room for `capacity` positions), returned to the
