@@ -39,7 +39,7 @@ and the cached positions it sees, never on how many rows or slots came with it. 
 speculative output then equals plain greedy output bit for bit, for one request and for each
 request of a batch on the same runtime. The cost: a plain step computes `rows` rows and every
 slot (v(rows) of a one-row step; on a GPU, little), and a prompt is processed `rows` tokens at a
-time. `deterministic=False` takes the smallest row bucket (1, 2, 4, ..., 64) and batch bucket
+time. `deterministic=False` takes the smallest row bucket (1, 2, 4, ..., 128) and batch bucket
 (a power of two) that hold the step: cheaper plain steps, but a row's bits then depend on its
 step's shape, so greedy speculative output may part from plain decoding at near ties.
 
@@ -76,7 +76,7 @@ from verispec.models.rope import RopeTables, rope_parameters
 from verispec.models.slot_cache import SlotCache
 
 STATIC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # without deterministic scoring: the smallest that holds a step
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # without deterministic scoring: the smallest that holds a step
 DEFAULT_ROWS = 16  # deterministic scoring's one row bucket: k up to 15 in one forward
 DEFAULT_CONTEXT = 2048  # positions per slot allocated at load (grown when a request needs more)
 WIDTH_STEP = 64  # the cache's width is a multiple of this (aligned rows for the attention kernels)
@@ -144,7 +144,9 @@ class StaticModel:
         self._tables(self.cache.width)
 
     def _tables(self, width: int) -> None:
-        """RoPE tables (cos, signed sin [width, D]) and column indices [width] on the device."""
+        """RoPE tables (cos, signed sin [width, D]) and column indices [width] on the device;
+        the graphs read the old ones, so they go."""
+        self.graphs.clear()
         tables = RopeTables(self.inv_freq, self.scaling, self.dtype, width)
         self.cos, self.sin = tables.cos.to(self.device), tables.sin.to(self.device)
         self.columns = torch.arange(tables.cos.shape[0], device=self.device)
@@ -452,6 +454,20 @@ class StaticLlama(StaticSlot):
             deterministic=deterministic, rows=rows, slots=slots, context=context, graphs=graphs,
         )
         return cls(core)
+
+    def variant(
+        self, *, deterministic: bool | None = None, rows: int | None = None, slots: int = 1,
+        context: int = DEFAULT_CONTEXT, graphs: bool | None = None,
+    ) -> StaticLlama:
+        """A runtime over the same weights (shared, not copied) with a cache, graphs and
+        settings of its own (default: this one's deterministic and rows)."""
+        m = self.model
+        core = StaticModel(
+            m.shape, m.embed, m.layers, m.norm, m.head, (m.inv_freq, m.scaling),
+            deterministic=m.deterministic if deterministic is None else deterministic,
+            rows=rows or m.rows, slots=slots, context=context, graphs=graphs,
+        )
+        return StaticLlama(core)
 
     # --- SlotScoring ------------------------------------------------------------------------
 
