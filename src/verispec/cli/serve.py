@@ -73,7 +73,7 @@ def serve(
     except ImportError as error:
         raise BadInput(f"verispec serve needs the serve extra ({error.name} is missing): "
                        "pip install 'verispec[serve]'") from None
-    proposer = proposer or default_proposer(model)
+    proposer = proposer or default_proposer(model, device)
     if proposer == NO_PROPOSER:
         proposer, k_value = None, 0
     else:
