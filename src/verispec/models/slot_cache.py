@@ -35,12 +35,13 @@ class SlotCache:
         return torch.zeros(self.slots, self.kv_heads, self.width, self.head_dim, dtype=self.dtype, device=self.device)
 
     def ensure(self, slots: int, width: int) -> bool:
-        """Hold at least `slots` slots of `width` positions (each doubling at least when it
-        grows); True if the buffers were reallocated."""
+        """Hold at least `slots` slots (exactly that many when it grows: the slots fix the
+        shape of a deterministic step) of `width` positions (doubling at least when it grows);
+        True if the buffers were reallocated."""
         if slots <= self.slots and width <= self.width:
             return False
         old_slots, old_width = self.slots, self.width
-        self.slots = max(slots, 2 * old_slots) if slots > old_slots else old_slots
+        self.slots = max(slots, old_slots)
         self.width = max(width, 2 * old_width) if width > old_width else old_width
         for buffers in (self.keys, self.values):
             for layer, old in enumerate(buffers):

@@ -65,7 +65,7 @@ def head_proposer(
 
     if kind not in HEAD_KINDS:
         raise ValueError(f"unknown head kind {kind!r}; choose {' or '.join(HEAD_KINDS)}")
-    device = getattr(target, "device", None)
+    device = getattr(target, "device", None) or getattr(getattr(target, "model", None), "device", None)
     if device is not None and torch.device(device).type != "cpu":
         raise ValueError(
             f"the {kind} head drafts on the CPU and this target runs on {device}; draft with lookup or suffix "
