@@ -235,7 +235,7 @@ BAD = [
     ("prompt and budget over the context", COMPLETIONS, completion(prompt="a" * 2000, max_tokens=100), 400,
      "ask for at most 48"),
     ("n 2", CHAT, chat(n=2), 400, "only n = 1"),
-    ("presence_penalty", CHAT, chat(presence_penalty=0.5), 400, "penalties change the output"),
+    ("presence_penalty", CHAT, chat(presence_penalty=0.5), 400, "penalty changes the output"),
     ("logit_bias", CHAT, chat(logit_bias={"5": 10}), 400, "logit_bias"),
     ("logprobs", CHAT, chat(logprobs=True), 400, "logprobs"),
     ("tools", CHAT, chat(tools=[{"type": "function"}]), 400, "tools are not served"),

@@ -307,9 +307,7 @@ class ChatBody(SamplingFields):
         return self
 
     def conversation(self) -> list[dict[str, str]]:
-        """The messages as the chat template reads them (`developer` is OpenAI's new name for
-        `system`)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in self.messages]
+        return conversation(self.messages)
 
 
 class TokenizeBody(BaseModel):
@@ -326,6 +324,16 @@ class TokenizeBody(BaseModel):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give either prompt or messages")
         return self
+
+
+    def conversation(self) -> list[dict[str, str]]:
+        return conversation(self.messages)
+
+
+def conversation(messages: list[Message]) -> list[dict[str, str]]:
+    """The messages as the chat template reads them (`developer` is OpenAI's new name for
+    `system`)."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in messages]
 
 
 class DetokenizeBody(BaseModel):
