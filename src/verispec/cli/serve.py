@@ -55,7 +55,7 @@ def serve(
         bool,
         typer.Option("--batch-costs/--no-batch-costs",
                      help="With --k auto: measure the batched forward's cost at start, so each step's k "
-                     "suits the batch (seeded sampled replies then depend on what shares their steps)."),
+                     "suits the batch (a seeded sampled request keeps its profile's k, so it reproduces)."),
     ] = True,
     grace: Annotated[
         float, typer.Option(min=0, help="Seconds requests in flight may run after SIGINT/SIGTERM.")
