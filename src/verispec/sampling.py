@@ -10,8 +10,8 @@ a token already in the prompt or the output has its logit divided by the penalty
 positive, multiplied when negative) and min_tokens (vLLM's: the EOS ids are masked until that
 many tokens have been emitted). `penalised` applies them to a round's rows, each row with its
 own context (the emitted text and the drafts before that row), before the other transforms,
-so the verified target is the penalised one; a proposer's q stays what it drafted from, which
-is all the rules need of q.
+so the verified target is the penalised one; a proposer's q is what it drafted from (a draft
+model penalises its own rows alike), which is all the rules need of q.
 
 Probabilities are float64. Logits equal to -inf are legal masks and give exact zeros; NaN and
 +inf are rejected, never clipped, and so is a temperature that scales a row to nothing.
