@@ -146,7 +146,6 @@ SCENARIOS: list[Scenario] = [
     Scenario(3, 2, 1, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, k_policy="heuristic", seed=50),
     Scenario(3, 2, 2, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, k_policy="auto", seed=30),
     # The penalties that read each row's context (the server's repetition_penalty, min_tokens).
-    Scenario(3, 2, 2, 4, _sampled(repetition_penalty=2.0), (1, 2, 1, 2), seed=22),
     Scenario(3, 1, 2, 3, _sampled(0.5, repetition_penalty=3.0, min_tokens=2), (1, 2, 1), eos_token_id=0, seed=26),
     Scenario(3, 2, 2, 4, SamplingParams(temperature=0.0, repetition_penalty=2.0, min_tokens=1), (1, 2, 0, 1, 2),
              eos_token_id=0, seed=22),
