@@ -222,3 +222,14 @@ def test_exact_penalties_agree_with_the_float_penalties(sampling):
         exact = exact_probabilities(weights, sampling)
         floats = probabilities(penalised(logits, sampling, context, [()], emitted, {0}), sampling)
         assert floats[0].tolist() == pytest.approx([float(x) for x in exact], abs=1e-12)
+
+
+def test_a_penalty_that_ignores_the_drafts_before_a_row_is_caught(monkeypatch):
+    """The negative control of the penalties: every row penalised after the round's context
+    alone (not the drafts before it) changes the output law, and the audit sees it."""
+    import verispec.engine
+
+    scenario = next(s for s in SCENARIOS if s.sampling.repetition_penalty != 1 and not s.sampling.greedy)
+    assert audit_configuration(Configuration(scenario, DRAFT, "token")).passed
+    monkeypatch.setattr(verispec.engine, "drafted_before_rows", lambda draft: [()] * (len(draft) + 1))
+    assert not audit_configuration(Configuration(scenario, DRAFT, "token")).passed
