@@ -97,8 +97,10 @@ REFUSED: dict[str, tuple[str, tuple]] = {
 }
 # Fields clients send that change nothing in the reply: accepted and ignored (as by OpenAI for
 # a model without the feature, and by vLLM and llama-server).
+# spaces_between_special_tokens (vLLM's) only spaces special tokens, which the text leaves out;
+# cache_prompt (llama-server's) is about reusing a cache, which the reply does not depend on.
 IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
-           "safety_identifier")
+           "safety_identifier", "spaces_between_special_tokens", "cache_prompt")
 
 
 def accepted(value: object, allowed: tuple) -> bool:
