@@ -103,6 +103,8 @@ def test_a_stop_string_is_named_and_kept_when_asked(server, loaded, expected):
     assert choice["text"] == text[:cut] and choice["stop_reason"] == stop
     kept = complete(server, stop=stop, include_stop_str_in_output=True)["choices"][0]
     assert kept["text"] == text[: cut + len(stop)] and kept["stop_reason"] == stop
+    late = complete(server, stop=stop, min_tokens=N)["choices"][0]  # stop strings count from min_tokens on
+    assert late["text"][: cut + len(stop)] == text[: cut + len(stop)] and len(late["token_ids"]) == N
 
 
 def test_a_seeded_sampled_request_reproduces_under_auto_k_beside_other_traffic(server):
