@@ -100,7 +100,7 @@ class ServedModel:
         tokenizer = loaded.tokenizer
         spec = None if proposer is None else parse_spec(proposer)
         k_spec = k if isinstance(k, KSpec) or k == 0 else parse_k(k, option="k")
-        weights = f"{__version__} {loaded.source} {getattr(loaded, 'dtype_name', '')} {loaded.runtime} {spec} {k_spec}"
+        identity = f"{__version__} {loaded.source} {getattr(loaded, 'dtype_name', '')} {loaded.runtime} {spec} {k_spec}"
 
         def encode_chat(messages: list[dict[str, str]]) -> list[int]:
             formatted = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -116,7 +116,7 @@ class ServedModel:
             context=getattr(loaded.config, "max_position_embeddings", None),
             proposer=spec,
             k=k_spec,
-            fingerprint="fp_" + hashlib.sha256(weights.encode()).hexdigest()[:12],
+            fingerprint="fp_" + hashlib.sha256(identity.encode()).hexdigest()[:12],
         )
 
 
