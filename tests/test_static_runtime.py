@@ -189,3 +189,27 @@ def test_on_a_gpu_the_default_proposer_needs_no_head_and_a_head_is_refused() -> 
     assert default_proposer(DEFAULT_MODEL, "cuda") == default_proposer("/a/checkpoint") == "lookup"
     with pytest.raises(ValueError, match="the eagle head drafts on the CPU and this target runs on cuda:0"):
         head_proposer("eagle", None, SimpleNamespace(device="cuda:0"))
+
+
+def test_what_the_static_runtime_does_not_run_is_refused_with_the_reason() -> None:
+    from verispec.proposers.layer_skip import LayerSkip
+
+    lm = StaticLlama.from_hf(tiny_llama(0), rows=2, context=16)
+    with pytest.raises(ValueError, match="layer skip drafts with the target's own first layers .* StaticLlama"):
+        LayerSkip(lm, 1)
+    with pytest.raises(ValueError, match="rows must lie in 1..128"):
+        lm.variant(rows=200)
+
+
+def test_without_deterministic_scoring_the_note_says_output_may_part_from_plain() -> None:
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from verispec.models.load import LoadedModel
+
+    def note(deterministic: bool) -> str | None:
+        lm = SimpleNamespace(deterministic=deterministic)
+        return LoadedModel("m", lm, None, None, (), torch.bfloat16, Path("/no/such/dir"), runtime="static").target_note
+
+    assert note(True) is None
+    assert "--no-deterministic" in note(False) and "may part from plain decoding at near ties" in note(False)
