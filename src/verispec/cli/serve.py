@@ -91,6 +91,9 @@ def serve(
     served = ServedModel.of(loaded, served_model_name or model, proposer_spec, k_spec)
     warm = loaded.encode("Hello, how are you?", chat=loaded.chat_template is not None)
     costs = None
+    reserve = getattr(loaded.lm, "reserve_slots", None)
+    if reserve is not None:  # the static runtime's cache holds every slot before anything measures a step
+        reserve(max_slots)
     if batch_costs and served.k_label == "auto" and max_slots > 1:
         costs = measured_batch_costs(loaded.lm, warm, max_slots)
     scheduler = Scheduler(loaded.lm, RegistryBuilder(loaded), max_slots=max_slots, max_waiting=max_waiting,
