@@ -4,7 +4,7 @@ rule's `Verdict` / `TreeVerdict` on it. Plain data, so proposers, the rules and 
 depend on this module and none of them on another.
 
 Both drafts answer the round's questions the same way (`accepted`, `offered`, `cut_after`,
-`depth`; `is_tree` for the forward that scores them), so the engine asks a draft rather than
+`row_prefixes`, `depth`; `is_tree` for the forward that scores them), so the engine asks a draft rather than
 testing its type.
 """
 
@@ -61,6 +61,11 @@ class Draft:
         """Drafted tokens after an EOS can never be emitted: the draft without them."""
         end = through_first_eos(self.tokens, eos_ids)
         return self if end == len(self) else self.truncated(end)
+
+    def row_prefixes(self) -> list[tuple[int, ...]]:
+        """For each scored row, the drafted tokens between the context and it: row r follows
+        the first r drafts."""
+        return [self.tokens[:r] for r in range(len(self) + 1)]
 
 
 EMPTY_DRAFT = Draft(())
@@ -163,6 +168,11 @@ class TreeDraft:
     def cut_after(self, eos_ids: frozenset[int]) -> TreeDraft:
         """Every node below an EOS node dropped: it can never be emitted."""
         return self.pruned(lambda node: self.parents[node] == ROOT or self.tokens[self.parents[node]] not in eos_ids)
+
+    def row_prefixes(self) -> list[tuple[int, ...]]:
+        """For each scored row, the drafted tokens between the context and it: row 0 follows
+        none, row i + 1 node i's root path."""
+        return [(), *(self.path_tokens(self.path_to(node)) for node in range(len(self)))]
 
     def offers(self, path: Sequence[int]) -> tuple[list[int], list[int]]:
         """What a round with accepted root path `path` tried, for per-rank acceptance counts:

@@ -59,7 +59,7 @@ from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
-from verispec.sampling import SamplingParams, rule_rows
+from verispec.sampling import SamplingParams, penalised, rule_rows
 from verispec.stats import Stats
 
 EosIds = int | Collection[int] | None  # one EOS id, several, or none
@@ -274,8 +274,10 @@ class Decoding:
         return timed(self.clock, self.proposer.observe, self._context, draft, logits)[1]
 
     def _verify(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> Verdict | TreeVerdict:
-        """Build the rule's rows on the host (p with the request's transforms, or the checked
-        logits when greedy) and apply the rule chosen for this draft."""
+        """Build the rule's rows on the host (p with the request's transforms, the penalties that
+        read each row's context first, or the checked logits when greedy) and apply the rule
+        chosen for this draft."""
+        logits = penalised(logits, self.sampling, self._context, draft.row_prefixes(), len(self.tokens), self.eos_ids)
         return self.choose_rule(draft)(rule_rows(logits, self.sampling), draft, self.rng)
 
     def _commit(self, proposal: Proposal, scored: Scored, verdict: Verdict | TreeVerdict, draft_seconds: float) -> list[int]:

@@ -29,7 +29,7 @@ from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
-from verispec.sampling import SamplingParams, rule_rows
+from verispec.sampling import SamplingParams, penalised, rule_rows
 from verispec.stats import Stats
 
 
@@ -86,6 +86,7 @@ def reference_request(
         logits, target_seconds = timed(clock, _recomputed_rows, target, context, draft)
         if isinstance(proposer, ObservingProposer):
             draft_seconds += timed(clock, proposer.observe, context, draft, logits)[1]
+        logits = _penalised_rows(logits, sampling, context, draft, len(out), eos_ids)
         verdict = choose_rule(draft)(rule_rows(logits, sampling), draft, rng)
         emitted = emitted_tokens(draft, verdict, eos_ids)
         stats.record_round(
@@ -107,5 +108,16 @@ def _recomputed_rows(target: CausalLM, context: list[int], draft: Draft | TreeDr
     (for a tree, one full recomputation per node, of the context and that node's path)."""
     if not draft.is_tree:
         return target.score(context + list(draft.tokens))[len(context) - 1 :]
-    paths = [draft.path_tokens(draft.path_to(node)) for node in range(len(draft))]
-    return torch.stack([target.score(context + list(path))[-1] for path in [(), *paths]])
+    return torch.stack([target.score(context + list(prefix))[-1] for prefix in draft.row_prefixes()])
+
+
+def _penalised_rows(logits: torch.Tensor, sampling: SamplingParams, context: list[int], draft: Draft | TreeDraft,
+                    emitted: int, eos_ids: frozenset[int]) -> torch.Tensor:
+    """Each row after the penalties that read its context, one row at a time from its whole
+    context (the context and the drafts on the way to it)."""
+    if not sampling.reads_context:
+        return logits
+    return torch.cat([
+        penalised(row[None], sampling, context + list(prefix), [()], emitted + len(prefix), eos_ids)
+        for row, prefix in zip(logits, draft.row_prefixes())
+    ])
