@@ -108,3 +108,18 @@ def test_the_two_sample_test_keeps_its_level_and_sees_a_shift():
 def test_detectable_tv_shrinks_as_one_over_root_n():
     assert detectable_tv(4000, 20, 1e-3) == pytest.approx(detectable_tv(1000, 20, 1e-3) / 2)
     assert detectable_tv(1000, 20, 1e-3, exact=True) < detectable_tv(1000, 20, 1e-3)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["check-runtime", "sglang"], "unknown engine 'sglang'"),
+    (["check-runtime", "openai:localhost:8000"], "openai:URL"),
+    (["check-runtime", "hf", "--parameter", "typical_p"], "unknown parameter 'typical_p'"),
+    (["check-runtime", "hf", "--n", "1"], "--n"),
+    (["check-runtime", "hf", "--prompts-file", "/nonexistent.jsonl"], "--prompts-file"),
+])
+def test_bad_input_is_one_error_line(argv, says, capsys):
+    from verispec.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and says in err[0]

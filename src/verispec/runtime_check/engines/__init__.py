@@ -20,7 +20,18 @@ VERISPEC_METHODS = ("lookup", "layerskip:8")
 LLAMACPP_INSTALL = "pip install -e '.[llamacpp]'"
 VLLM_PYTHON = Path(__file__).resolve().parents[4] / ".venv-vllm" / "bin" / "python"
 
-__all__ = ["ENGINES", "Engine", "Refused", "Unavailable", "open_engine"]
+__all__ = ["ENGINES", "Engine", "Refused", "Unavailable", "check_spec", "open_engine"]
+
+
+def check_spec(spec: str) -> None:
+    """Refuse a spec that names no engine (before any model loads)."""
+    name, _, argument = spec.partition(":")
+    if name == "openai" and argument:
+        from verispec.runtime_check.engines.openai import parse_urls
+
+        parse_urls(argument)
+    elif name not in ("verispec", "hf", "llamacpp", "vllm") or argument:
+        raise ValueError(f"unknown engine {spec!r}; choose {ENGINES}")
 
 
 def open_engine(spec: str, loaded, dtype: str, api_key: str | None = None) -> Engine:
