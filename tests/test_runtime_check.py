@@ -11,6 +11,7 @@ outcome is deterministic. Each broken engine must fail both tests that read spec
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from fractions import Fraction
@@ -44,6 +45,9 @@ SETTINGS = Settings(prompts=2, sample_prompts=[[3, 5], [7, 1]], cases=[CASE])
 def run(engine) -> dict[str, str]:
     report = check_runtime(engine, REFERENCE, [controls.DRAFT], SETTINGS)
     assert report.tests == 3
+    table = report.markdown()
+    assert all(f"| {row.method} | temperature (temperature=0.5) | {row.test} | {row.status} |" in table for row in report.law_rows)
+    assert json.loads(json.dumps(report.as_dict()))["false_failure_bound"] == pytest.approx(3e-3)
     return {row.test: row.status for row in report.law_rows}
 
 
