@@ -3,9 +3,9 @@
 A `SamplingCase` is one point of the grid: a temperature and at most one other parameter
 away from its neutral value, so that the order in which an engine applies its transforms
 never matters to the check (HF applies top-k before min-p, vLLM after; llama.cpp filters
-before the temperature). `next_token_law` is verispec's own float64 law for a case: the
-penalties and the logit bias on the logits, then `verispec.sampling.probabilities`
-(temperature, top-k, top-p, min-p).
+before the temperature). `next_token_law` is verispec's own float64 law for a case, written
+here from the parameters' definitions: the penalties and the logit bias on the logits, then
+`verispec.sampling.probabilities` (temperature, top-k, top-p, min-p).
 
 Penalties, as the engines document them:
 - repetition_penalty (CTRL, HF and vLLM): every token seen in the prompt or the output has its
@@ -29,7 +29,7 @@ import torch
 
 from verispec.sampling import SamplingParams, probabilities
 
-PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
+PENALTIES = ("frequency_penalty", "presence_penalty", "logit_bias")  # what `SamplingParams` lacks
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ class SamplingCase:
     @property
     def sampling(self) -> SamplingParams:
         """The transforms verispec's `SamplingParams` holds (the rest are `penalties`)."""
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              repetition_penalty=self.repetition_penalty or 1.0)
 
     @property
     def penalties(self) -> tuple[str, ...]:

@@ -30,13 +30,15 @@ DRAFT = "draft"
 
 
 class RawQDraftModel(DraftModel):
-    """BROKEN: draws each token from the transformed q but reports q[V] from the raw logits."""
+    """BROKEN: draws each token from the transformed q but reports q[k, V] from the raw logits
+    (the draft model's full forward over the context and the drafts before each row)."""
 
-    def _next(self, logits: torch.Tensor, rng: Random) -> tuple[int, torch.Tensor | None]:
-        if self.sampling.greedy:
-            return super()._next(logits, rng)
-        token = rng.categorical(probabilities(logits, self.sampling)[0])
-        return token, probabilities(logits, SamplingParams())[0]
+    def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
+        draft = super().propose(context, k, rng)
+        if draft.q is None or not draft.tokens:
+            return draft
+        logits = self.model.score([*context, *draft.tokens])[len(context) - 1:-1]  # [k, V]
+        return Draft(draft.tokens, probabilities(logits, SamplingParams()))
 
 
 class LogitsTap:

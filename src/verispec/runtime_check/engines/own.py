@@ -3,9 +3,9 @@ and the engine the negative controls break (`verispec.runtime_check.controls`).
 
 Sampling runs one `verispec.generate` per sample; greedy decoding at concurrency above 1 runs
 the continuous-batching `Scheduler` (one forward per step over every request's rows), which
-needs a target with slots (the fast runtime). verispec samples with temperature, top-k, top-p
-and min-p and refuses penalties and logit biases, as `verispec serve` does: they are reported
-as refused.
+needs a target with slots (the fast runtime). verispec samples with temperature, top-k, top-p,
+min-p and the repetition penalty, and refuses frequency and presence penalties and logit
+biases, as `verispec serve` does: they are reported as refused.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class VerispecEngine:
     ) -> list[list[int]]:
         if case.penalties:
             raise Refused(
-                f"verispec samples with temperature, top-k, top-p and min-p; {', '.join(case.penalties)} would change "
+                f"verispec samples with temperature, top-k, top-p, min-p and repetition_penalty; {', '.join(case.penalties)} would change "
                 "the output law, so it is refused (as `verispec serve` answers 400)"
             )
         proposer = self.proposer(method)
