@@ -53,7 +53,7 @@ class Settings:
     test's false-failure probability. cases: the grid (None: `default_cases`). greedy_prompts:
     token ids for greedy identity (none: skipped); greedy_tokens: their budget; concurrency:
     the levels besides 1. seed: the first sample's seed. sampled: run the sampled-law checks.
-    sample_prompts: their prompts as token ids (None: the most spread of `law.SPREAD_TEXTS`).
+    sample_prompts: their prompts as token ids (None: those of `law.SPREAD_TEXTS` it tests best).
     parameters: the names of the grid's cases to run (None: all)."""
 
     n: int = 1200
@@ -76,7 +76,7 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
     report = Report(engine.name, engine.versions(), settings.alpha)
     if settings.sampled:
         if settings.sample_prompts is None:
-            prompts = law.spread_prompts(reference.score, reference.encode, settings.prompts)
+            prompts = law.spread_prompts(reference.score, reference.encode, settings.prompts, settings.n // settings.prompts)
         else:
             prompts = [(str(ids), list(ids), law.entropy(reference.score, ids)) for ids in settings.sample_prompts]
         report.prompts = [{"text": text, "ids": ids, "entropy_nats": h} for text, ids, h in prompts]

@@ -31,7 +31,7 @@ DEPTH = 2
 OTHER = -1
 
 # Short raw-text openings whose next token is uncertain (no chat template: the spread is the
-# point). The check keeps the most spread ones under the target's own law (`spread_prompts`).
+# point). The check keeps those it can test best under the target's own law (`spread_prompts`).
 SPREAD_TEXTS = (
     "My favourite colour is",
     "The name of my dog is",
@@ -41,6 +41,9 @@ SPREAD_TEXTS = (
     "He opened the box and found a",
     "My brother plays the",
     "The word I think of first is",
+    "Coffee or tea? I prefer",
+    "Roses are red, violets are",
+    "The weather today is",
 )
 
 Score = Callable[[list[int]], torch.Tensor]  # ids -> logits[len(ids), V], a fresh full forward
@@ -121,14 +124,21 @@ def entropy(score: Score, prompt: Sequence[int]) -> float:
     return float(-(p * torch.log(p.clamp_min(1e-300))).sum())
 
 
-def spread_prompts(score: Score, encode: Callable[[str], list[int]], count: int) -> list[tuple[str, list[int], float]]:
-    """The `count` most spread of `SPREAD_TEXTS`: (text, ids, entropy in nats), most spread first."""
+def spread_prompts(
+    score: Score, encode: Callable[[str], list[int]], count: int, samples: int
+) -> list[tuple[str, list[int], float]]:
+    """The `count` of `SPREAD_TEXTS` whose first token the check can test best with `samples`
+    samples each: the most mass on tokens expected at least `MIN_EXPECTED` times, times
+    1 - the largest probability (spread, yet not so flat that every token pools into the rare
+    cell). (text, ids, entropy in nats), best first."""
     ranked = []
     for text in SPREAD_TEXTS:
         ids = encode(text)
-        ranked.append((text, ids, entropy(score, ids)))
-    ranked.sort(key=lambda item: -item[2])
-    return ranked[:count]
+        p = torch.softmax(score(list(ids))[-1].double(), dim=-1)  # [V]
+        testable = float(p[p * samples >= MIN_EXPECTED].sum())
+        ranked.append((testable * (1 - float(p.max())), text, ids, entropy(score, ids)))
+    ranked.sort(key=lambda item: -item[0])
+    return [(text, ids, h) for _, text, ids, h in ranked[:count]]
 
 
 def likely_tokens(score: Score, prompt: Sequence[int], count: int) -> list[int]:

@@ -34,6 +34,10 @@ class LawRow:
     effect: float = 0.0
 
     def tested(self, result: TestResult) -> LawRow:
+        """A test with no degrees of freedom (every cell pooled into one) tests nothing: skipped."""
+        if result.df == 0:
+            return replace(self, status=SKIPPED, result=result,
+                           reason="no two cells reach 5 expected samples, so nothing is tested; raise --n")
         return replace(self, status=PASS if result.passed else FAIL, result=result)
 
     def refused(self, reason: str) -> LawRow:
@@ -98,7 +102,7 @@ class Report:
 
     @property
     def tests(self) -> int:
-        return sum(1 for row in self.law_rows if row.result is not None)
+        return sum(1 for row in self.law_rows if row.status in (PASS, FAIL))
 
     @property
     def false_failure(self) -> float:
@@ -127,7 +131,7 @@ class Report:
         if self.law_rows:
             lines += ["## Sampled law", ""]
             if self.prompts:
-                lines += ["Prompts (raw text, most spread first): " + "; ".join(
+                lines += ["Prompts (raw text; next-token entropy): " + "; ".join(
                     f"{p['text']!r} ({p['entropy_nats']:.2f} nats)" for p in self.prompts), ""]
             lines += ["| method | parameter | test | result | p-value | TV | N | TV at 90 % power | effect | note |",
                       "|---|---|---|---|---|---|---|---|---|---|"]
