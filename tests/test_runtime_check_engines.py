@@ -14,7 +14,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from serving import NAME, running, save_tiny_model
+from serving import NAME, running
+from verispec.bench.quick import tiny_tokenizer
 from verispec.models.hf import HFCausalLM
 from verispec.models.load import load_model
 from verispec.runtime_check import Reference, Settings, check_runtime
@@ -55,7 +56,17 @@ def test_hf_generate_is_checked_with_both_methods():
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    return load_model(save_tiny_model(tmp_path_factory.mktemp("tiny")))
+    """A random two-layer Llama over the tiny byte tokenizer whose next-token laws are spread
+    (about 2.3 nats after the test's prompt; the served tiny model cycles almost surely)."""
+    root = tmp_path_factory.mktemp("spread")
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.6,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return load_model(root)
 
 
 def test_an_openai_server_is_checked_against_a_plain_one(loaded):

@@ -7,8 +7,8 @@
 The one method is `served` (whatever speculation the server at URL runs). Every sampling field
 is sent as OpenAI and vLLM name it (`top_k`, `min_p` and `repetition_penalty` are the usual
 extensions); a 400 is reported as the server refusing that parameter. The token ids come back
-through `return_token_ids` (verispec and vLLM) or `tokens` (llama-server); a server that
-returns neither cannot be checked. Each request carries its own `seed`.
+through `return_token_ids` (verispec and vLLM: `token_ids` in each choice; a `tokens` list is
+read too); a server that returns neither cannot be checked. Each request carries its own `seed`.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class OpenAIEngine:
 
     def body(self, prompt: Sequence[int], case: SamplingCase | None, length: int, seed: int) -> dict:
         body = {"model": self.model, "prompt": list(prompt), "max_tokens": length, "seed": seed,
-                "return_token_ids": True, "return_tokens": True}
+                "return_token_ids": True}
         if case is None:
             return body | {"temperature": 0}
         settings = case.settings()
@@ -79,7 +79,7 @@ class OpenAIEngine:
         choice = reply["choices"][0]
         tokens = choice.get("token_ids") or choice.get("tokens")
         if tokens is None:
-            raise Unavailable(f"{url} returns no token ids (neither return_token_ids nor tokens); it cannot be checked")
+            raise Unavailable(f"{url} returns no token ids for return_token_ids; it cannot be checked")
         return [int(t) for t in tokens]
 
     def sample(
