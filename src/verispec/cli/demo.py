@@ -50,7 +50,7 @@ def demo(
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     k_spec = parse_k(k)
-    proposer_spec = parse_spec(proposer or default_proposer(model, device))
+    proposer_spec = parse_spec(proposer or default_proposer(model))
     check_policy_proposer(k_spec, proposer_spec)
     console = Console(stderr=True)
     console.print(f"loading {model} ...")

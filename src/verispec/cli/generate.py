@@ -53,7 +53,7 @@ def generate(
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     k_spec = parse_k(k)
-    proposer_spec = parse_spec(proposer or default_proposer(model, device))
+    proposer_spec = parse_spec(proposer or default_proposer(model))
     check_policy_proposer(k_spec, proposer_spec)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")

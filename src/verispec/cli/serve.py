@@ -73,7 +73,7 @@ def serve(
     except ImportError as error:
         raise BadInput(f"verispec serve needs the serve extra ({error.name} is missing): "
                        "pip install 'verispec[serve]'") from None
-    proposer = proposer or default_proposer(model, device)
+    proposer = proposer or default_proposer(model)
     if proposer == NO_PROPOSER:
         proposer_spec, k_spec = None, 0
     else:  # parsed once, here; the server and its requests keep the parsed specs

@@ -43,7 +43,7 @@ def eagle3_proposer(
         )
     if not Path(directory).is_dir():
         raise ValueError(f"eagle3:DIR needs a head directory; {directory} is not a directory")
-    dtype, route = HEAD_FORMATS[drafting_format(head_format)]
+    dtype, route = HEAD_FORMATS[drafting_format(head_format, target)]
     head = load_eagle3(directory, target, dtype)
     return EagleProposer(for_drafting(head, route), target)
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 HEAD_KINDS = ("eagle", "medusa")
 # How a head drafts, by weight format (`models.weight_format.HEAD`): the dtype it computes in and
 # its projections' route (`head_packing`). The head only proposes, so the choice changes q, never
-# the output's law. "auto": int8 where the CPU computes bfloat16 natively (its kernel takes
-# bfloat16 activations), else float32.
+# the output's law. "auto" (`auto_head_format`): on the CPU int8 where it computes bfloat16
+# natively (its kernel takes bfloat16 activations), else float32; on a GPU the target's dtype.
 HEAD_FORMATS = {fmt: head_packing(fmt) for fmt in HEAD}
 # Package data of verispec.heads, found without importing it (that would import transformers).
 SHIPPED = Path(__file__).resolve().parent.parent / "heads" / "default"
@@ -40,8 +40,11 @@ def default_head(kind: str) -> Path:
     return SHIPPED / kind
 
 
-def auto_head_format() -> WeightFormat:
-    """int8 where the CPU computes bfloat16 natively, else float32 (emulated bfloat16 is slower).
+def auto_head_format(device: torch.device | str = "cpu", target_dtype: torch.dtype = torch.float32) -> WeightFormat:
+    """How a head drafts beside a target on `device` computing in `target_dtype`. On a GPU: the
+    target's dtype (bfloat16; float32 for a float32 or float16 target, float16 not being a head
+    format), since torch's int8 kernel is the CPU's and a one-layer head's weights are few. On
+    the CPU: int8 where it computes bfloat16 natively, else float32 (emulated bfloat16 is slower).
 
     On a 2-core AMD EPYC with AVX-512 BF16, the shipped EAGLE head: a round of 2 new pairs and
     4 drafts after a target forward took 0.75x the bfloat16 head's time in int8 (the head's
@@ -49,6 +52,8 @@ def auto_head_format() -> WeightFormat:
     halves them), tau at k = 4 on the dev prompts 1.95 against 1.96, and eagle-auto ran 1.04x
     the bfloat16 head's speed per prompt (geometric mean) in a bf16 and in a float32 bench.
     A packed bfloat16 step took 0.8 ms against 1.2 ms in float32."""
+    if torch.device(device).type != "cpu":
+        return WeightFormat.BFLOAT16 if target_dtype == torch.bfloat16 else WeightFormat.FLOAT32
     return WeightFormat.INT8 if native_bf16() else WeightFormat.FLOAT32
 
 
@@ -56,22 +61,16 @@ def head_proposer(
     kind: str, directory: str | None, target: CausalLM, head_format: WeightFormat | str = "auto"
 ) -> Proposer:
     """An EAGLE or Medusa proposer for `target` (the engine's target, with a feature channel)
-    with the head in `directory`, or the shipped one when None, packed for drafting in
-    `head_format` (one of `models.weight_format.HEAD`, or "auto": `auto_head_format`; a name is
-    read by `drafting_format`), whatever the target's dtype."""
+    with the head in `directory`, or the shipped one when None, on the target's device, packed
+    for drafting in `head_format` (one of `models.weight_format.HEAD`, or "auto":
+    `auto_head_format`; a name is read by `drafting_format`), whatever the target's dtype."""
     from verispec.heads import for_drafting, load_head
     from verispec.proposers.eagle import EagleProposer
     from verispec.proposers.medusa import MedusaProposer
 
     if kind not in HEAD_KINDS:
         raise ValueError(f"unknown head kind {kind!r}; choose {' or '.join(HEAD_KINDS)}")
-    device = getattr(target, "device", None) or getattr(getattr(target, "model", None), "device", None)
-    if device is not None and torch.device(device).type != "cpu":
-        raise ValueError(
-            f"the {kind} head drafts on the CPU and this target runs on {device}; draft with lookup or suffix "
-            "there, or run the target with --device cpu"
-        )
-    dtype, route = HEAD_FORMATS[drafting_format(head_format)]
+    dtype, route = HEAD_FORMATS[drafting_format(head_format, target)]
     if directory is None:
         directory = default_head(kind)
         if not directory.is_dir():
@@ -87,8 +86,9 @@ def head_proposer(
     return (EagleProposer if kind == "eagle" else MedusaProposer)(for_drafting(head, route), target)
 
 
-# Where a head ships for the model, lookup+eagle with auto k: it copies where the context repeats
-# itself and drafts with the head elsewhere. In the kept runs (docs/benchmarking.md) it was the
+# Where a head ships for the model, lookup+eagle with auto k (on the CPU and on a GPU, where the
+# head drafts on the target's device): it copies where the context repeats itself and drafts with
+# the head elsewhere. In the kept runs (docs/benchmarking.md) it was the
 # fastest verispec method of the q4 run (1.08x plain; q4 is what --dtype auto picks where the
 # CPU has native bf16), and ahead of lookup alone in bfloat16 (1.54x against 1.28x on the dev
 # prompts, 1.63x against 1.57x on the copy-heavy categories). Elsewhere prompt lookup: it needs
@@ -100,17 +100,14 @@ DEFAULT_PROPOSER_HELP = (
 )
 
 
-def default_proposer(model: str, device: str = "cpu") -> str:
-    """The proposer `generate`, `demo` and `serve` use when none is named: the best measured one
-    for `model`, `BEST_WITH_HEAD` where a head ships for it, else `BEST_WITHOUT_HEAD`; on a GPU
-    (`device` cuda, or auto where torch sees one) `BEST_WITHOUT_HEAD`, since the heads draft on
-    the CPU (`head_proposer`).
+def default_proposer(model: str) -> str:
+    """The proposer `generate`, `demo` and `serve` use when none is named, on any device: the
+    best measured one for `model`, `BEST_WITH_HEAD` where a head ships for it, else
+    `BEST_WITHOUT_HEAD`.
 
     >>> default_proposer("/models/another-checkpoint")
     'lookup'
     """
-    if device != "cpu" and (device != "auto" or torch.cuda.is_available()):
-        return BEST_WITHOUT_HEAD
     if model == DEFAULT_MODEL and (default_head("eagle") / "config.json").exists():
         return BEST_WITH_HEAD
     return BEST_WITHOUT_HEAD
@@ -143,11 +140,26 @@ def parse(kind: str, argument: str) -> HeadSpec:
     return HeadSpec(kind, directory or None, None if head_format == "auto" else WeightFormat(head_format))
 
 
-def drafting_format(head_format: WeightFormat | str | None) -> WeightFormat:
-    """The format a head drafts in: `head_format`, or `auto_head_format()` for None or "auto"."""
+def drafting_format(head_format: WeightFormat | str | None, target: object = None) -> WeightFormat:
+    """The format a head drafts in beside `target` (None: a CPU target): `head_format`, or
+    `auto_head_format` for None or "auto"; int8 is refused for a target off the CPU."""
+    device = torch.device("cpu") if target is None else target_device(target)
     if head_format is None or head_format == "auto":
-        return auto_head_format()
-    return weight_format.parse(head_format, HEAD)
+        return auto_head_format(device, target.input_embeddings().dtype if target is not None else torch.float32)
+    fmt = weight_format.parse(head_format, HEAD)
+    if fmt is WeightFormat.INT8 and device.type != "cpu":
+        raise ValueError(
+            f"a head drafts in int8 on torch's CPU kernel and this target runs on {device}; "
+            "use weights=auto (the target's dtype), bfloat16 or float32"
+        )
+    return fmt
+
+
+def target_device(target: object) -> torch.device:
+    """Where `target` computes (its feature channel's embedding lives there); the CPU for a
+    target without one (a head refuses such a target with the reason, `check_target`)."""
+    embeddings = getattr(target, "input_embeddings", None)
+    return embeddings().device if callable(embeddings) else torch.device("cpu")
 
 
 def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
