@@ -1,7 +1,7 @@
 """The trained heads (EAGLE, EAGLE-3, Medusa, and lookup+eagle) drafting for the static runtime,
 through its eager path on the CPU: the head is built on the target's device and reads the
-runtime's features, the engine equals the full-recompute reference, and greedy speculative
-output is plain greedy output on the deterministic runtime.
+runtime's features, the engine equals the full-recompute reference (chains and trees), and
+greedy speculative output is plain greedy output on the deterministic runtime.
 
 Where the head computes (on a GPU: the target's device, in the target's dtype or float32 under
 `weights=auto`) is checked without a GPU by running its forwards on the meta device, where any
@@ -22,12 +22,14 @@ from verispec.heads import for_drafting, save_head
 from verispec.heads.config import FINAL
 from verispec.models.static_llama import StaticLlama
 from verispec.models.weight_format import WeightFormat
+from verispec.policies import ConstantTree
 from verispec.proposers import PromptLookup
 from verispec.proposers.copy_or_head import CopyOrHead
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
 from verispec.proposers.trained import auto_head_format, drafting_format, head_proposer
 from verispec.reference import reference_generate
+from verispec.tree_shape import TreeShape
 
 KINDS = ("eagle", "eagle3", "medusa", "lookup+eagle")
 
@@ -134,3 +136,28 @@ def test_a_head_forward_runs_on_the_targets_device(model, kind, monkeypatch) -> 
         after = {(): (logits, predicted, ())}
         drafter._feed(cache, cache.get_seq_length(), after, [(3,), (4,)])
         assert after[(3,)][0].device.type == "cpu" and after[(4,)][1].device.type == "meta"
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(0.7, top_p=0.9)], ids=str)
+def test_head_trees_on_the_static_runtime_equal_the_reference_and_plain(model, kind, sampling) -> None:
+    """Trees (`TreeScoring` in the runtime's fixed shape): the engine equals the reference, and
+    greedy tree decoding on the deterministic runtime is plain greedy decoding."""
+    lm = StaticLlama.from_hf(model, rows=8, context=32)
+    shape = ConstantTree(TreeShape.of([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]))
+    prompt = [5, 6, 7, 5, 6, 9]
+    options = dict(max_new_tokens=16, sampling=sampling, k=shape)
+    engine = generate(lm, proposer(kind, lm), prompt, seed=4, **options)
+    assert engine.tokens == reference_generate(lm, proposer(kind, lm), prompt, rng=TorchRandom(4), **options)
+    assert engine.stats.tree_rounds > 0
+    if sampling.greedy:
+        assert engine.tokens == generate(lm, None, prompt, max_new_tokens=16, sampling=GREEDY, k=0).tokens
+
+
+def test_a_tree_larger_than_one_forward_is_refused_and_leaves_the_cache_intact(model) -> None:
+    lm = StaticLlama.from_hf(model, rows=4, context=32)
+    lm.prefill([3, 4, 5])
+    with pytest.raises(ValueError, match="one forward of at most 4 rows, and this tree has 5 nodes; draft a smaller tree"):
+        lm.extend_tree([6, 7, 8, 9, 10], [-1, 0, 0, 1, 1])
+    assert lm.length == 3
+    torch.testing.assert_close(lm.extend([9]), lm.score([3, 4, 5, 9])[-1:])
