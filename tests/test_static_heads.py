@@ -154,10 +154,21 @@ def test_head_trees_on_the_static_runtime_equal_the_reference_and_plain(model, k
         assert engine.tokens == generate(lm, None, prompt, max_new_tokens=16, sampling=GREEDY, k=0).tokens
 
 
-def test_a_tree_larger_than_one_forward_is_refused_and_leaves_the_cache_intact(model) -> None:
+def test_a_tree_of_more_rows_than_the_bucket_runs_in_several_forwards_of_the_same_shape(model) -> None:
     lm = StaticLlama.from_hf(model, rows=4, context=32)
-    lm.prefill([3, 4, 5])
-    with pytest.raises(ValueError, match="one forward of at most 4 rows, and this tree has 5 nodes; draft a smaller tree"):
-        lm.extend_tree([6, 7, 8, 9, 10], [-1, 0, 0, 1, 1])
-    assert lm.length == 3
-    torch.testing.assert_close(lm.extend([9]), lm.score([3, 4, 5, 9])[-1:])
+    prompt, tokens, parents = [3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [-1, 0, 0, 1, 2, 4, 3]
+    lm.prefill(prompt)
+    calls = []
+    original = lm.model._forward
+    lm.model._forward = lambda *args: calls.append(args[1].shape) or original(*args)
+    try:
+        tree = lm.extend_tree(tokens, parents)  # [7, V]: rows 4.. see their ancestors in the cache
+    finally:
+        lm.model._forward = original
+    assert calls == [(1, 4), (1, 4)]
+    for node, path in ((5, [0, 2, 4, 5]), (6, [0, 1, 3, 6])):
+        torch.testing.assert_close(tree[node], lm.score(prompt + [tokens[i] for i in path])[-1], atol=1e-5, rtol=0)
+    lm.keep_path([0, 1, 3, 6])
+    torch.testing.assert_close(lm.extend([9]), lm.score(prompt + [6, 7, 9, 12, 9])[-1:], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="trees of at most 128 nodes, and this one has 129; draft a smaller tree"):
+        lm.extend_tree([1] * 129, [-1] + list(range(128)))

@@ -53,11 +53,12 @@ same slots and at least the live width, eagerly.
 Tree scoring (`TreeScoring`): `extend_tree` is a step of the same fixed shape in which one slot's
 rows are the tree's nodes, laid out depth first (`ScoredTree.depth_first`: the first-child path
 in the slots a chain would use), each written at slot length + row and rotated at its depth
-position length + depth - 1. Every step carries an ancestry [B, R, R] (which of the step's rows
-each row sees; a chain's is lower-triangular), from which the forward builds its mask over the
-cache: a row sees its slot's positions before the step and its ancestors' rows (and itself). A
-tree is scored in one forward, so it holds at most the row bucket's rows (`rows` with
-deterministic scoring, 128 without). `keep_path` copies, in every layer and in the feature
+position length + depth - 1. Every step carries an ancestry [B, R, TREE_SPAN] (which of the
+positions after its slot's chain or tree start each row sees; a chain's is lower-triangular),
+from which the forward builds its mask over the cache: a row sees its slot's positions before the tree and its ancestors' rows (and itself). A
+tree of more rows than the bucket runs as several forwards of the same shape, as a long chain
+does (a later forward's rows see their ancestors already in the cache); at most `TREE_SPAN`
+nodes. `keep_path` copies, in every layer and in the feature
 store, only the kept nodes not yet in their slots (none for the first-child path), then moves
 the slot's length.
 """
@@ -92,6 +93,7 @@ STATIC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # without deterministic scoring: the smallest that holds a step
 DEFAULT_ROWS = 16  # deterministic scoring's one row bucket: k up to 15 in one forward
 DEFAULT_CONTEXT = 2048  # positions per slot allocated at load (grown when a request needs more)
+TREE_SPAN = 128  # the most nodes of a token tree: the ancestry every step carries [B, R, TREE_SPAN]
 WIDTH_STEP = 64  # the cache's width is a multiple of this (aligned rows for the attention kernels)
 
 
@@ -194,16 +196,17 @@ class StaticModel:
         forwards as it takes; per slot its logits float32 [n_i, V] (None without `logits`) and
         its rows of every tap ({tap: [n_i, H]}). `cache`: another cache of the same slots
         (`score`'s scratch one; run eagerly). `tree`: the one slot's tokens are that tree's
-        rows (in its row order), scored in one forward."""
+        rows (in its row order), in as many forwards as a chain of as many rows."""
         live = cache is None
         cache = cache or self.cache
         limit = self.rows if self.deterministic else ROW_BUCKETS[-1]
-        if tree is not None and len(tree.parents) > limit:
-            raise ValueError(
-                f"the static runtime scores a token tree in one forward of at most {limit} rows, and this tree has "
-                f"{len(tree.parents)} nodes; draft a smaller tree" + (", or score without deterministic scoring (up to "
-                                                                      f"{ROW_BUCKETS[-1]} rows)" if self.deterministic else "")
-            )
+        if tree is not None:
+            if len(tree.parents) > TREE_SPAN:
+                raise ValueError(
+                    f"the static runtime scores token trees of at most {TREE_SPAN} nodes, and this one has "
+                    f"{len(tree.parents)}; draft a smaller tree"
+                )
+            tree_positions, tree_visible = tree.positions(), tree.visible()  # [n], [n, n]
         done = [0] * len(indices)
         rows: list[list[torch.Tensor]] = [[] for _ in indices]
         tapped: list[dict[Tap, list[torch.Tensor]]] = [{tap: [] for tap in taps} for _ in indices]
@@ -220,16 +223,18 @@ class StaticModel:
             ids = torch.zeros(b, r, dtype=torch.long)
             for index, chunk in zip(indices, chunks):
                 ids[index, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
-            positions = torch.tensor(cache.lengths[:b], dtype=torch.long)[:, None] + torch.arange(r)  # [B, R]
-            ancestry = torch.ones(r, r, dtype=torch.bool).tril().expand(b, r, r).clone()  # [B, R, R]: chains
+            base = torch.tensor(cache.lengths[:b], dtype=torch.long)[:, None]  # [B, 1]
+            written = base + torch.arange(r)  # [B, R]: each row's cache position
+            positions = written.clone()  # [B, R]: its rotary position
+            ancestry = (torch.arange(TREE_SPAN) <= torch.arange(r)[:, None]).expand(b, r, TREE_SPAN).clone()  # chains
             if tree is not None:
-                n = len(tree.parents)
-                positions[indices[0], :n] = tree.positions()
-                ancestry[indices[0], :n, :n] = tree.visible()
-            out = self._forward(
-                cache, ids.to(self.device), positions.to(self.device), ancestry.to(self.device), taps,
-                live and self.use_graphs,
-            )
+                index, first, m = indices[0], done[0], len(chunks[0])
+                base[index] = tree.start
+                positions[index, :m] = tree_positions[first : first + m]
+                ancestry[index, :m] = False
+                ancestry[index, :m, : len(tree.parents)] = tree_visible[first : first + m]
+            inputs = (ids, positions, written, base, ancestry)
+            out = self._forward(cache, *(tensor.to(self.device) for tensor in inputs), taps, live and self.use_graphs)
             for i, (index, chunk) in enumerate(zip(indices, chunks)):
                 n = len(chunk)
                 if n:
@@ -244,24 +249,26 @@ class StaticModel:
         return scored, features
 
     def _forward(
-        self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, ancestry: torch.Tensor,
-        taps: tuple[Tap, ...], graphs: bool,
+        self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, written: torch.Tensor,
+        base: torch.Tensor, ancestry: torch.Tensor, taps: tuple[Tap, ...], graphs: bool,
     ) -> tuple[torch.Tensor, ...]:
-        def run(tokens: torch.Tensor, positions: torch.Tensor, ancestry: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return self._layers(cache, tokens, positions, ancestry, taps)
+        def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self._layers(cache, *inputs, taps)
 
+        inputs = (tokens, positions, written, base, ancestry)
         if graphs:
-            return self.graphs(run, tokens, positions, ancestry, key=taps)
-        return run(tokens, positions, ancestry)
+            return self.graphs(run, *inputs, key=taps)
+        return run(*inputs)
 
     def _layers(
-        self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, ancestry: torch.Tensor,
-        taps: tuple[Tap, ...],
+        self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, written: torch.Tensor,
+        base: torch.Tensor, ancestry: torch.Tensor, taps: tuple[Tap, ...],
     ) -> tuple[torch.Tensor, ...]:
-        """tokens, positions (rotary) [B, R] and ancestry bool [B, R, R] (which of the step's
-        rows each row sees) on the device -> (logits [B, R, V] in the model's dtype, then each
-        tap's rows [B R, H]); row j of slot b is written at position positions[b, 0] + j (the
-        slot's length: a step's first row is a chain's or a tree's root) in slots 0..B-1.
+        """tokens [B, R], their rotary positions and the cache positions they are written at
+        [B, R], and what each row sees: every position before base [B, 1] and position base + j
+        where ancestry [B, R, TREE_SPAN] holds (a chain's row j: base + 0..j; a tree node: its
+        ancestors and itself), all on the device -> (logits [B, R, V] in the model's dtype, then
+        each tap's rows [B R, H]); writes every row's keys and values into slots 0..B-1.
         Capturable: no host synchronisation, shapes from the inputs' shapes only."""
         s = self.shape
         b, r = tokens.shape
@@ -269,11 +276,10 @@ class StaticModel:
         x = nn.functional.embedding(tokens.reshape(n), self.embed)  # [N, H]
         flat = positions.reshape(n)
         cos, sin = self.cos[flat][:, None], self.sin[flat][:, None]  # [N, 1, D]
-        start = positions[:, :1]  # [B, 1]: each slot's length
-        written = start + self.columns[:r]  # [B, R]: where each row's keys and values go
-        step_row = self.columns[:width] - start  # [B, W]: the step's row at each position (< 0: cached before)
-        seen = ancestry.gather(2, step_row.clamp(0, r - 1)[:, None, :].expand(b, r, width))  # [B, R, W]
-        visible = (step_row < 0)[:, None, :] | (seen & (step_row < r)[:, None, :])  # [B, R, W]
+        span = ancestry.shape[-1]
+        offset = self.columns[:width] - base  # [B, W]: each position's place after base (< 0: before it)
+        seen = ancestry.gather(2, offset.clamp(0, span - 1)[:, None, :].expand(b, r, width))  # [B, R, W]
+        visible = (offset < 0)[:, None, :] | (seen & (offset < span)[:, None, :])  # [B, R, W]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
         mask = mask[:, None, None].expand(b, 1, group, r, width).reshape(b, 1, group * r, width)  # [B, 1, G R, W]
         slot = torch.arange(b, device=self.device)[:, None].expand(b, r)  # [B, R]
@@ -302,8 +308,8 @@ class StaticModel:
 
 
 class StaticSlot:
-    """One slot of a `StaticModel`: a `CausalLM` (and `FeatureChannel`) with its own cache
-    positions over the shared weights. Its slot returns to the model when it is dropped."""
+    """One slot of a `StaticModel`: a `CausalLM` (and `FeatureChannel`, `TreeScoring`) with its
+    own cache positions over the shared weights. Its slot returns to the model when it is dropped."""
 
     def __init__(self, model: StaticModel, index: int) -> None:
         self.model, self.index = model, index
@@ -432,7 +438,8 @@ class StaticSlot:
 
 class StaticLlama(StaticSlot):
     """A Llama or Qwen2 model in fixed-shape forwards over a static cache (CUDA graphs on CUDA);
-    the runtime is slot 0 of its cache, and `new_slot` gives the others (`SlotScoring`).
+    the runtime is slot 0 of its cache, and `new_slot` gives the others (`SlotScoring`); every
+    slot scores token trees (`TreeScoring`) and records features (`FeatureChannel`).
 
     >>> lm = StaticLlama.from_hf(model, dtype=torch.bfloat16, device="cuda")
     >>> lm.prefill(prompt[:-1]); lm.extend([prompt[-1], *drafted])   # float32 [1 + k, V]
