@@ -18,6 +18,7 @@ from test_eagle3 import eagle3_head
 from test_heads import hf_head, tiny_llama
 
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
+from verispec.batching import Scheduler
 from verispec.heads import for_drafting, save_head
 from verispec.heads.config import FINAL
 from verispec.models.static_llama import StaticLlama
@@ -29,6 +30,7 @@ from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
 from verispec.proposers.trained import auto_head_format, drafting_format, head_proposer
 from verispec.reference import reference_generate
+from verispec.request import Request
 from verispec.tree_shape import TreeShape
 
 KINDS = ("eagle", "eagle3", "medusa", "lookup+eagle")
@@ -172,3 +174,16 @@ def test_a_tree_of_more_rows_than_the_bucket_runs_in_several_forwards_of_the_sam
     torch.testing.assert_close(lm.extend([9]), lm.score(prompt + [6, 7, 9, 12, 9])[-1:], atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="trees of at most 128 nodes, and this one has 129; draft a smaller tree"):
         lm.extend_tree([1] * 129, [-1] + list(range(128)))
+
+
+def test_heads_on_the_schedulers_slots_decode_as_plain(model) -> None:
+    """Each request's head on its own slot (its features recorded there), several slots in one
+    forward: greedy output equals plain greedy decoding of each prompt alone."""
+    lm = StaticLlama.from_hf(model, rows=4, context=32)
+    scheduler = Scheduler(lm, lambda request, slot: (proposer(request.proposer, slot), request.k), max_slots=3)
+    prompts = [[5, 9, 14, 5, 9, 30], [17, 3], [40, 41, 42, 43, 40, 41]]
+    plain = [generate(lm, None, p, max_new_tokens=20, sampling=GREEDY, k=0).tokens for p in prompts]
+    jobs = [scheduler.submit(Request(tuple(p), 20, sampling=GREEDY, proposer=kind, k=3))
+            for p, kind in zip(prompts, ("eagle", "medusa", "lookup+eagle"))]
+    scheduler.run()
+    assert [job.tokens for job in jobs] == plain and max(scheduler.step_rows) > 4
