@@ -187,3 +187,8 @@ def test_heads_on_the_schedulers_slots_decode_as_plain(model) -> None:
             for p, kind in zip(prompts, ("eagle", "medusa", "lookup+eagle"))]
     scheduler.run()
     assert [job.tokens for job in jobs] == plain and max(scheduler.step_rows) > 4
+
+
+def test_a_head_for_a_target_without_features_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="object has no feature channel"):
+        head_proposer("eagle", None, object())

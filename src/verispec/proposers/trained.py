@@ -142,24 +142,20 @@ def parse(kind: str, argument: str) -> HeadSpec:
 
 def drafting_format(head_format: WeightFormat | str | None, target: object = None) -> WeightFormat:
     """The format a head drafts in beside `target` (None: a CPU target): `head_format`, or
-    `auto_head_format` for None or "auto"; int8 is refused for a target off the CPU."""
-    device = torch.device("cpu") if target is None else target_device(target)
+    `auto_head_format` for None or "auto"; int8 is refused for a target off the CPU. Where the
+    target computes is where its embedding lives (a target without a feature channel counts as
+    the CPU's here: loading a head refuses it with the reason, `heads.checkpoint.check_target`)."""
+    embeddings = getattr(target, "input_embeddings", None)
+    weights = embeddings() if callable(embeddings) else torch.empty(0)  # [V, H]
     if head_format is None or head_format == "auto":
-        return auto_head_format(device, target.input_embeddings().dtype if target is not None else torch.float32)
+        return auto_head_format(weights.device, weights.dtype)
     fmt = weight_format.parse(head_format, HEAD)
-    if fmt is WeightFormat.INT8 and device.type != "cpu":
+    if fmt is WeightFormat.INT8 and weights.device.type != "cpu":
         raise ValueError(
-            f"a head drafts in int8 on torch's CPU kernel and this target runs on {device}; "
+            f"a head drafts in int8 on torch's CPU kernel and this target runs on {weights.device}; "
             "use weights=auto (the target's dtype), bfloat16 or float32"
         )
     return fmt
-
-
-def target_device(target: object) -> torch.device:
-    """Where `target` computes (its feature channel's embedding lives there); the CPU for a
-    target without one (a head refuses such a target with the reason, `check_target`)."""
-    embeddings = getattr(target, "input_embeddings", None)
-    return embeddings().device if callable(embeddings) else torch.device("cpu")
 
 
 def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
