@@ -209,3 +209,37 @@ def test_check_tokenizers_on_a_directory_without_one(tmp_path, capsys):
     line = error_line(capsys, ["check-tokenizers", str(tmp_path), str(tmp_path)])
     assert f"{tmp_path} holds no tokenizer (none of tokenizer.json" in line
     assert "sentencepiece" not in line and "tiktoken" not in line
+
+
+@pytest.fixture
+def without_llama_cpp(monkeypatch):
+    from verispec.models import llamacpp
+
+    monkeypatch.setattr(llamacpp, "installed", lambda: False)
+    return llamacpp
+
+
+@pytest.mark.parametrize("argv", [
+    ["load-plan"], ["generate", "hi", "--max-new-tokens", "2"], ["profile"], ["demo", "--max-new-tokens", "2"],
+])
+def test_the_llamacpp_runtime_without_llama_cpp_python_is_one_line(capsys, without_llama_cpp, argv):
+    line = error_line(capsys, [*argv, "--runtime", "llamacpp"])
+    assert "llama-cpp-python, needed by --runtime llamacpp, is not installed" in line
+    assert f"install it with `{without_llama_cpp.INSTALL}`" in line
+
+
+def test_serve_checks_llama_cpp_python_before_it_binds_the_port(capsys, without_llama_cpp):
+    """The port is taken already: a serve that bound it first would report that instead."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        line = error_line(capsys, ["serve", "--runtime", "llamacpp", "--port", str(port)])
+    assert "needed by --runtime llamacpp, is not installed" in line
+
+
+@pytest.mark.parametrize("option", [["--runtime", "llamacpp"], ["--dtype", "q4"], ["--model", "x.gguf"], ["--deterministic"]])
+def test_quick_bench_refuses_the_options_it_would_ignore(tmp_path, capsys, option):
+    line = error_line(capsys, ["bench", "--quick", "--out", str(tmp_path / "b"), *option])
+    assert f"which {option[0]} would not change; drop them" in line and not (tmp_path / "b").exists()

@@ -51,12 +51,14 @@ def demo(
     k_spec = parse_k(k)
     proposer_spec = parse_spec(proposer or default_proposer(model))
     check_policy_proposer(k_spec, proposer_spec)
+    from verispec.bench.runners import VerispecRunner, warm_up  # transformers: imported when needed
+    from verispec.models.load import build
+    from verispec.models.load_plan import plan_load
+
+    plan = plan_load(model, dtype, runtime, deterministic)  # refuses what cannot load before "loading"
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
-    from verispec.bench.runners import VerispecRunner, warm_up  # transformers: imported when needed
-    from verispec.models.load import load_model
-
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    loaded = build(plan)
     dtype_name = loaded.dtype_name
     rows: list[DemoRow] = []
     for name, text in PROMPTS.items():

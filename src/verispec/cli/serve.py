@@ -79,12 +79,15 @@ def serve(
         check_policy_proposer(k, proposer)
         spec = parse_k(k)
         k_value = spec.k if spec.kind == "constant" else k.strip()
+    from verispec.models.load_plan import plan_load
+
+    plan = plan_load(model, dtype, runtime, deterministic)  # the model's files and runtime, before the port
     listener = listen(host, port)  # before loading: a taken port is reported at once
     from verispec.batching import RegistryBuilder, Scheduler
-    from verispec.models.load import load_model
+    from verispec.models.load import build
 
     start = time.perf_counter()
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    loaded = build(plan)
     print(f"loaded {model} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)

@@ -262,9 +262,11 @@ def build(plan: LoadPlan) -> LoadedModel:
 def _on_llamacpp(plan: LoadPlan) -> LoadedModel:
     """Runtime "llamacpp": llama.cpp decodes the GGUF file with torch's thread count; no
     transformers model is loaded (`transformers_model()` loads the file's float32 one where
-    something runs transformers itself, HF's generate in the benchmark)."""
-    from verispec.models.llamacpp import LlamaCppLM
+    something runs transformers itself, HF's generate in the benchmark). A build that crashes
+    on this CPU is found by a probe in a child process first (`llamacpp.probe`)."""
+    from verispec.models.llamacpp import LlamaCppLM, probe
 
+    probe(plan.source)
     config = model_config(plan.source)
     tokenizer = load_tokenizer(plan.source)
     converted = converted_dir(plan.source)

@@ -33,6 +33,7 @@ from verispec.machine import native_bf16
 from verispec.models import DEFAULT_MODEL
 from verispec.models.gguf_blocks import CODED, READ
 from verispec.models.llama import config_refusal
+from verispec.models.llamacpp import require
 from verispec.models.sources import (
     blocks_cache,
     converted_dir,
@@ -271,7 +272,8 @@ def llamacpp_plan(
 ) -> LoadPlan:
     """Runtime "llamacpp": llama.cpp decodes the GGUF file's own blocks, so there is no weight
     format to choose; deterministic (the default) pads a lone token to llama.cpp's many-row
-    kernels (`LlamaCppLM`)."""
+    kernels (`LlamaCppLM`). Refused where llama-cpp-python is not installed."""
+    require("--runtime llamacpp")
     if not source.is_file():
         raise ValueError(
             f"{source}: the llama.cpp runtime reads a GGUF file, not a checkpoint directory; give a .gguf file "
