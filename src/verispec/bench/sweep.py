@@ -61,7 +61,7 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
     levels = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < 1:
+        if not (part.isascii() and part.isdigit()) or int(part) < 1:
             raise ValueError(
                 f"--concurrency takes integers >= 1 separated by commas, e.g. 1,2,4,8; {part!r} in {text!r} is not one"
             )

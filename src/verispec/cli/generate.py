@@ -125,8 +125,7 @@ def generate(
 
 
 def check_context(loaded: LoadedModel, prompt_tokens: int, max_new_tokens: int) -> None:
-    limits = [getattr(loaded.config, "max_position_embeddings", None), getattr(loaded.lm, "n_ctx", None)]
-    limit = min((n for n in limits if n is not None), default=None)  # llama.cpp's context holds fewer
+    limit = loaded.context_limit
     if limit is not None and prompt_tokens + max_new_tokens > limit:
         raise ValueError(
             f"the prompt ({prompt_tokens} tokens) plus --max-new-tokens {max_new_tokens} exceeds the "

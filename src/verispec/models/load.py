@@ -114,6 +114,13 @@ class LoadedModel:
         return self.model
 
     @property
+    def context_limit(self) -> int | None:
+        """The most positions a request may fill (prompt and new tokens): the config's trained
+        context, or llama.cpp's cache where that holds fewer; None where neither says."""
+        limits = [getattr(self.config, "max_position_embeddings", None), getattr(self.lm, "n_ctx", None)]
+        return min((n for n in limits if n is not None), default=None)
+
+    @property
     def dtype_name(self) -> str:
         """How reports name what this model computes in: "q4", else the dtype ("float32")."""
         return self.weight_format if self.weight_format != "float" else str(self.dtype).removeprefix("torch.")
