@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from verispec.bench import llamacpp
-from verispec.bench.identity import diagnose
+from verispec.identity import diagnose
 from verispec.bench.methods import LLAMACPP_LOOKUP_TOKENS, PLAIN, Method, parse_method, parse_methods
 from verispec.bench.report import render, summarize
 from verispec.bench.runners import Clock

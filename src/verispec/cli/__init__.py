@@ -70,17 +70,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def empty_value(argv: list[str]) -> str | None:
-    """What is wrong with an empty word on the command line (`--out ""`, `--model=`), else None:
-    no option of any command means something by an empty value (an empty path would be the
-    current directory, an empty name nothing)."""
+    """What is wrong with an empty option value on the command line (`--out ""`, `--model=`),
+    else None: no option of any command means something by an empty value (an empty path would
+    be the current directory, an empty name nothing)."""
     for i, word in enumerate(argv):
         if word.startswith("--") and word.endswith("="):
             return f"{word[:-1]} is empty; give it a value, or leave the option out for its default"
-        if word == "":
-            if i and argv[i - 1].startswith("--") and "=" not in argv[i - 1]:
-                return f"{argv[i - 1]} is empty; give it a value, or leave the option out for its default"
-            return "an argument is empty; give it a value"
-    return None
+        if word == "" and i and argv[i - 1].startswith("--") and "=" not in argv[i - 1]:
+            return f"{argv[i - 1]} is empty; give it a value, or leave the option out for its default"
+    return None  # an empty argument (a prompt) is the command's to judge
 
 
 def fail(message: str) -> int:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from verispec.bench.identity import diagnose, explain, verdict
+from verispec.identity import diagnose, explain, verdict
 from verispec.cli import app
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL

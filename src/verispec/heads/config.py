@@ -18,14 +18,14 @@ A `HeadConfig` is the `config.json` of a head directory (see `verispec.heads.che
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from verispec.checks import is_int
+from verispec.head_kind import HeadKind, head_kind
 from verispec.models.base import FINAL, Tap, check_taps
 
 FORMAT = "verispec-head"
 VERSION = 1
-KINDS = ("eagle", "eagle3", "medusa")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class HeadConfig:
     depth: how many such layers the EAGLE head stacks (a config without it has one). heads:
     Medusa's K."""
 
-    kind: Literal["eagle", "eagle3", "medusa"]
+    kind: HeadKind
     target: TargetInfo
     feature_layers: tuple[Tap, ...]
     vocab_size: int
@@ -60,8 +60,7 @@ class HeadConfig:
     training: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"head kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        object.__setattr__(self, "kind", head_kind(self.kind))
         object.__setattr__(self, "feature_layers", check_taps(self.feature_layers, self.target.num_layers))
         if not 1 <= self.vocab_size <= self.target.vocab_size:
             raise ValueError(f"head vocabulary N must lie in [1, {self.target.vocab_size}], got {self.vocab_size}")

@@ -90,8 +90,8 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype
     source: Path
-    runtime: str = "hf"
-    weight_format: str = "float"  # "float" (weights in `dtype`), "q4", or "gguf" (llama.cpp's own blocks)
+    runtime: Runtime = Runtime.HF
+    weight_format: WeightFormat = WeightFormat.FLOAT  # FLOAT (weights in `dtype`), Q4, or GGUF (llama.cpp's own blocks)
     exact_weights: bool = True  # every weight equals the source's float32 weight, bit for bit
     auto_choice: str | None = None  # why dtype "auto" chose what it did, where that is not the plain rule
     layout: str | None = None  # q4 on the fast runtime: which projections run on which kernel (`projection_layout`)
@@ -99,6 +99,7 @@ class LoadedModel:
     reload: Callable[[], PreTrainedModel] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        self.runtime, self.weight_format = Runtime(self.runtime), WeightFormat(self.weight_format)  # a name is read once
         if self.config is None and self.model is not None:
             self.config = self.model.config
 
@@ -123,12 +124,12 @@ class LoadedModel:
     @property
     def dtype_name(self) -> str:
         """How reports name what this model computes in: "q4", else the dtype ("float32")."""
-        return self.weight_format if self.weight_format != "float" else str(self.dtype).removeprefix("torch.")
+        return str(self.weight_format) if self.weight_format != WeightFormat.FLOAT else str(self.dtype).removeprefix("torch.")
 
     @property
     def target_note(self) -> str | None:
         """What a quantized format did to the model, for wherever it is chosen; None for float."""
-        if self.weight_format == "gguf":
+        if self.weight_format == WeightFormat.GGUF:
             pieces = (
                 "; every forward after the prompt decodes 2 or 3 tokens (a lone token with a padding row), so a "
                 "row's logits do not depend on how many rows are scored with it"
@@ -137,7 +138,7 @@ class LoadedModel:
                 "follows no one fixed target and greedy speculative output may part from plain decoding"
             )
             return f"llama.cpp: {LLAMACPP_TARGET}{pieces}"
-        if self.weight_format == "float":
+        if self.weight_format == WeightFormat.FLOAT:
             if self.dtype == torch.bfloat16 and self.source.is_file():
                 return (
                     "bfloat16: every weight rounded to bfloat16 from the GGUF file's float32 values, so this is "
@@ -256,8 +257,8 @@ def build(plan: LoadPlan) -> LoadedModel:
         eos_token_ids=eos_token_ids,
         dtype=torch_dtype,
         source=source,
-        runtime=plan.runtime.value,
-        weight_format="q4" if plan.weight_format == WeightFormat.Q4 else "float",
+        runtime=plan.runtime,
+        weight_format=WeightFormat.Q4 if plan.weight_format == WeightFormat.Q4 else WeightFormat.FLOAT,
         exact_weights=exact,
         auto_choice=plan.auto_choice,
         layout=projection_layout(lm) if plan.weight_format == WeightFormat.Q4 else None,
@@ -290,8 +291,8 @@ def _on_llamacpp(plan: LoadPlan) -> LoadedModel:
         eos_token_ids=eos_ids(config, generation, tokenizer),
         dtype=plan.dtype,
         source=plan.source,
-        runtime=plan.runtime.value,
-        weight_format=plan.weight_format.value,
+        runtime=plan.runtime,
+        weight_format=plan.weight_format,
         exact_weights=False,
         config=config,
         reload=lambda: _gguf_model(plan.source, plan.dtype)[0],
