@@ -581,6 +581,7 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
         (["--init", "/nonexistent/verispec-head"], "--init /nonexistent/verispec-head is not a directory"),
         (["--init", "MEDUSA"], "--init MEDUSA holds a head of another kind (--head) medusa where this run has eagle"),
         (["--out", "FILE/h"], "is a file, not a directory"),
+        (["--work", "FILE/w"], "--work FILE/w: FILE is a file, not a directory; choose another path"),
     ],
 )
 def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, capsys, monkeypatch):
@@ -597,8 +598,8 @@ def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, cap
     medusa = tmp_path / "medusa"
     save_head(tiny_head("medusa", random_table(8, 1, seed=0)), medusa)
     (tmp_path / "file").write_text("x")
-    extra = [{"MEDUSA": str(medusa), "FILE/h": str(tmp_path / "file" / "h")}.get(word, word) for word in extra]
-    message = message.replace("MEDUSA", str(medusa))
+    extra = [word.replace("MEDUSA", str(medusa)).replace("FILE", str(tmp_path / "file")) for word in extra]
+    message = message.replace("MEDUSA", str(medusa)).replace("FILE", str(tmp_path / "file"))
     args = ["train", "--head", "eagle", "--minutes", "1", "--out", str(tmp_path / "h"), "--work", str(tmp_path / "w"), *extra]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from verispec.models.table_pair import Tables
 
 
-HEAD_KINDS = ("eagle", "medusa")
+HEAD_KINDS = (HeadKind.EAGLE, HeadKind.MEDUSA)  # what `head_proposer` builds (eagle3: `proposers.eagle3`)
 # How a head drafts, by weight format (`models.weight_format.HEAD`): the dtype it computes in and
 # its projections' route (`head_packing`). The head only proposes, so the choice changes q, never
 # the output's law. "auto": int8 where the CPU computes bfloat16 natively (its kernel takes

@@ -118,12 +118,13 @@ class TrainConfig:
             raise ValueError("--decay plans the learning rate over --steps, which is missing; give --steps N (--minutes still bounds the run)")
 
     def _check_paths(self) -> None:
+        for option, path in (("--out", self.out), ("--work", self.work_dir)):
+            if path.exists() and not path.is_dir():
+                raise ValueError(f"{option} {path} exists and is not a directory; give a directory")
+            above = next((p for p in path.parents if p.exists()), None)
+            if above is not None and not above.is_dir():
+                raise ValueError(f"{option} {path}: {above} is a file, not a directory; choose another path")
         out = self.out
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out} exists and is not a directory; give a directory for the head")
-        above = next((p for p in out.parents if p.exists()), None)
-        if above is not None and not above.is_dir():
-            raise ValueError(f"--out {out}: {above} is a file, not a directory; choose another path")
         if not self.data_only and (out / "config.json").exists() and not self.force:
             raise ValueError(f"{out} already holds a head (config.json); pass --force to overwrite it or choose another --out")
         if self.resume and not self.checkpoint.is_file():
