@@ -212,3 +212,20 @@ def test_profile_model_returns_the_whole_profile_and_refuses_what_the_model_cann
     assert measured.memory["kv_bytes_per_token"] > 0 and measured.machine["runtime"] == "hf"
     with pytest.raises(ValueError, match=r"k_max \+ 1 scored tokens \(2065 tokens\).* the model's context of 2048 tokens"):
         profile_model(loaded, PromptLookup(), "lookup", prompt, ProfileSettings(context_tokens=2048))
+
+
+def test_the_profile_command_prints_what_profile_model_measured(tmp_path, capsys):
+    """The command is options, one `profile_model` call and printing: on a tiny checkpoint."""
+    from serving import save_tiny_model
+
+    from verispec.cli import main
+
+    model = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "p.json"
+    args = ["profile", "--model", str(model), "--k-max", "2", "--repeats", "1", "--warmup", "0", "--survival-tokens", "4",
+            "--batch-rows", "2", "--tree-nodes", "1", "--context-tokens", "16", "--out", str(out), "--json"]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == Profile.load(out).to_dict() and printed["context_tokens"] == 16 and printed["batch"]["rows"] == [1, 2]
+    assert main(["profile", "--model", str(model), "--context-tokens", "4000", "--batch-rows", "0"]) == 2
+    assert "the model's context of 2048 tokens" in capsys.readouterr().err

@@ -273,7 +273,6 @@ def llamacpp_plan(
     """Runtime "llamacpp": llama.cpp decodes the GGUF file's own blocks, so there is no weight
     format to choose; deterministic (the default) pads a lone token to llama.cpp's many-row
     kernels (`LlamaCppLM`). Refused where llama-cpp-python is not installed."""
-    require("--runtime llamacpp")
     if not source.is_file():
         raise ValueError(
             f"{source}: the llama.cpp runtime reads a GGUF file, not a checkpoint directory; give a .gguf file "
@@ -284,6 +283,7 @@ def llamacpp_plan(
             f"--dtype {asked} does not apply to the llama.cpp runtime, which computes the GGUF file's own "
             "blocks; drop --dtype (or give auto)"
         )
+    require("--runtime llamacpp")
     return LoadPlan(
         name=name,
         source=source,
