@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -15,6 +15,7 @@ from verispec.identity import diagnose, explain
 from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
 from verispec.engine import Decoding, stream
 from verispec.models import DEFAULT_MODEL
+from verispec.models.base import CausalLM
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, parse_k, parse_spec, proposer_help
 from verispec.sampling import SamplingParams
@@ -69,8 +70,7 @@ def generate(
     drafter = build_proposer(proposer_spec, loaded)
     policy = build_policy(k_spec, loaded.lm, drafter, prompt_ids, sampling)
     options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "eos_token_id": loaded.eos_token_ids, "seed": seed}
-    for _ in stream(loaded.lm, None, prompt_ids, **{**options, "max_new_tokens": 2}, k=0):
-        pass  # lazy initialisation, so that the timed decoding does not pay for it
+    warm_up(loaded.lm, prompt_ids)
     text_stream = TextStream(loaded.decode)
     echo = None if as_json else lambda token: print(text_stream.push(token), end="", flush=True)
     spec, seconds = timed(stream(loaded.lm, drafter, prompt_ids, **options, k=policy), echo)
@@ -123,6 +123,11 @@ def generate(
             same = f"output {explain(report['mismatch'])}"
         line += f"; plain {report['plain_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, {same}"
     print(line, file=sys.stderr)
+
+
+def warm_up(target: CausalLM, prompt_ids: Sequence[int]) -> None:
+    """Two plain tokens, so that the timed decoding does not pay for lazy initialisation."""
+    timed(stream(target, None, prompt_ids, max_new_tokens=2, k=0))
 
 
 def timed(decoding: Decoding, echo: Callable[[int], None] | None = None) -> tuple[Decoding, float]:
