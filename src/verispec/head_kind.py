@@ -19,6 +19,9 @@ class HeadKind(StrEnum):
     EAGLE3 = "eagle3"  # the standard EAGLE-3 layer vLLM serves (`heads.eagle3`)
     MEDUSA = "medusa"  # K residual heads on one feature (`heads.medusa`)
 
+    def __repr__(self) -> str:
+        return repr(self.value)  # messages quote a kind as the user writes it: 'medusa'
+
 
 def head_kind(value: str, option: str = "head kind") -> HeadKind:
     """`value` as a `HeadKind`, or a ValueError naming the kinds."""
