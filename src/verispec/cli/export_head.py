@@ -10,6 +10,7 @@ import typer
 
 from verispec.cli import BadInput, app
 from verispec.cli.paths import check_new_directory
+from verispec.head_kind import HeadKind
 from verispec.k_spec import K_BOUND
 
 FORMATS = ("speculators", "vllm-medusa")
@@ -48,7 +49,7 @@ def export_head(
         method = "eagle3"
     else:
         output = None
-        if config.kind == "medusa" and not config.trained_output:
+        if config.kind == HeadKind.MEDUSA and not config.trained_output:
             from verispec.models.load import load_model
 
             output = load_model(model or config.target.name, dtype="float32").lm.output_embeddings()

@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from verispec.head_kind import HeadKind
 from verispec.heads.config import HeadConfig, TargetInfo
 from verispec.heads.drafting_layer import DraftingLayer
 from verispec.heads.eagle import EagleHead, FrozenRows
@@ -64,9 +65,9 @@ def new_head(config: HeadConfig, d2t: torch.Tensor, target: FeatureChannel) -> H
     """A head with fresh weights around `target`'s frozen embedding and output rows."""
     check_target(config, target)
     output = None if config.trained_output else target.output_embeddings()
-    if config.kind == "eagle":
+    if config.kind == HeadKind.EAGLE:
         return EagleHead(config, d2t, target.input_embeddings(), output)
-    if config.kind == "eagle3":  # its own output layer, started from the target's rows
+    if config.kind == HeadKind.EAGLE3:  # its own output layer, started from the target's rows
         return Eagle3Head(config, d2t, target.input_embeddings(), target.output_embeddings())
     return MedusaHead(config, d2t, output)
 

@@ -85,7 +85,7 @@ def head_proposer(
     head = load_head(directory, target, dtype)
     if head.config.kind != kind:
         raise ValueError(f"{directory} holds a {head.config.kind} head, not a {kind} head; use {head.config.kind}:{directory}")
-    return (EagleProposer if kind == "eagle" else MedusaProposer)(for_drafting(head, route), target)
+    return (EagleProposer if kind == HeadKind.EAGLE else MedusaProposer)(for_drafting(head, route), target)
 
 
 # Where a head ships for the model, lookup+eagle with auto k: it copies where the context repeats
@@ -160,7 +160,7 @@ def audit_fixture(kind: str, tables: Tables) -> Proposer:
 
     # An untrained float64 head on the table's deterministic features: exactness must not
     # depend on the weights, and an untrained q rejects often (every repair path).
-    proposer = MedusaProposer if kind == "medusa" else EagleProposer
+    proposer = MedusaProposer if kind == HeadKind.MEDUSA else EagleProposer
     return proposer(tiny_head(kind, tables.target), tables.target)
 
 

@@ -332,14 +332,14 @@ def build_head(kind: str, settings: TrainSettings, target, target_config, name: 
         num_layers=target.num_layers,
     )
     layer = {}
-    if kind == "eagle":
+    if kind == HeadKind.EAGLE:
         layer = default_layer(target_config)
-    elif kind == "eagle3":  # vLLM tabulates the head's rope up to the target's context
+    elif kind == HeadKind.EAGLE3:  # vLLM tabulates the head's rope up to the target's context
         layer = {**default_layer(target_config), "max_position_embeddings": getattr(target_config, "max_position_embeddings", 8192)}
     config = HeadConfig(
         kind=kind, target=info, feature_layers=settings.head_taps(target.num_layers), vocab_size=int(d2t.numel()),
-        layer=layer, heads=settings.unroll if kind == "medusa" else 0,
-        depth=settings.depth if kind == "eagle" else 1, trained_output=kind == "eagle3",
+        layer=layer, heads=settings.unroll if kind == HeadKind.MEDUSA else 0,
+        depth=settings.depth if kind == HeadKind.EAGLE else 1, trained_output=kind == HeadKind.EAGLE3,
     )
     torch.manual_seed(settings.seed)
     return new_head(config, d2t, target).float()
