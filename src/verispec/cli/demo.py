@@ -14,7 +14,7 @@ from rich.table import Table
 
 from verispec.cli import app
 from verispec.cli.generate import timed, warm_up
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.engine import stream
 from verispec.identity import diagnose, explain, verdict
 from verispec.models import DEFAULT_MODEL
@@ -48,15 +48,16 @@ def demo(
     dtype: str = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     k_spec = parse_k(k)
-    proposer_spec = parse_spec(proposer or default_proposer(model))
+    proposer_spec = parse_spec(proposer or default_proposer(model, device))
     check_policy_proposer(k_spec, proposer_spec)
     from verispec.models.load import build  # transformers: imported when needed
     from verispec.models.load_plan import plan_load
 
-    plan = plan_load(model, dtype, runtime, deterministic)  # refuses what cannot load before "loading"
+    plan = plan_load(model, dtype, runtime, deterministic, device=device)  # refuses what cannot load before "loading"
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
     loaded = build(plan)

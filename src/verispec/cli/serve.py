@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from verispec.cli import BadInput, app
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, check_policy_proposer, parse_k, parse_spec, proposer_help
@@ -32,6 +32,7 @@ def serve(
     ] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
     host: Annotated[
         str, typer.Option(help="Address to listen on; 127.0.0.1 keeps the server on this machine.")
     ] = "127.0.0.1",
@@ -72,7 +73,7 @@ def serve(
     except ImportError as error:
         raise BadInput(f"verispec serve needs the serve extra ({error.name} is missing): "
                        "pip install 'verispec[serve]'") from None
-    proposer = proposer or default_proposer(model)
+    proposer = proposer or default_proposer(model, device)
     if proposer == NO_PROPOSER:
         proposer_spec, k_spec = None, 0
     else:  # parsed once, here; the server and its requests keep the parsed specs
@@ -80,7 +81,7 @@ def serve(
         check_policy_proposer(k_spec, proposer_spec)
     from verispec.models.load_plan import plan_load
 
-    plan = plan_load(model, dtype, runtime, deterministic)  # the model's files and runtime, before the port
+    plan = plan_load(model, dtype, runtime, deterministic, device=device)  # the files, device and runtime, before the port
     listener = listen(host, port)  # before loading: a taken port is reported at once
     from verispec.batching import RegistryBuilder, Scheduler
     from verispec.models.load import build
@@ -93,6 +94,9 @@ def serve(
     served = ServedModel.of(loaded, served_model_name or model, proposer_spec, k_spec)
     warm = loaded.encode("Hello, how are you?", chat=loaded.chat_template is not None)
     costs = None
+    reserve = getattr(loaded.lm, "reserve_slots", None)
+    if reserve is not None:  # the static runtime's cache holds every slot before anything measures a step
+        reserve(max_slots)
     if batch_costs and served.k_label == "auto" and max_slots > 1:
         costs = measured_batch_costs(loaded.lm, warm, max_slots)
     scheduler = Scheduler(loaded.lm, RegistryBuilder(loaded), max_slots=max_slots, max_waiting=max_waiting,
