@@ -129,7 +129,7 @@ def load_target(config: TrainConfig) -> LoadedModel:
     from verispec.models.load import load_model
 
     dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if native_bf16() else "float32")
-    loaded = load_model(config.model, dtype=dtype)
+    loaded = load_model(config.model, dtype=dtype, device="cpu")  # training runs on the CPU
     vocab = int(loaded.lm.vocab_size)
     if config.vocab is not None and config.vocab > vocab and not config.data_only:
         raise ValueError(f"--vocab {config.vocab} exceeds {config.model}'s vocabulary of {vocab} tokens; give --vocab {vocab} or less")
