@@ -124,15 +124,18 @@ def run(config: TrainConfig, reporter: Reporter | None = None) -> Result:
 
 def load_target(config: TrainConfig) -> LoadedModel:
     """The target in a float dtype (its features are the data's), checked against what needs
-    it: the vocabulary, the chat template of `score = "turns"`."""
+    it: the vocabulary (from the config, before any weight is read), the chat template of
+    `score = "turns"`."""
     from verispec.machine import native_bf16
-    from verispec.models.load import load_model
+    from verispec.models.load import build
+    from verispec.models.load_plan import model_config, plan_load
 
     dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if native_bf16() else "float32")
-    loaded = load_model(config.model, dtype=dtype, device="cpu")  # training runs on the CPU
-    vocab = int(loaded.lm.vocab_size)
+    plan = plan_load(config.model, dtype, device="cpu")  # training runs on the CPU
+    vocab = int(model_config(plan.source).vocab_size)
     if config.vocab is not None and config.vocab > vocab and not config.data_only:
         raise ValueError(f"--vocab {config.vocab} exceeds {config.model}'s vocabulary of {vocab} tokens; give --vocab {vocab} or less")
+    loaded = build(plan)
     if config.score == "turns" and loaded.tokenizer.chat_template is None:
         raise ValueError(f"--score turns finds the user's turn through the chat template, which {config.model} lacks; use --score answers")
     return loaded
