@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from verispec.head_kind import HeadKind
 from verispec.heads.config import HeadConfig, TargetInfo
 from verispec.heads.drafting_layer import DraftingLayer
 from verispec.heads.eagle import EagleHead, FrozenRows
@@ -66,9 +67,9 @@ def new_head(config: HeadConfig, d2t: torch.Tensor, target: FeatureChannel) -> H
     check_target(config, target)
     embedding = target.input_embeddings()
     output = None if config.trained_output else target.output_embeddings()
-    if config.kind == "eagle":
+    if config.kind == HeadKind.EAGLE:
         head = EagleHead(config, d2t, embedding, output)
-    elif config.kind == "eagle3":  # its own output layer, started from the target's rows
+    elif config.kind == HeadKind.EAGLE3:  # its own output layer, started from the target's rows
         head = Eagle3Head(config, d2t, embedding, target.output_embeddings())
     else:
         head = MedusaHead(config, d2t, output)

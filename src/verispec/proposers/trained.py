@@ -9,23 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from verispec.head_kind import HeadKind
 from verispec.machine import native_bf16
 from verispec.models import DEFAULT_MODEL, weight_format
 from verispec.models.base import CausalLM
 from verispec.models.weight_format import HEAD, WeightFormat, head_packing
 from verispec.proposers.base import Proposer
+from verispec.proposers.kind import ProposerKind
 
 if TYPE_CHECKING:
     from verispec.models.load import LoadedModel
     from verispec.models.table_pair import Tables
 
 
-HEAD_KINDS = ("eagle", "medusa")
+HEAD_KINDS = (HeadKind.EAGLE, HeadKind.MEDUSA)  # what `head_proposer` builds (eagle3: `proposers.eagle3`)
 # How a head drafts, by weight format (`models.weight_format.HEAD`): the dtype it computes in and
 # its projections' route (`head_packing`). The head only proposes, so the choice changes q, never
 # the output's law. "auto" (`auto_head_format`): on the CPU int8 where it computes bfloat16
@@ -38,6 +41,12 @@ SHIPPED = Path(__file__).resolve().parent.parent / "heads" / "default"
 def default_head(kind: str) -> Path:
     """The directory of the `kind` head shipped for the default model (it may be absent)."""
     return SHIPPED / kind
+
+
+def shipped(kind: HeadKind, spec: str | None = None) -> str | None:
+    """`spec` (default: the kind's name) where a `kind` head is shipped for the default model,
+    so the greedy identity suite runs it; None where none is."""
+    return (spec or str(kind)) if default_head(kind).is_dir() else None
 
 
 def auto_head_format(device: torch.device | str = "cpu", target_dtype: torch.dtype = torch.float32) -> WeightFormat:
@@ -83,7 +92,7 @@ def head_proposer(
     head = load_head(directory, target, dtype)
     if head.config.kind != kind:
         raise ValueError(f"{directory} holds a {head.config.kind} head, not a {kind} head; use {head.config.kind}:{directory}")
-    return (EagleProposer if kind == "eagle" else MedusaProposer)(for_drafting(head, route), target)
+    return (EagleProposer if kind == HeadKind.EAGLE else MedusaProposer)(for_drafting(head, route), target)
 
 
 # Where a head ships for the model, lookup+eagle with auto k (on the CPU and on a GPU, where the
@@ -171,5 +180,21 @@ def audit_fixture(kind: str, tables: Tables) -> Proposer:
 
     # An untrained float64 head on the table's deterministic features: exactness must not
     # depend on the weights, and an untrained q rejects often (every repair path).
-    proposer = MedusaProposer if kind == "medusa" else EagleProposer
+    proposer = MedusaProposer if kind == HeadKind.MEDUSA else EagleProposer
     return proposer(tiny_head(kind, tables.target), tables.target)
+
+
+EAGLE = ProposerKind(
+    "eagle", "eagle[:DIR][:weights=F]", "sampled", build,
+    "a trained EAGLE-style head drafting in the target's feature space (DIR: from verispec train; "
+    "none: the head shipped for the default model; F: how it drafts, auto, int8, bfloat16 or float32)",
+    audit=partial(audit_fixture, HeadKind.EAGLE), example=shipped(HeadKind.EAGLE), trees=True,
+    parse=partial(parse, HeadKind.EAGLE),
+)
+MEDUSA = ProposerKind(
+    "medusa", "medusa[:DIR][:weights=F]", "sampled", build,
+    "K trained residual heads on the target's last feature (DIR: from verispec train; none: the "
+    "shipped head; F as for eagle)",
+    audit=partial(audit_fixture, HeadKind.MEDUSA), example=shipped(HeadKind.MEDUSA), trees=True,
+    parse=partial(parse, HeadKind.MEDUSA),
+)
