@@ -10,6 +10,7 @@ tensor left on the host inside a head forward fails.
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -192,3 +193,18 @@ def test_heads_on_the_schedulers_slots_decode_as_plain(model) -> None:
 def test_a_head_for_a_target_without_features_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="object has no feature channel"):
         head_proposer("eagle", None, object())
+
+
+@pytest.mark.slow
+def test_the_shipped_head_drafts_for_the_default_model_on_the_static_runtime(default_float32) -> None:
+    """lookup+eagle with the shipped head (the default proposer, on every device) on the default
+    model in bfloat16 on the static runtime: greedy output is plain greedy output."""
+    from verispec.registry import build_proposer
+
+    lm = StaticLlama.from_hf(default_float32.model, dtype=torch.bfloat16, rows=8, context=128)
+    loaded = dataclasses.replace(default_float32, lm=lm)
+    prompt = default_float32.encode("List three uses of a paperclip, then explain which one is the most surprising.")
+    options = dict(max_new_tokens=32, sampling=GREEDY, eos_token_id=default_float32.eos_token_id)
+    plain = generate(lm, None, prompt, k=0, **options)
+    run = generate(lm, build_proposer("lookup+eagle", loaded), prompt, k=4, **options)
+    assert run.tokens == plain.tokens and len(plain.tokens) > 5 and sum(run.stats.drafted) > 0
