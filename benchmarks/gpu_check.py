@@ -30,6 +30,8 @@ and then the real model, each skipped when the time budget runs short:
              the cost model's tau / v(k + 1); its output must be plain's, bit for bit
   batch      the Scheduler at c = 1, 8, 32 requests: plain aggregate tokens/s, the oracle at alpha
              0.8 k 4, and each request's tokens against the same runtime's plain decoding alone
+  head       an untrained EAGLE head shaped for the target (its layer, 8,192 tokens), on the device
+             in the target's dtype, at k 4: the cost of a drafted token, and identity with plain
   real       the default model from --gguf in bf16: plain, prompt lookup k 4 and auto, HF
              generate and HF prompt lookup on each prompt; then lookup+eagle k 4 and auto (the
              default proposer, its shipped head drafting on the GPU) on the same prompts, after
@@ -363,12 +365,41 @@ def shape_check(check: Check, name: str, config_options: dict, device: torch.dev
                       f"batch = alone {level['batch_equal_alone']}, oracle identical {level['oracle_identical']}")
         result["scheduler"] = levels
 
+    def head() -> None:
+        from verispec.heads import HeadConfig, for_drafting, new_head, target_info
+        from verispec.heads.config import FINAL, default_layer
+        from verispec.proposers.eagle import EagleProposer
+
+        target = lm.variant(context=CONTEXT)  # a cache of its own: the head's features add to its forwards only
+        n = min(8192, vocab)
+        config = HeadConfig("eagle", target_info(target, name), (FINAL,), vocab_size=n, layer=default_layer(model.config))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            drafter = for_drafting(new_head(config, torch.arange(n), target).to(lm.model.dtype).eval())
+        proposer = EagleProposer(drafter, target)
+
+        def run():
+            return verispec.generate(target, proposer, prompt, max_new_tokens=new, k=4, sampling=verispec.GREEDY)
+
+        run()
+        out, seconds = best_seconds(run, device, 1)
+        stats = out.stats
+        result["head"] = {
+            "device": str(drafter.d2t.device), "tok_s": new / seconds, "x_plain": new / seconds / result["plain_tok_s"],
+            "identical": list(out.tokens) == result["reference"],
+            "draft_ms_per_token": 1e3 * stats.draft_seconds / max(sum(stats.drafted), 1),
+            "target_ms_per_round": 1e3 * stats.target_seconds / max(len(stats.drafted), 1),
+        }
+        check.log(name, "untrained EAGLE head on", result["head"]["device"], f"k 4: {result['head']['x_plain']:.2f}x plain, "
+                  f"{result['head']['draft_ms_per_token']:.2f} ms a drafted token, identical {result['head']['identical']}")
+
     scale = 1 if SMOKE else max(1.0, result["weight_bytes"] / 1e9)
     check.part(result, "forward", forward, 5 + 5 * scale)
     check.part(result, "plain", plain, 5 + 5 * scale)
     if "reference" in result:
         check.part(result, "oracle", oracle, 10 + 5 * scale)
         check.part(result, "scheduler", batch, 10 + 5 * scale)
+        check.part(result, "head", head, 5 + 5 * scale)
     del model, lm, fast
     if device.type == "cuda":
         torch.cuda.empty_cache()
