@@ -163,13 +163,16 @@ class Scheduler:
         if not isinstance(target, SlotScoring):
             raise ValueError(
                 f"{type(target).__name__} holds one cache; batching needs a model with slots (SlotScoring): "
-                "the fast runtime's (runtime 'fast' or 'auto')"
+                "the fast or static runtime's (runtime 'fast', 'static' or 'auto')"
             )
         if not is_int(max_slots, least=1):
             raise ValueError(f"max_slots must be an integer >= 1, got {max_slots!r}")
         if max_waiting is not None and not is_int(max_waiting, least=0):
             raise ValueError(f"max_waiting must be an integer >= 0 or None, got {max_waiting!r}")
         self.target = target
+        reserve = getattr(target, "reserve_slots", None)
+        if reserve is not None:  # a static cache sized once, so that every step has one shape (`StaticLlama`)
+            reserve(max_slots)
         self.build = build
         self.max_slots = max_slots
         self.max_waiting = max_waiting

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from verispec.bench.methods import DEFAULT_METHODS
-from verispec.cli import app
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli import BadInput, app
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_directory, nothing_left_on_failure
 from verispec.models import DEFAULT_MODEL
 from verispec.registry import proposer_grammar
@@ -67,6 +67,7 @@ def bench(
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
     threads: Annotated[
         Optional[int],
         typer.Option(min=1, help="torch threads for every method.", show_default="torch's; --quick: 1"),
@@ -109,6 +110,13 @@ def bench(
     from verispec.bench.sweep import is_sweep, parse_concurrency
 
     levels = parse_concurrency(concurrency)
+    if quick:
+        ignored = [option for option, given in (
+            ("--model", model != DEFAULT_MODEL), ("--dtype", dtype != "auto"), ("--runtime", runtime != "auto"),
+            ("--deterministic", deterministic is not None), ("--device", device != "auto")) if given]
+        if ignored:
+            raise BadInput(f"--quick benchmarks a tiny model built in code on transformers, which {', '.join(ignored)} "
+                           "would not change; drop them, or drop --quick to benchmark --model")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     if sampling.greedy and any(f is not None for f in (top_k, top_p, min_p)):
         raise ValueError("--top-k, --top-p and --min-p filter sampled tokens; give a --temperature above 0")
@@ -126,6 +134,7 @@ def bench(
         dtype=dtype,
         runtime=runtime,
         deterministic=deterministic,
+        device=device,
         threads=threads,
         quick=quick,
         sampling=sampling,
@@ -159,6 +168,8 @@ def command_line(settings: Settings) -> str:
         words.append("--quick")
     else:
         words += ["--model", settings.model, "--dtype", settings.dtype, "--runtime", settings.runtime]
+        if settings.device != "auto":
+            words += ["--device", settings.device]
         if settings.deterministic is not None:
             words.append("--deterministic" if settings.deterministic else "--no-deterministic")
     if settings.threads is not None:

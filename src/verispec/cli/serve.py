@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from verispec.cli import BadInput, app
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, check_policy_proposer, parse_k, parse_spec, proposer_help
@@ -32,6 +32,7 @@ def serve(
     ] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
     host: Annotated[
         str, typer.Option(help="Address to listen on; 127.0.0.1 keeps the server on this machine.")
     ] = "127.0.0.1",
@@ -78,18 +79,24 @@ def serve(
     else:  # parsed once, here; the server and its requests keep the parsed specs
         proposer_spec, k_spec = parse_spec(proposer), parse_k(k)
         check_policy_proposer(k_spec, proposer_spec)
+    from verispec.models.load_plan import plan_load
+
+    plan = plan_load(model, dtype, runtime, deterministic, device=device)  # the files, device and runtime, before the port
     listener = listen(host, port)  # before loading: a taken port is reported at once
     from verispec.batching import RegistryBuilder, Scheduler
-    from verispec.models.load import load_model
+    from verispec.models.load import build
 
     start = time.perf_counter()
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    loaded = build(plan)
     print(f"loaded {model} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
     served = ServedModel.of(loaded, served_model_name or model, proposer_spec, k_spec)
     warm = loaded.encode("Hello, how are you?", chat=loaded.chat_template is not None)
     costs = None
+    reserve = getattr(loaded.lm, "reserve_slots", None)
+    if reserve is not None:  # the static runtime's cache holds every slot before anything measures a step
+        reserve(max_slots)
     if batch_costs and served.k_label == "auto" and max_slots > 1:
         costs = measured_batch_costs(loaded.lm, warm, max_slots)
     scheduler = Scheduler(loaded.lm, RegistryBuilder(loaded), max_slots=max_slots, max_waiting=max_waiting,

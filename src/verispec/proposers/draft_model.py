@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from verispec.drafts import Draft, TreeDraft
+from verispec.models import DEFAULT_MODEL
 from verispec.models.base import CausalLM
+from verispec.proposers.kind import ProposerKind
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, penalised, probabilities, to_host
 from verispec.tokenizer_contract import check_tokenizers
@@ -172,15 +174,26 @@ def build(path: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Dr
     """`draft:PATH`: the model at PATH in the target's weight format (q4 for a q4 target, else
     its dtype) on the runtime "auto" picks for it, or on llama.cpp for a llama.cpp target
     (without the lone-token padding: a draft's numerics never change the output's law, only
-    how often its guesses are accepted); its tokenizer must be the target's."""
+    how often its guesses are accepted); its tokenizer must be the target's. On a GPU it loads
+    on the target's device, without deterministic scoring (the static runtime's smallest shapes:
+    a draft's rounding changes only what is accepted)."""
     from verispec.models.load import load_model
 
     if target.runtime == "llamacpp":
         draft = load_model(path, runtime="llamacpp", deterministic=False)
+    elif target.device != "cpu":
+        draft = load_model(path, dtype=target.dtype_name, device=target.device, deterministic=False)
     else:
-        draft = load_model(path, dtype=target.dtype_name)
+        draft = load_model(path, dtype=target.dtype_name, device="cpu")
     return DraftModel(draft.lm, tokenizers=(target.tokenizer, draft.tokenizer))
 
 
 def audit_fixture(tables: Tables) -> DraftModel:
     return DraftModel(tables.draft)
+
+
+KIND = ProposerKind(
+    "draft", "draft:PATH", "sampled", build,
+    "a smaller model with the target's tokenizer (.gguf file, checkpoint directory or name)",
+    audit=audit_fixture, example=f"draft:{DEFAULT_MODEL}", trees=True,
+)

@@ -3,7 +3,7 @@
 Every method (and plain decoding itself at concurrency above 1, which tests the engine's
 batching) is run greedily on the same prompts and compared token for token with the engine's
 plain greedy output at one request. A divergence is located and diagnosed by verispec on the
-same weights (`verispec.bench.identity.diagnose`, a fresh full forward of the common prefix):
+same weights (`verispec.identity.diagnose`, a fresh full forward of the common prefix):
 a near tie (both tokens within the dtype's rounding of the maximum, `NEAR_TIE`) is the
 numerics of a different forward shape, not a bug; anything else fails. The diagnosis reads
 verispec's logits, not the engine's own: an engine whose numerics differ more than the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from verispec.bench.identity import diagnose
+from verispec.identity import diagnose
 from verispec.runtime_check.engines.base import Engine, Refused
 from verispec.runtime_check.law import Score
 from verispec.runtime_check.report import GreedyRow

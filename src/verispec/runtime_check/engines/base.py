@@ -25,7 +25,7 @@ class Unavailable(Exception):
 class Engine(Protocol):
     """name: the engine's name in reports. methods: its speculative methods. dtype: the
     precision it computes in, which sets the near-tie tolerance of greedy diagnoses
-    (`verispec.bench.identity.NEAR_TIE`)."""
+    (`verispec.identity.NEAR_TIE`)."""
 
     name: str
     methods: tuple[str, ...]
