@@ -61,6 +61,14 @@ def test_every_broken_engine_is_flagged(name):
     assert statuses == {PLAIN_VS_EXACT: PASS, SPEC_VS_PLAIN: FAIL, SPEC_VS_EXACT: FAIL}
 
 
+def test_greedy_speculation_and_batching_equal_plain_greedy():
+    engine = controls.correct(TARGET, DRAFT)
+    prompts = [[3, 5], [7, 1], [2, 2]]
+    plain = engine.greedy(prompts, 12, None, 1)
+    assert engine.greedy(prompts, 12, controls.DRAFT, 1) == plain == engine.greedy(prompts, 12, controls.DRAFT, 3)
+    assert engine.greedy(prompts, 12, None, 3) == plain
+
+
 def test_verispec_refuses_penalties_instead_of_dropping_them():
     engine = controls.correct(TARGET, DRAFT)
     with pytest.raises(Refused, match="frequency_penalty"):

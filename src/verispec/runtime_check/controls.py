@@ -106,13 +106,18 @@ class StaleCache:
         return self.lm.score(ids)
 
 
+def _own(draft: CausalLM) -> CausalLM:
+    """A draft model with a cache of its own (each decoding or batch slot needs one)."""
+    return draft.new_slot() if hasattr(draft, "new_slot") else draft
+
+
 def correct(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
     """The unbroken engine: `draft` as a draft model, k tokens a round."""
-    return VerispecEngine(target, {DRAFT: lambda lm: DraftModel(draft)}, eos_ids, k=k)
+    return VerispecEngine(target, {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k)
 
 
 def raw_q(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
-    return VerispecEngine(target, {DRAFT: lambda lm: RawQDraftModel(draft)}, eos_ids, k=k)
+    return VerispecEngine(target, {DRAFT: lambda lm: RawQDraftModel(_own(draft))}, eos_ids, k=k)
 
 
 def bonus_only(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
@@ -126,11 +131,11 @@ def bonus_only(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (),
         raw = probabilities(tap.last[-(drafted + 1):-1], SamplingParams())  # [k, V]
         return token_level(torch.cat([raw, p[drafted:]]), draft_, rng)
 
-    return VerispecEngine(tap, {DRAFT: lambda lm: DraftModel(draft)}, eos_ids, k=k, verifier=rule)
+    return VerispecEngine(tap, {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k, verifier=rule)
 
 
 def stale_cache(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
-    return VerispecEngine(StaleCache(target), {DRAFT: lambda lm: DraftModel(draft)}, eos_ids, k=k)
+    return VerispecEngine(StaleCache(target), {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k)
 
 
 CONTROLS = {"q from raw logits": raw_q, "parameters on the bonus token only": bonus_only,
