@@ -190,6 +190,8 @@ class ChargedProposer:
 
 
 VOCAB = 8
+QUEUED = 4  # requests per slot in a simulated batch run
+BATCHED_SHARE = 8  # a batched request's budget: this fraction of a lone request's
 
 
 def cycle_table() -> TableLM:
@@ -239,13 +241,17 @@ class Simulation:
         return int(name)
 
     def throughput(self, name: str | int, concurrency: int = 1) -> float:
-        """Tokens per simulated second of `concurrency` requests decoded at once, each with
-        the plan `name` (at concurrency > 1 the scheduler, with `BatchK` for 'auto')."""
+        """Tokens per simulated second with the plan `name`: one request of `tokens` tokens,
+        or at concurrency > 1 a queue of QUEUED x `concurrency` requests of `tokens` /
+        BATCHED_SHARE tokens each through the scheduler with `concurrency` slots
+        (`BatchK` for 'auto'), so that most steps run full as in a loaded server and only the
+        last requests drain."""
         clock, table = SimulatedClock(), cycle_table()
         target = SimulatedTarget(table, self.curve, clock)
-        each = max(1, self.tokens // concurrency)
+        requests = 1 if concurrency == 1 else QUEUED * concurrency
+        each = self.tokens if concurrency == 1 else max(1, self.tokens // BATCHED_SHARE)
         continuation = greedy_continuation(table, each)
-        prompts = [(i % VOCAB, (5 * i + 3) % VOCAB) for i in range(concurrency)]
+        prompts = [(i % VOCAB, (5 * i + 3) % VOCAB) for i in range(requests)]
 
         def proposer(seed: int) -> ChargedProposer:
             return ChargedProposer(ControlledAcceptance(continuation, self.acceptance, VOCAB, seed), clock, self.c)
