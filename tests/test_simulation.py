@@ -115,3 +115,32 @@ def test_auto_keeps_its_targets_on_a_small_grid(curve, alpha, concurrency, ks):
     cell = grid_cell(curve, alpha, concurrency, tokens=1024 if concurrency == 1 else 512, ks=ks)
     assert cell.over_best >= 0.95
     assert cell.over_plain >= 0.97
+
+
+# ---- the bench's controlled-acceptance method on a real (tiny) model -------------------------
+
+
+def test_the_oracle_method_drafts_the_greedy_continuation_at_the_acceptance_asked(tmp_path):
+    """verispec-oracle:ALPHA on the tiny random Llama: every run is plain greedy decoding, and
+    at alpha 1 every drafted token is accepted, at alpha 0 none."""
+    from verispec.bench.methods import parse_method
+    from verispec.bench.quick import quick_workloads
+    from verispec.bench.suite import make_runner, quick_target
+
+    target = quick_target(tmp_path)
+    prompt = quick_workloads()[0].token_ids(target)
+    plain = make_runner(parse_method("verispec-plain"), target, prompt)(prompt, 24).tokens
+    for alpha, accepted in ((1.0, 1.0), (0.0, 0.0)):
+        method = parse_method(f"verispec-oracle:{alpha}-k4")
+        assert method.oracle == alpha and method.k == 4
+        outcome = make_runner(method, target, prompt)(prompt, 24)
+        assert outcome.tokens == plain
+        assert outcome.stats.acceptance_rate == accepted
+
+
+@pytest.mark.parametrize("name", ["verispec-oracle:1.5-k4", "verispec-oracle:x-k4", "verispec-oracle:0.5-k"])
+def test_a_bad_oracle_method_is_refused(name):
+    from verispec.bench.methods import parse_method
+
+    with pytest.raises(ValueError, match="verispec-oracle|policy"):
+        parse_method(name)
