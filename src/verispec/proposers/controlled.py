@@ -14,12 +14,14 @@ It is not a proposer for generation and is not in the registry: it needs the con
 before decoding starts (the bench computes it by plain greedy decoding, untimed), it decodes
 greedily only, and its drafts cost nothing to make.
 
-Its coins are drawn once per output position from its own seeded generator: the token at
+Its coins are drawn once per output position from its own generator, seeded by `seed` and
+the prompt: the token at
 output position p is drafted right when u_p < a(d, 0) (u_p uniform; a tree: the rank r with
 a(d, 0) + ... + a(d, r - 1) <= u_p < a(d, 0) + ... + a(d, r)). A round reveals the coins only
 up to its first rejection, whose position the repair token then takes, so each round sees
 fresh coins with the stated law; and every k policy run on the same prompt and seed meets the
-same coins, which makes their comparison much less noisy than independent draws would.
+same coins, which makes their comparison much less noisy than independent draws would, while
+different prompts meet different coins.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class ControlledAcceptance:
             )
         self._start = len(prompt_ids)
         self._reference = [int(t) for t in self.continuation(prompt_ids)]
-        coins = random.Random(self.seed)
+        coins = random.Random(f"{self.seed}:{','.join(map(str, prompt_ids))}")
         self._coins = [coins.random() for _ in self._reference]
 
     def commit(self, context: Sequence[int]) -> None:
