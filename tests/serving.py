@@ -92,12 +92,12 @@ class Running:
 
 @contextlib.contextmanager
 def running(loaded, *, proposer: str | None = "lookup", k: int | str = 3, max_slots: int = 4, max_waiting: int = 8,
-            limits: Limits = Limits(), batch_costs=None) -> Iterator[Running]:
+            limits: Limits = Limits(), batch_costs=None, clock=time.perf_counter) -> Iterator[Running]:
     """A server for `loaded` (a `LoadedModel`) on a free loopback port, in a thread; stopped
-    (drained) on leaving, within a bounded time."""
+    (drained) on leaving, within a bounded time. clock: the scheduler's (its requests' timings)."""
     served = ServedModel.of(loaded, NAME, proposer, k)
     scheduler = Scheduler(loaded.lm, RegistryBuilder(loaded), max_slots=max_slots, max_waiting=max_waiting,
-                          batch_costs=batch_costs, max_context=served.context)
+                          batch_costs=batch_costs, max_context=served.context, clock=clock)
     app = ServerApp(served, scheduler, limits)
     server = make_server(app, log_level="warning", access_log=False)
     sock = loopback_socket()

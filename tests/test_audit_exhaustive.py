@@ -17,7 +17,7 @@ from verispec.audit.controls import (
     UncroppedCacheTableLM,
     resampling_p_verifier,
 )
-from verispec.audit.exact_target import exact_probabilities, greedy_token, target_sequences
+from verispec.audit.exact_target import exact_penalised, exact_probabilities, greedy_token, target_sequences
 from verispec.audit.exhaustive import (
     SCENARIOS,
     TOLERANCE,
@@ -31,7 +31,7 @@ from verispec.audit.exhaustive import (
 )
 from verispec.models.tables import bigram, random_row
 from verispec.registry import PROPOSERS
-from verispec.sampling import GREEDY, SamplingParams, probabilities
+from verispec.sampling import GREEDY, SamplingParams, penalised, probabilities
 
 F = Fraction
 CONFIGURATIONS = default_configurations()
@@ -206,3 +206,30 @@ def test_scenario_tables_are_rational_and_reproducible():
     assert a.target.rows == b.target.rows and a.draft.rows == b.draft.rows
     assert a.target.rows != a.draft.rows
     assert all(row[0] > 0 for row in a.target.rows.values())  # EOS always possible
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(repetition_penalty=2.0), SamplingParams(temperature=0.5,
+                                      repetition_penalty=3.0, min_tokens=2)], ids=str)
+def test_exact_penalties_agree_with_the_float_penalties(sampling):
+    rng = random.Random(7)
+    for emitted in range(4):
+        row = random_row(4, rng, 12, zeros=True)
+        context = [rng.randrange(4) for _ in range(3)]
+        logits = torch.tensor([[math.log(x) if x else -math.inf for x in row]], dtype=torch.float64)
+        weights = exact_penalised(row, sampling, context, emitted, {0})
+        if not any(weights):
+            continue  # min_tokens masked the only possible token: no distribution
+        exact = exact_probabilities(weights, sampling)
+        floats = probabilities(penalised(logits, sampling, context, [()], emitted, {0}), sampling)
+        assert floats[0].tolist() == pytest.approx([float(x) for x in exact], abs=1e-12)
+
+
+def test_a_penalty_that_ignores_the_drafts_before_a_row_is_caught(monkeypatch):
+    """The negative control of the penalties: every row penalised after the round's context
+    alone (not the drafts before it) changes the output law, and the audit sees it."""
+    import verispec.engine
+
+    scenario = next(s for s in SCENARIOS if s.sampling.repetition_penalty != 1 and not s.sampling.greedy)
+    assert audit_configuration(Configuration(scenario, DRAFT, "token")).passed
+    monkeypatch.setattr(verispec.engine, "drafted_before_rows", lambda draft: [()] * (len(draft) + 1))
+    assert not audit_configuration(Configuration(scenario, DRAFT, "token")).passed

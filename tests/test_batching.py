@@ -451,3 +451,28 @@ def test_four_concurrent_requests_follow_the_target_at_temperature_1():
         assert max(job.stats.rounds for job in done) >= 1
         for marginal in exact:
             assert g_test_p_value(counts[marginal], exact[marginal], runs) > ALPHA, (name, marginal)
+
+
+def test_first_plan_holds_a_measured_policy_at_its_profiles_choice():
+    """`Request.fixed_k`'s policy: the plan the policy picks before any round, every round."""
+    from verispec.batching import first_plan
+    from verispec.policies import ConstantK
+    from verispec.stats import Stats
+
+    cheap, costly = auto_policy(3), AutoK(FixedCosts(c=0.9, v=[1.0, 1.5, 2.0, 2.5]))
+    for policy, k in ((cheap, auto_policy(3).choose(Stats())), (costly, 0)):
+        fixed = first_plan(policy)
+        assert isinstance(fixed, ConstantK) and fixed.k == k
+    assert first_plan(cheap).k >= 1
+
+
+def test_a_request_keeps_the_parsed_specs():
+    from verispec.registry import parse_k, parse_spec
+
+    request = Request((1, 2), 4, proposer=parse_spec("lookup"), k=parse_k("auto"), fixed_k=True)
+    assert request.k_spec.kind == "auto" and str(request.proposer) == "lookup"
+    with pytest.raises(ValueError, match="build its policy"):
+        request.k_for_decoding()
+    assert Request((1, 2), 4, proposer=parse_spec("lookup"), k=parse_k("3")).k_for_decoding() == 3
+    with pytest.raises(ValueError, match="fixed_k"):
+        Request((1, 2), 4, proposer="lookup", k=3, fixed_k=1)

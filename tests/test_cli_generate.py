@@ -167,6 +167,14 @@ def test_the_tiny_model_generates_and_compares(capsys, models):
     assert report["new_tokens"] == 12 and report["identical"] is True and report["mismatch"] is None
 
 
+def test_the_static_runtime_generates_on_the_device_asked_for(capsys, models):
+    assert main(["generate", "--model", str(models / "target"), "--runtime", "static", "--device", "cpu", "--k", "4",
+                 "--max-new-tokens", "12", "--compare", "--json", "Summarize: the cat sat on the mat."]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["runtime"], report["device"]) == ("static", "cpu")
+    assert report["new_tokens"] == 12 and report["identical"] is True
+
+
 def corrupt_speculative_runs(monkeypatch, position: int) -> None:
     """Make every speculative run emit a wrong token at new token `position` (plain runs are
     left alone), as a broken engine would."""

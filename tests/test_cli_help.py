@@ -47,5 +47,5 @@ def test_brackets_and_defaults_survive(capsys, monkeypatch):
     assert main(["bench", "--help"]) == 0
     shown = squeezed(capsys.readouterr().out)
     assert squeezed("pip install -e '.[llamacpp]'") in shown
-    assert squeezed("[default: on with the fast and llama.cpp runtimes") in shown
+    assert squeezed("[default: on with the fast, static and llama.cpp runtimes") in shown
     assert squeezed("lookup+medusa[:DIR][:weights=F]") in shown

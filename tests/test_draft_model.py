@@ -12,7 +12,7 @@ import torch
 from verispec.models.tables import TableLM, random_table
 from verispec.proposers import DraftModel
 from verispec.randomness import TorchRandom
-from verispec.sampling import GREEDY, SamplingParams, probabilities
+from verispec.sampling import GREEDY, SamplingParams, penalised, probabilities
 
 
 class Recording:
@@ -107,3 +107,17 @@ def test_cache_follows_the_emitted_prefix(sampling, seed):
             proposer.commit(context)
             assert model.processed == context[: len(model.processed)]
             assert model.length == len(model.processed)
+
+
+def test_the_drafts_q_carries_the_repetition_penalty_of_its_own_context():
+    """q of each drafted token is the draft's row after the context and the tokens drafted
+    before it, penalised as the target's rows are."""
+    table = random_table(5, 1, seed=3, zeros=False)
+    sampling = SamplingParams(repetition_penalty=2.0)
+    draft = DraftModel(table)
+    draft.begin([1, 2], sampling)
+    proposed = draft.propose([1, 2], 2, TorchRandom(0))
+    context = [1, 2, proposed.tokens[0]]
+    row = table.score(context)[-1:]
+    assert torch.equal(proposed.q[1], probabilities(penalised(row, sampling, context, [()], 0, ()), sampling)[0])
+    assert not torch.equal(proposed.q[1], probabilities(row, sampling)[0])

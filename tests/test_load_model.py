@@ -169,7 +169,7 @@ def test_runtime_choice(tmp_path) -> None:
     assert isinstance(load_model(tmp_path, runtime="fast", deterministic=True).lm, LlamaRuntime)
     with pytest.raises(ValueError, match="unknown runtime 'fastest'; choose auto, fast, hf, llamacpp"):
         load_model(tmp_path, runtime="fastest")
-    with pytest.raises(ValueError, match="deterministic scoring is a mode of the fast and llama.cpp runtimes"):
+    with pytest.raises(ValueError, match="deterministic scoring is a mode of the fast, static and llama.cpp runtimes"):
         load_model(tmp_path, runtime="hf", deterministic=True)
     with pytest.raises(ValueError, match="the llama.cpp runtime reads a GGUF file, not a checkpoint directory"):
         load_model(tmp_path, runtime="llamacpp")

@@ -116,11 +116,13 @@ def test_the_llamacpp_runtime_takes_a_gguf_file_as_llama_cpp_computes_it(gguf, t
 def test_the_plan_prints_as_lines_and_as_json(gguf) -> None:
     plan = plan_load(gguf("Q4_1"), machine=X86_BF16)
     lines = plan.describe().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["model", "source", "runtime", "dtype", "exact"]
-    assert "(GGUF; float32 copy" in lines[1] and "cached" in lines[1] and lines[3].startswith("dtype:    q4: chosen")
+    assert [line.split(":")[0] for line in lines] == ["model", "source", "device", "runtime", "dtype", "exact"]
+    assert "(GGUF; float32 copy" in lines[1] and "cached" in lines[1] and lines[4].startswith("dtype:    q4: chosen")
+    assert lines[2] == "device:   cpu: chosen by --device auto: torch sees no CUDA device"
     shown = json.loads(json.dumps(plan.as_dict()))
     assert shown["dtype"] == "q4" and shown["runtime"] == "fast" and shown["exact_weights"] is True
     assert shown["converted"] == shown["tokenizer"] == str(plan.converted) and shown["converted_cached"]
+    assert shown["device"] == "cpu" and shown["device_reason"].startswith("chosen by --device auto")
 
 
 def test_the_default_machine_is_read_where_not_given(tmp_path, monkeypatch) -> None:
@@ -145,3 +147,57 @@ def test_load_plan_command(tmp_path, capsys) -> None:
         assert len(err) == 1 and err[0].startswith("error: ") and says in err[0]
     assert main(["load-plan", "--model", str(tmp_path / "absent")]) == 2
     assert "never downloads models" in capsys.readouterr().err
+
+
+GPU = MachineFacts(native_bf16=True, int4_faster=True, cuda_devices=2, cuda_bf16=True)
+OLD_GPU = MachineFacts(native_bf16=True, int4_faster=True, cuda_devices=1, cuda_bf16=False)
+
+
+@pytest.mark.parametrize(("machine", "fmt"), [(GPU, WeightFormat.BFLOAT16), (OLD_GPU, WeightFormat.FLOAT16)])
+def test_on_cuda_auto_takes_the_static_runtime_in_the_gpus_half_precision(tmp_path, machine, fmt) -> None:
+    plan = plan_load(config_only(tmp_path), machine=machine)
+    assert plan.device == "cuda:0" and plan.device_reason == "chosen by --device auto: torch sees a CUDA device"
+    assert plan.runtime == Runtime.STATIC and plan.deterministic and "static runtime" in plan.runtime_reason
+    assert plan.weight_format == fmt and plan.dtype == fmt.dtype and not plan.exact_weights
+    assert plan_load(tmp_path, "float32", device="cuda:1", machine=GPU).device == "cuda:1"
+    assert plan_load(tmp_path, device="cpu", machine=GPU).runtime == Runtime.FAST
+    assert plan_load(tmp_path, runtime="static", device="cpu", machine=NO_BF16).runtime == Runtime.STATIC
+    assert plan_load(tmp_path, runtime="hf", machine=GPU).device == "cuda:0"
+
+
+def test_a_model_the_static_runtime_cannot_run_goes_to_transformers_on_cuda(tmp_path) -> None:
+    from transformers import MistralConfig
+
+    MistralConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2).save_pretrained(tmp_path)
+    plan = plan_load(tmp_path, machine=GPU)
+    assert plan.runtime == Runtime.HF and "the static runtime runs Llama-architecture models" in plan.runtime_reason
+    with pytest.raises(ValueError, match="the static runtime runs Llama-architecture models"):
+        plan_load(tmp_path, runtime="static", machine=GPU)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(device="cuda", machine=NO_BF16), "--device cuda: .*; use --device cpu"),
+        (dict(device="cuda:2", machine=GPU), "torch sees 2 CUDA device"),
+        (dict(device="gpu", machine=GPU), "unknown device 'gpu'; choose auto, cpu, cuda or cuda:N"),
+        (dict(device="cuda", runtime="fast", machine=GPU), "the fast runtime runs on the CPU; on cuda:0 choose"),
+        (dict(device="cuda", dtype="q4", machine=GPU), "--dtype q4 runs on torch's CPU int4 kernel"),
+        (dict(runtime="hf", deterministic=True, machine=GPU), "mode of the fast, static and llama.cpp runtimes"),
+    ],
+)
+def test_devices_that_cannot_run_the_plan_are_refused(tmp_path, options, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan_load(config_only(tmp_path), **options)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("command", ["load-plan", "generate"])
+def test_device_cuda_without_cuda_is_one_error_line(tmp_path, capsys, command) -> None:
+    config_only(tmp_path)
+    argv = [command, "--model", str(tmp_path), "--device", "cuda"] + (["Hi"] if command == "generate" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip()] and err.startswith("error: --device cuda: ")
+    assert "use --device cpu" in err and "Traceback" not in err

@@ -1,6 +1,6 @@
 """The engine (caches, pending token, proposer state, k policy, budget, EOS) emits exactly the
 tokens of the slow full-recompute reference for the same random stream, over random tables,
-prompts, budgets, sampling settings, proposers (a draft model, prompt lookup, and EAGLE and
+prompts, budgets, sampling settings (penalties included), proposers (a draft model, prompt lookup, and EAGLE and
 Medusa heads: tiny float64 heads on the table's features, whose incremental KV cache and
 rollback the reference replaces by a fresh recomputation; and lookup+eagle, lookup+medusa,
 whose head skips the rounds lookup drafts), policies and every valid verifier."""
@@ -46,13 +46,19 @@ def requests(draw):
     token = st.integers(0, vocab - 1)
     eos = draw(st.none() | token | st.lists(token, min_size=1, max_size=2))  # one id or several
     first_eos = eos[0] if isinstance(eos, list) else eos
+    zeros = draw(st.booleans())
     target = random_table(vocab, draw(st.integers(1, 2)), draw(st.integers(0, 10**6)),
-                          zeros=draw(st.booleans()), eos_token_id=first_eos)
+                          zeros=zeros, eos_token_id=first_eos)
+    # min_tokens masks the EOS ids: only where some other token keeps every row possible
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
+    min_tokens = draw(st.sampled_from([0, 0, 1, 3])) if not zeros and len(eos_ids) < vocab else 0
     sampling = SamplingParams(
         temperature=draw(st.sampled_from([0, 1, 0.5, 1.7])),
         top_k=draw(st.none() | st.integers(1, vocab)),
         top_p=draw(st.none() | st.sampled_from([0.3, 0.8, 0.95, 1.0])),
         min_p=draw(st.none() | st.sampled_from([0.0, 0.1, 0.4])),
+        repetition_penalty=draw(st.sampled_from([1.0, 1.0, 1.3, 2.0])),
+        min_tokens=min_tokens,
     )
     kind = draw(st.sampled_from(["draft", "lookup", "eagle", "medusa", "lookup+eagle", "lookup+medusa"]))
     if kind.removeprefix("lookup+") in HEADS:

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from verispec.sampling import GREEDY, SamplingParams, probabilities
+from verispec.sampling import GREEDY, SamplingParams, penalised, probabilities
 
 INF = math.inf
 
@@ -198,3 +198,34 @@ def test_invalid_sampling_params_raise_naming_the_value(field, value):
 def test_boundary_sampling_params_are_accepted():
     SamplingParams(temperature=0, top_k=1, top_p=1.0, min_p=0.0)
     SamplingParams(temperature=3, top_p=1e-9, min_p=0.999)
+
+
+# --- the penalties that read the context ------------------------------------------------------
+
+
+def test_repetition_penalty_reads_each_rows_own_context():
+    """Row r follows the context and the first r drafts: token 2, drafted first, is penalised
+    in row 1 on, token 0 (in the context) everywhere; positive logits divided, negative ones
+    multiplied (HF's rule)."""
+    logits = torch.tensor([[2.0, -1.0, 4.0, 1.0]] * 3)
+    out = penalised(logits, SamplingParams(repetition_penalty=2.0), [0], [(), (2,), (2, 3)], 0, ())
+    assert out.tolist() == [[1.0, -1.0, 4.0, 1.0], [1.0, -1.0, 2.0, 1.0], [1.0, -1.0, 2.0, 0.5]]
+
+
+def test_min_tokens_masks_the_eos_ids_until_enough_were_emitted():
+    logits = torch.zeros(3, 4)
+    out = penalised(logits, SamplingParams(min_tokens=3), [1, 2], [(), (3,), (3, 3)], 1, {0, 2})
+    assert torch.isneginf(out[:, [0, 2]]).tolist() == [[True, True], [True, True], [False, False]]
+    assert (out[:, [1, 3]] == 0).all() and (logits == 0).all()  # the input is left as it was
+
+
+def test_no_penalty_returns_the_logits_themselves():
+    logits = torch.randn(2, 5)
+    assert penalised(logits, SamplingParams(), [1, 2], [(), (3,)], 0, {0}) is logits
+
+
+@pytest.mark.parametrize("bad", [{"repetition_penalty": 0}, {"repetition_penalty": -1.0},
+                                 {"repetition_penalty": math.inf}, {"min_tokens": -1}, {"min_tokens": 1.5}])
+def test_bad_penalties_are_refused(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams(**bad)

@@ -2,12 +2,10 @@
 Llama (a checkpoint saved in the test, its byte-level tokenizer and chat template) served on a
 free loopback port in a thread: replies whole and streamed equal the library's tokens, stop
 strings cut and free the slot, every reply carries usage, speculation and timings, /metrics
-counters are exactly the sums of the replies, and every bad request gets one OpenAI-style JSON
-error while the server serves on."""
+counters are exactly the sums of the replies (bad input: tests/test_server_bad_input.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import openai
@@ -183,90 +181,6 @@ def test_the_api_key(server):
     assert server.request("GET", "/health")[0] == 200
     status, reply = server.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {KEY}"})
     assert status == 200 and reply["usage"]["completion_tokens"] == 2
-
-
-# --- bad input -----------------------------------------------------------------------------------
-
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-
-
-def chat(**fields):
-    return {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **fields}
-
-
-def completion(**fields):
-    return {"model": NAME, "prompt": "Hi", "max_tokens": 4, **fields}
-
-
-BAD = [
-    ("invalid JSON", COMPLETIONS, '{"model": "tiny", "prompt": ', 400, "not valid JSON"),
-    ("not an object", COMPLETIONS, "[1, 2]", 400, "must be a JSON object"),
-    ("empty body", COMPLETIONS, "", 400, "not valid JSON"),
-    ("no model", COMPLETIONS, {"prompt": "Hi"}, 400, "model is required"),
-    ("unknown model", COMPLETIONS, completion(model="gpt-4"), 404, "does not exist"),
-    ("max_tokens a string", COMPLETIONS, completion(max_tokens="ten"), 400, "max_tokens"),
-    ("max_tokens a bool", COMPLETIONS, completion(max_tokens=True), 400, "max_tokens"),
-    ("max_tokens negative", COMPLETIONS, completion(max_tokens=-1), 400, "max_tokens"),
-    ("max_tokens zero", COMPLETIONS, completion(max_tokens=0), 400, "max_tokens"),
-    ("max_tokens huge", COMPLETIONS, completion(max_tokens=10**12), 400, "context is 2048 tokens"),
-    ("temperature NaN", COMPLETIONS, '{"model": "tiny", "prompt": "Hi", "temperature": NaN}', 400, "temperature"),
-    ("temperature -1", CHAT, chat(temperature=-1), 400, "temperature"),
-    ("temperature a string", CHAT, chat(temperature="hot"), 400, "temperature"),
-    ("temperature tiny", CHAT, chat(temperature=1e-9), 400, "use 0 for greedy"),
-    ("top_p 0", CHAT, chat(top_p=0), 400, "top_p"),
-    ("top_p 2", CHAT, chat(top_p=2), 400, "top_p"),
-    ("top_k -5", CHAT, chat(top_k=-5), 400, "top_k"),
-    ("min_p 1", CHAT, chat(min_p=1), 400, "min_p"),
-    ("seed negative", CHAT, chat(seed=-1), 400, "seed"),
-    ("seed huge", CHAT, chat(seed=2**70), 400, "seed"),
-    ("empty prompt", COMPLETIONS, completion(prompt=""), 400, "prompt is empty"),
-    ("empty prompt ids", COMPLETIONS, completion(prompt=[]), 400, "prompt is empty"),
-    ("prompt id outside the vocabulary", COMPLETIONS, completion(prompt=[1, 10**6]), 400, "outside the vocabulary"),
-    ("several prompts", COMPLETIONS, completion(prompt=["a", "b"]), 400, "prompt"),
-    ("prompt a number", COMPLETIONS, completion(prompt=5), 400, "prompt"),
-    ("empty messages", CHAT, chat(messages=[]), 400, "messages is empty"),
-    ("messages a string", CHAT, chat(messages="Hi"), 400, "messages"),
-    ("unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "Hi"}]), 400, "messages.0.role"),
-    ("content missing", CHAT, chat(messages=[{"role": "user"}]), 400, "content is required"),
-    ("image content", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), 400,
-     "messages.0.content"),
-    ("prompt over the context", COMPLETIONS, completion(prompt="a" * 3000), 400, "context is 2048 tokens"),
-    ("prompt and budget over the context", COMPLETIONS, completion(prompt="a" * 2000, max_tokens=100), 400,
-     "ask for at most 48"),
-    ("n 2", CHAT, chat(n=2), 400, "only n = 1"),
-    ("presence_penalty", CHAT, chat(presence_penalty=0.5), 400, "penalties change the output"),
-    ("logit_bias", CHAT, chat(logit_bias={"5": 10}), 400, "logit_bias"),
-    ("logprobs", CHAT, chat(logprobs=True), 400, "logprobs"),
-    ("tools", CHAT, chat(tools=[{"type": "function"}]), 400, "tools are not served"),
-    ("five stop strings", CHAT, chat(stop=["a", "b", "c", "d", "e"]), 400, "at most 4 stop strings"),
-    ("an empty stop string", CHAT, chat(stop=""), 400, "stop string"),
-    ("stream a string", CHAT, chat(stream="yes"), 400, "stream"),
-]
-
-
-@pytest.mark.parametrize("path, body, status, words", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
-def test_bad_input_gets_one_openai_error(server, path, body, status, words):
-    got, reply = server.request("POST", path, body, {"Authorization": f"Bearer {KEY}"})
-    assert got == status, reply
-    error = reply["error"]
-    assert words in error["message"], error
-    assert set(error) == {"message", "type", "param", "code"} and "\n" not in error["message"]
-
-
-def test_unknown_paths_and_methods_get_json_errors(server):
-    status, reply = server.request("GET", "/v1/nothing")
-    assert status == 404 and reply["error"]["code"] == "not_found"
-    status, reply = server.request("GET", "/v1/completions")
-    assert status == 405 and reply["error"]["code"] == "method_not_allowed"
-
-
-def test_an_oversized_body_gets_413_and_the_server_serves_on(server, client):
-    """A 10 MB body: refused from its Content-Length, before it is read."""
-    big = json.dumps(completion(prompt="a" * (10 << 20)))
-    status, reply = server.request("POST", COMPLETIONS, big, {"Authorization": f"Bearer {KEY}"})
-    assert status == 413 and "larger than the limit of 65536 bytes" in reply["error"]["message"]
-    assert client.completions.create(model=NAME, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
 
 
 def test_a_finite_reply_has_finite_numbers(client):

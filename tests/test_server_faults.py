@@ -243,3 +243,30 @@ def test_sigterm_under_load_exits_0_without_a_traceback(model_dir):
     assert process.returncode == 0, err
     assert "Traceback" not in err and "Error" not in err, err
     assert all(reason in ("length", "abort") for reason in outcomes), outcomes
+
+
+def test_a_client_arriving_while_the_server_drains_gets_503(loaded):
+    """After the stop signal the server listens on while a long reply drains: a new client
+    gets the documented 503 in OpenAI's shape, not a refused connection; the stream in flight
+    ends with its last chunk and [DONE]."""
+    with running(loaded, limits=Limits(grace_seconds=1.5)) as server:
+        sock = stream_head(server.port, {"model": NAME, "prompt": "Hi", "max_tokens": LONG, "stream": True})
+        try:
+            server.server.stop()
+            deadline = time.monotonic() + 5
+            while server.app.engine.accepting:  # the drain begins on the event loop
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            status, reply = server.request("POST", "/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 2})
+            assert status == 503 and reply["error"]["code"] == "shutting_down", reply
+            assert server.request("GET", "/health") == (503, {"status": "shutting down"})
+            received = b""
+            sock.settimeout(10)
+            while b"[DONE]" not in received:
+                chunk = sock.recv(65536)
+                assert chunk, received[-300:]
+                received += chunk
+            reasons = re.findall(rb'"finish_reason":"(\w+)"', received)
+            assert reasons and reasons[-1] in (b"abort", b"length", b"stop"), received[-300:]
+        finally:
+            sock.close()

@@ -14,9 +14,13 @@ Trees: the draft model's sampled tree (three siblings drawn from q at the root, 
 recursive rule) and a chosen tree of the draft's top-ranked tokens (point-mass siblings), both
 under `ConstantTree` with the same 3-token budget, so the first round's tree is two deep.
 
-False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 36 of
-them on a correct engine (3 per proposer and rule, trees included), so a correct engine fails
-this module with probability at most 3.6e-6 (union bound, asymptotic chi-square tail) for a
+Penalties: the draft proposer under a repetition penalty of 1.5 (not an integer, so outside the
+exhaustive audit's rational arithmetic) with min_tokens 1 masking an EOS id, against marginals
+penalised independently here.
+
+False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 42 of
+them on a correct engine (3 per proposer and rule, trees and penalties included), so a correct
+engine fails this module with probability at most 4.2e-6 (union bound, asymptotic chi-square tail) for a
 fresh seed list. The seed list is fixed, so the outcome is deterministic. The negative controls show the same test and sample
 size reject an engine that repairs from p instead of the residual, and one whose sampled tree
 siblings are tested against p instead of the residual the rejected ones leave.
@@ -32,7 +36,7 @@ import pytest
 import torch
 from scipy.stats import power_divergence
 
-from verispec import TorchRandom, generate
+from verispec import SamplingParams, TorchRandom, generate
 from verispec.audit.controls import stale_residual_siblings
 from verispec.audit.trees import TopRankedDraft
 from verispec.drafts import Verdict
@@ -138,6 +142,42 @@ def test_copy_or_head_first_two_tokens_follow_the_target(verifier, first_seed, p
 def test_tree_first_two_tokens_follow_the_target(proposer_name, first_seed):
     seeds = range(first_seed, first_seed + RUNS)
     assert min(p_values("auto", seeds, proposer_name, ConstantTree(TREE)).values()) > ALPHA
+
+
+PENALTY = 1.5
+PENALTY_EOS = _LIKELIEST  # masked in the first row by min_tokens 1: the likeliest token, so the mask shows
+
+
+def penalised_row(context: list[int], emitted: int) -> dict[int, float]:
+    """The target's next-token distribution after context under repetition penalty PENALTY and
+    min_tokens 1 with EOS PENALTY_EOS: log p * PENALTY for a token in the context (log p < 0),
+    the EOS weighing 0 before the first token."""
+    weights = [float(p) ** (PENALTY if token in context else 1.0) for token, p in
+               enumerate(TARGET.distribution(context[-1:]))]
+    if emitted < 1:
+        weights[PENALTY_EOS] = 0.0
+    total = sum(weights)
+    return {token: w / total for token, w in enumerate(weights)}
+
+
+@pytest.mark.parametrize(("verifier", "first_seed"), [("block", 8 * 10**6), ("token", 9 * 10**6)])
+def test_penalised_first_two_tokens_follow_the_penalised_target(verifier, first_seed):
+    sampling = SamplingParams(repetition_penalty=PENALTY, min_tokens=1)
+    first = penalised_row(PROMPT, 0)
+    pair = {(a, b): first[a] * p_b for a in first for b, p_b in penalised_row([*PROMPT, a], 1).items()}
+    second = Counter()
+    for (_, b), prob in pair.items():
+        second[b] += prob
+    counts = {"first": Counter(), "second": Counter(), "pair": Counter()}
+    proposer = PROPOSERS["draft"]()
+    for seed in range(first_seed, first_seed + RUNS):
+        tokens = generate(TARGET, proposer, PROMPT, max_new_tokens=3, k=2, rng=TorchRandom(seed), verifier=verifier,
+                          sampling=sampling, eos_token_id=PENALTY_EOS).tokens
+        counts["first"][tokens[0]] += 1
+        counts["second"][tokens[1]] += 1
+        counts["pair"][tokens[0], tokens[1]] += 1
+    exact = {"first": first, "second": dict(second), "pair": pair}
+    assert min(g_test_p_value(counts[name], exact[name], RUNS) for name in exact) > ALPHA
 
 
 def test_a_stale_tree_residual_is_detected():

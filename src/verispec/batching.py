@@ -15,9 +15,11 @@ its own over the shared weights, `SlotScoring`), and queues the rest. One `step`
 Each request runs the very stages of `verispec.engine.Decoding` (its `propose` and `settle`),
 only the forward is shared, and a slot's rows attend to that slot's cache only, so a request's
 output law is its target's whatever shares its steps. Its tokens are too, for a given seed,
-as long as its k does not depend on the batch: greedy decoding always, and sampling with a
-constant k or with `batch_costs=None`. A batch-aware auto k drafts differently beside other
-requests, so a seeded sampled request draws differently (with the same law).
+as long as its k depends on nothing but its own tokens: greedy decoding always, and sampling
+with a constant k, a heuristic k, or a measured policy held at its first plan
+(`Request.fixed_k`). An auto k learns from the rounds' timings (and, with `batch_costs`, plans
+for the batch), so a seeded sampled request under it draws differently from run to run (with
+the same law).
 
     >>> scheduler = Scheduler(model.lm, RegistryBuilder(model), max_slots=8)
     >>> jobs = [scheduler.submit(Request(ids, 64, proposer="lookup", k=4)) for ids in prompts]
@@ -39,7 +41,7 @@ from verispec.cost import BatchCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import Decoding, budgeted, check_request
 from verispec.models.base import CausalLM, SlotScoring
-from verispec.policies import AutoK, BatchK, KPolicy
+from verispec.policies import AutoK, BatchK, ConstantK, ConstantTree, KPolicy
 from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
@@ -93,7 +95,7 @@ class Slot:
     spec, reused by the requests that take this slot after each other (`begin` resets them)."""
 
     lm: CausalLM
-    built: dict[tuple[str | None, int | str], tuple[Proposer | None, int | KPolicy]] = field(default_factory=dict)
+    built: dict[tuple[str, object, bool], tuple[Proposer | None, int | KPolicy]] = field(default_factory=dict)
 
 
 class RegistryBuilder:
@@ -104,7 +106,7 @@ class RegistryBuilder:
     def __init__(self, model: object, corpus: Sequence[Sequence[int]] = ()) -> None:
         self.model = model
         self.corpus = corpus
-        self._policies: dict[tuple[str | None, str], KPolicy] = {}
+        self._policies: dict[tuple[str, object], KPolicy] = {}
 
     def __call__(self, request: Request, slot: CausalLM) -> tuple[Proposer | None, int | KPolicy]:
         from verispec.registry import build_policy, build_proposer
@@ -112,12 +114,25 @@ class RegistryBuilder:
         proposer = None
         if request.proposer is not None:
             proposer = build_proposer(request.proposer, replace(self.model, lm=slot), self.corpus)
-        if not isinstance(request.k, str):
-            return proposer, request.k
-        key = (request.proposer, request.k)
+        spec = request.k_spec
+        if spec is None or spec.kind == "constant":
+            return proposer, request.k_for_decoding()
+        key = (str(request.proposer), spec)
         if key not in self._policies:
-            self._policies[key] = build_policy(request.k_spec, slot, proposer, request.prompt_ids, request.sampling)
-        return proposer, copy.deepcopy(self._policies[key])
+            self._policies[key] = build_policy(spec, slot, proposer, request.prompt_ids, request.sampling)
+        policy = copy.deepcopy(self._policies[key])
+        measured = spec.kind in ("auto", "tree") and spec.widths is None
+        return proposer, first_plan(policy) if request.fixed_k and measured else policy
+
+
+def first_plan(policy: KPolicy) -> KPolicy:
+    """A constant policy at the plan `policy` chooses before any round, from its profile alone
+    (`Request.fixed_k`): the same k or tree every round, whatever the rounds' timings."""
+    policy.begin()
+    plan = policy.choose(Stats())
+    if isinstance(plan, int):
+        return ConstantK(plan)
+    return ConstantTree(plan) if len(plan) else ConstantK(0)
 
 
 class Scheduler:
@@ -148,13 +163,16 @@ class Scheduler:
         if not isinstance(target, SlotScoring):
             raise ValueError(
                 f"{type(target).__name__} holds one cache; batching needs a model with slots (SlotScoring): "
-                "the fast runtime's (runtime 'fast' or 'auto')"
+                "the fast or static runtime's (runtime 'fast', 'static' or 'auto')"
             )
         if not is_int(max_slots, least=1):
             raise ValueError(f"max_slots must be an integer >= 1, got {max_slots!r}")
         if max_waiting is not None and not is_int(max_waiting, least=0):
             raise ValueError(f"max_waiting must be an integer >= 0 or None, got {max_waiting!r}")
         self.target = target
+        reserve = getattr(target, "reserve_slots", None)
+        if reserve is not None:  # a static cache sized once, so that every step has one shape (`StaticLlama`)
+            reserve(max_slots)
         self.build = build
         self.max_slots = max_slots
         self.max_waiting = max_waiting
@@ -238,7 +256,7 @@ class Scheduler:
             job = self.waiting.popleft()
             slot = self._take_slot()
             job.slot, job.state, job.admitted = slot, "running", self.clock()
-            key = (job.request.proposer, job.request.k)
+            key = (str(job.request.proposer), job.request.k_spec, job.request.fixed_k)
             if key not in slot.built:
                 slot.built[key] = self.build(job.request, slot.lm)
             proposer, policy = slot.built[key]

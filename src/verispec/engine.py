@@ -51,7 +51,7 @@ from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
-from verispec.sampling import SamplingParams, rule_rows
+from verispec.sampling import SamplingParams, penalised, rule_rows
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape, describe_plan
 
@@ -247,9 +247,12 @@ class Decoding:
             self._draft_seconds += self.clock() - start
 
     def _verify(self, logits: torch.Tensor, draft: Draft | TreeDraft) -> Verdict | TreeVerdict:
-        """Stage 3: build the rule's rows on the host (p with the request's transforms, or the
-        checked logits when greedy) and apply the rule chosen for this draft."""
+        """Stage 3: build the rule's rows on the host (p with the request's transforms, the
+        penalties that read each row's context first, or the checked logits when greedy) and
+        apply the rule chosen for this draft."""
         start = self.clock()
+        logits = penalised(logits, self.sampling, self._context, drafted_before_rows(draft), len(self.tokens),
+                           self.eos_ids)
         verdict = self.choose_rule(draft)(rule_rows(logits, self.sampling), draft, self.rng)
         self.stats.verify_seconds += self.clock() - start
         return verdict
@@ -379,6 +382,14 @@ def cut_after_eos(draft: Draft | TreeDraft, eos_ids: frozenset[int]) -> Draft | 
         return draft.pruned(lambda node: draft.parents[node] == ROOT or draft.tokens[draft.parents[node]] not in eos_ids)
     end = _through_first_eos(draft.tokens, eos_ids)
     return draft if end == len(draft) else draft.truncated(end)
+
+
+def drafted_before_rows(draft: Draft | TreeDraft) -> list[tuple[int, ...]]:
+    """For each scored row, the drafted tokens between the context and it: a chain's row r
+    follows its first r drafts, a tree's row i + 1 follows node i's root path."""
+    if isinstance(draft, TreeDraft):
+        return [(), *(draft.path_tokens(draft.path_to(node)) for node in range(len(draft)))]
+    return [tuple(draft.tokens[:r]) for r in range(len(draft) + 1)]
 
 
 def emitted_tokens(draft: Draft | TreeDraft, verdict: Verdict | TreeVerdict, eos_ids: frozenset[int]) -> list[int]:

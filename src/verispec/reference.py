@@ -29,7 +29,7 @@ from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
-from verispec.sampling import SamplingParams, rule_rows
+from verispec.sampling import SamplingParams, penalised, rule_rows
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape
 
@@ -76,6 +76,7 @@ def reference_generate(
             start = clock()
             proposer.observe(context, draft, logits)
             draft_seconds += clock() - start
+        logits = _penalised_rows(logits, sampling, context, draft, len(out), eos_ids)
         verdict = choose_rule(draft)(rule_rows(logits, sampling), draft, rng)
         emitted = emitted_tokens(draft, verdict, eos_ids)
         stats.record_round(
@@ -99,6 +100,22 @@ def _recomputed_rows(target: CausalLM, context: list[int], draft: Draft | TreeDr
         return target.score(context + list(draft.tokens))[len(context) - 1 :]
     paths = [draft.path_tokens(draft.path_to(node)) for node in range(len(draft))]
     return torch.stack([target.score(context + list(path))[-1] for path in [(), *paths]])
+
+
+def _penalised_rows(logits: torch.Tensor, sampling: SamplingParams, context: list[int], draft: Draft | TreeDraft,
+                    emitted: int, eos_ids: frozenset[int]) -> torch.Tensor:
+    """Each row after the penalties that read its context, one row at a time from its whole
+    context (the context and the drafts on the way to it)."""
+    if not sampling.reads_context:
+        return logits
+    if isinstance(draft, TreeDraft):
+        prefixes = [(), *(draft.path_tokens(draft.path_to(node)) for node in range(len(draft)))]
+    else:
+        prefixes = [tuple(draft.tokens[:r]) for r in range(len(draft) + 1)]
+    return torch.cat([
+        penalised(row[None], sampling, context + list(prefix), [()], emitted + len(prefix), eos_ids)
+        for row, prefix in zip(logits, prefixes)
+    ])
 
 
 def reference_request(

@@ -3,8 +3,8 @@
 A request names what to decode and how, and nothing about where it runs: the prompt's token
 ids, the budget, the sampling transforms (greedy unless given, as on the command line), the
 EOS ids, the seed of its own random stream, the proposer (a registry spec such as `lookup` or
-`eagle:weights=int8`, None for plain decoding) and the k policy (an integer, or a registry
-k spec such as `auto`). The single-request engine (`verispec.engine.Decoding`), the reference
+`eagle:weights=int8`, as text or as the `ProposerSpec` parsed from it; None for plain decoding)
+and the k policy (an integer, a k spec such as `auto`, or the `KSpec` parsed from it). The single-request engine (`verispec.engine.Decoding`), the reference
 decoder and the batch scheduler (`verispec.batching.Scheduler`) all take it; a proposer object
 and a policy object are built from its specs by whoever holds the model
 (`verispec.registry.build_proposer`, `build_policy`).
@@ -36,10 +36,14 @@ class Request:
     """prompt_ids: the prompt's token ids (at least one). max_new_tokens: the exact budget
     (>= 0). sampling: the transforms shared by p and q (default greedy). eos_token_ids: the
     output ends at the first of any. seed: the request's own random stream (`TorchRandom`), so
-    its tokens depend on nothing else in a batch. proposer: a registry spec, or None (plain
-    decoding, then k must be 0). k: an integer >= 0, or a k spec (`auto`, `heuristic`, ...;
-    `verispec.k_spec.K_GRAMMAR`), read once into `k_spec` (None for k = 0). verifier: "auto" or
-    a rule name (`verispec.verify.RULES`).
+    its tokens depend on nothing else in a batch. proposer: a registry spec (its text, or a
+    parsed `verispec.registry.ProposerSpec`), or None (plain decoding, then k must be 0). k: an
+    integer >= 0, a k spec (`auto`, `heuristic`, ...; `verispec.k_spec.K_GRAMMAR`) or a parsed
+    `KSpec`, read once into `k_spec` (None for k = 0). verifier: "auto" or a rule name
+    (`verispec.verify.RULES`). fixed_k: decode every round at the plan a measured policy (`auto`,
+    `tree`, `auto:FILE`, `tree:FILE`) chooses from its profile before any round, so a sampled
+    request's tokens depend on its seed alone (such a policy goes on to learn from the rounds'
+    timings, which differ from run to run); other k are left as they are.
     request_id: a name for logs, metrics and cancellation (unique by default)."""
 
     prompt_ids: tuple[int, ...]
@@ -47,9 +51,10 @@ class Request:
     sampling: SamplingParams = GREEDY
     eos_token_ids: frozenset[int] = frozenset()
     seed: int = 0
-    proposer: str | None = None
-    k: int | str = 0
+    proposer: str | object | None = None
+    k: int | str | KSpec = 0
     verifier: str = "auto"
+    fixed_k: bool = False
     request_id: str = field(default_factory=_next_id)
     k_spec: KSpec | None = field(init=False, default=None, repr=False, compare=False)
 
@@ -69,15 +74,19 @@ class Request:
         object.__setattr__(self, "eos_token_ids", eos_ids(self.eos_token_ids))
         if not is_int(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if self.proposer is not None and (not isinstance(self.proposer, str) or not self.proposer.strip()):
-            raise ValueError(f"proposer must be a registry spec (e.g. 'lookup') or None, got {self.proposer!r}")
+        proposer = self.proposer
+        parsed_proposer = hasattr(proposer, "kind") and str(proposer).strip()  # a ProposerSpec
+        if proposer is not None and not parsed_proposer and (not isinstance(proposer, str) or not proposer.strip()):
+            raise ValueError(f"proposer must be a registry spec (e.g. 'lookup') or None, got {proposer!r}")
         k = self.k
-        if isinstance(k, bool) or not isinstance(k, (int, str)):
+        if isinstance(k, bool) or not isinstance(k, (int, str, KSpec)):
             raise ValueError(f"k must be an integer >= 0 or a k spec such as 'auto', got {k!r}")
-        if self.proposer is None and k != 0:
+        if proposer is None and k != 0:
             raise ValueError("without a proposer, k must be 0 (plain decoding)")
+        if not isinstance(self.fixed_k, bool):
+            raise ValueError(f"fixed_k must be True or False, got {self.fixed_k!r}")
         # read once, here: a constant k >= 1 or a policy (k = 0: plain decoding, no policy)
-        spec = None if k == 0 else parse_k(k, option="k")
+        spec = k if isinstance(k, KSpec) else None if k == 0 else parse_k(k, option="k")
         object.__setattr__(self, "k_spec", spec)
 
     @property
@@ -90,9 +99,12 @@ class Request:
         integer k; ValueError for a spec without its policy."""
         if policy is not None:
             return policy
-        if isinstance(self.k, str):
-            raise ValueError(f"k {self.k!r} is a spec: build its policy (verispec.registry.build_policy) and pass it")
-        return self.k
+        if self.k_spec is None:
+            return 0
+        if self.k_spec.kind != "constant":
+            raise ValueError(f"k {self.k_spec.text or self.k!r} is a spec: build its policy "
+                             "(verispec.registry.build_policy) and pass it")
+        return self.k_spec.k
 
 
 def eos_ids(given: int | Collection[int] | None) -> frozenset[int]:

@@ -5,6 +5,14 @@ compares the distributions that were actually sampled from (the seed's transform
 Temperature 0 is greedy decoding and never builds a distribution: the greedy verifier reads
 only the argmax of each row.
 
+Two transforms read the context, not only the row: the repetition penalty (HF's and vLLM's:
+a token already in the prompt or the output has its logit divided by the penalty when
+positive, multiplied when negative) and min_tokens (vLLM's: the EOS ids are masked until that
+many tokens have been emitted). `penalised` applies them to a round's rows, each row with its
+own context (the emitted text and the drafts before that row), before the other transforms,
+so the verified target is the penalised one; a proposer's q is what it drafted from (a draft
+model penalises its own rows alike), which is all the rules need of q.
+
 Probabilities are float64. Logits equal to -inf are legal masks and give exact zeros; NaN and
 +inf are rejected, never clipped, and so is a temperature that scales a row to nothing.
 
@@ -15,6 +23,7 @@ to the host in one copy, the only place model output crosses over (`to_host`).
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,13 +39,19 @@ class SamplingParams:
     top_k: keep the k most likely tokens (ties at the k-th value are all kept).
     top_p: keep the smallest most-likely set whose mass reaches top_p (nucleus).
     min_p: keep tokens whose probability is at least min_p times the largest.
-    The filters apply in the order temperature, top-k, top-p, min-p (HF's order).
+    repetition_penalty: > 0; 1 is none. A token already in the context has its logit divided
+        by it when positive and multiplied by it when negative (HF's and vLLM's rule).
+    min_tokens: the EOS ids are masked until this many tokens have been emitted (vLLM's).
+    The penalties read the context (`penalised`); then the filters apply in the order
+    temperature, top-k, top-p, min-p (HF's order).
     """
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -48,10 +63,19 @@ class SamplingParams:
             raise ValueError(f"top_p must lie in (0, 1] or be None, got {self.top_p!r}")
         if self.min_p is not None and not is_number(self.min_p, 0, 1, open_most=True):
             raise ValueError(f"min_p must lie in [0, 1) or be None, got {self.min_p!r}")
+        if not is_number(self.repetition_penalty, 0, open_least=True):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1: none), got {self.repetition_penalty!r}")
+        if not is_int(self.min_tokens, least=0):
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def reads_context(self) -> bool:
+        """Whether a row's transform depends on its context (`penalised`)."""
+        return self.repetition_penalty != 1 or self.min_tokens > 0
 
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -69,6 +93,43 @@ def check_logits(logits: torch.Tensor) -> None:
         raise ValueError("logits contain +inf; only -inf (a masked token) is allowed")
     if bool(torch.isneginf(logits).all(dim=-1).any()):
         raise ValueError("a row of logits is entirely -inf; no token can be sampled")
+
+
+def penalised(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    context: Sequence[int],
+    row_tokens: Sequence[Sequence[int]],
+    emitted: int,
+    eos_ids: Collection[int],
+) -> torch.Tensor:
+    """logits[n, V] of a round's rows after the transforms that read the context: row r follows
+    `context` (prompt and emitted tokens) and then `row_tokens[r]` (the drafts before it), and
+    `emitted` of the context's tokens were generated. Returns `logits` itself when `params`
+    has no such transform.
+
+    >>> penalised(torch.tensor([[2.0, -1.0, 3.0]]), SamplingParams(repetition_penalty=2.0), [0, 1], [()], 0, ()).tolist()
+    [[1.0, -2.0, 3.0]]
+    """
+    if not params.reads_context:
+        return logits
+    n, vocab = logits.shape
+    out = logits
+    if params.repetition_penalty != 1:
+        seen = torch.zeros(n, vocab, dtype=torch.bool, device=logits.device)  # [n, V]
+        seen[:, torch.tensor(sorted(set(context)), dtype=torch.long, device=logits.device)] = True
+        for r, tokens in enumerate(row_tokens):
+            if tokens:
+                seen[r, torch.tensor(list(tokens), dtype=torch.long, device=logits.device)] = True
+        theta = params.repetition_penalty
+        out = torch.where(seen, torch.where(out > 0, out / theta, out * theta), out)
+    masked = [r for r, tokens in enumerate(row_tokens) if emitted + len(tokens) < params.min_tokens]
+    if masked and eos_ids:
+        out = out.clone() if out is logits else out
+        rows = torch.tensor(masked, dtype=torch.long, device=logits.device)
+        eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=logits.device)
+        out[rows.unsqueeze(1), eos.unsqueeze(0)] = -math.inf
+    return out
 
 
 def to_host(rows: torch.Tensor) -> torch.Tensor:

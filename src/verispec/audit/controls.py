@@ -106,9 +106,9 @@ def _walk(p: torch.Tensor, tree: TreeDraft, rng: Random, siblings) -> TreeVerdic
 class UntransformedQDraftModel(DraftModel):
     """BROKEN: draws each token from q after top-k, but reports q[V] before top-k."""
 
-    def _next(self, logits: torch.Tensor, rng: Random) -> tuple[int, torch.Tensor | None]:
+    def _next(self, logits: torch.Tensor, rng: Random, context: Sequence[int]) -> tuple[int, torch.Tensor | None]:
         if self.sampling.greedy:
-            return super()._next(logits, rng)
+            return super()._next(logits, rng, context)
         token = rng.categorical(probabilities(logits, self.sampling)[0])
         return token, probabilities(logits, replace(self.sampling, top_k=None))[0]
 

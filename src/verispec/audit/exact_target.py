@@ -5,7 +5,8 @@ logits; this works on a table's rational rows) and of plain autoregressive decod
 exhaustive audit compares the engine with something that shares none of its code.
 
 Rationality: temperature 1/m turns a row p into p^m / sum(p^m), rational for an integer m; top-k,
-top-p and min-p only zero entries and renormalise. Temperature 0 is the argmax, first index on
+top-p and min-p only zero entries and renormalise; an integer repetition penalty theta turns a
+seen token's p into p^theta, and min_tokens zeroes the EOS ids. Temperature 0 is the argmax, first index on
 ties, as `torch.argmax`.
 
 A filter whose threshold lies within `BOUNDARY_MARGIN` of a row's value (a top-p prefix mass, a
@@ -54,6 +55,25 @@ def exact_probabilities(row: Sequence[Fraction], sampling: SamplingParams) -> Ro
     return probs
 
 
+def exact_penalised(
+    row: Sequence[Fraction], sampling: SamplingParams, context: Sequence[int], emitted: int, eos_ids: Collection[int]
+) -> Row:
+    """A table's rational row (its logits are log p) after the penalties that read the context,
+    as weights: a token in the context has log p multiplied by the repetition penalty theta
+    (log p <= 0), so its weight is p^theta, rational for an integer theta; while fewer than
+    min_tokens tokens have been emitted the EOS ids weigh 0."""
+    theta = sampling.repetition_penalty
+    if theta != 1:
+        power = round(theta)
+        if power < 1 or abs(theta - power) > 1e-9:
+            raise ValueError(f"the exact audit needs an integer repetition_penalty >= 1, got {theta}")
+        seen = set(context)
+        row = [x**power if i in seen else x for i, x in enumerate(row)]
+    if emitted < sampling.min_tokens:
+        row = [Fraction(0) if i in eos_ids else x for i, x in enumerate(row)]
+    return tuple(row)
+
+
 def greedy_token(row: Sequence[Fraction]) -> int:
     """The argmax of a row, the first index on ties (as `torch.argmax`)."""
     return max(range(len(row)), key=lambda i: (row[i], -i))
@@ -74,14 +94,17 @@ def target_sequences(
     Example: a bigram whose rows are all (1/2, 1/2), two tokens: four outputs, 1/4 each.
     """
 
+    eos_ids = eos_set(eos_token_id, target.vocab_size)
+
     def next_row(emitted: tuple[int, ...]) -> Row:
-        row = target.distribution([*prompt, *emitted])
+        row = exact_penalised(target.distribution([*prompt, *emitted]), sampling, [*prompt, *emitted], len(emitted),
+                              eos_ids)
         if sampling.greedy:
             best = greedy_token(row)
             return tuple(Fraction(int(i == best)) for i in range(len(row)))
         return exact_probabilities(row, sampling)
 
-    return autoregressive({(): Fraction(1)}, next_row, max_new_tokens, eos_set(eos_token_id, target.vocab_size))
+    return autoregressive({(): Fraction(1)}, next_row, max_new_tokens, eos_ids)
 
 
 def autoregressive(

@@ -97,10 +97,12 @@ class Scenario:
     @property
     def sampling_label(self) -> str:
         s = self.sampling
+        penalties = [f"repetition penalty {s.repetition_penalty:g}"] if s.repetition_penalty != 1 else []
+        penalties += [f"min tokens {s.min_tokens}"] if s.min_tokens else []
         if s.greedy:
-            return "greedy"
+            return ", ".join(["greedy", *penalties])
         filters = (("top-k", s.top_k), ("top-p", s.top_p), ("min-p", s.min_p))
-        return ", ".join([f"T {s.temperature:g}"] + [f"{n} {v:g}" for n, v in filters if v is not None])
+        return ", ".join([f"T {s.temperature:g}"] + [f"{n} {v:g}" for n, v in filters if v is not None] + penalties)
 
     @property
     def eos_label(self) -> str:
@@ -143,6 +145,10 @@ SCENARIOS: list[Scenario] = [
     Scenario(4, 2, 1, 3, _sampled(top_k=3, top_p=0.8, min_p=0.15), (3, 1, 2, 3, 1), seed=18),
     Scenario(3, 2, 1, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, k_policy="heuristic", seed=50),
     Scenario(3, 2, 2, 4, _sampled(), (1, 2, 1, 2), eos_token_id=0, k_policy="auto", seed=30),
+    # The penalties that read each row's context (the server's repetition_penalty, min_tokens).
+    Scenario(3, 1, 2, 3, _sampled(0.5, repetition_penalty=3.0, min_tokens=2), (1, 2, 1), eos_token_id=0, seed=26),
+    Scenario(3, 2, 2, 4, SamplingParams(temperature=0.0, repetition_penalty=2.0, min_tokens=1), (1, 2, 0, 1, 2),
+             eos_token_id=0, seed=22),
 ]
 
 

@@ -65,6 +65,7 @@ TREE_SCENARIOS: list[Scenario] = [
     _tree(2, 2, THREE_TWO, 3, SamplingParams(), (0, 1, 0, 1), seed=54),
     _tree(4, 1, TWO_ONE, 3, SamplingParams(temperature=0.5, top_k=2), (3, 1, 2, 3, 1), eos=0, seed=26),
     _tree(3, 2, TWO_ONE, 3, SamplingParams(top_p=0.7), (1, 2, 0, 1, 2), seed=10),
+    _tree(3, 2, TWO_ONE, 3, SamplingParams(repetition_penalty=2.0, min_tokens=1), (1, 2, 1, 2), eos=0, seed=26),
 ]
 
 

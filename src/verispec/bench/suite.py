@@ -71,6 +71,7 @@ class Settings:
     dtype: str = "auto"
     runtime: str = "auto"
     deterministic: bool | None = None
+    device: str = "auto"
     threads: int | None = None
     quick: bool = False
     command: str = ""
@@ -153,7 +154,7 @@ def make_runner(
         if not 1 <= int(method.hf_arg) < layers:
             raise ValueError(f"{method.name}: the exit layer must lie in [1, {layers}) for this {layers}-layer model")
         return HFRunner(target.transformers_model(), eos, {"assistant_early_exit": int(method.hf_arg)}, method.k, **hf)
-    assistant = load_model(method.hf_arg, dtype=target.dtype)
+    assistant = load_model(method.hf_arg, dtype=target.dtype, device=target.device)
     if assistant.lm.vocab_size != target.lm.vocab_size:
         raise ValueError(
             f"{method.name}: the assistant's vocabulary ({assistant.lm.vocab_size}) differs from the target's "
@@ -217,7 +218,8 @@ def measure(settings: Settings, console: Console) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with console.status("loading the model"):
         target = quick_target(out) if settings.quick else load_model(
-            settings.model, dtype=settings.dtype, runtime=settings.runtime, deterministic=settings.deterministic
+            settings.model, dtype=settings.dtype, runtime=settings.runtime, deterministic=settings.deterministic,
+            device=settings.device,
         )
     prompts = [(w, w.token_ids(target)) for w in workloads]
     if sweep.is_sweep(settings.concurrency):

@@ -11,7 +11,7 @@ import typer
 
 from verispec.bench.methods import DEFAULT_METHODS
 from verispec.cli import app
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_directory, nothing_left_on_failure
 from verispec.models import DEFAULT_MODEL
 from verispec.registry import proposer_grammar
@@ -67,6 +67,7 @@ def bench(
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
     threads: Annotated[
         Optional[int],
         typer.Option(min=1, help="torch threads for every method.", show_default="torch's; --quick: 1"),
@@ -126,6 +127,7 @@ def bench(
         dtype=dtype,
         runtime=runtime,
         deterministic=deterministic,
+        device=device,
         threads=threads,
         quick=quick,
         sampling=sampling,
@@ -159,6 +161,8 @@ def command_line(settings: Settings) -> str:
         words.append("--quick")
     else:
         words += ["--model", settings.model, "--dtype", settings.dtype, "--runtime", settings.runtime]
+        if settings.device != "auto":
+            words += ["--device", settings.device]
         if settings.deterministic is not None:
             words.append("--deterministic" if settings.deterministic else "--no-deterministic")
     if settings.threads is not None:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from verispec.bench.identity import diagnose, explain, verdict
 from verispec.cli import app
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, parse_k, parse_spec, proposer_help
@@ -46,17 +46,18 @@ def demo(
     dtype: str = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     k_spec = parse_k(k)
-    proposer_spec = parse_spec(proposer or default_proposer(model))
+    proposer_spec = parse_spec(proposer or default_proposer(model, device))
     check_policy_proposer(k_spec, proposer_spec)
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
     from verispec.bench.runners import VerispecRunner, warm_up  # transformers: imported when needed
     from verispec.models.load import load_model
 
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
     dtype_name = loaded.dtype_name
     rows: list[DemoRow] = []
     for name, text in PROMPTS.items():

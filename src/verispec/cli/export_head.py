@@ -47,7 +47,7 @@ def export_head(
         if config.kind == "medusa" and not config.trained_output:
             from verispec.models.load import load_model
 
-            output = load_model(model or config.target.name, dtype="float32").lm.output_embeddings()
+            output = load_model(model or config.target.name, dtype="float32", device="cpu").lm.output_embeddings()
         written = write_vllm_medusa(head, out, output)
         method = "medusa"
     typer.echo(json.dumps({"out": str(written), "format": format,

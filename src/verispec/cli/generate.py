@@ -10,7 +10,7 @@ import typer
 
 from verispec.cli import app
 from verispec.bench.identity import diagnose, explain
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, parse_k, parse_spec, proposer_help
@@ -43,6 +43,7 @@ def generate(
     ] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
     compare: Annotated[bool, typer.Option("--compare", help="Also decode plainly; report speedup and identity.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
@@ -52,13 +53,13 @@ def generate(
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     k_spec = parse_k(k)
-    proposer_spec = parse_spec(proposer or default_proposer(model))
+    proposer_spec = parse_spec(proposer or default_proposer(model, device))
     check_policy_proposer(k_spec, proposer_spec)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     from verispec.models.load import load_model  # transformers: imported when needed
 
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
@@ -86,6 +87,7 @@ def generate(
         "model": loaded.name,
         "dtype": dtype_name,
         "runtime": loaded.runtime,
+        "device": loaded.device,
         "weight_format": loaded.weight_format,
         "exact_weights": loaded.exact_weights,
         "proposer": proposer_spec.text,

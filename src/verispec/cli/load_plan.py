@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from verispec.cli import app
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 
 
@@ -19,6 +19,7 @@ def load_plan(
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16 or q4.")] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
     trust_remote_code: Annotated[bool, typer.Option(help="Run config code shipped in a directory.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of lines.")] = False,
 ) -> None:
@@ -28,5 +29,5 @@ def load_plan(
     # Imported here: transformers takes seconds to import, and every command loads this module.
     from verispec.models.load_plan import plan_load
 
-    plan = plan_load(model, dtype, runtime, deterministic, trust_remote_code=trust_remote_code)
+    plan = plan_load(model, dtype, runtime, deterministic, device=device, trust_remote_code=trust_remote_code)
     print(json.dumps(plan.as_dict()) if as_json else plan.describe())

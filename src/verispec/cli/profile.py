@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from verispec.cli import BadInput, app
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_file
 from verispec.cost import optimal_k, speedup_by_k
 from verispec.engine import generate
@@ -79,6 +79,7 @@ def profile(
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
     batch_rows: Annotated[
         Optional[int],
         typer.Option(
@@ -131,7 +132,7 @@ def profile(
     sampling = SamplingParams(temperature=temperature)
     from verispec.models.load import load_model  # transformers: imported when needed
 
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
     prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
     context = prompt_ids if context_tokens is None else tiled_context(prompt_ids, context_tokens)
     drafter = build_proposer(proposer_spec, loaded)

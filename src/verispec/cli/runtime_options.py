@@ -9,8 +9,9 @@ import typer
 RuntimeOption = Annotated[
     str,
     typer.Option(
-        help="auto (the fast Llama runtime where it supports the model, else transformers), fast, hf, or "
-        "llamacpp (a GGUF file decoded by llama.cpp itself: its arithmetic, a different target from float32; "
+        help="auto (on a CPU the fast Llama runtime, on CUDA the static one, where it supports the model; else "
+        "transformers), fast (CPU), static (fixed shapes over a static cache, CUDA graphs on CUDA; eager on a CPU), "
+        "hf, or llamacpp (a GGUF file decoded by llama.cpp itself: its arithmetic, a different target from float32; "
         "needs llama-cpp-python)."
     ),
 ]
@@ -18,10 +19,18 @@ DeterministicOption = Annotated[
     Optional[bool],
     typer.Option(
         "--deterministic/--no-deterministic",
-        help="Fast and llama.cpp runtimes: a row's logits do not depend on how many rows are scored with it, so greedy "
+        help="Fast, static and llama.cpp runtimes: a row's logits do not depend on how many rows are scored with it, so greedy "
         "speculative output is plain greedy output bit for bit (same weights, same target) "
-        "[default: on with the fast and llama.cpp runtimes; it costs the fast runtime's one-token forward "
-        "nothing, and llama.cpp's a padding row].",
+        "[default: on with the fast, static and llama.cpp runtimes; it costs the fast runtime's one-token forward "
+        "nothing, llama.cpp's a padding row, and the static runtime's every forward its full row bucket; off, the "
+        "static runtime takes the smallest shape that holds a step and may part from plain decoding at near ties].",
         show_default=False,
+    ),
+]
+DeviceOption = Annotated[
+    str,
+    typer.Option(
+        help="Where the model runs: auto (CUDA where torch sees a device, else the CPU), cpu, cuda or cuda:N. On "
+        "CUDA, --runtime auto takes the static runtime and --dtype auto bfloat16 (float16 without it).",
     ),
 ]

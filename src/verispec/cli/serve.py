@@ -11,10 +11,10 @@ from typing import Annotated, Optional
 import typer
 
 from verispec.cli import BadInput, app
-from verispec.cli.runtime_options import DeterministicOption, RuntimeOption
+from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
-from verispec.registry import K_HELP, check_policy_proposer, parse_k, proposer_help
+from verispec.registry import K_HELP, check_policy_proposer, parse_k, parse_spec, proposer_help
 
 NO_PROPOSER = "none"
 
@@ -32,6 +32,7 @@ def serve(
     ] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    device: DeviceOption = "auto",
     host: Annotated[
         str, typer.Option(help="Address to listen on; 127.0.0.1 keeps the server on this machine.")
     ] = "127.0.0.1",
@@ -55,7 +56,7 @@ def serve(
         bool,
         typer.Option("--batch-costs/--no-batch-costs",
                      help="With --k auto: measure the batched forward's cost at start, so each step's k "
-                     "suits the batch (seeded sampled replies then depend on what shares their steps)."),
+                     "suits the batch (a seeded sampled request keeps its profile's k, so it reproduces)."),
     ] = True,
     grace: Annotated[
         float, typer.Option(min=0, help="Seconds requests in flight may run after SIGINT/SIGTERM.")
@@ -72,26 +73,28 @@ def serve(
     except ImportError as error:
         raise BadInput(f"verispec serve needs the serve extra ({error.name} is missing): "
                        "pip install 'verispec[serve]'") from None
-    proposer = proposer or default_proposer(model)
+    proposer = proposer or default_proposer(model, device)
     if proposer == NO_PROPOSER:
-        proposer, k_value = None, 0
-    else:
-        check_policy_proposer(k, proposer)
-        spec = parse_k(k)
-        k_value = spec.k if spec.kind == "constant" else k.strip()
+        proposer_spec, k_spec = None, 0
+    else:  # parsed once, here; the server and its requests keep the parsed specs
+        proposer_spec, k_spec = parse_spec(proposer), parse_k(k)
+        check_policy_proposer(k_spec, proposer_spec)
     listener = listen(host, port)  # before loading: a taken port is reported at once
     from verispec.batching import RegistryBuilder, Scheduler
     from verispec.models.load import load_model
 
     start = time.perf_counter()
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
     print(f"loaded {model} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
-    served = ServedModel.of(loaded, served_model_name or model, proposer, k_value)
+    served = ServedModel.of(loaded, served_model_name or model, proposer_spec, k_spec)
     warm = loaded.encode("Hello, how are you?", chat=loaded.chat_template is not None)
     costs = None
-    if batch_costs and k_value == "auto" and max_slots > 1:
+    reserve = getattr(loaded.lm, "reserve_slots", None)
+    if reserve is not None:  # the static runtime's cache holds every slot before anything measures a step
+        reserve(max_slots)
+    if batch_costs and served.k_label == "auto" and max_slots > 1:
         costs = measured_batch_costs(loaded.lm, warm, max_slots)
     scheduler = Scheduler(loaded.lm, RegistryBuilder(loaded), max_slots=max_slots, max_waiting=max_waiting,
                           batch_costs=costs, max_context=served.context)
@@ -103,7 +106,7 @@ def serve(
     reach = ("loopback only: other machines cannot reach it" if is_loopback(host)
              else "reachable from other machines; set --api-key and put TLS in front")
     print(f"verispec serve: {served.name} ({loaded.dtype_name}, {loaded.runtime} runtime), proposer "
-          f"{proposer or 'none'}, k {k_value}, {max_slots} slots", file=sys.stderr)
+          f"{proposer_spec or 'none'}, k {served.k_label}, {max_slots} slots", file=sys.stderr)
     print(f"listening on {where}/v1 ({reach}); metrics at {where}/metrics; Ctrl-C stops", file=sys.stderr, flush=True)
     server = make_server(server_app, log_level="info", access_log=access_log)
     serve_with_engine_here(server, [listener])

@@ -157,7 +157,7 @@ def train(
 
     if dtype == "auto":  # the data's features in a float dtype, never load_model's auto q4
         dtype = "bfloat16" if native_bf16() else "float32"
-    loaded = load_model(model, dtype=dtype)
+    loaded = load_model(model, dtype=dtype, device="cpu")  # training runs on the CPU
     if score == "turns" and loaded.tokenizer.chat_template is None:
         raise ValueError(f"--score turns finds the user's turn through the chat template, which {model} lacks; use --score answers")
     transformers = loaded.transformers_model().requires_grad_(False)  # it writes the data and its features

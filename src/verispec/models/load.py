@@ -50,6 +50,7 @@ from verispec.models.base import CausalLM
 from verispec.models.gguf_blocks import GGUFWeight, gguf_weights
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
+from verispec.models.static_llama import StaticLlama
 from verispec.models.load_plan import LLAMACPP_TARGET, LoadPlan, Runtime, model_config, plan_load
 from verispec.models.memory import kv_bytes_per_token, peak_rss_bytes, weight_bytes
 from verispec.models.quant import Int4Linear
@@ -72,8 +73,8 @@ class LoadedModel:
     """A loaded model and what a request needs around it.
 
     name: what it was loaded as (the embedded name or the path given).
-    lm: the `CausalLM` the engine drives: `LlamaRuntime` (runtime "fast") or `HFCausalLM`
-        ("hf"). model: the transformers model `lm` runs (runtime "hf"), or None where it was
+    lm: the `CausalLM` the engine drives: `LlamaRuntime` (runtime "fast"), `StaticLlama`
+        ("static") or `HFCausalLM` ("hf"). model: the transformers model `lm` runs (runtime "hf"), or None where it was
         not kept (the fast runtime packed its weights and let it go); `transformers_model()`
         gives it either way. config: its transformers config.
     reload: loads the transformers model again from `source` in `dtype` (the same weights).
@@ -96,6 +97,7 @@ class LoadedModel:
     auto_choice: str | None = None  # why dtype "auto" chose what it did, where that is not the plain rule
     layout: str | None = None  # q4 on the fast runtime: which projections run on which kernel (`projection_layout`)
     config: PretrainedConfig | None = None  # None: `model`'s
+    device: str = "cpu"  # where `lm` computes ("cpu", "cuda:0")
     reload: Callable[[], PreTrainedModel] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -131,12 +133,18 @@ class LoadedModel:
             )
             return f"llama.cpp: {LLAMACPP_TARGET}{pieces}"
         if self.weight_format == "float":
-            if self.dtype == torch.bfloat16 and self.source.is_file():
-                return (
-                    "bfloat16: every weight rounded to bfloat16 from the GGUF file's float32 values, so this is "
-                    f"a different model from {self.name} in float32 or q4 (its outputs are not that model's)"
+            notes = []
+            if self.dtype in (torch.bfloat16, torch.float16) and self.source.is_file():
+                notes.append(
+                    f"{self.dtype_name}: every weight rounded to {self.dtype_name} from the GGUF file's float32 values, so "
+                    f"this is a different model from {self.name} in float32 or q4 (its outputs are not that model's)"
                 )
-            return None
+            if self.runtime == "static" and not getattr(self.lm, "deterministic", True):
+                notes.append(
+                    "--no-deterministic: each step runs in the smallest shape that holds it and a row's logits depend "
+                    "on that shape, so greedy speculative output may part from plain decoding at near ties"
+                )
+            return "; ".join(notes) or None
         if self.exact_weights:
             note = (
                 f"{self.weight_format}: the GGUF file's own blocks, held exactly (the same weights as "
@@ -193,6 +201,7 @@ def load_model(
     trust_remote_code: bool = False,
     runtime: str = "auto",
     deterministic: bool | None = None,
+    device: str = "auto",
 ) -> LoadedModel:
     """Load a causal LM from local files (`models.sources` says which names it accepts).
 
@@ -212,8 +221,13 @@ def load_model(
     costs a one-token forward nothing (float32 and q4 score each row through the fused
     kernel's one-row call, which plain decoding makes anyway; in bfloat16 it is the faster
     attention) and a forward of M rows M - 1 more attention calls per layer in float32/q4.
+    runtime "static" (`StaticLlama`): fixed-shape forwards over a static cache, CUDA graphs on
+    CUDA; deterministic there runs every forward in one shape (`models.static_llama`).
+    device: "auto" (CUDA where torch sees a device, else the CPU), "cpu", "cuda" or "cuda:N";
+    on CUDA, runtime "auto" takes the static runtime and dtype "auto" bfloat16 (float16 on a
+    GPU without it).
     """
-    return build(plan_load(name_or_path, dtype, runtime, deterministic, trust_remote_code=trust_remote_code))
+    return build(plan_load(name_or_path, dtype, runtime, deterministic, device=device, trust_remote_code=trust_remote_code))
 
 
 def build(plan: LoadPlan) -> LoadedModel:
@@ -228,17 +242,21 @@ def build(plan: LoadPlan) -> LoadedModel:
         model, tokenizer = _gguf_model(source, torch_dtype if plan.runtime == Runtime.HF else torch.float32)
 
         def reload() -> PreTrainedModel:
-            return _gguf_model(source, torch_dtype)[0]
+            return _gguf_model(source, torch_dtype)[0].to(plan.device)
     else:
 
         def reload() -> PreTrainedModel:
-            return from_directory(AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=plan.trust_remote_code)
+            return from_directory(
+                AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=plan.trust_remote_code
+            ).to(plan.device)
 
-        model = reload()
+        model = from_directory(AutoModelForCausalLM, source, dtype=torch_dtype, trust_remote_code=plan.trust_remote_code)
         tokenizer = _directory_tokenizer(source, plan.trust_remote_code)
     config, eos_token_ids = model.config, eos_ids(model.config, model.generation_config, tokenizer)
     if plan.runtime == Runtime.HF:
         lm, model, exact = _on_transformers(plan, model)
+    elif plan.runtime == Runtime.STATIC:
+        lm, model, exact = _on_static_runtime(plan, model)
     else:
         lm, model, exact = _on_fast_runtime(plan, model)
     return LoadedModel(
@@ -256,6 +274,7 @@ def build(plan: LoadPlan) -> LoadedModel:
         layout=projection_layout(lm) if plan.weight_format == WeightFormat.Q4 else None,
         config=config,
         reload=reload,
+        device=plan.device,
     )
 
 
@@ -292,6 +311,7 @@ def _on_llamacpp(plan: LoadPlan) -> LoadedModel:
 def _on_transformers(plan: LoadPlan, model: PreTrainedModel) -> tuple[CausalLM, PreTrainedModel, bool]:
     """Runtime "hf": transformers runs `model` (its linears on the int4 kernel for q4)."""
     if plan.weight_format != WeightFormat.Q4:
+        model = model.to(plan.device)
         return HFCausalLM(model), model, plan.exact_weights
     quantized = quantized_model(model, plan.weight_format, gguf_blocks(plan.source, model) if plan.gguf else None)
     return HFCausalLM(quantized), model, quantized.exact
@@ -306,6 +326,13 @@ def _on_fast_runtime(plan: LoadPlan, model: PreTrainedModel) -> tuple[CausalLM, 
     blocks = gguf_blocks(plan.source, model) if plan.gguf else None
     lm = LlamaRuntime.from_hf(model, plan.weight_format, deterministic=plan.deterministic, blocks=blocks, consume=True, checkpoint=checkpoint)
     return lm, None, lm.exact_weights
+
+
+def _on_static_runtime(plan: LoadPlan, model: PreTrainedModel) -> tuple[CausalLM, None, bool]:
+    """Runtime "static": `StaticLlama` copies `model`'s weights to the device in the plan's
+    dtype, consuming them layer by layer (the host holds one layer's copy at a time)."""
+    lm = StaticLlama.from_hf(model, dtype=plan.dtype, device=plan.device, deterministic=plan.deterministic, consume=True)
+    return lm, None, plan.exact_weights
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -33,6 +34,7 @@ from verispec.machine import native_bf16
 from verispec.models import DEFAULT_MODEL
 from verispec.models.gguf_blocks import CODED, READ
 from verispec.models.llama import config_refusal
+from verispec.models.static_llama import static_refusal
 from verispec.models.sources import (
     blocks_cache,
     converted_dir,
@@ -48,12 +50,14 @@ from verispec.models.weight_format import AUTO, WeightFormat, parse_target
 class Runtime(StrEnum):
     """What runs the model: a runtime is one value here and one build in `models.load`."""
 
-    FAST = "fast"  # verispec's Llama runtime (`models.llama.LlamaRuntime`)
+    FAST = "fast"  # verispec's Llama runtime for the CPU (`models.llama.LlamaRuntime`)
     HF = "hf"  # transformers' own model (`models.hf.HFCausalLM`)
     LLAMACPP = "llamacpp"  # llama.cpp itself on a GGUF file (`models.llamacpp.LlamaCppLM`): its arithmetic
+    STATIC = "static"  # fixed shapes over a static cache, CUDA graphs on CUDA (`models.static_llama.StaticLlama`)
 
 
-RUNTIMES = (AUTO, *Runtime)  # what `runtime=` accepts: auto takes the fast runtime where it runs the model
+RUNTIMES = (AUTO, *Runtime)  # what `runtime=` accepts: auto takes the fast runtime on a CPU, static on CUDA
+DEVICES = "auto, cpu, cuda or cuda:N"  # what `device=` accepts
 
 LLAMACPP_TARGET = (
     "the GGUF file's own blocks as llama.cpp computes them (activations quantized to 8 bits per block, "
@@ -68,14 +72,56 @@ class MachineFacts:
 
     native_bf16: the CPU computes bfloat16 natively (`verispec.machine.native_bf16`).
     int4_faster: torch's int4 kernel beats bfloat16 here (`int4_faster`).
+    cuda_devices: how many CUDA devices torch sees (0: none, or a torch built without CUDA).
+    cuda_bf16: the first of them computes bfloat16 (compute capability 8.0 or later).
     """
 
     native_bf16: bool
     int4_faster: bool
+    cuda_devices: int = 0
+    cuda_bf16: bool = False
 
 
 def this_machine() -> MachineFacts:
-    return MachineFacts(native_bf16=native_bf16(), int4_faster=int4_faster())
+    cuda = torch.cuda.is_available()
+    return MachineFacts(
+        native_bf16=native_bf16(),
+        int4_faster=int4_faster(),
+        cuda_devices=torch.cuda.device_count() if cuda else 0,
+        cuda_bf16=cuda and torch.cuda.is_bf16_supported(),
+    )
+
+
+def resolve_device(device: str, machine: MachineFacts) -> tuple[str, str]:
+    """(the torch device a model runs on, why): `device` is auto (CUDA where torch sees a
+    device, else the CPU), cpu, cuda or cuda:N; ValueError where it names a device that is
+    not there."""
+    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise ValueError(f"unknown device {device!r}; choose {DEVICES}")
+    if device == AUTO:
+        if machine.cuda_devices:
+            return "cuda:0", "chosen by --device auto: torch sees a CUDA device"
+        return "cpu", "chosen by --device auto: torch sees no CUDA device"
+    if device == "cpu":
+        return "cpu", "asked for"
+    if not machine.cuda_devices:
+        built = "this torch was built without CUDA" if torch.version.cuda is None else "torch sees no CUDA device"
+        raise ValueError(f"--device {device}: {built}; use --device cpu (or auto)")
+    index = int(device.partition(":")[2] or 0)
+    if index >= machine.cuda_devices:
+        raise ValueError(f"--device {device}: torch sees {machine.cuda_devices} CUDA device(s), numbered from 0")
+    return f"cuda:{index}", "asked for"
+
+
+def device_float_format(machine: MachineFacts, device: str) -> tuple[WeightFormat, str]:
+    """`--dtype auto`'s float format on `device`, and why."""
+    if device != "cpu":
+        if machine.cuda_bf16:
+            return WeightFormat.BFLOAT16, "chosen by --dtype auto: this GPU computes bfloat16"
+        return WeightFormat.FLOAT16, "chosen by --dtype auto: this GPU has no bfloat16"
+    fmt = float_format(machine)
+    why = "this CPU computes bfloat16 natively" if machine.native_bf16 else "this CPU has no native bfloat16"
+    return fmt, f"chosen by --dtype auto: {why}"
 
 
 def int4_faster() -> bool:
@@ -89,12 +135,13 @@ def float_format(machine: MachineFacts) -> WeightFormat:
     return WeightFormat.BFLOAT16 if machine.native_bf16 else WeightFormat.FLOAT32
 
 
-def resolve_dtype(dtype: str | torch.dtype, machine: MachineFacts | None = None) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype, machine: MachineFacts | None = None, device: str = "cpu") -> torch.dtype:
     """The dtype a target's transformers model is loaded in: the format's own (auto's float
-    format on `machine`, default this one); float32 for q4, whose projections then hold codes."""
+    format on `machine`'s `device`, default this machine's CPU); float32 for q4, whose
+    projections then hold codes."""
     fmt = parse_target(dtype)
     if fmt == AUTO:
-        fmt = float_format(machine or this_machine())
+        fmt = device_float_format(machine or this_machine(), device)[0]
     return fmt.dtype or torch.float32
 
 
@@ -133,6 +180,7 @@ class LoadPlan:
         build decides it projection by projection (q4 on a GGUF file with matrices of types
         not read raw, such as F16: each is held exactly or quantized on load as its blocks allow).
     trust_remote_code: run modelling code shipped in a checkpoint directory.
+    device, device_reason: the torch device the model runs on ("cpu", "cuda:0") and why.
     """
 
     name: str
@@ -146,13 +194,15 @@ class LoadPlan:
     exact_weights: bool | None
     auto: bool = False  # the weight format was chosen by --dtype auto
     trust_remote_code: bool = False
+    device: str = "cpu"
+    device_reason: str = "asked for"
 
     @property
     def dtype(self) -> torch.dtype:
         """The dtype the transformers model is loaded in (`resolve_dtype`); float32 for the
         llama.cpp runtime, whose logits are float32 and whose transformers model (for HF's own
         generate) is the file's float32 model."""
-        return torch.float32 if self.weight_format == WeightFormat.GGUF else resolve_dtype(self.weight_format)
+        return torch.float32 if self.weight_format == WeightFormat.GGUF else resolve_dtype(self.weight_format, device=self.device)
 
     @property
     def gguf(self) -> bool:
@@ -189,6 +239,8 @@ class LoadPlan:
             "dtype": str(self.weight_format),
             "dtype_reason": self.dtype_reason,
             "exact_weights": self.exact_weights,
+            "device": self.device,
+            "device_reason": self.device_reason,
         }
 
     def describe(self) -> str:
@@ -209,6 +261,7 @@ class LoadPlan:
         return "\n".join([
             f"model:    {self.name} ({self.architecture})",
             f"source:   {source}",
+            f"device:   {self.device}: {self.device_reason}",
             f"runtime:  {self.runtime}{determinism}: {self.runtime_reason}",
             f"dtype:    {self.weight_format}: {self.dtype_reason}",
             f"exact:    {exact}",
@@ -221,48 +274,76 @@ def plan_load(
     runtime: str = AUTO,
     deterministic: bool | None = None,
     *,
+    device: str = AUTO,
     trust_remote_code: bool = False,
     machine: MachineFacts | None = None,
 ) -> LoadPlan:
     """What `load_model` with these arguments builds (its docstring says what each means),
     reading only the config and, for auto or q4 on a GGUF file, its tensor table.
-    machine: the facts `--dtype auto` reads (default: this machine's, `this_machine`)."""
+    machine: the facts `--dtype auto` and `--device auto` read (default: this machine's,
+    `this_machine`)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
     if deterministic and runtime == Runtime.HF:
         raise ValueError(
-            "deterministic scoring is a mode of the fast and llama.cpp runtimes; drop it or choose runtime "
-            "'fast', 'llamacpp' or 'auto'"
+            "deterministic scoring is a mode of the fast, static and llama.cpp runtimes; drop it or choose runtime "
+            "'fast', 'static', 'llamacpp' or 'auto'"
         )
     asked = parse_target(dtype)
     machine = machine or this_machine()
+    where, device_reason = resolve_device(device, machine)
     source = locate(name_or_path)
     config = model_config(source, trust_remote_code)
     if runtime == Runtime.LLAMACPP:
+        if where != "cpu":
+            raise ValueError(f"the llama.cpp runtime runs on the CPU here, not {where}; drop --device (or give cpu)")
         return llamacpp_plan(str(name_or_path), source, config, asked, deterministic)
-    refusal = config_refusal(config, resolve_dtype(asked, machine))
-    if runtime == Runtime.FAST and refusal:
-        raise ValueError(f"{source}: {refusal}")
-    if deterministic and refusal:
-        raise ValueError(f"{source}: deterministic scoring needs the fast runtime, but {refusal}")
-    chosen = Runtime.HF if runtime == Runtime.HF or refusal else Runtime.FAST
-    if runtime != AUTO:
-        runtime_reason = "asked for"
-    else:
-        runtime_reason = f"chosen by --runtime auto: {refusal or f'the fast runtime runs {config.model_type!r} models'}"
-    fmt, dtype_reason, exact = weight_choice(asked, source, chosen, machine)
+    if where != "cpu" and asked == WeightFormat.Q4:
+        raise ValueError(f"--dtype q4 runs on torch's CPU int4 kernel, not on {where}; give bfloat16, float16 or float32")
+    chosen, runtime_reason = runtime_choice(runtime, config, resolve_dtype(asked, machine, where), where, source)
+    if deterministic and chosen == Runtime.HF:
+        raise ValueError(f"{source}: deterministic scoring needs the fast or static runtime, but {runtime_reason}")
+    fmt, dtype_reason, exact = weight_choice(asked, source, chosen, machine, where)
     return LoadPlan(
         name=str(name_or_path),
         source=source,
         architecture=config.model_type,
         runtime=chosen,
         runtime_reason=runtime_reason,
-        deterministic=chosen == Runtime.FAST if deterministic is None else deterministic,
+        deterministic=chosen in (Runtime.FAST, Runtime.STATIC) if deterministic is None else deterministic,
         weight_format=fmt,
         dtype_reason=dtype_reason,
         exact_weights=exact,
         auto=asked == AUTO,
         trust_remote_code=trust_remote_code,
+        device=where,
+        device_reason=device_reason,
+    )
+
+
+def runtime_choice(
+    runtime: str, config: PretrainedConfig, dtype: torch.dtype, device: str, source: Path
+) -> tuple[Runtime, str]:
+    """The runtime for `runtime` (auto, fast, static or hf) on `device`, and why: auto takes
+    the fast runtime on the CPU and the static one on CUDA where it runs the model, else
+    transformers; a runtime asked for that cannot run the model is refused with the reason."""
+    on_cpu = device == "cpu"
+    if runtime == Runtime.FAST and not on_cpu:
+        raise ValueError(f"the fast runtime runs on the CPU; on {device} choose runtime static (or auto) or hf")
+    refusal = config_refusal(config, dtype) if on_cpu else static_refusal(config, dtype)
+    if runtime == Runtime.STATIC:
+        refusal = static_refusal(config, dtype)
+    if runtime in (Runtime.FAST, Runtime.STATIC) and refusal:
+        raise ValueError(f"{source}: {refusal}")
+    if runtime != AUTO:
+        return Runtime(runtime), "asked for"
+    if refusal:
+        return Runtime.HF, f"chosen by --runtime auto: {refusal}"
+    if on_cpu:
+        return Runtime.FAST, f"chosen by --runtime auto: the fast runtime runs {config.model_type!r} models on the CPU"
+    return Runtime.STATIC, (
+        f"chosen by --runtime auto: on {device} the static runtime runs {config.model_type!r} models "
+        "(fixed shapes, CUDA graphs)"
     )
 
 
@@ -296,10 +377,10 @@ def llamacpp_plan(
 
 
 def weight_choice(
-    asked: WeightFormat | str, source: Path, runtime: Runtime, machine: MachineFacts
+    asked: WeightFormat | str, source: Path, runtime: Runtime, machine: MachineFacts, device: str = "cpu"
 ) -> tuple[WeightFormat, str, bool | None]:
-    """The weight format for `asked` (a `TARGET` format or auto), why, and whether the weights
-    will be the source's float32 weights bit for bit (`LoadPlan.exact_weights`)."""
+    """The weight format for `asked` (a `TARGET` format or auto) on `device`, why, and whether
+    the weights will be the source's float32 weights bit for bit (`LoadPlan.exact_weights`)."""
     if asked == AUTO:
         if runtime == Runtime.FAST and source.is_file() and machine.int4_faster and coded_exactly(source):
             return WeightFormat.Q4, (
@@ -307,9 +388,8 @@ def weight_choice(
                 "exactly, and on a CPU with native bf16 its int4 kernel beats bfloat16, which rounds the "
                 "weights; --dtype bfloat16 or float32 overrides"
             ), True
-        fmt = float_format(machine)
-        why = "this CPU computes bfloat16 natively" if machine.native_bf16 else "this CPU has no native bfloat16"
-        return fmt, f"chosen by --dtype auto: {why}", fmt == WeightFormat.FLOAT32
+        fmt, why = device_float_format(machine, device)
+        return fmt, why, fmt == WeightFormat.FLOAT32
     if asked != WeightFormat.Q4:
         return asked, "asked for", asked == WeightFormat.FLOAT32
     if not source.is_file():

@@ -2,7 +2,10 @@
 
 At temperature > 0 each drafted token is sampled from q, the draft's distribution after the
 same sampling transforms as the target, and q is returned for the verifier. At temperature 0
-the draft takes its argmax (a chosen draft, q = None).
+the draft takes its argmax (a chosen draft, q = None). A repetition penalty applies to the
+draft's rows as to the target's, each after its own context and drafted prefix
+(`sampling.penalised`); min_tokens does not (a proposer is not told the EOS ids), which the
+rules allow: q need only be what the draft was drawn from.
 
 Trees (`propose_tree`, a `TreeProposer`): at temperature 0 a node's children are the draft's
 top-ranked tokens after the node's path, best first (`tree_shape.fill`, chosen, q None), so
@@ -33,7 +36,7 @@ import torch
 from verispec.drafts import Draft, TreeDraft
 from verispec.models.base import CausalLM
 from verispec.randomness import Random
-from verispec.sampling import SamplingParams, probabilities, to_host
+from verispec.sampling import SamplingParams, penalised, probabilities, to_host
 from verispec.tokenizer_contract import check_tokenizers
 from verispec.tree_shape import TreeShape, fill, ranked_top, sample
 
@@ -75,7 +78,7 @@ class DraftModel:
         self._synced = len(self._processed)
         tokens, q_rows = [], []
         for i in range(k):
-            token, q = self._next(logits, rng)
+            token, q = self._next(logits, rng, [*context, *tokens])
             tokens.append(token)
             q_rows.append(q)
             if i < k - 1:
@@ -95,12 +98,14 @@ class DraftModel:
         def row_after(path: tuple[int, ...]) -> torch.Tensor:
             logits = self.model.extend([pending, *path], keep=1)  # [1, V]
             self.model.rollback(cached)
-            return logits
+            return self._penalised(logits, [*context, *path])
 
         return self._tree(shape, row_after, rng)
 
     def propose_tree_stateless(self, context: Sequence[int], shape: TreeShape, rng: Random) -> TreeDraft:
-        return self._tree(shape, lambda path: self.model.score([*context, *path])[-1:], rng)
+        return self._tree(
+            shape, lambda path: self._penalised(self.model.score([*context, *path])[-1:], [*context, *path]), rng
+        )
 
     def _uncached(self, context: Sequence[int]) -> list[int]:
         """Follow `context` (`commit`) and return its tokens the cache lacks: at least its last
@@ -138,15 +143,20 @@ class DraftModel:
         ids = list(context)
         tokens, q_rows = [], []
         for _ in range(k):
-            token, q = self._next(self.model.score(ids)[-1:], rng)
+            token, q = self._next(self.model.score(ids)[-1:], rng, ids)
             tokens.append(token)
             q_rows.append(q)
             ids.append(token)
         return self._draft(tokens, q_rows)
 
-    def _next(self, logits: torch.Tensor, rng: Random) -> tuple[int, torch.Tensor | None]:
-        """One drafted token from logits[1, V] (on the model's device): argmax when greedy,
-        else a draw from q [V], float64 on the host."""
+    def _penalised(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
+        """logits[1, V] after `context` with the request's repetition penalty."""
+        return penalised(logits, self.sampling, context, [()], 0, ())
+
+    def _next(self, logits: torch.Tensor, rng: Random, context: Sequence[int]) -> tuple[int, torch.Tensor | None]:
+        """One drafted token from logits[1, V] after `context` (on the model's device): argmax
+        when greedy, else a draw from q [V], float64 on the host."""
+        logits = self._penalised(logits, context)
         if self.sampling.greedy:
             return int(logits[0].argmax()), None
         q = to_host(probabilities(logits, self.sampling))[0]
@@ -162,13 +172,17 @@ def build(path: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Dr
     """`draft:PATH`: the model at PATH in the target's weight format (q4 for a q4 target, else
     its dtype) on the runtime "auto" picks for it, or on llama.cpp for a llama.cpp target
     (without the lone-token padding: a draft's numerics never change the output's law, only
-    how often its guesses are accepted); its tokenizer must be the target's."""
+    how often its guesses are accepted); its tokenizer must be the target's. On a GPU it loads
+    on the target's device, without deterministic scoring (the static runtime's smallest shapes:
+    a draft's rounding changes only what is accepted)."""
     from verispec.models.load import load_model
 
     if target.runtime == "llamacpp":
         draft = load_model(path, runtime="llamacpp", deterministic=False)
+    elif target.device != "cpu":
+        draft = load_model(path, dtype=target.dtype_name, device=target.device, deterministic=False)
     else:
-        draft = load_model(path, dtype=target.dtype_name)
+        draft = load_model(path, dtype=target.dtype_name, device="cpu")
     return DraftModel(draft.lm, tokenizers=(target.tokenizer, draft.tokenizer))
 
 

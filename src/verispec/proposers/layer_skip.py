@@ -142,7 +142,12 @@ class LayerSkip(DraftModel):
         corpus: Iterable[Sequence[int]] = (),
     ) -> None:
         fast = isinstance(target, LlamaRuntime)
-        model = target if isinstance(target, PreTrainedModel) else None if fast else target.model
+        model = target if isinstance(target, PreTrainedModel) else None if fast else getattr(target, "model", None)
+        if not fast and not isinstance(model, PreTrainedModel):
+            raise ValueError(
+                f"layer skip drafts with the target's own first layers on the fast runtime or transformers, and this "
+                f"target is a {type(target).__name__}; choose runtime fast or hf, or another proposer"
+            )
         head = None
         if head_tokens is not None:
             full = target.head_linear if fast else model.get_output_embeddings()

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from verispec.machine import native_bf16
 from verispec.models import DEFAULT_MODEL, weight_format
 from verispec.models.base import CausalLM
@@ -63,6 +65,12 @@ def head_proposer(
 
     if kind not in HEAD_KINDS:
         raise ValueError(f"unknown head kind {kind!r}; choose {' or '.join(HEAD_KINDS)}")
+    device = getattr(target, "device", None) or getattr(getattr(target, "model", None), "device", None)
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(
+            f"the {kind} head drafts on the CPU and this target runs on {device}; draft with lookup or suffix "
+            "there, or run the target with --device cpu"
+        )
     dtype, route = HEAD_FORMATS[drafting_format(head_format)]
     if directory is None:
         directory = default_head(kind)
@@ -92,13 +100,17 @@ DEFAULT_PROPOSER_HELP = (
 )
 
 
-def default_proposer(model: str) -> str:
+def default_proposer(model: str, device: str = "cpu") -> str:
     """The proposer `generate`, `demo` and `serve` use when none is named: the best measured one
-    for `model`, `BEST_WITH_HEAD` where a head ships for it, else `BEST_WITHOUT_HEAD`.
+    for `model`, `BEST_WITH_HEAD` where a head ships for it, else `BEST_WITHOUT_HEAD`; on a GPU
+    (`device` cuda, or auto where torch sees one) `BEST_WITHOUT_HEAD`, since the heads draft on
+    the CPU (`head_proposer`).
 
     >>> default_proposer("/models/another-checkpoint")
     'lookup'
     """
+    if device != "cpu" and (device != "auto" or torch.cuda.is_available()):
+        return BEST_WITHOUT_HEAD
     if model == DEFAULT_MODEL and (default_head("eagle") / "config.json").exists():
         return BEST_WITH_HEAD
     return BEST_WITHOUT_HEAD

@@ -1,15 +1,24 @@
 """The HTTP application: OpenAI's completions and chat completions over the batched engine.
 
 Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (whole or streamed as
-server-sent events), `GET /v1/models`, `GET /health`, `GET /metrics`. Every reply carries
-`usage`, the request's `speculative_decoding` (vLLM's counts: drafts, drafted and accepted
-tokens, accepted by position) and llama-server's `timings`; a streamed reply carries them on its
-last chunk (and `usage` on a chunk of its own with `stream_options.include_usage`).
+server-sent events), `GET /v1/models`, vLLM's `POST /tokenize` and `POST /detokenize`,
+`GET /version`, `GET /health`, `GET /metrics`; a path may end with a slash. Every reply
+carries `usage`, a `system_fingerprint` (the version, model and speculation it was decoded
+with), each choice's `stop_reason` (vLLM's: the stop string or stop token id that ended it),
+the request's `speculative_decoding` (vLLM's counts: drafts, drafted and accepted tokens,
+accepted by position) and llama-server's `timings`; a streamed reply carries them on its last
+chunk (and `usage` on a chunk of its own with `stream_options.include_usage`).
+
+Seeded requests: a sampled request with a seed decodes at a k that depends on nothing but its
+tokens (`Request.fixed_k`: a measured `auto` or `tree` policy held at its profile's first
+plan), so it reproduces whatever the k policy; one without a seed gets a fresh seed and the
+policy as it is.
 
 Every refusal is one OpenAI-style JSON error, `{"error": {"message", "type", "param", "code"}}`:
 400 a bad field or too long a prompt, 401 a missing or wrong key (`api_key`), 404 an unknown
 model or path, 405 a wrong method, 408 a body that did not arrive in time, 413 a body over
-`max_body_bytes`, 429 every slot and the queue taken, 503 shutting down; a step that fails
+`max_body_bytes`, 429 every slot and the queue taken, 503 shutting down (the server keeps
+listening while it drains, so a new client is answered rather than refused); a step that fails
 inside the engine ends its requests with a 500 (or finish_reason "error" mid-stream) and the
 server serves on.
 """
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -35,12 +45,22 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from verispec import __version__
 from verispec.batching import QueueFull, Scheduler
+from verispec.k_spec import KSpec, parse_k
+from verispec.registry import ProposerSpec, parse_spec
 from verispec.request import Request
 from verispec.server.engine_thread import Closed, EngineThread, Finished, Speculation
 from verispec.server.metrics import CONTENT_TYPE, Metrics
 from verispec.server.output import Output
-from verispec.server.schemas import ChatBody, CompletionBody, SamplingFields, first_error
+from verispec.server.schemas import (
+    ChatBody,
+    CompletionBody,
+    DetokenizeBody,
+    SamplingFields,
+    TokenizeBody,
+    first_error,
+)
 
 log = logging.getLogger("verispec.server")
 
@@ -49,23 +69,38 @@ log = logging.getLogger("verispec.server")
 class ServedModel:
     """What the server needs of a model. name: the `model` requests must name. encode: text ->
     prompt ids (plain, the tokenizer's special tokens added); encode_chat: messages -> prompt ids
-    through the chat template (None: the model has none); decode: ids -> text. context: the
-    most positions a request may use (None: no bound). proposer, k: the registry specs every
-    request drafts with (reported in `speculative_decoding`)."""
+    through the chat template (None: the model has none); decode: ids -> text. vocab_size: the
+    target's (token ids at or past it are refused). context: the most positions a request may
+    use (None: no bound). proposer, k: the parsed specs every request drafts with (None and 0:
+    plain decoding; reported in `speculative_decoding`). fingerprint: `system_fingerprint`,
+    which changes with the version, the weights and the speculation."""
 
     name: str
     encode: Callable[[str], list[int]]
     encode_chat: Callable[[list[dict[str, str]]], list[int]] | None
     decode: Callable[[Sequence[int]], str]
     eos_token_ids: frozenset[int]
+    vocab_size: int
     context: int | None
-    proposer: str | None
-    k: int | str
+    proposer: ProposerSpec | None
+    k: KSpec | int
+    fingerprint: str = ""
+
+    @property
+    def k_label(self) -> int | str:
+        """k as the replies report it: the constant, or the spec's text (`auto`)."""
+        if isinstance(self.k, int):
+            return self.k
+        return self.k.k if self.k.kind == "constant" else self.k.text
 
     @classmethod
-    def of(cls, loaded: object, name: str, proposer: str | None, k: int | str) -> ServedModel:
-        """From a `LoadedModel` (`verispec.models.load_model`)."""
+    def of(cls, loaded: object, name: str, proposer: str | ProposerSpec | None, k: int | str | KSpec) -> ServedModel:
+        """From a `LoadedModel` (`verispec.models.load_model`) and the proposer and k specs,
+        parsed here unless already parsed."""
         tokenizer = loaded.tokenizer
+        spec = None if proposer is None else parse_spec(proposer)
+        k_spec = k if isinstance(k, KSpec) or k == 0 else parse_k(k, option="k")
+        identity = f"{__version__} {loaded.source} {getattr(loaded, 'dtype_name', '')} {loaded.runtime} {spec} {k_spec}"
 
         def encode_chat(messages: list[dict[str, str]]) -> list[int]:
             formatted = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -77,9 +112,11 @@ class ServedModel:
             encode_chat=encode_chat if loaded.chat_template is not None else None,
             decode=loaded.decode,
             eos_token_ids=frozenset(loaded.eos_token_ids),
+            vocab_size=loaded.lm.vocab_size,
             context=getattr(loaded.config, "max_position_embeddings", None),
-            proposer=proposer,
-            k=k,
+            proposer=spec,
+            k=k_spec,
+            fingerprint="fp_" + hashlib.sha256(identity.encode()).hexdigest()[:12],
         )
 
 
@@ -147,15 +184,25 @@ class ServerApp:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
+            Route("/version", self.version, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
         ]
-        self.asgi = Starlette(
+        self.starlette = Starlette(
             routes=routes,
             exception_handlers={ApiError: lambda _, error: error.response(), HTTPException: http_error,
                                 Exception: internal_error},
             lifespan=self._lifespan,
         )
+
+    async def asgi(self, scope: dict, receive: Callable, send: Callable) -> None:
+        """The application, a path's trailing slash dropped (`/v1/models/` is `/v1/models`)."""
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path.rstrip("/") or "/"}
+        await self.starlette(scope, receive, send)
 
     # --- life -------------------------------------------------------------------------------
 
@@ -166,7 +213,7 @@ class ServerApp:
         try:
             yield
         finally:
-            await self._drained()
+            await self.drained()
 
     def begin_shutdown(self) -> None:
         """Start draining (any thread, a signal handler included); idempotent."""
@@ -177,7 +224,8 @@ class ServerApp:
         if self._drain is None:
             self._drain = asyncio.ensure_future(self.engine.drain(self.limits.grace_seconds))
 
-    async def _drained(self) -> None:
+    async def drained(self) -> None:
+        """Drain (if not begun) and return once the engine has stopped."""
         self._start_drain()
         await self._drain
 
@@ -190,6 +238,25 @@ class ServerApp:
 
     async def prometheus(self, request: HTTPRequest) -> Response:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    async def version(self, request: HTTPRequest) -> Response:
+        return JSONResponse({"version": __version__})
+
+    async def tokenize(self, request: HTTPRequest) -> Response:
+        """vLLM's `/tokenize`: the ids a prompt (as `/v1/completions` reads it) or messages (as
+        `/v1/chat/completions` renders them) become."""
+        body = await self._parse(request, TokenizeBody)
+        if body.prompt is not None:
+            ids = await run_in_threadpool(self.served.encode, body.prompt)
+        else:
+            ids = await self._chat_ids(body.conversation())
+        return JSONResponse({"count": len(ids), "max_model_len": self.served.context, "tokens": ids})
+
+    async def detokenize(self, request: HTTPRequest) -> Response:
+        """vLLM's `/detokenize`: the text of token ids."""
+        body = await self._parse(request, DetokenizeBody)
+        self._check_ids(body.tokens, "tokens")
+        return JSONResponse({"prompt": await run_in_threadpool(self.served.decode, body.tokens)})
 
     async def models(self, request: HTTPRequest) -> Response:
         self._check_key(request)
@@ -206,20 +273,30 @@ class ServerApp:
             ids = await run_in_threadpool(self.served.encode, body.prompt)
         else:
             ids = list(body.prompt)
+            self._check_ids(ids, "prompt")
         return await self._generate(request, body, ids, arrival, chat=False)
 
     async def chat_completions(self, request: HTTPRequest) -> Response:
         arrival = time.perf_counter()
         body = await self._parse(request, ChatBody)
+        ids = await self._chat_ids(body.conversation())
+        return await self._generate(request, body, ids, arrival, chat=True)
+
+    async def _chat_ids(self, conversation: list[dict[str, str]]) -> list[int]:
         if self.served.encode_chat is None:
             raise ApiError(400, f"{self.served.name} has no chat template; use /v1/completions", param="messages")
         try:
-            ids = await run_in_threadpool(self.served.encode_chat, body.conversation())
+            return await run_in_threadpool(self.served.encode_chat, conversation)
         except Exception as error:  # the template refused the conversation (roles out of order, ...)
             raise ApiError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
-        return await self._generate(request, body, ids, arrival, chat=True)
 
-    async def _parse(self, request: HTTPRequest, schema: type[SamplingFields]) -> SamplingFields:
+    def _check_ids(self, ids: Sequence[int], param: str) -> None:
+        vocab = self.served.vocab_size
+        bad = [t for t in ids if t >= vocab]
+        if bad:
+            raise ApiError(400, f"{param}: token id {bad[0]} is outside the vocabulary [0, {vocab})", param=param)
+
+    async def _parse(self, request: HTTPRequest, schema: type) -> object:
         self._check_key(request)
         raw = await self._body(request)
         try:
@@ -227,7 +304,7 @@ class ServerApp:
         except ValidationError as error:
             message, param = first_error(error)
             raise ApiError(400, message, param=param) from None
-        if body.model != self.served.name:
+        if body.model is not None and body.model != self.served.name:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {self.served.name!r}",
                            param="model", code="model_not_found")
         return body
@@ -279,16 +356,27 @@ class ServerApp:
     async def _generate(self, http: HTTPRequest, body: SamplingFields, ids: list[int], arrival: float,
                         chat: bool) -> Response:
         served = self.served
+        stop_ids = frozenset(body.stop_token_ids or ())
+        self._check_ids(sorted(stop_ids), "stop_token_ids")
+        budget = self._budget(body.max_tokens, len(ids), chat)
+        if body.min_tokens > budget:
+            raise ApiError(400, f"min_tokens ({body.min_tokens}) is more than the budget of {budget} tokens; "
+                           "lower min_tokens or raise max_tokens", param="min_tokens")
+        sampling = body.sampling()
         try:
             request = Request(
-                tuple(ids), self._budget(body.max_tokens, len(ids), chat), sampling=body.sampling(),
-                eos_token_ids=served.eos_token_ids, seed=fresh_seed() if body.seed is None else body.seed, proposer=served.proposer, k=served.k,
+                tuple(ids), budget, sampling=sampling,
+                eos_token_ids=(frozenset() if body.ignore_eos else served.eos_token_ids) | stop_ids,
+                seed=fresh_seed() if body.seed is None else body.seed, proposer=served.proposer, k=served.k,
+                # a seeded draw reproduces: its k must not learn from timings
+                fixed_k=body.seed is not None and not sampling.greedy,
                 request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
             )
         except ValueError as error:
             raise ApiError(400, str(error)) from None
         reply = Reply(self, body, request, arrival, chat)
-        output = Output(served.decode, body.stops, on_finish=reply.record)
+        output = Output(served.decode, body.stops, stop_token_ids=stop_ids, min_tokens=body.min_tokens,
+                        include_stop=body.include_stop_str_in_output, on_finish=reply.record)
         try:
             job = await self.engine.submit(request, output)
         except QueueFull:
@@ -331,14 +419,16 @@ class Reply:
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
-        return {"id": self.request.request_id, "object": kind, "created": self.created, "model": self.app.served.name}
+        return {"id": self.request.request_id, "object": kind, "created": self.created, "model": self.app.served.name,
+                "system_fingerprint": self.app.served.fingerprint}
 
     def _extras(self, output: Output) -> dict:
         prompt = len(self.request.prompt_ids)
         served = self.app.served
         return {
             "usage": usage(prompt, output.completion_tokens),
-            "speculative_decoding": speculative_decoding(output.finished.speculation, served.proposer, served.k),
+            "speculative_decoding": speculative_decoding(output.finished.speculation, served.proposer,
+                                                         served.k_label),
             "timings": timings(prompt, output.completion_tokens, output.finished),
         }
 
@@ -353,6 +443,8 @@ class Reply:
             choice["text"] = text
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
+        if finish_reason is not None:
+            choice["stop_reason"] = output.stop_reason
         if finish_reason is not None and self.body.return_token_ids:
             choice["token_ids"] = list(output.token_ids)
         return choice
@@ -421,12 +513,12 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def speculative_decoding(spec: Speculation, proposer: str | None, k: int | str) -> dict:
+def speculative_decoding(spec: Speculation, proposer: ProposerSpec | None, k: int | str) -> dict:
     """A request's speculation, in vLLM's `SpecDecodingStats` terms plus the means read from
     them: mean_acceptance_length = 1 + accepted / drafts (vLLM's), tokens_per_round = tokens /
     rounds (plain steps included), acceptance_rate = accepted / drafted."""
     return {
-        "proposer": proposer,
+        "proposer": None if proposer is None else str(proposer),
         "k": k,
         "num_drafts": spec.num_drafts,
         "num_draft_tokens": spec.num_draft_tokens,

@@ -2,7 +2,8 @@
 first stop string.
 
 Stop strings are found on the decoded text, not on tokens (a stop string may span tokens, or
-end inside one). When one appears, the text is cut where it begins, the job is cancelled
+end inside one), once `min_tokens` tokens have been emitted (vLLM's rule). When one appears,
+the text is cut where it begins (or, with `include_stop`, where it ends), the job is cancelled
 (`tokens` returns True, and the engine frees its slot at the next step) and the reply ends with finish_reason "stop"; the
 tokens counted are those up to the one that completed the stop string. While streaming, the
 end of the text that could still grow into a stop string is held back, so a client never
@@ -18,7 +19,7 @@ receives text that is later cut.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from verispec.server.engine_thread import Finished
 from verispec.textstream import TextStream
@@ -29,18 +30,28 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "abort", "err
 class Output:
     """A `Sink` for one request (`verispec.server.engine_thread`): decodes its tokens, watches
     for `stops`, and tells the handler through `deltas` (text to stream, then the `Finished`)
-    and `wait`. on_finish: records the request's metrics, whether or not anyone still waits for the reply."""
+    and `wait`. stop_token_ids: the request's own stop ids (the engine ends at them; named in
+    `stop_reason`). min_tokens: stop strings count from this many tokens on. include_stop: keep
+    the stop string in the text. on_finish: records the request's metrics, whether or not
+    anyone still waits for the reply."""
 
     def __init__(
         self,
         decode: Callable[[Sequence[int]], str],
         stops: Sequence[str] = (),
         *,
+        stop_token_ids: Collection[int] = (),
+        min_tokens: int = 0,
+        include_stop: bool = False,
         on_finish: Callable[[Output], None] = lambda output: None,
     ) -> None:
         self.stream = TextStream(decode)
         self.stops = list(stops)
         self.longest_stop = max((len(s) for s in self.stops), default=0)
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.min_tokens = min_tokens
+        self.include_stop = include_stop
+        self.matched: str | None = None  # the stop string that ended the reply
         self.on_finish = on_finish
         self.text = ""  # the reply so far, cut at a stop string
         self.sent = 0  # characters of `text` handed to the handler
@@ -55,6 +66,16 @@ class Output:
         return len(self.token_ids)
 
     @property
+    def stop_reason(self) -> str | int | None:
+        """vLLM's: the stop string or the request's stop token id that ended the reply; None
+        when an EOS id, the budget or anything else ended it."""
+        if self.stopped:
+            return self.matched
+        if self.token_ids and self.token_ids[-1] in self.stop_token_ids and self.finish_reason == "stop":
+            return self.token_ids[-1]
+        return None
+
+    @property
     def finish_reason(self) -> str:
         if self.stopped:
             return "stop"
@@ -66,7 +87,7 @@ class Output:
             return False  # committed in a step before the cancel took
         for token in tokens:
             self.token_ids.append(token)
-            if self._add(self.stream.push(token)):
+            if self._add(self.stream.push(token), check=len(self.token_ids) >= self.min_tokens):
                 break
         self._release(self.releasable())
         return self.stopped
@@ -102,16 +123,20 @@ class Output:
             self.deltas = asyncio.Queue()
         return self.deltas
 
-    def _add(self, piece: str) -> bool:
-        """Append `piece`; True when that completed a stop string (the text is cut there)."""
+    def _add(self, piece: str, check: bool = True) -> bool:
+        """Append `piece`; True when that completed a stop string (and `check`: the text is
+        cut there)."""
         if not piece:
             return False
         start = max(0, len(self.text) - self.longest_stop + 1)
         self.text += piece
-        found = [i for i in (self.text.find(stop, start) for stop in self.stops) if i >= 0]
+        if not check:
+            return False
+        found = [(i, stop) for i, stop in ((self.text.find(stop, start), stop) for stop in self.stops) if i >= 0]
         if not found:
             return False
-        self.text = self.text[: min(found)]
+        at, self.matched = min(found)
+        self.text = self.text[: at + (len(self.matched) if self.include_stop else 0)]
         self.stopped = True
         return True
 

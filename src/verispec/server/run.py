@@ -2,10 +2,12 @@
 and clients that never finish their request's head are dropped.
 
 uvicorn already stops accepting on a signal, lets open responses finish and then runs the
-app's shutdown. Two things are changed: the signal also starts the app's drain at once (in
+app's shutdown. Three things are changed: the signal also starts the app's drain at once (in
 flight requests get `grace_seconds` before they end with finish_reason "abort", so a stream
-ends with its last chunk, not a cut connection), and the signal is not raised again once the
-server has stopped (uvicorn does, so the process would end by the signal rather than exit 0).
+ends with its last chunk, not a cut connection); the server goes on listening until the drain
+has ended, so a client arriving meanwhile gets the app's 503 rather than a refused connection;
+and the signal is not raised again once the server has stopped (uvicorn does, so the process
+would end by the signal rather than exit 0).
 
     >>> server = make_server(app, host="127.0.0.1", port=8000)
     >>> server.run()                         # until SIGINT or SIGTERM; returns once drained
@@ -64,6 +66,11 @@ class Server(uvicorn.Server):
         self.app.begin_shutdown()
         super().handle_exit(sig, frame)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Listen on while the app drains: a new request is answered with 503 ("shutting down").
+        await self.app.drained()
+        await super().shutdown(sockets)
+
     def stop(self) -> None:
         """Ask the server to drain and exit (from any thread)."""
         self.handle_exit(signal.SIGTERM, None)
@@ -113,6 +120,7 @@ def make_server(app: ServerApp, *, host: str = "127.0.0.1", port: int = 8000, lo
         app.asgi,
         host=host,
         port=port,
+        interface="asgi3",  # `app.asgi` is a bound method, which uvicorn would take for ASGI 2
         http=type("HeadTimeoutH11", (HeadTimeoutH11,), {"head_seconds": app.limits.head_seconds}),
         lifespan="on",
         log_level=log_level,

@@ -1,43 +1,158 @@
 """The OpenAI request bodies the server accepts, validated by pydantic where they enter.
 
 A body is parsed once, here, into typed values (`SamplingParams`, a stop list, a budget); only
-those travel on to the engine. What verispec cannot do exactly is refused with a 400 that says
-so, never ignored: n > 1, logprobs, penalties and logit biases change the output law or ask for
-several outputs. Fields OpenAI clients send that do not change the output (`user`, `metadata`,
-`parallel_tool_calls` unset, ...) are accepted and ignored, as vLLM and llama-server do.
+those travel on to the engine. Every field is honoured, refused or ignored, and docs/serving.md
+lists which:
+
+- honoured: the sampling transforms (temperature, top_k, top_p, min_p, and vLLM's
+  `repetition_penalty` and `min_tokens`, which the engine applies to the target's rows before
+  verification, so the law stays exact), the seed, the stops (`stop`, `stop_token_ids`,
+  `ignore_eos`, `include_stop_str_in_output`), the budget, streaming;
+- refused with a 400 naming the field (`REFUSED`), at any value that would change the reply:
+  several outputs, penalties whose law verispec does not keep, logit biases, constrained
+  output, tools, logprobs, echo, audio;
+- ignored, because they change nothing in the reply (`IGNORED`: `user`, `metadata`, ...).
+
+Any other field is refused as unknown: a field the server does not know is never dropped
+silently.
 
     >>> body = CompletionBody.model_validate_json('{"model": "m", "prompt": "Hi", "temperature": 0.7, "top_k": -1}')
     >>> body.sampling()
-    SamplingParams(temperature=0.7, top_k=None, top_p=None, min_p=None)
+    SamplingParams(temperature=0.7, top_k=None, top_p=None, min_p=None, repetition_penalty=1.0, min_tokens=0)
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from verispec.sampling import SamplingParams
 
 MAX_STOPS = 4  # OpenAI's bound on stop strings
 MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
 # Below this a temperature divides logits by so little that a whole row can underflow to -inf;
 # such a request asks for greedy decoding, which temperature 0 gives exactly.
 MIN_TEMPERATURE = 1e-3
 MAX_SEED = 2**63 - 1  # the random source's seed is a signed 64-bit integer
 
-FINITE = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+FINITE = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
+
+CONSTRAINED = "constrained output changes the output distribution, which verispec keeps exact; drop it"
+PENALTY = "this penalty changes the output distribution in a way verispec does not verify; drop it or send 0"
+TOOLS = "tools are not served; drop it"
+REFUSED: dict[str, tuple[str, tuple]] = {
+    # name: (why it is refused, the values accepted: those that leave the reply as it is)
+    "n": ("only n = 1 is served; send several requests for several outputs", (1,)),
+    "best_of": ("only best_of = 1 is served", (1,)),
+    "use_beam_search": ("beam search is not served", (False,)),
+    "length_penalty": ("beam search is not served", (1,)),
+    "frequency_penalty": (PENALTY, (0,)),
+    "presence_penalty": (PENALTY, (0,)),
+    "repeat_penalty": ("llama.cpp's repeat_penalty (over the last tokens only) is not served; send "
+                       "repetition_penalty, which is", (1,)),
+    "logit_bias": ("logit_bias changes the output distribution, which verispec keeps exact; drop it", ({},)),
+    "allowed_token_ids": ("restricting the vocabulary changes the output distribution; drop it", ()),
+    "bad_words": ("banning words changes the output distribution; drop it", ([],)),
+    "typical_p": ("typical sampling is not served; drop it or send 1", (1,)),
+    "mirostat": ("mirostat sampling is not served; drop it or send 0", (0,)),
+    "mirostat_tau": ("mirostat sampling is not served; drop it", ()),
+    "mirostat_eta": ("mirostat sampling is not served; drop it", ()),
+    "tfs_z": ("tail-free sampling is not served; drop it or send 1", (1,)),
+    "guided_json": (CONSTRAINED, ()),
+    "guided_regex": (CONSTRAINED, ()),
+    "guided_choice": (CONSTRAINED, ()),
+    "guided_grammar": (CONSTRAINED, ()),
+    "structured_outputs": (CONSTRAINED, ()),
+    "grammar": (CONSTRAINED, ()),
+    "json_schema": (CONSTRAINED, ()),
+    "response_format": (CONSTRAINED + " (only {'type': 'text'} is served)", ({"type": "text"},)),
+    "logprobs": ("logprobs are not served", (False,)),
+    "top_logprobs": ("logprobs are not served", ()),
+    "prompt_logprobs": ("logprobs are not served", ()),
+    "echo": ("echo is not served", (False,)),
+    "suffix": ("suffix is not served", ()),
+    "tools": (TOOLS, ([],)),
+    "tool_choice": (TOOLS, ("none",)),
+    "functions": ("functions (the legacy tools) are not served; drop it", ([],)),
+    "function_call": ("functions (the legacy tools) are not served; drop it", ("none",)),
+    "modalities": ("only text output is served", (["text"],)),
+    "audio": ("audio output is not served", ()),
+    "continue_final_message": ("continuing the last message is not served; drop it", (False,)),
+    "add_generation_prompt": ("the chat template always ends with the assistant's header", (True,)),
+    "skip_special_tokens": ("special tokens are always left out of the text", (True,)),
+}
+# Fields clients send that change nothing in the reply: accepted and ignored (as by OpenAI for
+# a model without the feature, and by vLLM and llama-server).
+# spaces_between_special_tokens (vLLM's) only spaces special tokens, which the text leaves out;
+# cache_prompt (llama-server's) is about reusing a cache, which the reply does not depend on.
+IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+           "safety_identifier", "spaces_between_special_tokens", "cache_prompt")
+
+
+def accepted(value: object, allowed: tuple) -> bool:
+    """Whether `value` is null or one of `allowed`, booleans and numbers kept apart (`n: true`
+    is not `n: 1`)."""
+    if value is None:
+        return True
+    for choice in allowed:
+        if isinstance(value, bool) or isinstance(choice, bool):
+            if type(value) is type(choice) and value == choice:
+                return True
+        elif isinstance(choice, (int, float)):
+            if isinstance(value, (int, float)) and value == choice:
+                return True
+        elif value == choice:
+            return True
+    return False
+
+
+def _refuse(cls, value: object, info: ValidationInfo) -> None:
+    why, allowed = REFUSED[info.field_name]
+    if not accepted(value, allowed):
+        raise ValueError(why)
+    return None
+
+
+Refusals = create_model(
+    "Refusals",
+    __config__=FINITE,
+    __validators__={"refuse": field_validator(*REFUSED, mode="before")(_refuse)},
+    **{name: (Any, None) for name in (*REFUSED, *IGNORED)},
+)
+Refusals.__doc__ = "Every refused and ignored field (`REFUSED`, `IGNORED`): checked, then dropped."
 
 
 class StreamOptions(BaseModel):
     model_config = FINITE
-    include_usage: bool = False
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM's; refused when true
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _continuous(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("usage on every chunk is not served; usage comes once, with include_usage")
+        return value
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(Refusals):
     """What completions and chat completions share: the budget, the sampling transforms
-    (temperature, top_k, top_p, min_p, as `SamplingParams` applies them), the seed, the stop
-    strings and streaming, and the refusals of what cannot be served exactly."""
+    (temperature, top_k, top_p, min_p, repetition_penalty, min_tokens, as `SamplingParams`
+    applies them), the seed, the stops and streaming; and every refused and ignored field."""
 
     model_config = FINITE
 
@@ -47,19 +162,17 @@ class SamplingFields(BaseModel):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: StrictInt | None = None
     min_p: Annotated[float, Field(ge=0, lt=1)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
     seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] | None = None
     stop: StrictStr | list[StrictStr] | None = None
-    n: Literal[1] = 1
-    stream: bool = False
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
+    ignore_eos: StrictBool = False
+    include_stop_str_in_output: StrictBool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # verispec's extension (as vLLM's `return_token_ids`): each choice carries its token ids.
-    return_token_ids: bool = False
-    # Accepted only at the values that leave the output law alone.
-    frequency_penalty: Literal[0] | None = None
-    presence_penalty: Literal[0] | None = None
-    logit_bias: dict[str, float] | None = None
-    logprobs: Literal[False] | None = None
-    best_of: Literal[1] | None = None
+    return_token_ids: StrictBool = False
 
     @field_validator("temperature")
     @classmethod
@@ -75,28 +188,39 @@ class SamplingFields(BaseModel):
             raise ValueError("top_k must be -1 or 0 (no top-k filter) or an integer >= 1")
         return k
 
-    @field_validator("stop")
+    @field_validator("stop", mode="before")
     @classmethod
-    def _stop(cls, stop: str | list[str] | None) -> list[str]:
+    def _stop(cls, stop: object) -> list[str]:
         stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise ValueError("stop must be a string or a list of up to 4 strings")
         if len(stops) > MAX_STOPS:
             raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
         if any(not s for s in stops) or any(len(s) > MAX_STOP_CHARS for s in stops):
             raise ValueError(f"each stop string must have 1 to {MAX_STOP_CHARS} characters")
         return stops
 
-    @field_validator("logit_bias")
+    @field_validator("stop_token_ids")
     @classmethod
-    def _logit_bias(cls, bias: dict[str, float] | None) -> None:
-        if bias:
-            raise ValueError("logit_bias changes the output distribution, which verispec keeps exact; drop it")
-        return None
+    def _stop_token_ids(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None and len(ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids, got {len(ids)}")
+        return ids
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, options: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream", False):
+            raise ValueError("stream_options is only allowed with stream: true")
+        return options
 
     def sampling(self) -> SamplingParams:
         """The transforms shared by p and q (greedy when temperature is 0; default 1, as OpenAI's)."""
         temperature = 1.0 if self.temperature is None else float(self.temperature)
         top_k = None if self.top_k in (None, -1, 0) else self.top_k
-        return SamplingParams(temperature=temperature, top_k=top_k, top_p=self.top_p, min_p=self.min_p)
+        penalty = 1.0 if self.repetition_penalty is None else float(self.repetition_penalty)
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=self.top_p, min_p=self.min_p,
+                              repetition_penalty=penalty, min_tokens=self.min_tokens)
 
     @property
     def stops(self) -> list[str]:
@@ -111,12 +235,15 @@ class CompletionBody(SamplingFields):
     """`POST /v1/completions`: one prompt, as text or as token ids."""
 
     prompt: StrictStr | list[StrictInt]
-    echo: Literal[False] | None = None
-    suffix: None = None
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
-    def _prompt(cls, prompt: str | list[int]) -> str | list[int]:
+    def _prompt(cls, prompt: object) -> object:
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            raise ValueError("one prompt per request is served; send a request for each prompt")
+        if not isinstance(prompt, (str, list)) or (isinstance(prompt, list) and not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+            raise ValueError("the prompt must be a string or a list of token ids (integers)")
         if not prompt:
             raise ValueError("the prompt is empty; give at least one character or token id")
         if isinstance(prompt, list) and any(t < 0 for t in prompt):
@@ -126,14 +253,36 @@ class CompletionBody(SamplingFields):
 
 class TextPart(BaseModel):
     model_config = FINITE
-    type: Literal["text"]
+    type: StrictStr
     text: StrictStr
 
 
 class Message(BaseModel):
     model_config = FINITE
-    role: Literal["system", "developer", "user", "assistant"]
+    role: StrictStr
     content: StrictStr | list[TextPart]
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _role(cls, role: object) -> object:
+        if role in ("tool", "function"):
+            raise ValueError(f"role {role!r} is not served: tools are not served")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise ValueError(f"role must be system, developer, user or assistant, got {role!r}")
+        return role
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, content: object) -> object:
+        if isinstance(content, str):
+            return content
+        if not isinstance(content, list):
+            raise ValueError("content must be a string or a list of text parts (assistant tool calls are not served)")
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise ValueError(f"only text parts are served, got a part of type {kind!r}")
+        return content
 
     @property
     def text(self) -> str:
@@ -145,10 +294,6 @@ class ChatBody(SamplingFields):
 
     messages: list[Message]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    tools: None = None
-    tool_choice: Literal["none"] | None = None
-    response_format: dict | None = None
-    top_logprobs: None = None
 
     @field_validator("messages")
     @classmethod
@@ -157,13 +302,6 @@ class ChatBody(SamplingFields):
             raise ValueError("messages is empty; give at least one message")
         return messages
 
-    @field_validator("response_format")
-    @classmethod
-    def _response_format(cls, value: dict | None) -> None:
-        if value is not None and value.get("type", "text") != "text":
-            raise ValueError("only response_format {'type': 'text'} is served; constrained output changes the law")
-        return None
-
     @model_validator(mode="after")
     def _one_budget(self) -> ChatBody:
         if self.max_tokens is None:
@@ -171,9 +309,41 @@ class ChatBody(SamplingFields):
         return self
 
     def conversation(self) -> list[dict[str, str]]:
-        """The messages as the chat template reads them (`developer` is OpenAI's new name for
-        `system`)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in self.messages]
+        return conversation(self.messages)
+
+
+class TokenizeBody(BaseModel):
+    """`POST /tokenize` (vLLM's): a prompt's ids as `/v1/completions` reads it, or messages' as
+    `/v1/chat/completions` renders them."""
+
+    model_config = FINITE
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[Message] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeBody:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+    def conversation(self) -> list[dict[str, str]]:
+        return conversation(self.messages)
+
+
+def conversation(messages: list[Message]) -> list[dict[str, str]]:
+    """The messages as the chat template reads them (`developer` is OpenAI's new name for
+    `system`)."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in messages]
+
+
+class DetokenizeBody(BaseModel):
+    """`POST /detokenize` (vLLM's): the text of token ids."""
+
+    model_config = FINITE
+    model: StrictStr | None = None
+    tokens: list[Annotated[StrictInt, Field(ge=0)]]
 
 
 def first_error(error: ValidationError) -> tuple[str, str | None]:
@@ -181,27 +351,15 @@ def first_error(error: ValidationError) -> tuple[str, str | None]:
     number`), and the top-level field it concerns (OpenAI's `param`)."""
     detail = error.errors(include_url=False)[0]
     where = ".".join(str(part) for part in detail["loc"])
+    param = str(detail["loc"][0]) if detail["loc"] else None
     message = detail["msg"].removeprefix("Value error, ")
     if detail["type"] == "json_invalid":
         return f"the body is not valid JSON: {detail['ctx']['error']}", None
-    if detail["type"] == "model_type":
+    if detail["type"] == "model_type" and not detail["loc"]:
         return "the body must be a JSON object", None
     if detail["type"] == "missing":
-        return f"{where} is required", where
-    if where in REFUSED:
-        return f"{where}: {REFUSED[where]}", where
-    return (f"{where}: {message}" if where else message), (str(detail["loc"][0]) if detail["loc"] else None)
-
-
-REFUSED = {
-    "n": "only n = 1 is served; send several requests for several outputs",
-    "best_of": "only best_of = 1 is served",
-    "frequency_penalty": "penalties change the output distribution, which verispec keeps exact; drop it or send 0",
-    "presence_penalty": "penalties change the output distribution, which verispec keeps exact; drop it or send 0",
-    "logprobs": "logprobs are not served",
-    "echo": "echo is not served",
-    "tools": "tools are not served",
-    "tool_choice": "tools are not served",
-    "suffix": "suffix is not served",
-    "top_logprobs": "logprobs are not served",
-}
+        return f"{where} is required", param
+    if detail["type"] == "extra_forbidden":
+        return (f"{where}: unknown field; this server does not serve it (docs/serving.md lists every field it "
+                "honours, refuses or ignores); drop it"), param
+    return (f"{where}: {message}" if where else message), param
