@@ -41,7 +41,7 @@ from verispec.cost import BatchCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import Decoding, budgeted, check_request
 from verispec.models.base import CausalLM, SlotScoring
-from verispec.policies import AutoK, Adjustable, BatchK, ConstantK, ConstantTree, KPolicy
+from verispec.policies import AutoK, BatchK, ConstantK, ConstantTree, KPolicy
 from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
@@ -288,7 +288,7 @@ class Scheduler:
         for i, (job, plan) in enumerate(zip(jobs, plans)):
             policy = source_policy(job.decoding)
             if isinstance(plan, int) and isinstance(policy, AutoK) and not getattr(policy, "trees", False):
-                adjustable.append(Adjustable(plan, policy.survival(), policy.c))
+                adjustable.append(policy.adjustable(plan))
                 where.append(i)
             else:
                 fixed_rows += (plan if isinstance(plan, int) else len(plan)) + 1

@@ -84,7 +84,14 @@ def batchable(method: Method) -> bool:
 
 
 def check_methods(methods: Sequence[Method], levels: Sequence[int]) -> None:
-    """Refuse methods that cannot serve more than one request at a time at a level above 1."""
+    """Refuse methods that cannot serve more than one request at a time at a level above 1,
+    and the oracle methods, which need each prompt's continuation decoded before its run."""
+    oracles = [m.name for m in methods if m.oracle is not None]
+    if oracles and is_sweep(levels):
+        raise ValueError(
+            f"{', '.join(oracles)} measure one request at a time (each prompt's greedy continuation is decoded "
+            "before its run); leave out --concurrency, or drop them"
+        )
     if max(levels) == 1:
         return
     unbatched = [m.name for m in methods if not batchable(m)]
