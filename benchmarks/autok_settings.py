@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from verispec.bench.identity import diagnose
+from verispec.identity import diagnose
 from verispec.bench.runners import VerispecRunner, warm_up
 from verispec.bench.workloads import read_workloads, select
 from verispec.machine import describe

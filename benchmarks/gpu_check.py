@@ -30,8 +30,13 @@ and then the real model, each skipped when the time budget runs short:
              the cost model's tau / v(k + 1); its output must be plain's, bit for bit
   batch      the Scheduler at c = 1, 8, 32 requests: plain aggregate tokens/s, the oracle at alpha
              0.8 k 4, and each request's tokens against the same runtime's plain decoding alone
+  head       an untrained EAGLE head shaped for the target (its layer, 8,192 tokens), on the device
+             in the target's dtype, at k 4: the cost of a drafted token, and identity with plain
   real       the default model from --gguf in bf16: plain, prompt lookup k 4 and auto, HF
-             generate and HF prompt lookup on each prompt; tokens/s and identity with plain
+             generate and HF prompt lookup on each prompt; then lookup+eagle k 4 and auto (the
+             default proposer, its shipped head drafting on the GPU) on the same prompts, after
+             the others, since recording the head's features adds to every later forward;
+             tokens/s and identity with plain
 
 Prints a log and writes OUT/gpu_check.json after every part. SMOKE=1 runs tiny shapes on the
 CPU in seconds (tests/test_benchmark_scripts.py runs it): the device minutes are not spent on a typo.
@@ -68,6 +73,7 @@ BATCH = ((1, 2, 4), (1, 3)) if SMOKE else ((1, 2, 4, 8, 16, 32), (1, 2, 5, 9, 17
 CONCURRENCY = (1, 4) if SMOKE else (1, 8, 32)
 CONTEXT = 128 if SMOKE else 1024  # positions per slot allocated up front
 ALPHAS = (0.6, 0.9)
+HEAD_LABELS = ("lookup+eagle_k4", "lookup+eagle_auto")  # the real model's head pass (`head_pass`)
 BUILTIN_PROMPTS = [
     ("writing", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
     ("coding", "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."),
@@ -359,12 +365,41 @@ def shape_check(check: Check, name: str, config_options: dict, device: torch.dev
                       f"batch = alone {level['batch_equal_alone']}, oracle identical {level['oracle_identical']}")
         result["scheduler"] = levels
 
+    def head() -> None:
+        from verispec.heads import HeadConfig, for_drafting, new_head, target_info
+        from verispec.heads.config import FINAL, default_layer
+        from verispec.proposers.eagle import EagleProposer
+
+        target = lm.variant(context=CONTEXT)  # a cache of its own: the head's features add to its forwards only
+        n = min(8192, vocab)
+        config = HeadConfig("eagle", target_info(target, name), (FINAL,), vocab_size=n, layer=default_layer(model.config))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            drafter = for_drafting(new_head(config, torch.arange(n), target).to(lm.model.dtype).eval())
+        proposer = EagleProposer(drafter, target)
+
+        def run():
+            return verispec.generate(target, proposer, prompt, max_new_tokens=new, k=4, sampling=verispec.GREEDY)
+
+        run()
+        out, seconds = best_seconds(run, device, 1)
+        stats = out.stats
+        result["head"] = {
+            "device": str(drafter.d2t.device), "tok_s": new / seconds, "x_plain": new / seconds / result["plain_tok_s"],
+            "identical": list(out.tokens) == result["reference"],
+            "draft_ms_per_token": 1e3 * stats.draft_seconds / max(sum(stats.drafted), 1),
+            "target_ms_per_round": 1e3 * stats.target_seconds / max(len(stats.drafted), 1),
+        }
+        check.log(name, "untrained EAGLE head on", result["head"]["device"], f"k 4: {result['head']['x_plain']:.2f}x plain, "
+                  f"{result['head']['draft_ms_per_token']:.2f} ms a drafted token, identical {result['head']['identical']}")
+
     scale = 1 if SMOKE else max(1.0, result["weight_bytes"] / 1e9)
     check.part(result, "forward", forward, 5 + 5 * scale)
     check.part(result, "plain", plain, 5 + 5 * scale)
     if "reference" in result:
         check.part(result, "oracle", oracle, 10 + 5 * scale)
         check.part(result, "scheduler", batch, 10 + 5 * scale)
+        check.part(result, "head", head, 5 + 5 * scale)
     del model, lm, fast
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -400,6 +435,7 @@ def real_check(check: Check, gguf: Path, prompts: list[tuple[str, str]], device:
     hf = loaded.transformers_model()
     hf.generation_config.eos_token_id = None
     rows = result["prompts"] = []
+    references = []  # each row's plain tokens, for the head's pass
     for category, text in prompts[:2] if SMOKE else prompts:
         if check.left() < 25:
             check.log("real: stopped, budget")
@@ -424,19 +460,56 @@ def real_check(check: Check, gguf: Path, prompts: list[tuple[str, str]], device:
             row[f"{label}_x_plain"] = new / seconds / row["plain_tok_s"]
             row[f"{label}_first_difference"] = first_difference(tokens, reference)
         rows.append(row)
+        references.append((ids, reference))
         check.log("real", category, {key: round(v, 2) if isinstance(v, float) else v for key, v in row.items()})
         check.save()
+    head_pass(check, loaded, rows, references, new, device)
     if rows:
         result["median_plain_tok_s"] = statistics.median(r["plain_tok_s"] for r in rows)
         result["median_x_plain"] = {
-            label: statistics.median(r[f"{label}_x_plain"] for r in rows)
-            for label in ("lookup_k4", "lookup_auto", "hf_generate", "hf_lookup")
+            label: statistics.median(r[f"{label}_x_plain"] for r in rows if f"{label}_x_plain" in r)
+            for label in ("lookup_k4", "lookup_auto", "hf_generate", "hf_lookup", *HEAD_LABELS)
+            if any(f"{label}_x_plain" in r for r in rows)
         }
         result["identical"] = {
-            label: sum(r[f"{label}_identical"] for r in rows) for label in ("lookup_k4", "lookup_auto")
+            label: sum(r.get(f"{label}_identical", False) for r in rows)
+            for label in ("lookup_k4", "lookup_auto", *HEAD_LABELS)
         }
         result["prompts_run"] = len(rows)
         check.log("real: median x plain", result["median_x_plain"], "identical of", len(rows), result["identical"])
+
+
+def head_pass(check: Check, loaded, rows: list[dict], references: list, new: int, device: torch.device) -> None:
+    """lookup+eagle (`BEST_WITH_HEAD`, the shipped EAGLE head on the target's device) at k 4 and
+    auto on the prompts already run: tokens/s over each row's plain, and identity with it."""
+    import verispec
+    from verispec.profile import measured_autok
+    from verispec.proposers.trained import BEST_WITH_HEAD
+    from verispec.registry import build_proposer
+
+    try:
+        proposer = build_proposer(BEST_WITH_HEAD, loaded)
+    except ValueError as error:  # no head shipped in this installation
+        check.results["real"]["head_skipped"] = str(error)
+        check.log("real: lookup+eagle skipped:", error)
+        return
+    for row, (ids, reference) in zip(rows, references):
+        if check.left() < 15:
+            check.log("real: lookup+eagle stopped, budget")
+            break
+
+        def decode(k):
+            return verispec.generate(loaded.lm, proposer, ids, max_new_tokens=new, k=k, sampling=verispec.GREEDY)
+
+        decode(4)
+        for label, k in (("lookup+eagle_k4", 4), ("lookup+eagle_auto", "auto")):
+            policy = measured_autok(loaded.lm, proposer, ids, k_max=15, sampling=verispec.GREEDY) if k == "auto" else k
+            out, seconds = best_seconds(lambda: decode(policy), device, 1)
+            row[f"{label}_x_plain"] = new / seconds / row["plain_tok_s"]
+            row[f"{label}_identical"] = list(out.tokens) == reference
+        measured = {key: value for key, value in row.items() if key.startswith("lookup+eagle")}
+        check.log("real", row["category"], {key: round(v, 2) if isinstance(v, float) else v for key, v in measured.items()})
+        check.save()
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -23,7 +23,7 @@ from verispec.cost import BatchCosts, FixedCosts
 from verispec.engine import generate
 from verispec.models.table_pair import Tables
 from verispec.models.tables import TableLM, random_table
-from verispec.plan import Lowering, Plan
+from verispec.plan import Plan
 from verispec.policies import Adjustable, AutoK, BatchK, HeuristicK
 from verispec.proposers.draft_model import DraftModel
 from verispec.reference import reference_request
@@ -341,10 +341,10 @@ def test_batch_k_adjusts_only_the_plans_that_let_it():
     """`BatchK.adjust` lowers the chains whose policy lets a batch lower them (auto k's plans
     carry a `lowering`) as `plan` would, keeps the others whole and counts their rows (a tree's
     nodes + 1) and their tokens."""
-    lowerable = Plan(4, source="copy", lowering=Lowering((0.8, 0.6, 0.45, 0.3), 0.02))
+    entry = Adjustable(4, (0.8, 0.6, 0.45, 0.3), 0.02)
+    lowerable = Plan(4, source="copy", lowering=entry)
     tree = Plan(shape=TreeShape.of([(0,), (1,), (0, 0)]))
     plans, tokens = [lowerable, Plan(3), tree, lowerable], [1.0, 2.5, 1.5, 1.0]
-    entry = Adjustable(4, lowerable.lowering.survival, 0.02)
     for costs in ((1, 64), (1.0, 1.0)), ((1, 2, 64), (1.0, 2.0, 64.0)), ((1, 8, 16, 64), (1.0, 1.2, 2.0, 8.0)):
         batch_k = BatchK(BatchCosts(*costs))
         first, last = batch_k.plan([entry, entry], fixed_rows=4 + 4, fixed_tokens=4.0)

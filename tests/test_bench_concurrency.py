@@ -14,6 +14,7 @@ from verispec.bench.closed_loop import Served, closed_loop
 from verispec.bench.methods import PLAIN
 from verispec.bench.sweep import QUICK_SWEEP_METHODS, parse_concurrency
 from verispec.cli import main
+from verispec.models import llamacpp as runtime
 
 LEVELS = (1, 3)  # the quick workload has 4 prompts: at c = 3 the 4th replaces the first to finish
 MAX_NEW = 10
@@ -245,7 +246,7 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys, argv, message)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not llamacpp.installed(), reason=f"needs llama-cpp-python: {llamacpp.INSTALL}")
+@pytest.mark.skipif(not runtime.installed(), reason=f"needs llama-cpp-python: {runtime.INSTALL}")
 def test_llamacpp_batches_several_sequences():
     """llama.cpp's batch server serves every prompt once with at most c sequences in flight,
     reusing freed sequence ids; one sequence at a time it decodes exactly what llama-cpp-python's

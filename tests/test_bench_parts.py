@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from verispec.bench.identity import diagnose, first_mismatch
+from verispec.identity import diagnose, first_mismatch
 from verispec.bench.methods import HF_LOOKUP_TOKENS, PLAIN, Method, parse_method, parse_methods
 from verispec.bench.protocol import engine_fields, rotated
 from verispec.bench.report import OVERALL, by_source, cost_model_section, plans_section, quartiles, summarize

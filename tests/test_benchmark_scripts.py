@@ -37,3 +37,4 @@ def test_the_gpu_check_runs_its_smoke_mode_on_the_cpu(tmp_path: Path) -> None:
     assert set(shape["forward"]["v"]) == {"1", "2", "5"} and shape["plain_tok_s"] > 0 and shape["hf_generate_tok_s"] > 0
     assert all(row["identical"] for row in shape["oracle"]) and len(shape["oracle"]) == 4
     assert all(level["batch_equal_alone"] and level["oracle_identical"] for level in shape["scheduler"].values())
+    assert shape["head"]["identical"] and shape["head"]["device"] == "cpu"

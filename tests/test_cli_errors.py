@@ -209,3 +209,74 @@ def test_check_tokenizers_on_a_directory_without_one(tmp_path, capsys):
     line = error_line(capsys, ["check-tokenizers", str(tmp_path), str(tmp_path)])
     assert f"{tmp_path} holds no tokenizer (none of tokenizer.json" in line
     assert "sentencepiece" not in line and "tiktoken" not in line
+
+
+@pytest.fixture
+def without_llama_cpp(monkeypatch):
+    from verispec.models import llamacpp
+
+    monkeypatch.setattr(llamacpp, "installed", lambda: False)
+    return llamacpp
+
+
+@pytest.mark.parametrize("argv", [
+    ["load-plan"], ["generate", "hi", "--max-new-tokens", "2"], ["profile"], ["demo", "--max-new-tokens", "2"],
+])
+def test_the_llamacpp_runtime_without_llama_cpp_python_is_one_line(capsys, without_llama_cpp, argv):
+    line = error_line(capsys, [*argv, "--runtime", "llamacpp"])
+    assert "llama-cpp-python, needed by --runtime llamacpp, is not installed" in line
+    assert f"install it with `{without_llama_cpp.INSTALL}`" in line
+
+
+def test_serve_checks_llama_cpp_python_before_it_binds_the_port(capsys, without_llama_cpp):
+    """The port is taken already: a serve that bound it first would report that instead."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        line = error_line(capsys, ["serve", "--runtime", "llamacpp", "--port", str(port)])
+    assert "needed by --runtime llamacpp, is not installed" in line
+
+
+@pytest.mark.parametrize("option", [["--runtime", "llamacpp"], ["--dtype", "q4"], ["--model", "x.gguf"], ["--deterministic"]])
+def test_quick_bench_refuses_the_options_it_would_ignore(tmp_path, capsys, option):
+    line = error_line(capsys, ["bench", "--quick", "--out", str(tmp_path / "b"), *option])
+    assert f"which {option[0]} would not change; drop them" in line and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("--batch-rows", "9000", "less than or equal to 512"), ("--k-max", "100000", "less than or equal to 256"),
+    ("--tree-nodes", "9999", "less than or equal to 256"),
+])
+def test_profile_counts_are_bounded_before_measuring(capsys, no_model, option, value, says):
+    assert says in error_line(capsys, ["profile", option, value])
+
+
+def test_an_empty_value_is_refused_before_any_work(capsys, no_model, tmp_path):
+    assert error_line(capsys, ["bench", "--quick", "--out", ""]) == (
+        "error: --out is empty; give it a value, or leave the option out for its default")
+    assert "--model is empty" in error_line(capsys, ["generate", "hi", "--model="])
+    assert "--out is empty" in error_line(capsys, ["train", "--head", "eagle", "--minutes", "1", "--out", ""])
+
+
+@pytest.mark.parametrize("value", ["²", "1,٣", "0", "1,,2"])
+def test_concurrency_takes_plain_digits(tmp_path, capsys, value):
+    line = error_line(capsys, ["bench", "--quick", "--out", str(tmp_path / "b"), "--concurrency", value])
+    assert "--concurrency takes integers >= 1 separated by commas, e.g. 1,2,4,8" in line
+
+
+def test_export_head_checks_its_options_and_output_before_reading_the_head(tmp_path, capsys):
+    head = tmp_path / "head"
+    head.mkdir()
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["--format", "speculators", "--speculative-tokens", "1000000"], "less than or equal to 256"),
+        (["--format", "vllm-medusa", "--verifier", "m"], "--verifier does not apply to --format vllm-medusa; drop it"),
+        (["--format", "vllm-medusa", "--speculative-tokens", "4"], "--speculative-tokens does not apply to --format vllm-medusa"),
+        (["--format", "speculators", "--model", "m"], "--model does not apply to --format speculators"),
+    ]
+    for options, says in cases:
+        assert says in error_line(capsys, ["export-head", str(head), "--out", str(tmp_path / "x"), *options])
+    line = error_line(capsys, ["export-head", str(head), "--format", "speculators", "--out", str(tmp_path / "file" / "x")])
+    assert f"{tmp_path / 'file'} is not a directory; create it first" in line and ".partial" not in line

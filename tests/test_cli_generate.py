@@ -20,8 +20,8 @@ from transformers.utils import logging as hf_logging
 
 from rich.console import Console
 
-from verispec.bench import runners
-from verispec.bench.identity import explain
+from verispec.cli import generate as generate_command
+from verispec.identity import explain
 from verispec.bench.quick import tiny_llama, tiny_tokenizer
 from verispec.cli import main
 from verispec.cli.demo import DemoRow, demo_table
@@ -176,17 +176,17 @@ def test_the_static_runtime_generates_on_the_device_asked_for(capsys, models):
 
 
 def corrupt_speculative_runs(monkeypatch, position: int) -> None:
-    """Make every speculative run emit a wrong token at new token `position` (plain runs are
-    left alone), as a broken engine would."""
-    run = runners.VerispecRunner.__call__
+    """Make every speculative decoding emit a wrong token at new token `position` (plain ones
+    are left alone), as a broken engine would."""
+    timed = generate_command.timed
 
-    def corrupted(self, prompt_ids, max_new_tokens, on_token=None):
-        outcome = run(self, prompt_ids, max_new_tokens, on_token)
-        if self.proposer is not None:
-            outcome.tokens[position] = (outcome.tokens[position] + 1) % 256
-        return outcome
+    def corrupted(decoding, echo=None):
+        done, seconds = timed(decoding, echo)
+        if done.proposer is not None:
+            done.tokens[position] = (done.tokens[position] + 1) % 256
+        return done, seconds
 
-    monkeypatch.setattr(runners.VerispecRunner, "__call__", corrupted)
+    monkeypatch.setattr(generate_command, "timed", corrupted)
 
 
 def test_compare_explains_a_mismatch(capsys, models, monkeypatch):

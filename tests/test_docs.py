@@ -102,3 +102,33 @@ def test_every_page_starts_with_what_it_gives(page):
     paragraphs = [p for p in page.read_text().split("\n\n") if p.strip()]
     assert paragraphs[0].startswith("# ") and "\n" not in paragraphs[0].strip(), "a page opens with one title"
     assert len(paragraphs) > 1 and not paragraphs[1].startswith(("#", "|", "```")), "then says what a reader gets"
+
+
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.M | re.S)
+
+
+def unbound_names(source: str) -> set[str]:
+    """Names the code reads that nothing in it binds (assignment, import, def, loop or
+    comprehension variable) and that are no builtin: a NameError when the reader runs it."""
+    import ast
+    import builtins
+
+    tree = ast.parse(source)
+    bound = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
+
+
+def test_the_readmes_python_runs_without_an_undefined_name():
+    """The README's Python blocks read as one session (each builds on the ones above)."""
+    assert unbound_names("\n".join(python_blocks(README))) == set()
+    assert unbound_names("print(prompts)") == {"prompts"}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.bench.identity import diagnose
+from verispec.identity import diagnose
 from verispec.bench.identity_suite import (
     HF_GENERATE,
     PLAIN,

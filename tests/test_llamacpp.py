@@ -11,15 +11,16 @@ import pytest
 import torch
 
 from verispec.bench import llamacpp
-from verispec.bench.identity import diagnose
+from verispec.identity import diagnose
 from verispec.bench.methods import LLAMACPP_LOOKUP_TOKENS, PLAIN, Method, parse_method, parse_methods
 from verispec.bench.report import render, summarize
 from verispec.bench.runners import Clock
 from verispec.cli import main
+from verispec.models import llamacpp as runtime
 from verispec.models.load import LoadedModel
 
 NEEDS_LLAMACPP = pytest.mark.skipif(
-    not llamacpp.installed(), reason=f"needs llama-cpp-python: {llamacpp.INSTALL}"
+    not runtime.installed(), reason=f"needs llama-cpp-python: {runtime.INSTALL}"
 )
 SPECBENCH = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "specbench_dev.jsonl"
 
@@ -43,19 +44,20 @@ def test_bad_method_names(name, message):
 
 
 def test_bench_without_llama_cpp_python_says_how_to_install_it(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(llamacpp, "installed", lambda: False)
+    monkeypatch.setattr(runtime, "installed", lambda: False)
     status = main(["bench", "--quick", "--methods", "llamacpp-plain,llamacpp-lookup", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert status == 2
     assert err.splitlines() == [
-        "error: llamacpp-plain, llamacpp-lookup need llama-cpp-python, which is not installed; install "
-        f"verispec's optional extra with `{llamacpp.INSTALL}` (it builds llama.cpp from source, about 5 minutes)"
+        "error: llama-cpp-python, needed by the llamacpp methods (llamacpp-plain, llamacpp-lookup), is not "
+        f"installed; install it with `{runtime.INSTALL}` in a verispec checkout (it builds llama.cpp for this CPU "
+        "from source, about 5 minutes; docs/runtime.md)"
     ]
     assert not (tmp_path / "runs.jsonl").exists()
 
 
 def test_bench_refuses_llama_cpp_under_sampling(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(llamacpp, "installed", lambda: True)
+    monkeypatch.setattr(runtime, "installed", lambda: True)
     status = main(["bench", "--quick", "--methods", "llamacpp-plain", "--temperature", "0.7", "--out", str(tmp_path)])
     assert status == 2
     assert capsys.readouterr().err.startswith("error: llamacpp-plain decode greedily only")
@@ -184,3 +186,50 @@ def test_bench_reports_llama_cpp_as_a_peer(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mismatches"] == []
     assert "(a peer: not required to be equal)" in (out / "report.md").read_text()
+
+
+FAKE_LLAMA_CPP = """
+import os, signal
+class Llama:
+    def __init__(self, model_path, **options):
+        self.path = os.path.basename(model_path)
+    def create_completion(self, prompt, max_tokens):
+        if "crash" in self.path:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if "fail" in self.path:
+            raise RuntimeError("failed to load model")
+"""
+
+
+@pytest.mark.parametrize("name, says", [
+    ("ok.gguf", None),
+    ("crash.gguf", "llama.cpp crashed (SIGSEGV) decoding"),
+    ("fail.gguf", "llama.cpp failed (RuntimeError: failed to load model) decoding"),
+])
+def test_a_probe_turns_a_crashing_llama_cpp_build_into_one_line(tmp_path, monkeypatch, name, says):
+    """A stand-in llama_cpp (no build needed) that segfaults or raises in its first decode, as a
+    build for another CPU does; the probe runs it in a child process and the parent goes on."""
+    (tmp_path / "llama_cpp").mkdir()
+    (tmp_path / "llama_cpp" / "__init__.py").write_text(FAKE_LLAMA_CPP)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(runtime, "installed", lambda: True)
+    runtime.probe.cache_clear()
+    try:
+        if says is None:
+            runtime.probe(tmp_path / name)
+            return
+        with pytest.raises(runtime.LlamaCppUnavailable, match=r"\(SIGSEGV\)|\(RuntimeError") as refused:
+            runtime.probe(tmp_path / name)
+        message = str(refused.value)
+        assert says in message and f"rebuild llama-cpp-python for this CPU with `{runtime.INSTALL}`" in message
+        assert "\n" not in message
+    finally:
+        runtime.probe.cache_clear()
+
+
+def test_the_build_flags_name_the_cpus_instruction_sets_and_never_native_or_amx():
+    flags = {"avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
+    args = runtime.cmake_args(flags).split()
+    assert args[0] == "-DGGML_NATIVE=OFF" and "-DGGML_AVX512_BF16=ON" in args and "-DGGML_AVX2=ON" in args
+    assert not any("AMX" in a for a in args)
+    assert runtime.cmake_args(set()) == "-DGGML_NATIVE=OFF"

@@ -14,6 +14,7 @@ import torch
 
 from verispec.engine import generate
 from verispec.models import DEFAULT_MODEL
+from verispec.models.llamacpp import INSTALL
 from verispec.proposers import PromptLookup
 from verispec.proposers.draft_model import DraftModel
 from verispec.sampling import SamplingParams
@@ -21,7 +22,7 @@ from verispec.sampling import SamplingParams
 GREEDY = SamplingParams(temperature=0.0)
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llama_cpp") is None, reason="pip install -e '.[llamacpp]'"
+    importlib.util.find_spec("llama_cpp") is None, reason=f"needs llama-cpp-python: {INSTALL}"
 )
 
 

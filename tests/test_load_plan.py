@@ -11,7 +11,7 @@ from test_load_model import write_gguf
 from transformers import LlamaConfig
 
 from verispec.cli import main
-from verispec.models import load_plan, sources
+from verispec.models import llamacpp, load_plan, sources
 from verispec.models.load_plan import MachineFacts, Runtime, plan_load
 from verispec.models.weight_format import WeightFormat
 
@@ -101,7 +101,8 @@ def test_the_runtime_and_why(tmp_path) -> None:
     assert not plan_load(tmp_path, "float32", deterministic=False).deterministic
 
 
-def test_the_llamacpp_runtime_takes_a_gguf_file_as_llama_cpp_computes_it(gguf, tmp_path) -> None:
+def test_the_llamacpp_runtime_takes_a_gguf_file_as_llama_cpp_computes_it(gguf, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(llamacpp, "installed", lambda: True)  # a plan reads no weights; llama.cpp itself is probed on load
     plan = plan_load(gguf("Q4_1"), runtime="llamacpp", machine=X86_BF16)
     assert plan.runtime == Runtime.LLAMACPP and plan.weight_format == WeightFormat.GGUF and plan.deterministic
     assert plan.exact_weights is False and plan.dtype == torch.float32 and "different target" in plan.dtype_reason
@@ -111,6 +112,12 @@ def test_the_llamacpp_runtime_takes_a_gguf_file_as_llama_cpp_computes_it(gguf, t
         plan_load(gguf("Q4_1"), "q4", runtime="llamacpp")
     with pytest.raises(ValueError, match="reads a GGUF file, not a checkpoint directory"):
         plan_load(config_only(tmp_path / "checkpoint"), runtime="llamacpp")
+
+
+def test_a_llamacpp_plan_without_llama_cpp_python_is_refused(gguf, monkeypatch) -> None:
+    monkeypatch.setattr(llamacpp, "installed", lambda: False)
+    with pytest.raises(llamacpp.LlamaCppUnavailable, match=f"needed by --runtime llamacpp, is not installed; install it with `{llamacpp.INSTALL}`"):
+        plan_load(gguf("Q4_1"), runtime="llamacpp")
 
 
 def test_the_plan_prints_as_lines_and_as_json(gguf) -> None:

@@ -174,3 +174,58 @@ def test_profile_command_on_the_default_model(tmp_path, capsys):
     assert saved.memory["target_weight_bytes"] > 100 * 2**20 and saved.memory["kv_bytes_per_token"] > 0
     assert main(["cost", "--profile", str(out)]) == 0
     assert "best k" in capsys.readouterr().out
+
+
+def quick_loaded():
+    from pathlib import Path
+
+    from verispec.bench.quick import tiny_llama, tiny_tokenizer
+    from verispec.models.load import LoadedModel
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_llama(len(tokenizer), layers=2)
+    return LoadedModel(name="tiny", lm=HFCausalLM(model), model=model, tokenizer=tokenizer,
+                       eos_token_ids=(tokenizer.eos_token_id,), dtype=torch.float32, source=Path("(memory)"))
+
+
+@pytest.mark.parametrize("values, says", [
+    ({"k_max": 0}, r"k_max must be an integer in \[1, 256\]"), ({"k_max": True}, "k_max must be an integer"),
+    ({"batch_rows": 9000}, r"batch_rows must be an integer in \[0, 512\]"), ({"tree_nodes": 300}, "tree_nodes"),
+    ({"repeats": 2.5}, "repeats must be an integer >= 1"), ({"context_tokens": 1}, "context_tokens"),
+])
+def test_profile_settings_refuse_bad_values_when_made(values, says):
+    from verispec.profiling import ProfileSettings
+
+    with pytest.raises(ValueError, match=says):
+        ProfileSettings(**values)
+
+
+def test_profile_model_returns_the_whole_profile_and_refuses_what_the_model_cannot_hold():
+    from verispec.profiling import ProfileSettings, profile_model
+
+    loaded = quick_loaded()
+    prompt = loaded.encode("abcabcabcabc", chat=False)
+    settings = ProfileSettings(k_max=2, repeats=1, warmup=0, survival_tokens=4, batch_rows=3, tree_nodes=2)
+    measured = profile_model(loaded, PromptLookup(), "lookup", prompt, settings)
+    assert measured.proposer == "lookup" and len(measured.v) == 3 and len(measured.tree_v) == 3
+    assert measured.survival is not None and measured.batch["rows"] == [1, 2, 3] and measured.batch_k is not None
+    assert measured.memory["kv_bytes_per_token"] > 0 and measured.machine["runtime"] == "hf"
+    with pytest.raises(ValueError, match=r"k_max \+ 1 scored tokens \(2065 tokens\).* the model's context of 2048 tokens"):
+        profile_model(loaded, PromptLookup(), "lookup", prompt, ProfileSettings(context_tokens=2048))
+
+
+def test_the_profile_command_prints_what_profile_model_measured(tmp_path, capsys):
+    """The command is options, one `profile_model` call and printing: on a tiny checkpoint."""
+    from serving import save_tiny_model
+
+    from verispec.cli import main
+
+    model = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "p.json"
+    args = ["profile", "--model", str(model), "--k-max", "2", "--repeats", "1", "--warmup", "0", "--survival-tokens", "4",
+            "--batch-rows", "2", "--tree-nodes", "1", "--context-tokens", "16", "--out", str(out), "--json"]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == Profile.load(out).to_dict() and printed["context_tokens"] == 16 and printed["batch"]["rows"] == [1, 2]
+    assert main(["profile", "--model", str(model), "--context-tokens", "4000", "--batch-rows", "0"]) == 2
+    assert "the model's context of 2048 tokens" in capsys.readouterr().err

@@ -64,7 +64,9 @@ def test_the_llamacpp_runtime_gives_its_own_plain_greedy_tokens() -> None:
     from verispec.models.load import load_model
     from verispec.registry import build_proposer
 
-    pytest.importorskip("llama_cpp", reason="pip install -e '.[llamacpp]'")
+    from verispec.models.llamacpp import INSTALL
+
+    pytest.importorskip("llama_cpp", reason=f"needs llama-cpp-python: {INSTALL}")
     target = load_model(TARGET, runtime="llamacpp")
     assert target.runtime == "llamacpp" and target.weight_format == "gguf" and not target.exact_weights
     assert "different target" in target.target_note and target.eos_token_ids == (151645, 151643)

@@ -45,6 +45,8 @@ def imports_in(source: str) -> set[str]:
                     found.add(sub if module_path(sub) is not None else ROOT)
             elif node.module.startswith(ROOT + "."):
                 found.add(node.module)
+                # `from verispec.proposers import lookahead` names the module verispec.proposers.lookahead too
+                found |= {f"{node.module}.{a.name}" for a in node.names if module_path(f"{node.module}.{a.name}") is not None}
     return found
 
 
@@ -143,5 +145,37 @@ def test_the_check_sees_the_package_root_and_what_it_re_exports():
     assert imports_in("import verispec") == {ROOT}
     assert imports_in("from verispec import __version__") == {ROOT}
     assert imports_in("from verispec import verify") == {"verispec.verify"}
+    assert imports_in("from verispec.proposers import lookahead, Proposer") == {"verispec.proposers", "verispec.proposers.lookahead"}
     assert imports_in("def f():\n    from verispec.engine import generate\n") == {"verispec.engine"}
     assert "verispec.engine" in imported_by(ROOT)  # so models -> root would close a loop
+
+
+def test_the_registry_imports_every_builder_it_registers():
+    """Each proposer kind's entry lives beside its builder, and the registry imports that module
+    by name (no module named in a string), so the rules above see every edge to a builder."""
+    from verispec.registry import PROPOSERS
+
+    imported = imported_by("verispec.registry")
+    for kind in PROPOSERS.values():
+        for function in (kind.build, kind.audit, kind.parse):
+            if function is not None:
+                module = getattr(function, "func", function).__module__  # a family's entry binds its kind
+                assert module in imported, f"{kind.name}: {module} is not imported by the registry"
+    assert "importlib" not in (SOURCE / "registry.py").read_text()
+
+
+def test_runtime_weight_format_and_head_kind_are_enums_where_they_cross():
+    import torch
+
+    from verispec.head_kind import HeadKind
+    from verispec.heads.untrained import tiny_head
+    from verispec.models.load import LoadedModel
+    from verispec.models.load_plan import Runtime
+    from verispec.models.tables import random_table
+    from verispec.models.weight_format import WeightFormat
+
+    loaded = LoadedModel("m", None, None, None, (), torch.float32, Path("m"), runtime="fast", weight_format="q4")
+    assert loaded.runtime is Runtime.FAST and loaded.weight_format is WeightFormat.Q4 and loaded.dtype_name == "q4"
+    with pytest.raises(ValueError):
+        LoadedModel("m", None, None, None, (), torch.float32, Path("m"), runtime="gpu")
+    assert tiny_head("medusa", random_table(4, 1, seed=0)).config.kind is HeadKind.MEDUSA

@@ -180,17 +180,6 @@ def test_default_model_greedy_speculative_is_plain_greedy(default_float32) -> No
     assert generate(lm, PromptLookup(), prompt, k=4, **options).tokens == plain.tokens
 
 
-def test_on_a_gpu_the_default_proposer_needs_no_head_and_a_head_is_refused() -> None:
-    from types import SimpleNamespace
-
-    from verispec.models import DEFAULT_MODEL
-    from verispec.proposers.trained import default_proposer, head_proposer
-
-    assert default_proposer(DEFAULT_MODEL, "cuda") == default_proposer("/a/checkpoint") == "lookup"
-    with pytest.raises(ValueError, match="the eagle head drafts on the CPU and this target runs on cuda:0"):
-        head_proposer("eagle", None, SimpleNamespace(device="cuda:0"))
-
-
 def test_what_the_static_runtime_does_not_run_is_refused_with_the_reason() -> None:
     from verispec.proposers.layer_skip import LayerSkip
 

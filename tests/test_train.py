@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from verispec import GREEDY, generate
 from verispec.bench.quick import tiny_llama, tiny_tokenizer
 from verispec.cli import main
+from verispec.head_kind import HeadKind
 from verispec.heads import load_head, read_config
 from verispec.models.base import FINAL
 from verispec.models.hf import HFCausalLM
@@ -554,28 +555,89 @@ def test_cli_fits_on_the_union_of_data_directories(tiny_model_dir, tmp_path, mon
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--prompts", "wiki"], "--prompts must be magpie, openers, documents, texts"),
+        (["--prompts", "wiki"], "--prompts must be magpie, openers, documents or texts"),
         (["--also", "/nonexistent/verispec-data"], "no such directory"),
         (["--also", ".", "--data-only"], "--also adds data to the fitting"),
         (["--head", "lstm"], "--head must be eagle, eagle3 or medusa"),
-        (["--minutes", "0"], "--minutes must be > 0"),
+        (["--minutes", "0"], "--minutes must be a finite number > 0"),
         (["--data-minutes", "9"], "--data-minutes must lie in"),
         (["--taps", "low"], "--taps must be eagle3 or final"),
-        (["--vocab", "0"], "--vocab must be >= 1"),
+        (["--vocab", "0"], "--vocab must be an integer >= 1"),
         (["--score", "all"], "--score must be answers or turns"),
         (["--decay", "0.2"], "--decay plans the learning rate over --steps"),
         (["--decay", "1.5", "--steps", "10"], "--decay must lie in [0, 1]"),
         (["--init", ".", "--data-only"], "--init starts the fitting from a head"),
-        (["--depth", "0"], "--depth must be >= 1"),
+        (["--depth", "0"], "--depth must be an integer >= 1"),
         (["--head", "medusa", "--depth", "2"], "--depth stacks an EAGLE head's decoder layers"),
         (["--head", "eagle3", "--taps", "final"], "an eagle3 head reads the low, middle and high layers"),
-        (["--data-conversations", "0"], "--data-conversations must be >= 1"),
+        (["--data-conversations", "0"], "--data-conversations must be an integer >= 1"),
         (["--data-conversations", "10", "--data-minutes", "0"], "give one of them"),
         (["--data-conversations", "10", "--max-sequences", "5"], "--data-conversations sets the data's size exactly"),
+        (["--lr", "-1"], "--lr must be a finite number in (0, 1], got -1.0"),
+        (["--lr", "nan"], "--lr must be a finite number in (0, 1], got nan"),
+        (["--minutes", "inf"], "--minutes must be a finite number > 0, got inf"),
+        (["--dtype", "q4"], "--dtype must be auto, float32 or bfloat16, got 'q4'; the data's features are computed in a float dtype"),
+        (["--resume"], "--resume: no checkpoint at"),
+        (["--init", "/nonexistent/verispec-head"], "--init /nonexistent/verispec-head is not a directory"),
+        (["--init", "MEDUSA"], "--init MEDUSA holds a head of another kind (--head) medusa where this run has eagle"),
+        (["--out", "FILE/h"], "is a file, not a directory"),
+        (["--work", "FILE/w"], "--work FILE/w: FILE is a file, not a directory; choose another path"),
     ],
 )
-def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, capsys):
-    args = ["train", "--head", "eagle", "--minutes", "1", "--out", str(tmp_path / "h"), *extra]
+def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, capsys, monkeypatch):
+    """Every value is checked when the run's config is made: before any model loads."""
+    from verispec.heads import save_head
+    from verispec.heads.untrained import tiny_head
+    from verispec.models import load
+    from verispec.models.tables import random_table
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the command loaded a model before checking its input")
+
+    monkeypatch.setattr(load, "load_model", refuse)
+    medusa = tmp_path / "medusa"
+    save_head(tiny_head("medusa", random_table(8, 1, seed=0)), medusa)
+    (tmp_path / "file").write_text("x")
+    extra = [word.replace("MEDUSA", str(medusa)).replace("FILE", str(tmp_path / "file")) for word in extra]
+    message = message.replace("MEDUSA", str(medusa)).replace("FILE", str(tmp_path / "file"))
+    args = ["train", "--head", "eagle", "--minutes", "1", "--out", str(tmp_path / "h"), "--work", str(tmp_path / "w"), *extra]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+def test_cli_refuses_a_vocabulary_it_cannot_fill_and_writes_nothing_when_nothing_was_fitted(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """--vocab above the model's vocabulary is refused before any data grows; above the data's
+    distinct tokens, before fitting; a budget the data and features used up fits no step, and
+    then nothing is written to --out (the data stays for the next run)."""
+    monkeypatch.setattr(data_module, "InstructionRecipe", lambda: TINY_INSTRUCTIONS)
+    monkeypatch.setattr(data_module, "ResponseRecipe", lambda: TINY_RESPONSES)
+    out, work = tmp_path / "head", tmp_path / "work"
+    common = ["train", "--model", str(tiny_model_dir), "--head", "eagle", "--taps", "final", "--threads", "1",
+              "--dtype", "float32", "--out", str(out), "--work", str(work), "--data-conversations", "5"]
+    assert main([*common, "--minutes", "1", "--vocab", "10000000"]) == 2
+    line = _one_error(capsys)
+    assert "--vocab 10000000 exceeds" in line and "vocabulary of 259 tokens" in line and not work.exists()
+    assert main([*common, "--minutes", "1", "--vocab", "259", "--steps", "1"]) == 2
+    line = _one_error(capsys)
+    assert "distinct tokens, fewer than --vocab 259" in line and not out.exists()
+    assert main([*common, "--minutes", "0.000001"]) == 2
+    line = _one_error(capsys)
+    assert "no time was left to fit a step" in line and f"nothing was written to {out}" in line
+    assert not out.exists() and len(DataCache(work / "data").conversations()) == 5
+
+
+def test_a_training_run_is_callable_from_python_in_named_stages(tiny_model_dir, tmp_path, monkeypatch):
+    from verispec.train.config import TrainConfig
+    from verispec.train.run import run
+
+    monkeypatch.setattr(data_module, "InstructionRecipe", lambda: TINY_INSTRUCTIONS)
+    monkeypatch.setattr(data_module, "ResponseRecipe", lambda: TINY_RESPONSES)
+    config = TrainConfig(head="medusa", out=tmp_path / "head", minutes=5, model=str(tiny_model_dir), work=tmp_path / "w",
+                         data_conversations=6, steps=2, vocab=16, threads=1, dtype="float32", unroll=2)
+    assert config.head is HeadKind.MEDUSA
+    result = run(config)
+    assert result.out == tmp_path / "head" and result.record["steps"] == 2 and result.conversations == 6
+    assert read_config(result.out).kind is HeadKind.MEDUSA
+    with pytest.raises(ValueError, match="already holds a head"):
+        TrainConfig(head="medusa", out=tmp_path / "head", minutes=5, model=str(tiny_model_dir))

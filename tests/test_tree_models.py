@@ -1,10 +1,12 @@
-"""Tree scoring (`TreeScoring`) on real models: the HF adapter and the fast runtime.
+"""Tree scoring (`TreeScoring`) on real models: the HF adapter, the fast runtime and the static
+runtime (its eager path: the fixed-shape forward with a tree's ancestry in its mask).
 
 One forward over a token tree must give each node the logits `extend` gives its root path
 (float32: within FP32_ATOL, the cached-forward tolerance of tests/test_hf_adapter.py; the
 deterministic fast runtime: bit for bit where the attention guarantees it, see
 `models.attention`: every node with `RowAttention` (float32), the first-child chain with
-`InvariantAttention` (bfloat16)), and `keep_path` must leave the cache, and the
+`InvariantAttention` (bfloat16); the deterministic static runtime: the first-child chain, whose
+rows see what a chain's see in one fixed shape), and `keep_path` must leave the cache, and the
 features, exactly as if the kept path had been extended as a chain, copying only the kept
 nodes not yet in their slots. The engine on these models equals the reference decoder with a
 chosen tree proposer, and greedy tree decoding equals plain greedy decoding.
@@ -29,6 +31,7 @@ from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
 from verispec.models.quantized import quantized_model
 from verispec.models.scored_tree import ScoredTree
+from verispec.models.static_llama import StaticLlama
 from verispec.profile import Profile, measure_profile, representative_tree
 from verispec.proposers import PromptLookup
 from verispec.randomness import TorchRandom
@@ -38,7 +41,7 @@ from verispec.tree_shape import TreeShape, fill
 # bfloat16 logits of magnitude ~3 round to steps of 2^-6; a path scored as a tree or a chain
 # goes through two layers whose sums may round differently (measured worst 0.016 on SDPA).
 BF16_ATOL = 0.1
-KINDS = ["hf", "fast", "fast-deterministic"]
+KINDS = ["hf", "fast", "fast-deterministic", "static", "static-deterministic"]
 QUANTIZED_KINDS = ["hf-q4", "fast-q4"]  # q4 weights: the quantized transformers copy, the fast runtime's
 
 
@@ -58,6 +61,8 @@ def build(kind: str, dtype: torch.dtype = torch.float32, seed: int = 0):
         return HFCausalLM(quantized_model(model, "q4"))
     if kind == "fast-q4":
         return LlamaRuntime.from_hf(model, weight_format="q4")
+    if kind.startswith("static"):  # 16 rows: the largest tree here (12 nodes) in one forward
+        return StaticLlama.from_hf(model, deterministic=kind == "static-deterministic", rows=16, context=128)
     return LlamaRuntime.from_hf(model, deterministic=kind == "fast-deterministic")
 
 
@@ -136,7 +141,7 @@ def check_rows_against_paths(lm, kind: str, rng: random.Random, *, trees: int, s
         for node in range(len(tokens)):
             lm.rollback(len(prompt))
             chain = lm.extend([tokens[i] for i in path_to(parents, node)])[-1]
-            if kind == "fast-deterministic" and (node in first_child_path(parents) or by_rows(lm)):
+            if kind.endswith("-deterministic") and (node in first_child_path(parents) or by_rows(lm)):
                 assert torch.equal(tree[node], chain)
             else:
                 torch.testing.assert_close(tree[node], chain, atol=atol, rtol=0)
@@ -160,7 +165,7 @@ def test_keep_path_then_extend_equals_a_fresh_prefill_of_the_path(kind: str, dty
         kept = lm.extend(after)
         lm.prefill(prompt + [tokens[i] for i in path])
         fresh = lm.extend(after)
-        if kind == "fast-deterministic" and (set(path) <= first_child_path(parents) or by_rows(lm)):
+        if kind.endswith("-deterministic") and (set(path) <= first_child_path(parents) or by_rows(lm)):
             assert torch.equal(kept, fresh)
         else:
             torch.testing.assert_close(kept, fresh, atol=atol, rtol=0)
@@ -207,6 +212,8 @@ def row_elements(lm) -> int:
     """Elements of one position's keys and values over all layers, and of its features."""
     if isinstance(lm, HFCausalLM):
         cache = sum(layer.keys[..., :1, :].numel() + layer.values[..., :1, :].numel() for layer in lm.cache.layers)
+    elif isinstance(lm, StaticLlama):  # one slot's position: [Hkv, D] per layer
+        cache = sum(k[0, :, :1].numel() + v[0, :, :1].numel() for k, v in zip(lm.model.cache.keys, lm.model.cache.values))
     else:
         cache = sum(k[:, :1].numel() + v[:, :1].numel() for k, v in zip(lm.cache.keys, lm.cache.values))
     return cache + len(lm._features.taps) * lm.hidden_size
@@ -236,9 +243,11 @@ def test_keep_path_copies_only_the_nodes_not_in_their_slots(kind: str, parents, 
                                atol=FP32_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize(("kind", "moved"), [("hf", 1), ("fast", 0), ("fast-deterministic", 0)])
+@pytest.mark.parametrize(("kind", "moved"), [("hf", 1), ("fast", 0), ("fast-deterministic", 0), ("static", 0),
+                                             ("static-deterministic", 0)])
 def test_the_fast_runtime_lays_a_tree_out_depth_first(kind: str, moved: int) -> None:
-    """A tree drafted breadth first, as the engine's proposers fill them: the fast runtime puts
+    """A tree drafted breadth first, as the engine's proposers fill them: the fast runtime (and
+    the static one) puts
     its first-child path in a chain's slots, so keeping that path copies nothing (the HF
     adapter keeps the caller's order and moves node 3), and the rows still come back in the
     caller's order."""

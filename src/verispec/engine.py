@@ -224,7 +224,8 @@ class Decoding:
 
     def propose(self, plan: Plan) -> Proposal:
         """Stage 1: the proposer drafts at most what `plan` asks (`plan()`'s, or a batch's
-        lowering of it), cut after EOS."""
+        planning of it, cut to the budget again), cut after EOS."""
+        plan = plan.budgeted(self.max_new_tokens - len(self.tokens))
         self.stats.record_plan(plan.describe(), plan.source)
         if not plan.nodes:
             return Proposal(plan, EMPTY_DRAFT, 0.0)

@@ -18,6 +18,11 @@ from verispec.checks import is_int
 
 # The least constant k a speculative method drafts.
 K_MIN = 1
+# The largest k a command's counts take (`cost --k`, `profile --k-max`, `export-head
+# --speculative-tokens`). Even at alpha 0.99 and a free draft (c = 0) the expected tokens per
+# round have nearly stopped growing: E(256) is within 8% of its limit 1 / (1 - alpha). A larger
+# bound would only let a typo such as --k 100000000 run for minutes.
+K_BOUND = 256
 
 
 def check_k(k: object, *, minimum: int = K_MIN, name: str = "k (drafted tokens per round)") -> int:

@@ -13,7 +13,6 @@ policy lets a batch lower its k (`lowering`: what `verispec.policies.BatchK` wei
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from verispec.checks import is_int
@@ -21,25 +20,16 @@ from verispec.tree_shape import TreeShape, describe_plan
 
 
 @dataclass(frozen=True)
-class Lowering:
-    """What a batch needs to lower a chain's k for the batch's tokens per second
-    (`verispec.policies.BatchK`): the policy's survival estimate s_1..s_K and its cost per
-    drafted token c (relative to one target row)."""
-
-    survival: Sequence[float]
-    c: float
-
-
-@dataclass(frozen=True)
 class Plan:
     """k: the chain's drafted tokens (0: a plain step; 0 for a tree). shape: the tree shape, or
-    None for a chain. source: the draft source it was chosen for. lowering: set when a batch
-    may lower the chain's k (`BatchK`), None when the k is the policy's to keep."""
+    None for a chain. source: the draft source it was chosen for. lowering: what a batch weighs
+    to plan the chain's k (`verispec.policies.Adjustable`, from an adaptive policy), None when
+    the k is the policy's to keep."""
 
     k: int = 0
     shape: TreeShape | None = None
     source: str | None = None
-    lowering: Lowering | None = None
+    lowering: object | None = None
 
     def __post_init__(self) -> None:
         if not is_int(self.k, least=0):

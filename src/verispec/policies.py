@@ -8,13 +8,15 @@ decoding step) or a tree shape.
 from __future__ import annotations
 
 import copy
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from verispec.checks import is_int
 from verispec.cost import BatchCosts, Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
-from verispec.plan import Lowering, Plan
+from verispec.plan import Plan
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape
 
@@ -117,6 +119,13 @@ class AutoK:
     changed: the old evidence is dropped, the wait is reset and speculation resumes if the
     fresh estimate says so.
 
+    In a batch (`verispec.batching`, `BatchK`) the batch may hold a request to fewer drafts
+    than its policy chose, or none: a request held at k = 0 learns nothing of its acceptance,
+    so an estimate lowered by a few unlucky rounds, or the prior itself where rows are dear,
+    would keep it there for good. So after `probe_every` steps held at 0 its `adjustable`
+    entry asks for a probe, which `BatchK` drafts whatever the rest of the batch does; the
+    wait doubles (up to `probe_cap`) with each probe until the batch drafts for it again.
+
     It reads only past rounds, so the verifier's exactness is untouched; it is deterministic
     given the sequence of `Stats` it sees (counts and seconds), so the engine and the reference
     decoder agree when both time their rounds on the same fake clock (`verispec.clocks`).
@@ -184,15 +193,31 @@ class AutoK:
         self._probing = False
         self._plain = 0  # plain rounds since speculation stopped or the last probe
         self._wait = self.probe_every
+        self._held = 0  # batched steps in a row in which the batch drafted nothing for it
+        self._hold_wait = self.probe_every
+        self._batch_probe = False  # the last choice asks the batch for a probe
 
     def choose(self, stats: Stats) -> Plan:
-        return self._as_plan(self._choice(stats))
+        k = self._choose(stats)
+        self._batch_probe = self._held >= self._hold_wait
+        if self._batch_probe:
+            self._held = 0
+        return self._as_plan(k)
 
     def _as_plan(self, choice: int | TreeShape) -> Plan:
-        """A chain that a batch may lower (`BatchK`), with the survival and c it weighs."""
-        return Plan(choice, lowering=Lowering(tuple(self.survival()), self.c))
+        """A chain that a batch may lower (`BatchK`), with what the batch weighs (`adjustable`)."""
+        return Plan(choice, lowering=self.adjustable(choice))
 
-    def _choice(self, stats: Stats) -> int | TreeShape:
+    def adjustable(self, k: int) -> Adjustable:
+        """What `BatchK` plans this round from (k: what `choose` answered): the survival and c,
+        the evidence behind the survival, and whether this round probes. Its k may be up to
+        k_max, not only `choose`'s: `choose` weighs a forward of k + 1 rows alone, where v(2)
+        may be 1.17 (the H200's), while in a batch one more row can cost nothing; the batch's
+        own v(N) decides (the engine still cuts the plan to the budget)."""
+        evidence = [attempts + self.prior_weight for attempts in self._attempts]
+        return Adjustable(self.k_max, self.survival(), self.c, probe=self._batch_probe, evidence=evidence)
+
+    def _choose(self, stats: Stats) -> int | TreeShape:
         fresh = self._absorb(stats)
         if self._probing:
             self._probing = False
@@ -239,12 +264,25 @@ class AutoK:
         for r in range(self._seen_rounds, stats.rounds):
             drafted = stats.drafted[r]
             if shared_forward(stats, r):
+                self._count_held(stats, r)
                 continue  # its forward's seconds are the batch's, not those of drafted + 1 rows
             levels = self._draft_levels(stats, r)
             self.costs.observe(drafted + 1, stats.round_target_seconds[r], levels, stats.round_draft_seconds[r])
         fresh = self._absorb_acceptance(stats, stats.rounds - self._seen_rounds)
         self._seen_rounds = stats.rounds
         return fresh
+
+    def _count_held(self, stats: Stats, r: int) -> None:
+        """Batched round r: held at k = 0, or drafted (after a probe the wait doubles; a round
+        the batch drafted for it on its own resets it)."""
+        if stats.drafted[r] == 0:
+            self._held += 1
+            return
+        if self._batch_probe:
+            self._hold_wait *= 2
+        else:
+            self._hold_wait = self.probe_every  # the batch drafted for it on its own
+        self._held = 0
 
     def _paid(self, stats: Stats) -> float:
         """The last round's own speedup: its emitted tokens over its predicted cost."""
@@ -359,11 +397,50 @@ def as_policy(k: int | KPolicy) -> KPolicy:
 @dataclass(frozen=True)
 class Adjustable:
     """What `BatchK` knows of a request whose k it may lower: its own policy's k (`most`), its
-    survival estimate s_1..s_K and its cost per drafted token c (relative to one row)."""
+    survival estimate s_1..s_K and its cost per drafted token c (relative to one row); `probe`:
+    it drafts one token when that is cheap, whatever the batch; `evidence`: the rounds' worth
+    behind each s_i, prior included (empty: unknown, and the batch is not pooled)
+    (`AutoK.adjustable`)."""
 
     most: int
     survival: Sequence[float]
     c: float
+    probe: bool = False
+    evidence: Sequence[float] = ()
+
+
+def pooled(adjustable: Sequence[Adjustable]) -> list[Adjustable]:
+    """Each request's survival shrunk towards the batch's (empirical Bayes, as James and
+    Stein): per position i, the evidence-weighted mean m_i of the requests' s_i, the sampling
+    variance of each, w_i = s_i (1 - s_i) / evidence_i, and the variance between requests beyond
+    it, b_i = max(0, var(s_i) - mean(w_i)); then s_i + w_i / (w_i + b_i) (m_i - s_i). Requests
+    whose acceptance differs (lookup on a document beside a chat) keep their estimates; requests
+    alike, whose estimates differ by chance, are planned nearly alike: drafting follows the
+    estimate, so a request unlucky in its first rounds would otherwise be held at k = 0 and
+    never learn better. Unchanged when any entry's evidence is unknown or fewer than two."""
+    if len(adjustable) < 2 or any(not entry.evidence for entry in adjustable):
+        return list(adjustable)
+    depth = min(min(len(e.survival), len(e.evidence)) for e in adjustable)
+    columns = []
+    for i in range(depth):
+        s = [e.survival[i] for e in adjustable]
+        n = [e.evidence[i] for e in adjustable]
+        mean = sum(x * w for x, w in zip(s, n)) / sum(n)
+        within = [x * (1 - x) / w for x, w in zip(s, n)]
+        center = math.fsum(s) / len(s)
+        spread = math.fsum((x - center) ** 2 for x in s) / len(s)
+        between = max(0.0, spread - math.fsum(within) / len(within))
+        columns.append([x + (u / (u + between) if u + between > 0 else 0.0) * (mean - x) for x, u in zip(s, within)])
+    out = []
+    for j, entry in enumerate(adjustable):
+        survival = list(itertools.accumulate((column[j] for column in columns), min))
+        out.append(replace(entry, survival=survival + list(entry.survival[depth:])))
+    return out
+
+
+# A probe that costs a batched step more than this share of its forward is not drafted: where
+# rows are dear (v(n) nearly proportional to n) probing would cost more than it could find.
+PROBE_SHARE = 0.2
 
 
 class BatchK:
@@ -377,7 +454,8 @@ class BatchK:
     A step in v(N) (a kernel's row blocking) thus does not stop it short of a longer chain that
     pays. With v flat it drafts as each request would alone, and as the forward turns
     compute-bound (v(N) rising with N) it drafts less, or not at all. Fixed-k requests keep
-    their k; their rows count in N.
+    their k; their rows count in N; so do a probing request's (`Adjustable.probe`), which
+    drafts its k whatever the rest when that costs at most `PROBE_SHARE` of the step's forward.
     """
 
     def __init__(self, costs: BatchCosts) -> None:
@@ -390,7 +468,7 @@ class BatchK:
         lowerable = [i for i, plan in enumerate(plans) if plan.lowering is not None]
         fixed = [i for i, plan in enumerate(plans) if plan.lowering is None]
         ks = self.plan(
-            [Adjustable(plans[i].k, plans[i].lowering.survival, plans[i].lowering.c) for i in lowerable],
+            [plans[i].lowering for i in lowerable],
             sum(plans[i].nodes + 1 for i in fixed),
             sum(tokens[i] for i in fixed),
         )
@@ -402,10 +480,11 @@ class BatchK:
     def plan(self, adjustable: Sequence[Adjustable], fixed_rows: int = 0, fixed_tokens: float = 0.0) -> list[int]:
         """The k of each adjustable request, beside fixed-k requests that score `fixed_rows`
         rows and are expected to emit `fixed_tokens` tokens this step."""
-        ks = [0] * len(adjustable)
-        rows = fixed_rows + len(adjustable)
-        tokens = fixed_tokens + len(adjustable)
-        drafting = 0.0
+        adjustable = pooled(adjustable)
+        ks = self._probes(adjustable, fixed_rows + len(adjustable))
+        rows = fixed_rows + len(adjustable) + sum(ks)
+        tokens = fixed_tokens + len(adjustable) + sum(sum(e.survival[:k]) for e, k in zip(adjustable, ks))
+        drafting = sum(e.c * k for e, k in zip(adjustable, ks))
         best_ks, best_rate = list(ks), tokens / self.costs.at(rows)
         while True:
             pick, pick_rate = None, 0.0
@@ -424,3 +503,14 @@ class BatchK:
             rows += 1
             if pick_rate > best_rate:
                 best_ks, best_rate = list(ks), pick_rate
+
+    def _probes(self, adjustable: Sequence[Adjustable], rows: int) -> list[int]:
+        """The drafts of the probing requests whose probe costs at most PROBE_SHARE of the
+        step's forward (over `rows` rows before them); 0 for the rest."""
+        ks = []
+        for entry in adjustable:
+            extra = entry.c + self.costs.at(rows + 1) - self.costs.at(rows)
+            probe = entry.probe and entry.most > 0 and extra <= PROBE_SHARE * self.costs.at(rows)
+            ks.append(1 if probe else 0)
+            rows += ks[-1]
+        return ks

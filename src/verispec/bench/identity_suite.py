@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.bench.identity import NEAR_TIE, diagnose, first_mismatch
+from verispec.identity import NEAR_TIE, diagnose, first_mismatch
 from verispec.bench.methods import PLAIN
 from verispec.bench.runners import HFRunner, VerispecRunner
 from verispec.bench.workloads import Workload

@@ -20,7 +20,6 @@ llama.cpp); everything else in verispec runs without it.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,10 +30,10 @@ import torch
 from verispec.bench.closed_loop import Served
 from verispec.bench.methods import Method
 from verispec.bench.runners import Clock, Outcome
+from verispec.models.llamacpp import installed, probe
+from verispec.models.llamacpp import require as require_installed
 from verispec.models.load import LoadedModel
 from verispec.sampling import SamplingParams
-
-INSTALL = "pip install -e '.[llamacpp]'"
 
 # With temp == 0 llama-cpp-python builds only its penalties sampler (a no-op at these values)
 # and the greedy sampler; top-k, top-p, min-p and typical-p are added only when temp > 0, and
@@ -51,20 +50,12 @@ GREEDY = {
 }
 
 
-def installed() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
-
-
 def require(names: Sequence[str], sampling: SamplingParams) -> None:
     """Refuse llamacpp methods up front (before any model loads) when llama-cpp-python is
     missing (the message says how to install it) or the benchmark samples."""
     if not names:
         return
-    if not installed():
-        raise ValueError(
-            f"{', '.join(names)} need llama-cpp-python, which is not installed; install verispec's "
-            f"optional extra with `{INSTALL}` (it builds llama.cpp from source, about 5 minutes)"
-        )
+    require_installed(f"the llamacpp methods ({', '.join(names)})")
     if not sampling.greedy:
         raise ValueError(
             f"{', '.join(names)} decode greedily only (llama.cpp filters before the temperature, verispec "
@@ -183,12 +174,15 @@ def make_runner(method: Method, target: LoadedModel) -> LlamaCppRunner:
 
 
 def gguf_file(method: Method, target: LoadedModel) -> Path:
-    """The GGUF file `target` was loaded from, which the llamacpp methods decode."""
+    """The GGUF file `target` was loaded from, which the llamacpp methods decode, after a probe
+    decoded a few tokens of it (a llama.cpp build that crashes is refused in one line before
+    any measurement, `models.llamacpp.probe`)."""
     if not (target.source.is_file() and target.source.suffix == ".gguf"):
         raise ValueError(
             f"{method.name} decodes the target's own GGUF file, but {target.name} was not loaded from a .gguf "
             f"file ({target.source}); give --model a .gguf file or an embedded name"
         )
+    probe(target.source)
     return target.source
 
 

@@ -9,6 +9,11 @@ Grammar (names are comma-separated):
                                         (HF's schedule), tree (cost-model token tree, e.g.
                                         verispec-lookup-tree) or tree:W1xW2x... (a constant
                                         tree); trees need a proposer that fills them
+    verispec-oracle:ALPHA-<policy>      a measuring tool, not a proposer: drafts the target's own
+                                        plain greedy continuation (decoded first, untimed), each
+                                        drafted token right with probability ALPHA
+                                        (`proposers.controlled`), greedy only; what a proposer
+                                        of acceptance ALPHA would gain here, beside `verispec cost`
     hf-generate                         HF `generate(do_sample=False)`
     hf-lookup[-kN]                      HF prompt lookup, prompt_lookup_num_tokens = N (10)
     hf-early-exit:L[-kN]                HF `assistant_early_exit=L`; kN fixes the draft length
@@ -26,6 +31,7 @@ The policy is split off at the LAST '-', so a draft PATH may itself contain '-'.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +46,7 @@ LLAMACPP_LOOKUP_TOKENS = 10  # LlamaPromptLookupDecoding's default num_pred_toke
 POLICIES = ("auto", "heuristic", "tree")
 POLICY_GRAMMAR = "kN, auto, heuristic, tree or tree:W1xW2x..."
 _K = re.compile(r"k(\d+)")
+ORACLE = "oracle:"  # verispec-oracle:ALPHA-<policy>, the controlled-acceptance measuring tool
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,8 @@ class Method:
     policy: "kN", "auto", "heuristic", "tree" or "tree:W1xW2x..." for verispec; None for HF. hf_mode: "generate",
     "lookup", "early-exit" or "assisted". hf_arg: the exit layer or the assistant's path.
     k: the fixed draft length (verispec kN, HF -kN), None when a policy or HF's default
-    chooses it.
+    chooses it. oracle: the acceptance of a `verispec-oracle:ALPHA` method (its proposer is
+    no registry spec), else None.
     """
 
     name: str
@@ -61,6 +69,7 @@ class Method:
     hf_mode: str | None = None
     hf_arg: str | None = None
     k: int | None = None
+    oracle: float | None = None
     # read once from proposer, k and policy when the method is made (verispec methods only)
     proposer_spec: ProposerSpec | None = field(init=False, default=None, repr=False, compare=False)
     k_spec: KSpec | None = field(init=False, default=None, repr=False, compare=False)
@@ -69,7 +78,8 @@ class Method:
         if self.family != "verispec" or self.proposer is None:
             return
         object.__setattr__(self, "k_spec", parse_k(self.k if self.k is not None else self.policy, option="the policy"))
-        object.__setattr__(self, "proposer_spec", parse_spec(self.proposer))
+        if self.oracle is None:
+            object.__setattr__(self, "proposer_spec", parse_spec(self.proposer))
 
     @property
     def speculative(self) -> bool:
@@ -104,6 +114,8 @@ def parse_method(name: str) -> Method:
         if match is None and policy not in POLICIES and not policy.startswith("tree:"):
             raise ValueError(f"method {name!r}: the policy {policy!r} is not {POLICY_GRAMMAR}")
         k = method_k(int(match.group(1)), name) if match else None
+        if proposer.startswith(ORACLE):
+            return oracle_method(name, proposer, policy, k)
         try:
             method = Method(name, "verispec", proposer=proposer, policy=policy, k=k)
         except ValueError as error:
@@ -150,6 +162,21 @@ def parse_method(name: str) -> Method:
         "hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain, "
         "llamacpp-lookup[-kN] or vllm-* (verispec.bench.vllm)"
     )
+
+
+def oracle_method(name: str, proposer: str, policy: str, k: int | None) -> Method:
+    """verispec-oracle:ALPHA-<policy>, ALPHA a number in [0, 1]."""
+    text = proposer.removeprefix(ORACLE)
+    try:
+        alpha = float(text)
+    except ValueError:
+        alpha = math.nan
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"method {name!r}: write verispec-oracle:ALPHA-<policy> with an acceptance ALPHA in [0, 1], e.g. verispec-oracle:0.8-k4")
+    try:
+        return Method(name, "verispec", proposer=proposer, policy=policy, k=k, oracle=alpha)
+    except ValueError as error:
+        raise ValueError(f"method {name!r}: {error}") from None
 
 
 def parse_methods(text: str | Sequence[str]) -> list[Method]:

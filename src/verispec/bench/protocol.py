@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.bench.identity import diagnose
+from verispec.identity import diagnose
 from verispec.machine import peak_rss_mb
 from verispec.bench.methods import PLAIN
 from verispec.bench.runners import Outcome, Runner

@@ -134,6 +134,46 @@ class VerispecRunner:
         return clock.outcome(list(decoding.tokens), decoding.stats)
 
 
+class GreedyReference:
+    """prompt -> the target's plain greedy continuation, as `prepare` decoded it before a timed
+    run (what a `verispec-oracle` method's `ControlledAcceptance` drafts); [] for a prompt not
+    prepared."""
+
+    def __init__(self, target: CausalLM, eos_token_ids: Sequence[int]) -> None:
+        self.target = target
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.known: dict[tuple[int, ...], list[int]] = {}
+
+    def prepare(self, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
+        key = tuple(prompt_ids)
+        known = self.known.get(key)
+        if known is not None and (len(known) >= max_new_tokens or (known and known[-1] in self.eos_token_ids)):
+            return
+        decoding = Decoding(
+            self.target, None, prompt_ids, max_new_tokens=max_new_tokens, sampling=GREEDY,
+            eos_token_id=self.eos_token_ids, k=0,
+        )
+        self.known[key] = list(decoding)
+
+    def __call__(self, prompt_ids: Sequence[int]) -> list[int]:
+        return self.known.get(tuple(prompt_ids), [])
+
+
+class OracleRunner:
+    """A `verispec-oracle:ALPHA` method: the prompt's plain greedy continuation is decoded
+    first, untimed (`GreedyReference`), then `runner` runs with the proposer that drafts it."""
+
+    def __init__(self, runner: VerispecRunner, reference: GreedyReference) -> None:
+        self.runner = runner
+        self.reference = reference
+
+    def __call__(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, on_token: Callable[[int], None] | None = None
+    ) -> Outcome:
+        self.reference.prepare(prompt_ids, max_new_tokens)
+        return self.runner(prompt_ids, max_new_tokens, on_token)
+
+
 def warm_up(target: CausalLM, prompt_ids: Sequence[int]) -> None:
     """One short plain run, so the first timed run does not pay for lazy initialisation."""
     VerispecRunner(target, None, 0, ())(prompt_ids, 2)

@@ -31,10 +31,11 @@ from verispec.bench import llamacpp, plots, quick, sweep, sweep_report, vllm
 from verispec.bench.methods import DEFAULT_METHODS, Method, parse_methods
 from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
-from verispec.bench.runners import HFRunner, Runner, VerispecRunner
+from verispec.bench.runners import GreedyReference, HFRunner, OracleRunner, Runner, VerispecRunner
 from verispec.bench.workloads import Workload, read_workloads, select
 from verispec.models.hf import HFCausalLM
 from verispec.models.load import DEFAULT_MODEL, LoadedModel, load_model
+from verispec.proposers.controlled import ControlledAcceptance
 from verispec.registry import build_policy, build_proposer
 from verispec.sampling import GREEDY, SamplingParams
 
@@ -104,6 +105,23 @@ def quick_target(out: Path) -> LoadedModel:
     )
 
 
+ORACLE_PROFILE_TOKENS = 64  # the continuation an auto oracle method's profile drafts from
+
+
+def oracle_runner(
+    method: Method, target: LoadedModel, first_prompt: Sequence[int], sampling: SamplingParams, seed: int
+) -> OracleRunner:
+    """A `verispec-oracle:ALPHA` method's runner: `ControlledAcceptance` over the target's own
+    greedy continuation (greedy only: it is what the oracle drafts)."""
+    if not sampling.greedy:
+        raise ValueError(f"{method.name} drafts the plain greedy continuation; benchmark it greedily (temperature 0)")
+    reference = GreedyReference(target.lm, target.eos_token_ids)
+    reference.prepare(first_prompt, ORACLE_PROFILE_TOKENS)
+    proposer = ControlledAcceptance.alpha(reference, method.oracle, target.lm.vocab_size, seed)
+    policy = build_policy(method.k_spec, target.lm, proposer, first_prompt, sampling)
+    return OracleRunner(VerispecRunner(target.lm, proposer, policy, target.eos_token_ids, sampling, seed), reference)
+
+
 def make_runner(
     method: Method,
     target: LoadedModel,
@@ -121,6 +139,8 @@ def make_runner(
     if method.family == "verispec":
         if method.proposer is None:
             return VerispecRunner(target.lm, None, 0, eos, sampling, seed)
+        if method.oracle is not None:
+            return oracle_runner(method, target, first_prompt, sampling, seed)
         proposer = build_proposer(method.proposer_spec, target)
         policy = build_policy(method.k_spec, target.lm, proposer, first_prompt, sampling)
         return VerispecRunner(target.lm, proposer, policy, eos, sampling, seed)

@@ -37,7 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from verispec.batching import RegistryBuilder
 from verispec.bench import llamacpp, vllm
 from verispec.bench.closed_loop import HFBatchServer, Loop, Served, Server, VerispecServer, closed_loop
-from verispec.bench.identity import diagnose
+from verispec.identity import diagnose
 from verispec.bench.methods import PLAIN, Method, parse_methods
 from verispec.bench.protocol import Protocol, rotated
 from verispec.bench.sweep_report import summarize_sweep
@@ -61,7 +61,7 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
     levels = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < 1:
+        if not (part.isascii() and part.isdigit()) or int(part) < 1:
             raise ValueError(
                 f"--concurrency takes integers >= 1 separated by commas, e.g. 1,2,4,8; {part!r} in {text!r} is not one"
             )
@@ -84,7 +84,14 @@ def batchable(method: Method) -> bool:
 
 
 def check_methods(methods: Sequence[Method], levels: Sequence[int]) -> None:
-    """Refuse methods that cannot serve more than one request at a time at a level above 1."""
+    """Refuse methods that cannot serve more than one request at a time at a level above 1,
+    and the oracle methods, which need each prompt's continuation decoded before its run."""
+    oracles = [m.name for m in methods if m.oracle is not None]
+    if oracles and is_sweep(levels):
+        raise ValueError(
+            f"{', '.join(oracles)} measure one request at a time (each prompt's greedy continuation is decoded "
+            "before its run); leave out --concurrency, or drop them"
+        )
     if max(levels) == 1:
         return
     unbatched = [m.name for m in methods if not batchable(m)]

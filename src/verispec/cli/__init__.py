@@ -48,6 +48,9 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; its exit status: 0 done, 1 a check failed, 2 bad input."""
+    argv = sys.argv[1:] if argv is None else argv
+    if (empty := empty_value(argv)) is not None:
+        return fail(empty)
     try:
         result = app(args=argv, prog_name=PROG, standalone_mode=False)
     except typer.Abort:
@@ -64,6 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     except (BadInput, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as error:
         return fail(str(error))
     return result if isinstance(result, int) else 0
+
+
+def empty_value(argv: list[str]) -> str | None:
+    """What is wrong with an empty option value on the command line (`--out ""`, `--model=`),
+    else None: no option of any command means something by an empty value (an empty path would
+    be the current directory, an empty name nothing)."""
+    for i, word in enumerate(argv):
+        if word.startswith("--") and word.endswith("="):
+            return f"{word[:-1]} is empty; give it a value, or leave the option out for its default"
+        if word == "" and i and argv[i - 1].startswith("--") and "=" not in argv[i - 1]:
+            return f"{argv[i - 1]} is empty; give it a value, or leave the option out for its default"
+    return None  # an empty argument (a prompt) is the command's to judge
 
 
 def fail(message: str) -> int:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from verispec.bench.methods import DEFAULT_METHODS
-from verispec.cli import app
+from verispec.cli import BadInput, app
 from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_directory, nothing_left_on_failure
 from verispec.models import DEFAULT_MODEL
@@ -110,6 +110,13 @@ def bench(
     from verispec.bench.sweep import is_sweep, parse_concurrency
 
     levels = parse_concurrency(concurrency)
+    if quick:
+        ignored = [option for option, given in (
+            ("--model", model != DEFAULT_MODEL), ("--dtype", dtype != "auto"), ("--runtime", runtime != "auto"),
+            ("--deterministic", deterministic is not None), ("--device", device != "auto")) if given]
+        if ignored:
+            raise BadInput(f"--quick benchmarks a tiny model built in code on transformers, which {', '.join(ignored)} "
+                           "would not change; drop them, or drop --quick to benchmark --model")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     if sampling.greedy and any(f is not None for f in (top_k, top_p, min_p)):
         raise ValueError("--top-k, --top-p and --min-p filter sampled tokens; give a --temperature above 0")

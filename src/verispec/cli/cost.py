@@ -12,6 +12,7 @@ from rich.table import Table
 
 from verispec.cli import app
 from verispec.cli.paths import FORCE_HELP, check_input_file, check_output_file
+from verispec.k_spec import K_BOUND
 from verispec.cost import (
     FixedCosts,
     check_costs,
@@ -32,10 +33,6 @@ from verispec.tree_policy import (
 )
 
 PLOT_ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9)
-# The largest k (and --k-max) accepted. Even at alpha 0.99 and a free draft (c = 0) the
-# expected tokens per round have nearly stopped growing: E(256) is within 8% of its limit
-# 1 / (1 - alpha). A larger bound would only let a typo such as --k 100000000 run for minutes.
-K_BOUND = 256
 
 
 @app.command()

@@ -12,9 +12,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from verispec.bench.identity import diagnose, explain, verdict
 from verispec.cli import app
+from verispec.cli.generate import timed, warm_up
 from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
+from verispec.engine import stream
+from verispec.identity import diagnose, explain, verdict
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, parse_k, parse_spec, proposer_help
@@ -50,25 +52,28 @@ def demo(
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     k_spec = parse_k(k)
-    proposer_spec = parse_spec(proposer or default_proposer(model, device))
+    proposer_spec = parse_spec(proposer or default_proposer(model))
     check_policy_proposer(k_spec, proposer_spec)
+    from verispec.models.load import build  # transformers: imported when needed
+    from verispec.models.load_plan import plan_load
+
+    plan = plan_load(model, dtype, runtime, deterministic, device=device)  # refuses what cannot load before "loading"
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
-    from verispec.bench.runners import VerispecRunner, warm_up  # transformers: imported when needed
-    from verispec.models.load import load_model
-
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
+    loaded = build(plan)
     dtype_name = loaded.dtype_name
     rows: list[DemoRow] = []
     for name, text in PROMPTS.items():
         prompt_ids = loaded.encode(text)
         drafter = build_proposer(proposer_spec, loaded)
         policy = build_policy(k_spec, loaded.lm, drafter, prompt_ids, GREEDY)
+        options = {"max_new_tokens": max_new_tokens, "sampling": GREEDY, "eos_token_id": loaded.eos_token_ids}
         warm_up(loaded.lm, prompt_ids)
-        plain = VerispecRunner(loaded.lm, None, 0, loaded.eos_token_ids)(prompt_ids, max_new_tokens)
-        spec = VerispecRunner(loaded.lm, drafter, policy, loaded.eos_token_ids)(prompt_ids, max_new_tokens)
+        plain, plain_seconds = timed(stream(loaded.lm, None, prompt_ids, **options, k=0))
+        spec, spec_seconds = timed(stream(loaded.lm, drafter, prompt_ids, **options, k=policy))
         mismatch = diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, dtype_name)
-        rows.append(DemoRow(name, plain.tokens_per_s, spec.tokens_per_s, spec.stats.mean_accepted, mismatch))
+        rows.append(DemoRow(name, len(plain.tokens) / plain_seconds, len(spec.tokens) / spec_seconds,
+                            spec.stats.mean_accepted, mismatch))
         console.print(f"[bold]{name}[/bold]: {escape(loaded.decode(spec.tokens))}\n")
     title = f"{loaded.name} ({dtype_name}), greedy, {max_new_tokens} new tokens, {proposer_spec} k={k}"
     out = Console(file=sys.stdout)

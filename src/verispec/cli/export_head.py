@@ -9,6 +9,9 @@ from typing import Annotated, Optional
 import typer
 
 from verispec.cli import BadInput, app
+from verispec.cli.paths import check_new_directory
+from verispec.head_kind import HeadKind
+from verispec.k_spec import K_BOUND
 
 FORMATS = ("speculators", "vllm-medusa")
 
@@ -20,7 +23,7 @@ def export_head(
     format: Annotated[str, typer.Option("--format", help="speculators (an EAGLE-3 head, for vLLM's method eagle3) or vllm-medusa (a Medusa head, for vLLM's method medusa).")],
     model: Annotated[Optional[str], typer.Option(help="vllm-medusa: the target whose output rows the head drafts through (default: the model the head was trained for).")] = None,
     verifier: Annotated[Optional[str], typer.Option(help="speculators: the target's name or path recorded as the verifier (default: the model the head was trained for).")] = None,
-    speculative_tokens: Annotated[int, typer.Option("--speculative-tokens", help="speculators: the draft length the config proposes to vLLM.")] = 3,
+    speculative_tokens: Annotated[Optional[int], typer.Option("--speculative-tokens", min=1, max=K_BOUND, help="speculators: the draft length the config proposes to vLLM.", show_default="3")] = None,
 ) -> None:
     """Export a head for vLLM: an EAGLE-3 head (`verispec train --head eagle3`) in speculators'
     format, which vLLM serves with speculative_config {"method": "eagle3", "model": OUT}, or a
@@ -34,17 +37,19 @@ def export_head(
         raise BadInput(f"--format must be {' or '.join(FORMATS)}, got {format!r}")
     if not head.is_dir():
         raise BadInput(f"{head} is not a directory; give a head directory written by `verispec train --out`")
-    if out.exists():
-        raise BadInput(f"--out {out} already exists; give a new directory (export never overwrites)")
-    if speculative_tokens < 1:
-        raise BadInput(f"--speculative-tokens must be >= 1, got {speculative_tokens}")
+    check_new_directory(out, "--out")
+    # Each format's own options; one given to the other format would be silently ignored.
+    foreign = {"speculators": ("--model", model), "vllm-medusa": ("--verifier", verifier)}[format]
+    if foreign[1] is not None or (format == "vllm-medusa" and speculative_tokens is not None):
+        option = foreign[0] if foreign[1] is not None else "--speculative-tokens"
+        raise BadInput(f"{option} does not apply to --format {format}; drop it")
     config = read_config(head)
     if format == "speculators":
-        written = write_speculators(head, out, verifier, speculative_tokens)
+        written = write_speculators(head, out, verifier, 3 if speculative_tokens is None else speculative_tokens)
         method = "eagle3"
     else:
         output = None
-        if config.kind == "medusa" and not config.trained_output:
+        if config.kind == HeadKind.MEDUSA and not config.trained_output:
             from verispec.models.load import load_model
 
             output = load_model(model or config.target.name, dtype="float32", device="cpu").lm.output_embeddings()

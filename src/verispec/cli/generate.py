@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from verispec.cli import app
-from verispec.bench.identity import diagnose, explain
 from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
+from verispec.engine import Decoding, stream
+from verispec.identity import diagnose, explain
 from verispec.models import DEFAULT_MODEL
+from verispec.models.base import CausalLM
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
 from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, parse_k, parse_spec, proposer_help
 from verispec.sampling import SamplingParams
@@ -53,7 +57,7 @@ def generate(
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     k_spec = parse_k(k)
-    proposer_spec = parse_spec(proposer or default_proposer(model, device))
+    proposer_spec = parse_spec(proposer or default_proposer(model))
     check_policy_proposer(k_spec, proposer_spec)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -66,29 +70,26 @@ def generate(
     check_context(loaded, len(prompt_ids), max_new_tokens)
     drafter = build_proposer(proposer_spec, loaded)
     policy = build_policy(k_spec, loaded.lm, drafter, prompt_ids, sampling)
-    from verispec.bench.runners import VerispecRunner, warm_up
-
+    options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "eos_token_id": loaded.eos_token_ids, "seed": seed}
     warm_up(loaded.lm, prompt_ids)
-    stream = TextStream(loaded.decode)
-    echo = None if as_json else lambda token: print(stream.push(token), end="", flush=True)
-    eos = loaded.eos_token_ids
-    spec = VerispecRunner(loaded.lm, drafter, policy, eos, sampling, seed)(prompt_ids, max_new_tokens, echo)
+    text_stream = TextStream(loaded.decode)
+    echo = None if as_json else lambda token: print(text_stream.push(token), end="", flush=True)
+    spec, seconds = timed(stream(loaded.lm, drafter, prompt_ids, **options, k=policy), echo)
     if not as_json:
-        print(stream.flush(), end="")
-    dtype_name = loaded.dtype_name
+        print(text_stream.flush(), end="")
     report = {
         "text": loaded.decode(spec.tokens),
         "new_tokens": len(spec.tokens),
-        "tokens_per_s": spec.tokens_per_s,
+        "tokens_per_s": len(spec.tokens) / seconds,
         "mean_accepted": spec.stats.mean_accepted,
         "acceptance_rate": spec.stats.acceptance_rate,
         "rounds": spec.stats.rounds,
-        "seconds": spec.wall_seconds,
+        "seconds": seconds,
         "model": loaded.name,
-        "dtype": dtype_name,
-        "runtime": loaded.runtime,
+        "dtype": loaded.dtype_name,
+        "runtime": str(loaded.runtime),
         "device": loaded.device,
-        "weight_format": loaded.weight_format,
+        "weight_format": str(loaded.weight_format),
         "exact_weights": loaded.exact_weights,
         "proposer": proposer_spec.text,
         "k": k,
@@ -97,14 +98,14 @@ def generate(
         **loaded.memory(),  # weights_bytes, kv_bytes_per_token
     }
     if compare:
-        plain = VerispecRunner(loaded.lm, None, 0, eos, sampling, seed)(prompt_ids, max_new_tokens)
-        report["plain_tokens_per_s"] = plain.tokens_per_s
-        report["speedup"] = spec.tokens_per_s / plain.tokens_per_s
+        plain, plain_seconds = timed(stream(loaded.lm, None, prompt_ids, **options, k=0))
+        report["plain_tokens_per_s"] = len(plain.tokens) / plain_seconds
+        report["speedup"] = report["tokens_per_s"] / report["plain_tokens_per_s"]
         report["identical"] = plain.tokens == spec.tokens
-        # Greedy output must equal plain decoding's; a difference is diagnosed as the benchmark
-        # does. Sampled outputs differ by design (exactness there is the audit's).
+        # Greedy output must equal plain decoding's; a difference is diagnosed (`verispec.identity`).
+        # Sampled outputs differ by design (exactness there is the audit's).
         report["mismatch"] = (
-            diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, dtype_name) if sampling.greedy else None
+            diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, loaded.dtype_name) if sampling.greedy else None
         )
     if as_json:
         print(json.dumps(report))
@@ -126,9 +127,23 @@ def generate(
     print(line, file=sys.stderr)
 
 
+def warm_up(target: CausalLM, prompt_ids: Sequence[int]) -> None:
+    """Two plain tokens, so that the timed decoding does not pay for lazy initialisation."""
+    timed(stream(target, None, prompt_ids, max_new_tokens=2, k=0))
+
+
+def timed(decoding: Decoding, echo: Callable[[int], None] | None = None) -> tuple[Decoding, float]:
+    """`decoding` run to its end, each token passed to `echo` as it is committed; and the
+    seconds it took."""
+    start = time.perf_counter()
+    for token in decoding:
+        if echo is not None:
+            echo(token)
+    return decoding, time.perf_counter() - start
+
+
 def check_context(loaded: LoadedModel, prompt_tokens: int, max_new_tokens: int) -> None:
-    limits = [getattr(loaded.config, "max_position_embeddings", None), getattr(loaded.lm, "n_ctx", None)]
-    limit = min((n for n in limits if n is not None), default=None)  # llama.cpp's context holds fewer
+    limit = loaded.context_limit
     if limit is not None and prompt_tokens + max_new_tokens > limit:
         raise ValueError(
             f"the prompt ({prompt_tokens} tokens) plus --max-new-tokens {max_new_tokens} exceeds the "

@@ -4,6 +4,7 @@ never ends in a write that fails, and earlier results are never overwritten with
     check_output_file(Path("p.json"), "--out", force=False)           # refuses if p.json exists
     check_output_file(Path("v.png"), "--plot", force=False, suffix=".png")
     check_output_directory(Path("runs"), "--out", ("summary.json",), force=False)
+    check_new_directory(Path("heads/ab.int8"), "--out")             # refuses if it exists
     check_input_file(Path("p.json"), "--profile", "a profile from `verispec profile --out`")
     check_not_an_input(Path("heads/ab"), "--out", [Path("heads/a"), Path("heads/b")])
     with nothing_left_on_failure(Path("runs"), ("summary.json", "quick-draft")):
@@ -53,6 +54,16 @@ def check_output_directory(path: Path, option: str, names: Iterable[str], force:
     except OSError as error:
         raise BadInput(f"{option} {path}: cannot create the directory ({error.strerror}); choose another path") from None
     check_writable(path, option, path)
+
+
+def check_new_directory(path: Path, option: str) -> None:
+    """`path` does not exist yet and can be created as a directory: its parent is a writable
+    directory (a command that never overwrites writes a new one)."""
+    if path.exists():
+        raise BadInput(f"{option} {path} already exists; give a new directory (nothing is overwritten)")
+    if not path.parent.is_dir():
+        raise BadInput(f"{option} {path}: {path.parent} is not a directory; create it first or choose another path")
+    check_writable(path.parent, option, path)
 
 
 def check_writable(directory: Path, option: str, path: Path) -> None:

@@ -14,11 +14,12 @@ from verispec.cli import BadInput, app
 from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_file
 from verispec.cost import optimal_k, speedup_by_k
-from verispec.engine import generate
+from verispec.k_spec import K_BOUND, TREE_SHAPE_BOUND
 from verispec.models import DEFAULT_MODEL
+from verispec.models.base import SlotScoring
+from verispec.profile import Profile
+from verispec.profiling import BATCH_ROWS_BOUND, ProfileSettings, profile_model
 from verispec.registry import build_proposer, parse_spec, proposer_help
-from verispec.models.base import SlotScoring, TreeScoring
-from verispec.profile import BATCH_ROWS, Profile, k_per_batch_size, measure_batch_costs, measure_profile, tiled_context
 from verispec.sampling import SamplingParams
 from verispec.vllm_config import drafter as vllm_drafter
 from verispec.vllm_config import vllm_config as make_vllm_config
@@ -40,19 +41,15 @@ DEFAULT_PROMPT = (
 )
 
 
-TREE_NODES = 16  # --tree-nodes' default where the model scores trees
-BATCH_ROWS_DEFAULT = 64  # --batch-rows' default where the model has request slots
-
-
 @app.command()
 def profile(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
-    k_max: Annotated[int, typer.Option("--k-max", min=1, help="Measure v(n) for n = 1..k_max + 1.")] = 8,
+    k_max: Annotated[int, typer.Option("--k-max", min=1, max=K_BOUND, help="Measure v(n) for n = 1..k_max + 1.")] = 8,
     tree_nodes: Annotated[
         Optional[int],
         typer.Option(
-            "--tree-nodes", min=0,
+            "--tree-nodes", min=0, max=TREE_SHAPE_BOUND,
             help="Also time tree rounds of 0..this many nodes (v(nodes + 1) for trees) beside chains as long; 0: skip "
             "[default: 16 where the model scores trees in one forward, else 0].",
             show_default=False,
@@ -83,7 +80,7 @@ def profile(
     batch_rows: Annotated[
         Optional[int],
         typer.Option(
-            "--batch-rows", min=0,
+            "--batch-rows", min=0, max=BATCH_ROWS_BOUND,
             help="Also time batched forwards of 1..this many rows over up to 8 request slots, and print the k "
             "auto would draft per request at each batch size; 0: skip [default: 64 where the model has request "
             "slots, else 0].",
@@ -115,6 +112,10 @@ def profile(
 ) -> None:
     """Measure the target's scoring cost v(n) and the proposer's draft cost c at the request's
     context length: medians and spread over repeats, and the best k they predict."""
+    settings = ProfileSettings(
+        k_max=k_max, tree_nodes=tree_nodes, repeats=repeats, warmup=warmup, context_tokens=context_tokens,
+        survival_tokens=survival_tokens, sampling=SamplingParams(temperature=temperature), batch_rows=batch_rows,
+    )
     proposer_spec = parse_spec(proposer)
     if out is not None:
         check_output_file(out, "--out", force)
@@ -129,45 +130,13 @@ def profile(
         method = vllm_drafter(proposer_spec, vllm_head)
     elif vllm_head is not None:
         raise BadInput("--vllm-head goes with --vllm-config; give both or neither")
-    sampling = SamplingParams(temperature=temperature)
     from verispec.models.load import load_model  # transformers: imported when needed
 
     loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
-    prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
-    context = prompt_ids if context_tokens is None else tiled_context(prompt_ids, context_tokens)
-    drafter = build_proposer(proposer_spec, loaded)
-    if tree_nodes is None:
-        tree_nodes = TREE_NODES if isinstance(loaded.lm, TreeScoring) else 0
-    if batch_rows is None:
-        batch_rows = BATCH_ROWS_DEFAULT if isinstance(loaded.lm, SlotScoring) else 0
-    if vllm_config is not None and batch_rows < 2:
+    if vllm_config is not None and not isinstance(loaded.lm, SlotScoring):
         raise BadInput(f"--vllm-config plans k per batch size from batched forwards; {loaded.runtime} has no request slots")
-    measured = measure_profile(
-        loaded.lm, drafter, context, k_max=k_max, repeats=repeats, warmup=warmup, sampling=sampling,
-        tree_nodes=tree_nodes,
-    )
-    measured.target, measured.proposer = loaded.name, proposer_spec.text
-    measured.machine["dtype"] = loaded.dtype_name
-    measured.machine["runtime"] = loaded.runtime + (" (deterministic)" if getattr(loaded.lm, "deterministic", False) else "")
-    if survival_tokens:
-        run = generate(
-            loaded.lm, drafter, prompt_ids, max_new_tokens=survival_tokens, sampling=sampling,
-            eos_token_id=loaded.eos_token_ids, k=k_max,
-        )
-        measured.survival = run.stats.survival() or None
-    if batch_rows:
-        if not isinstance(loaded.lm, SlotScoring):
-            raise BadInput(f"--batch-rows needs a model with request slots; {loaded.runtime} has none: give --batch-rows 0")
-        batch = measure_batch_costs(
-            loaded.lm, context, rows=[n for n in BATCH_ROWS if n <= batch_rows] + [batch_rows], repeats=repeats,
-            warmup=warmup,
-        )
-        measured.batch = batch.to_dict()
-        if measured.survival:
-            measured.batch_k = k_per_batch_size(batch.costs, measured.c, measured.survival, k_max)
-    from verispec.models.memory import memory_report
-
-    measured.memory = memory_report(loaded.lm, drafter, slots=8, context=len(context))
+    prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
+    measured = profile_model(loaded, build_proposer(proposer_spec, loaded), proposer_spec.text, prompt_ids, settings)
     if out is not None:
         measured.save(out)
     if plot is not None:

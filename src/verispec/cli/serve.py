@@ -73,18 +73,21 @@ def serve(
     except ImportError as error:
         raise BadInput(f"verispec serve needs the serve extra ({error.name} is missing): "
                        "pip install 'verispec[serve]'") from None
-    proposer = proposer or default_proposer(model, device)
+    proposer = proposer or default_proposer(model)
     if proposer == NO_PROPOSER:
         proposer_spec, k_spec = None, 0
     else:  # parsed once, here; the server and its requests keep the parsed specs
         proposer_spec, k_spec = parse_spec(proposer), parse_k(k)
         check_policy_proposer(k_spec, proposer_spec)
+    from verispec.models.load_plan import plan_load
+
+    plan = plan_load(model, dtype, runtime, deterministic, device=device)  # the files, device and runtime, before the port
     listener = listen(host, port)  # before loading: a taken port is reported at once
     from verispec.batching import RegistryBuilder, Scheduler
-    from verispec.models.load import load_model
+    from verispec.models.load import build
 
     start = time.perf_counter()
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
+    loaded = build(plan)
     print(f"loaded {model} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)

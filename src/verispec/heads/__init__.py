@@ -20,14 +20,14 @@ from verispec.heads.average import average_heads
 from verispec.heads.checkpoint import (
     for_drafting, load_head, load_weights, new_head, read_config, read_weights, save_head, target_info, write_head,
 )
-from verispec.heads.config import HeadConfig, TargetInfo, default_layer, eagle3_layers
+from verispec.heads.config import HeadConfig, HeadKind, TargetInfo, default_layer, eagle3_layers
 from verispec.heads.eagle import EagleHead
 from verispec.heads.eagle3 import Eagle3Head
 from verispec.heads.medusa import MedusaHead
 from verispec.heads.vocab import HeadVocab
 
 __all__ = [
-    "Eagle3Head", "EagleHead", "HeadConfig", "HeadVocab", "MedusaHead", "TargetInfo", "average_heads", "default_layer", "eagle3_layers",
+    "Eagle3Head", "EagleHead", "HeadConfig", "HeadKind", "HeadVocab", "MedusaHead", "TargetInfo", "average_heads", "default_layer", "eagle3_layers",
     "for_drafting", "load_head", "load_weights", "new_head", "read_config", "read_weights", "save_head", "target_info",
     "write_head",
 ]

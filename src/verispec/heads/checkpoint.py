@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from verispec.head_kind import HeadKind
 from verispec.heads.config import HeadConfig, TargetInfo
 from verispec.heads.drafting_layer import DraftingLayer
 from verispec.heads.eagle import EagleHead, FrozenRows
@@ -61,14 +62,18 @@ def check_target(config: HeadConfig, target: object) -> None:
 
 
 def new_head(config: HeadConfig, d2t: torch.Tensor, target: FeatureChannel) -> Head:
-    """A head with fresh weights around `target`'s frozen embedding and output rows."""
+    """A head with fresh weights around `target`'s frozen embedding and output rows, on the
+    target's device (where its features are: a GPU target's head drafts on that GPU)."""
     check_target(config, target)
+    embedding = target.input_embeddings()
     output = None if config.trained_output else target.output_embeddings()
-    if config.kind == "eagle":
-        return EagleHead(config, d2t, target.input_embeddings(), output)
-    if config.kind == "eagle3":  # its own output layer, started from the target's rows
-        return Eagle3Head(config, d2t, target.input_embeddings(), target.output_embeddings())
-    return MedusaHead(config, d2t, output)
+    if config.kind == HeadKind.EAGLE:
+        head = EagleHead(config, d2t, embedding, output)
+    elif config.kind == HeadKind.EAGLE3:  # its own output layer, started from the target's rows
+        head = Eagle3Head(config, d2t, embedding, target.output_embeddings())
+    else:
+        head = MedusaHead(config, d2t, output)
+    return head.to(embedding.device)
 
 
 def save_head(head: Head, directory: str | Path, dtype: torch.dtype | None = None) -> Path:

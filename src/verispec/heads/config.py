@@ -18,14 +18,14 @@ A `HeadConfig` is the `config.json` of a head directory (see `verispec.heads.che
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from verispec.checks import is_int
+from verispec.head_kind import HeadKind, head_kind
 from verispec.models.base import FINAL, Tap, check_taps
 
 FORMAT = "verispec-head"
 VERSION = 1
-KINDS = ("eagle", "eagle3", "medusa")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class HeadConfig:
     depth: how many such layers the EAGLE head stacks (a config without it has one). heads:
     Medusa's K."""
 
-    kind: Literal["eagle", "eagle3", "medusa"]
+    kind: HeadKind
     target: TargetInfo
     feature_layers: tuple[Tap, ...]
     vocab_size: int
@@ -60,18 +60,17 @@ class HeadConfig:
     training: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"head kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        object.__setattr__(self, "kind", head_kind(self.kind))
         object.__setattr__(self, "feature_layers", check_taps(self.feature_layers, self.target.num_layers))
         if not 1 <= self.vocab_size <= self.target.vocab_size:
             raise ValueError(f"head vocabulary N must lie in [1, {self.target.vocab_size}], got {self.vocab_size}")
-        if self.kind == "medusa" and (self.heads < 1 or self.layer):
+        if self.kind == HeadKind.MEDUSA and (self.heads < 1 or self.layer):
             raise ValueError(f"a Medusa head needs heads K >= 1 and no decoder layer, got K = {self.heads}, layer {self.layer}")
-        if self.kind in ("eagle", "eagle3") and (self.heads or not self.layer):
+        if self.kind in (HeadKind.EAGLE, HeadKind.EAGLE3) and (self.heads or not self.layer):
             raise ValueError(f"an EAGLE head needs a decoder layer and no Medusa heads, got layer {self.layer}, K = {self.heads}")
-        if self.kind == "eagle3" and (self.depth != 1 or not self.trained_output):
+        if self.kind == HeadKind.EAGLE3 and (self.depth != 1 or not self.trained_output):
             raise ValueError(f"an EAGLE-3 head has one decoder layer and its own output layer, got depth {self.depth}, trained_output {self.trained_output}")
-        if not is_int(self.depth, least=1) or (self.kind == "medusa" and self.depth != 1):
+        if not is_int(self.depth, least=1) or (self.kind == HeadKind.MEDUSA and self.depth != 1):
             raise ValueError(f"depth is an EAGLE head's number of decoder layers, at least 1 (1 for Medusa), got {self.depth!r}")
 
     @property
@@ -86,7 +85,7 @@ class HeadConfig:
     def to_json(self) -> dict[str, Any]:
         data = {"format": FORMAT, "version": VERSION, **asdict(self)}
         data["feature_layers"] = list(self.feature_layers)
-        if self.kind != "medusa":
+        if self.kind != HeadKind.MEDUSA:
             del data["heads"]
         else:
             del data["layer"], data["depth"]

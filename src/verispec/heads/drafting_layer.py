@@ -18,6 +18,9 @@ The output is the same function up to summation order (the projections are fused
 tables hold transformers' own rounding of cos and sin). Drafting only: it holds no
 parameters, so nothing trains through it.
 
+It runs on the device of the layer it is built from (the target's: `checkpoint.new_head`), its
+rotary tables and masks there too.
+
 Attention runs in float32 whatever the head's dtype: the cache holds float32 keys and values
 (3 x 64 numbers a position each, for SmolLM2's head) and the query is cast up, and the result
 is cast back before `o`. torch's fused CPU kernel is slow for one bfloat16 query row: one row
@@ -69,26 +72,25 @@ class DraftingLayer(nn.Module):
         self.down = fused(mlp.down_proj)  # [T, I] -> [T, H]
         self.register_buffer("attention_norm", layer.input_layernorm.weight.detach(), persistent=False)  # [H]
         self.register_buffer("mlp_norm", layer.post_attention_layernorm.weight.detach(), persistent=False)  # [H]
-        self.rope = RopeTables(*rope_parameters(config), self.attention_norm.dtype)
+        self.rope = RopeTables(*rope_parameters(config), self.attention_norm.dtype, device=self.attention_norm.device)
         self.attention = SdpaAttention(self.heads, self.kv_heads, self.head_dim)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None, allowed: torch.Tensor | None, cache: DynamicCache
     ) -> torch.Tensor:
         """x [1, T, H] after the P pairs in `cache` (appended to it); positions LongTensor[1, T]
-        (None: P..P+T-1); allowed bool [T, P + T] (None: causal). Returns [1, T, H]."""
+        (None: P..P+T-1), each below P + T (a tree node sits at its depth, after its ancestors'
+        pairs), so the tables are sized without reading them back from the device; allowed bool
+        [T, P + T] (None: causal). Returns [1, T, H]."""
         batch, t, _ = x.shape
         if batch != 1:
             raise ValueError(f"the drafting layer runs one sequence, got a batch of {batch}")
         past = cache.get_seq_length(self.index)
-        if positions is None:
-            self.rope.ensure(past + t)
-            cos, sin = self.rope.at(slice(past, past + t))  # [T, 1, D] each
-        else:
-            self.rope.ensure(int(positions.max()) + 1)
-            cos, sin = self.rope.at(positions[0])
+        self.rope.ensure(past + t)
+        cos, sin = self.rope.at(slice(past, past + t) if positions is None else positions[0])  # [T, 1, D] each
         if allowed is None:
             allowed = self.attention.mask(past, t, x.dtype)  # None for one row
+            allowed = None if allowed is None else allowed.to(x.device)
         x = x[0]  # [T, H]
         q_end, k_end = self.heads, self.heads + self.kv_heads
         qkv = self.qkv(rms_norm(x, self.attention_norm, self.eps)).view(t, k_end + self.kv_heads, self.head_dim)

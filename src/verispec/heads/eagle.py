@@ -61,7 +61,7 @@ def output_layer(config: HeadConfig, d2t: torch.Tensor, output_weight: torch.Ten
             f"the target's output weight has shape {tuple(output_weight.shape)}, the head expects "
             f"[{config.target.vocab_size}, {config.hidden_size}]"
         )
-    return FrozenRows(output_weight.detach()[d2t].float())
+    return FrozenRows(output_weight.detach()[d2t.to(output_weight.device)].float())
 
 
 def fuse_layer(config: HeadConfig) -> nn.Module:

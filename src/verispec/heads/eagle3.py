@@ -66,7 +66,7 @@ class Eagle3Layer(nn.Module):
         self.self_attn.o_proj = nn.Linear(self.heads * self.head_dim, H, bias=False)
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
-        self.rope = RopeTables(*rope_parameters(config), torch.float32)
+        self.rope = RopeTables(*rope_parameters(config), torch.float32)  # moved to the input's device on first use
         self.qkv: nn.Module | None = None  # q, k and v fused, once `pack` ran (drafting)
 
     def pack(self, weight_format: str) -> None:
@@ -83,11 +83,12 @@ class Eagle3Layer(nn.Module):
         packed_linears(self.mlp, weight_format)
 
     def forward(
-        self, embedded: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
-        cache: DynamicCache | None,
+        self, embedded: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor | None,
+        cache: DynamicCache | None, end: int,
     ) -> torch.Tensor:
-        """embedded, hidden [B, T, H]; positions LongTensor[B, T]; allowed bool [T, P + T]
-        over the P cached pairs and the new ones. Returns the pre-norm output [B, T, H]."""
+        """embedded, hidden [B, T, H]; positions LongTensor[B, T], all below `end`; allowed
+        bool [T, P + T] over the P cached pairs and the new ones (None: every one, a single
+        pair's causal mask). Returns the pre-norm output [B, T, H]."""
         B, T, _ = hidden.shape
         dtype = hidden.dtype
         if self.norm_before_residual:
@@ -101,23 +102,24 @@ class Eagle3Layer(nn.Module):
             q, k, v = attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)
         else:
             q, k, v = self.qkv(x).split([self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2], dim=-1)
-        q = self._rotated(q.view(B, T, self.heads, self.head_dim), positions)  # [B, Hq, T, D]
-        k = self._rotated(k.view(B, T, self.kv_heads, self.head_dim), positions)  # [B, Hkv, T, D]
+        q = self._rotated(q.view(B, T, self.heads, self.head_dim), positions, end)  # [B, Hq, T, D]
+        k = self._rotated(k.view(B, T, self.kv_heads, self.head_dim), positions, end)  # [B, Hkv, T, D]
         v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
         if self.qkv is not None:  # drafting: keys, values and the query in float32
             q, k, v = q.float(), k.float(), v.float()
         if cache is not None:
             k, v = cache.update(k, v, 0)  # [B, Hkv, P + T, D]
-        mask = None if T == 1 and bool(allowed.all()) else allowed
-        attended = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # [B, Hq, T, D]
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)  # [B, Hq, T, D]
         attended = attended.transpose(1, 2).reshape(B, T, self.heads * self.head_dim).to(dtype)
         x = residual + self.self_attn.o_proj(attended)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def _rotated(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [B, T, heads, D] rotated at positions [B, T] -> [B, heads, T, D]."""
+    def _rotated(self, x: torch.Tensor, positions: torch.Tensor, end: int) -> torch.Tensor:
+        """x [B, T, heads, D] rotated at positions [B, T] (below `end`) -> [B, heads, T, D]."""
         B, T, heads, D = x.shape
-        self.rope.ensure(int(positions.max()) + 1)
+        if self.rope.device != x.device:
+            self.rope = RopeTables(self.rope.inv_freq, self.rope.scaling, torch.float32, device=x.device)
+        self.rope.ensure(end)
         flat = positions.reshape(-1)
         cos = self.rope.cos[flat][:, None, :].to(x.dtype)  # [B T, 1, D]
         sin = self.rope.sin[flat][:, None, :].to(x.dtype)
@@ -145,7 +147,7 @@ class Eagle3Head(FeatureHead):
         self.lm_head = nn.Linear(H, config.vocab_size, bias=False)
         if output_weight is not None:  # start from the target's own rows: a fresh head drafts as the target's row would
             with torch.no_grad():
-                self.lm_head.weight.copy_(output_weight.detach()[self.d2t])
+                self.lm_head.weight.copy_(output_weight.detach()[self.d2t.to(output_weight.device)])
 
     @property
     def fuse(self) -> nn.Module:
@@ -170,12 +172,16 @@ class Eagle3Head(FeatureHead):
         dtype = self.dtype
         B, T = tokens.shape
         past = 0 if cache is None else cache.get_seq_length()
-        if positions is None:
-            positions = torch.arange(past, past + T).expand(B, T)  # [B, T]
-        if allowed is None:
-            allowed = torch.ones(T, past + T, dtype=torch.bool).tril(past)  # [T, P + T]
+        if positions is None:  # a chain: no read back from the device to size the rotary tables
+            positions, end = torch.arange(past, past + T, device=tokens.device).expand(B, T), past + T  # [B, T]
+        else:
+            end = int(positions.max()) + 1
+        if allowed is None and T > 1:
+            allowed = torch.ones(T, past + T, dtype=torch.bool, device=tokens.device).tril(past)  # [T, P + T]
+        elif allowed is not None and T == 1 and bool(allowed.all()):
+            allowed = None  # one pair seeing every cached one: attention without a mask
         embedded = nn.functional.embedding(tokens, self.embedding).to(dtype)  # [B, T, H]
-        h = self.layers[0](embedded, hidden.to(dtype), positions, allowed, cache)  # [B, T, H]
+        h = self.layers[0](embedded, hidden.to(dtype), positions, allowed, cache, end)  # [B, T, H]
         if logits_at is not None:
             return self.lm_head(self.norm(h[logits_at])), h
         return self.lm_head(self.norm(h[:, -logits_to_keep:] if logits_to_keep else h)), h

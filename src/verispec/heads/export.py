@@ -28,6 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from verispec.head_kind import HeadKind
 from verispec.heads.checkpoint import CONFIG, WEIGHTS, _frozen, check_target, load_head, load_weights, new_head, read_config, read_weights
 from verispec.heads.config import FINAL, HeadConfig, TargetInfo
 from verispec.heads.eagle3 import NORM_BEFORE_RESIDUAL, Eagle3Head
@@ -46,7 +47,7 @@ def write_speculators(head_dir: str | Path, out: str | Path, verifier: str | Non
     speculative_tokens: the proposal length the config suggests (vLLM reads it when
     `num_speculative_tokens` is not given)."""
     config = read_config(head_dir)
-    if config.kind != "eagle3":
+    if config.kind != HeadKind.EAGLE3:
         raise ValueError(
             f"{head_dir} holds a head of kind {config.kind!r}; the speculators format takes an EAGLE-3 head "
             "(verispec train --head eagle3: the eagle head's layer has no vLLM counterpart); export a Medusa "
@@ -214,7 +215,7 @@ def write_vllm_medusa(head_dir: str | Path, out: str | Path, target_output: torc
     layer is the target's rows for d2t unless the head trained its own: pass the target's
     output weight [V, H] (`target_output`) for such a head."""
     config = read_config(head_dir)
-    if config.kind != "medusa":
+    if config.kind != HeadKind.MEDUSA:
         raise ValueError(f"{head_dir} holds a head of kind {config.kind!r}; --format vllm-medusa takes a Medusa head (an EAGLE-3 head exports with --format speculators)")
     if config.feature_layers != (FINAL,):
         raise ValueError(f"{head_dir} reads the taps {list(config.feature_layers)}; vLLM's Medusa reads the final hidden state only")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from verispec.head_kind import HeadKind
 from verispec.heads.config import HeadConfig
 from verispec.heads.eagle import fuse_layer, output_layer
 from verispec.heads.vocab import check_d2t
@@ -44,7 +45,7 @@ class MedusaHead(nn.Module):
 
     def __init__(self, config: HeadConfig, d2t: torch.Tensor, output_weight: torch.Tensor | None = None) -> None:
         super().__init__()
-        if config.kind != "medusa":
+        if config.kind != HeadKind.MEDUSA:
             raise ValueError(f"MedusaHead needs a config of kind 'medusa', got {config.kind!r}")
         d2t = check_d2t(d2t, config.target.vocab_size)
         if d2t.numel() != config.vocab_size:

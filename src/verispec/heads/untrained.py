@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from verispec.head_kind import HeadKind
 from verispec.heads.checkpoint import Head, new_head, target_info
 from verispec.heads.config import FINAL, HeadConfig
 from verispec.models.tables import TableLM
@@ -27,9 +28,9 @@ def tiny_head(kind: str, target: TableLM, seed: int = 0, heads: int = 3) -> Head
     """
     vocab = target.vocab_size
     config = HeadConfig(
-        kind, target_info(target, "table"), (FINAL,) if kind == "medusa" else (FINAL, 1),
-        vocab_size=max(1, vocab - 1), layer={} if kind == "medusa" else TINY_LAYER, trained_output=kind == "eagle3",
-        heads=heads if kind == "medusa" else 0,
+        kind, target_info(target, "table"), (FINAL,) if kind == HeadKind.MEDUSA else (FINAL, 1),
+        vocab_size=max(1, vocab - 1), layer={} if kind == HeadKind.MEDUSA else TINY_LAYER, trained_output=kind == HeadKind.EAGLE3,
+        heads=heads if kind == HeadKind.MEDUSA else 0,
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)

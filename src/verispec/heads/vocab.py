@@ -22,8 +22,9 @@ from verispec.tree_shape import ranked_top
 
 
 def check_d2t(d2t: torch.Tensor | Sequence[int], vocab_size: int) -> torch.Tensor:
-    """`d2t` as a sorted LongTensor[N] of distinct ids in [0, vocab_size), or a clear error."""
-    ids = torch.as_tensor(d2t, dtype=torch.long).flatten()
+    """`d2t` as a sorted LongTensor[N] of distinct ids in [0, vocab_size) on the host, or a
+    clear error."""
+    ids = torch.as_tensor(d2t, dtype=torch.long).flatten().cpu()
     if ids.numel() == 0:
         raise ValueError("a head vocabulary needs at least one token id")
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:

@@ -6,9 +6,9 @@ the host, not the GPU, sets the pace (verispec's transformers runtime ran every 
 and replays them as one: the static runtime's forward has a fixed set of shapes (row and slot
 buckets over a static cache), so one graph per shape covers every step.
 
-`run(tokens, positions)` must be capturable: no host synchronisation (no `.item()`, no
-shape that depends on values), inputs read only from the two tensors given, outputs a tuple
-of tensors. Each graph keeps static copies of its inputs; a call copies the new inputs into
+`run(tokens, *inputs)` must be capturable: no host synchronisation (no `.item()`, no
+shape that depends on values), inputs read only from the tensors given, outputs a tuple of
+tensors. Each graph keeps static copies of its inputs; a call copies the new inputs into
 them, replays, and returns the graph's own output tensors, which the next replay of the same
 shape overwrites (callers copy what they keep). All graphs share one memory pool.
 The first call of a shape runs `run` twice eagerly on a side stream (cuBLAS and the attention
@@ -23,14 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-Run = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+Run = Callable[..., tuple[torch.Tensor, ...]]
 
 
 @dataclass
 class Captured:
     graph: torch.cuda.CUDAGraph
-    tokens: torch.Tensor  # [B, R] the graph's own input
-    positions: torch.Tensor  # [B, R]
+    inputs: tuple[torch.Tensor, ...]  # the graph's own inputs: tokens [B, R] first
     outputs: tuple[torch.Tensor, ...]
 
 
@@ -46,27 +45,29 @@ class ShapeGraphs:
         """Forget every graph (the buffers they read were reallocated)."""
         self.graphs.clear()
 
-    def __call__(self, run: Run, tokens: torch.Tensor, positions: torch.Tensor, key: tuple = ()) -> tuple[torch.Tensor, ...]:
-        index = (tuple(tokens.shape), key)
+    def __call__(self, run: Run, *inputs: torch.Tensor, key: tuple = ()) -> tuple[torch.Tensor, ...]:
+        """`run(*inputs)` replayed from the graph of the inputs' shapes (tokens [B, R] first)."""
+        index = (tuple(inputs[0].shape), key)
         captured = self.graphs.get(index)
         if captured is None:
-            captured = self.graphs[index] = self._capture(run, tokens, positions)
-        captured.tokens.copy_(tokens)
-        captured.positions.copy_(positions)
+            captured = self.graphs[index] = self._capture(run, inputs)
+        for static, given in zip(captured.inputs, inputs):
+            static.copy_(given)
         captured.graph.replay()
         return captured.outputs
 
-    def _capture(self, run: Run, tokens: torch.Tensor, positions: torch.Tensor) -> Captured:
-        tokens, positions = tokens.clone(), positions.clone()
-        side = torch.cuda.Stream(device=tokens.device)
-        side.wait_stream(torch.cuda.current_stream(tokens.device))
+    def _capture(self, run: Run, inputs: tuple[torch.Tensor, ...]) -> Captured:
+        inputs = tuple(given.clone() for given in inputs)
+        device = inputs[0].device
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                run(tokens, positions)
-        torch.cuda.current_stream(tokens.device).wait_stream(side)
+                run(*inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            outputs = run(tokens, positions)
-        return Captured(graph, tokens, positions, outputs)
+            outputs = run(*inputs)
+        return Captured(graph, inputs, outputs)

@@ -157,14 +157,15 @@ def projection(
     is decided, for the fast runtime, the heads and `quant.linear_for` alike.
 
     "float": the weight's own dtype (float32 or bfloat16), prepacked for oneDNN where it
-    takes that dtype on this CPU (`prepacks`), else through `F.linear`.
+    takes that dtype on this CPU (`prepacks`), else (or on a GPU) through `F.linear`.
     "dense": the weight's own dtype through `F.linear`, as transformers computes it: MKL in
     float32, whose sums come out the same bits for a fused weight as for its parts, so a
     runtime of dense projections gives transformers' float32 logits bit for bit (a reference
     for tests: oneDNN's prepacked products are the runtime's speed, and its only difference).
     "float32", "bfloat16", "float16": the weight cast to that dtype, through `F.linear`
     (`exact` unless the cast rounds it).
-    "int8": `Int8Linear`, the weight quantized per output channel (changes it: for drafts).
+    "int8": `Int8Linear`, the weight quantized per output channel (changes it: for drafts);
+    a CPU kernel, refused for a weight on another device.
     The rule for a width the int8 kernel cannot take (K not a multiple of `INT8_K_MULTIPLE`,
     `int8_fits`): that projection keeps its float weight, as "float" builds it (the rest of a
     head or a self-draft stays int8); `Int8Linear` itself refuses such a weight.
@@ -172,11 +173,13 @@ def projection(
     fmt = parse(weight_format, PROJECTION)
     bias = None if bias is None else bias.contiguous()
     if fmt is WeightFormat.INT8:
+        if weight.device.type != "cpu":
+            raise ValueError(f"int8 projections run on torch's CPU kernel; this weight is on {weight.device}")
         if int8_fits(weight):
             return Int8Linear(weight, bias)
         fmt = WeightFormat.FLOAT  # a width the int8 kernel cannot take
     if fmt is WeightFormat.FLOAT:
-        if prepacks(weight.dtype):
+        if weight.device.type == "cpu" and prepacks(weight.dtype):
             return PackedLinear(weight.contiguous(), bias)
         return DenseLinear(weight.contiguous(), bias)
     if fmt is WeightFormat.DENSE:

@@ -47,21 +47,108 @@ Returned logits are float32 [rows, V], one copy of the kept rows out of llama.cp
 buffer (read through a numpy view). The token, position and output-flag arrays of the batch
 are written through numpy views too, so a forward costs no Python loop over its tokens.
 
-llama-cpp-python is an optional extra (`pip install -e '.[llamacpp]'`); importing this module
-does not need it, building a `LlamaCppLM` does.
+llama-cpp-python is an optional extra, built from source for this CPU by `make llamacpp`
+(`cmake_args`: llama.cpp's native build is off and this CPU's instruction sets named one by one,
+AMX never: llama-cpp-python 0.3.36's native build on a Xeon with AMX segfaults in its first
+decode). Importing this module does not need it; `require` says how to install it where it is
+missing, and `probe` decodes a few tokens of a file in a child process before the first use
+here, so a build that crashes costs one line (`LlamaCppUnavailable`), not the process.
+
+    python -m verispec.models.llamacpp      # the CMAKE_ARGS `make llamacpp` builds with
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from verispec.machine import cpu_flags, cpuinfo
 from verispec.models.base import check_extend, check_score_ids
 
-INSTALL = "pip install -e '.[llamacpp]'"
+INSTALL = "make llamacpp"  # the documented install: llama-cpp-python built with `cmake_args`
+PROBE_SECONDS = 300  # a probe's load and decode of a small file take a few seconds
+
+# llama.cpp's x86 instruction-set switches, each on where /proc/cpuinfo names its flag (AMX never).
+X86_SETS = {
+    "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma", "GGML_F16C": "f16c", "GGML_AVX512": "avx512f",
+    "GGML_AVX512_VNNI": "avx512_vnni", "GGML_AVX512_BF16": "avx512_bf16",
+}
+
+
+class LlamaCppUnavailable(ValueError):
+    """llama.cpp cannot run here: llama-cpp-python is missing, or its build crashed in a probe.
+    The message says which and what to do."""
+
+
+def installed() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def require(what: str) -> None:
+    """Refuse `what` (e.g. "--runtime llamacpp") when llama-cpp-python is not installed."""
+    if not installed():
+        raise LlamaCppUnavailable(
+            f"llama-cpp-python, needed by {what}, is not installed; install it with `{INSTALL}` in a verispec "
+            "checkout (it builds llama.cpp for this CPU from source, about 5 minutes; docs/runtime.md)"
+        )
+
+
+def cmake_args(flags: set[str] | None = None) -> str:
+    """The CMAKE_ARGS that build llama.cpp for a CPU with these /proc/cpuinfo `flags` (default:
+    this one's): no native build, each x86 instruction set the CPU has switched on by name.
+
+    >>> cmake_args({"avx", "avx2", "fma", "f16c"})
+    '-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON'
+    """
+    flags = cpu_flags(cpuinfo()) if flags is None else flags
+    return " ".join(["-DGGML_NATIVE=OFF", *(f"-D{name}=ON" for name, flag in X86_SETS.items() if flag in flags)])
+
+
+# A child process loads the file and decodes a few tokens as the runtime and the peer do.
+PROBE = """
+import sys
+import llama_cpp
+llama = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, logits_all=True, flash_attn=True, verbose=False)
+llama.create_completion("Hello", max_tokens=4)
+"""
+
+
+@functools.cache
+def probe(gguf: Path) -> None:
+    """Decode a few tokens of `gguf` with llama.cpp in a child process, once per file and
+    process; raise `LlamaCppUnavailable` with one line if it is missing or the child dies (a
+    build for another CPU segfaults in its first decode)."""
+    require("llama.cpp")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE, str(gguf)], capture_output=True, text=True, timeout=PROBE_SECONDS
+        )
+    except subprocess.TimeoutExpired:
+        raise LlamaCppUnavailable(
+            f"llama.cpp did not decode 4 tokens of {gguf} in {PROBE_SECONDS} s in a test run; rebuild it with "
+            f"`{INSTALL}`, or choose another runtime (--runtime fast or hf) and no llamacpp methods"
+        ) from None
+    if done.returncode == 0:
+        return
+    if done.returncode < 0:
+        how = f"crashed ({signal.Signals(-done.returncode).name})"
+    else:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        how = f"failed ({last})"
+    raise LlamaCppUnavailable(
+        f"llama.cpp {how} decoding {gguf} in a test run, so it cannot run here; rebuild llama-cpp-python for "
+        f"this CPU with `{INSTALL}` (docs/runtime.md), or choose another runtime (--runtime fast or hf) and no "
+        "llamacpp methods"
+    )
 
 
 class LlamaCppLM:
@@ -88,10 +175,9 @@ class LlamaCppLM:
         n_batch: int = 512,
         deterministic: bool = True,
     ) -> None:
-        try:
-            import llama_cpp
-        except ImportError as error:
-            raise ImportError(f"the llama.cpp runtime needs llama-cpp-python; install it with `{INSTALL}`") from error
+        require("the llama.cpp runtime")
+        import llama_cpp
+
         threads = n_threads or torch.get_num_threads()
         self.api = llama_cpp
         self.llama = llama_cpp.Llama(
@@ -257,3 +343,7 @@ def pieces(n: int, n_batch: int, deterministic: bool) -> list[int]:
         return [2] * n
     threes, rest = divmod(n, 3)
     return {0: [3] * threes, 1: [3] * (threes - 1) + [2, 2], 2: [3] * threes + [2]}[rest]
+
+
+if __name__ == "__main__":
+    print(cmake_args())

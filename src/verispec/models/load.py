@@ -91,8 +91,8 @@ class LoadedModel:
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype
     source: Path
-    runtime: str = "hf"
-    weight_format: str = "float"  # "float" (weights in `dtype`), "q4", or "gguf" (llama.cpp's own blocks)
+    runtime: Runtime = Runtime.HF
+    weight_format: WeightFormat = WeightFormat.FLOAT  # FLOAT (weights in `dtype`), Q4, or GGUF (llama.cpp's own blocks)
     exact_weights: bool = True  # every weight equals the source's float32 weight, bit for bit
     auto_choice: str | None = None  # why dtype "auto" chose what it did, where that is not the plain rule
     layout: str | None = None  # q4 on the fast runtime: which projections run on which kernel (`projection_layout`)
@@ -101,6 +101,7 @@ class LoadedModel:
     reload: Callable[[], PreTrainedModel] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        self.runtime, self.weight_format = Runtime(self.runtime), WeightFormat(self.weight_format)  # a name is read once
         if self.config is None and self.model is not None:
             self.config = self.model.config
 
@@ -116,14 +117,21 @@ class LoadedModel:
         return self.model
 
     @property
+    def context_limit(self) -> int | None:
+        """The most positions a request may fill (prompt and new tokens): the config's trained
+        context, or llama.cpp's cache where that holds fewer; None where neither says."""
+        limits = [getattr(self.config, "max_position_embeddings", None), getattr(self.lm, "n_ctx", None)]
+        return min((n for n in limits if n is not None), default=None)
+
+    @property
     def dtype_name(self) -> str:
         """How reports name what this model computes in: "q4", else the dtype ("float32")."""
-        return self.weight_format if self.weight_format != "float" else str(self.dtype).removeprefix("torch.")
+        return str(self.weight_format) if self.weight_format != WeightFormat.FLOAT else str(self.dtype).removeprefix("torch.")
 
     @property
     def target_note(self) -> str | None:
         """What a quantized format did to the model, for wherever it is chosen; None for float."""
-        if self.weight_format == "gguf":
+        if self.weight_format == WeightFormat.GGUF:
             pieces = (
                 "; every forward after the prompt decodes 2 or 3 tokens (a lone token with a padding row), so a "
                 "row's logits do not depend on how many rows are scored with it"
@@ -132,7 +140,7 @@ class LoadedModel:
                 "follows no one fixed target and greedy speculative output may part from plain decoding"
             )
             return f"llama.cpp: {LLAMACPP_TARGET}{pieces}"
-        if self.weight_format == "float":
+        if self.weight_format == WeightFormat.FLOAT:
             notes = []
             if self.dtype in (torch.bfloat16, torch.float16) and self.source.is_file():
                 notes.append(
@@ -267,8 +275,8 @@ def build(plan: LoadPlan) -> LoadedModel:
         eos_token_ids=eos_token_ids,
         dtype=torch_dtype,
         source=source,
-        runtime=plan.runtime.value,
-        weight_format="q4" if plan.weight_format == WeightFormat.Q4 else "float",
+        runtime=plan.runtime,
+        weight_format=WeightFormat.Q4 if plan.weight_format == WeightFormat.Q4 else WeightFormat.FLOAT,
         exact_weights=exact,
         auto_choice=plan.auto_choice,
         layout=projection_layout(lm) if plan.weight_format == WeightFormat.Q4 else None,
@@ -281,9 +289,11 @@ def build(plan: LoadPlan) -> LoadedModel:
 def _on_llamacpp(plan: LoadPlan) -> LoadedModel:
     """Runtime "llamacpp": llama.cpp decodes the GGUF file with torch's thread count; no
     transformers model is loaded (`transformers_model()` loads the file's float32 one where
-    something runs transformers itself, HF's generate in the benchmark)."""
-    from verispec.models.llamacpp import LlamaCppLM
+    something runs transformers itself, HF's generate in the benchmark). A build that crashes
+    on this CPU is found by a probe in a child process first (`llamacpp.probe`)."""
+    from verispec.models.llamacpp import LlamaCppLM, probe
 
+    probe(plan.source)
     config = model_config(plan.source)
     tokenizer = load_tokenizer(plan.source)
     converted = converted_dir(plan.source)
@@ -300,8 +310,8 @@ def _on_llamacpp(plan: LoadPlan) -> LoadedModel:
         eos_token_ids=eos_ids(config, generation, tokenizer),
         dtype=plan.dtype,
         source=plan.source,
-        runtime=plan.runtime.value,
-        weight_format=plan.weight_format.value,
+        runtime=plan.runtime,
+        weight_format=plan.weight_format,
         exact_weights=False,
         config=config,
         reload=lambda: _gguf_model(plan.source, plan.dtype)[0],

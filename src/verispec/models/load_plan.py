@@ -34,6 +34,7 @@ from verispec.machine import native_bf16
 from verispec.models import DEFAULT_MODEL
 from verispec.models.gguf_blocks import CODED, READ
 from verispec.models.llama import config_refusal
+from verispec.models.llamacpp import require
 from verispec.models.static_llama import static_refusal
 from verispec.models.sources import (
     blocks_cache,
@@ -352,7 +353,7 @@ def llamacpp_plan(
 ) -> LoadPlan:
     """Runtime "llamacpp": llama.cpp decodes the GGUF file's own blocks, so there is no weight
     format to choose; deterministic (the default) pads a lone token to llama.cpp's many-row
-    kernels (`LlamaCppLM`)."""
+    kernels (`LlamaCppLM`). Refused where llama-cpp-python is not installed."""
     if not source.is_file():
         raise ValueError(
             f"{source}: the llama.cpp runtime reads a GGUF file, not a checkpoint directory; give a .gguf file "
@@ -363,6 +364,7 @@ def llamacpp_plan(
             f"--dtype {asked} does not apply to the llama.cpp runtime, which computes the GGUF file's own "
             "blocks; drop --dtype (or give auto)"
         )
+    require("--runtime llamacpp")
     return LoadPlan(
         name=name,
         source=source,

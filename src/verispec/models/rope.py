@@ -39,7 +39,8 @@ def rope_parameters(config) -> tuple[torch.Tensor, float]:
 
 
 class RopeTables:
-    """cos[P, D] and signed sin[P, D] for positions 0..P-1 in `dtype`; `rotate` applies them.
+    """cos[P, D] and signed sin[P, D] for positions 0..P-1 in `dtype` on `device`; `rotate`
+    applies them.
 
     The signed sin is (-sin, +sin) over the two halves of a head, so that rotating x = (x1, x2)
     is x * cos + (x2, x1) * signed_sin = (x1 cos - x2 sin, x2 cos + x1 sin): transformers'
@@ -48,15 +49,20 @@ class RopeTables:
     rounds once where transformers rounds twice: an ulp apart in ~15% of float32 entries).
     """
 
-    def __init__(self, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype, capacity: int = 1024) -> None:
+    def __init__(
+        self, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype, capacity: int = 1024,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.inv_freq = inv_freq  # [D/2] float32
         self.scaling = scaling
         self.dtype = dtype
+        self.device = torch.device(device)
         self.cos = self.sin = torch.empty(0)
         self.ensure(capacity)
 
     def ensure(self, positions: int) -> None:
-        """Make the tables cover positions 0..positions-1 (doubling, so growth is amortised)."""
+        """Make the tables cover positions 0..positions-1 (doubling, so growth is amortised);
+        computed on the host, as transformers computes them, then put on the device."""
         if positions <= self.cos.shape[0]:
             return
         capacity = max(positions, 2 * self.cos.shape[0])
@@ -64,8 +70,8 @@ class RopeTables:
         angles = torch.cat((angles, angles), dim=-1)  # [P, D]
         half = angles.shape[-1] // 2
         sign = torch.cat((-torch.ones(half), torch.ones(half)))  # [D]
-        self.cos = (angles.cos() * self.scaling).to(self.dtype)
-        self.sin = ((angles.sin() * self.scaling).to(self.dtype) * sign.to(self.dtype)).contiguous()
+        self.cos = (angles.cos() * self.scaling).to(self.dtype).to(self.device)
+        self.sin = ((angles.sin() * self.scaling).to(self.dtype) * sign.to(self.dtype)).contiguous().to(self.device)
 
     def at(self, positions: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, signed sin) [M, 1, D] at `positions` (a slice of M positions, or a LongTensor

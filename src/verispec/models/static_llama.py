@@ -49,6 +49,18 @@ later forward: give `slots` at load for a batch, as `verispec serve` does).
 
 `score` (the reference decoder's stateless full recomputation) runs on a scratch cache of the
 same slots and at least the live width, eagerly.
+
+Tree scoring (`TreeScoring`): `extend_tree` is a step of the same fixed shape in which one slot's
+rows are the tree's nodes, laid out depth first (`ScoredTree.depth_first`: the first-child path
+in the slots a chain would use), each written at slot length + row and rotated at its depth
+position length + depth - 1. Every step carries an ancestry [B, R, TREE_SPAN] (which of the
+positions after its slot's chain or tree start each row sees; a chain's is lower-triangular),
+from which the forward builds its mask over the cache: a row sees its slot's positions before the tree and its ancestors' rows (and itself). A
+tree of more rows than the bucket runs as several forwards of the same shape, as a long chain
+does (a later forward's rows see their ancestors already in the cache); at most `TREE_SPAN`
+nodes. `keep_path` copies, in every layer and in the feature
+store, only the kept nodes not yet in their slots (none for the first-child path), then moves
+the slot's length.
 """
 
 from __future__ import annotations
@@ -64,6 +76,7 @@ from verispec.models.base import (
     FINAL,
     Tap,
     check_extend,
+    check_extend_tree,
     check_score_ids,
     check_slots,
     check_taps,
@@ -73,12 +86,14 @@ from verispec.models.cuda_graphs import ShapeGraphs
 from verispec.models.features import FeatureStore
 from verispec.models.llama import LlamaShape, config_refusal, rms_norm
 from verispec.models.rope import RopeTables, rope_parameters
+from verispec.models.scored_tree import PendingTree, ScoredTree
 from verispec.models.slot_cache import SlotCache
 
 STATIC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # without deterministic scoring: the smallest that holds a step
 DEFAULT_ROWS = 16  # deterministic scoring's one row bucket: k up to 15 in one forward
 DEFAULT_CONTEXT = 2048  # positions per slot allocated at load (grown when a request needs more)
+TREE_SPAN = 128  # the most nodes of a token tree: the ancestry every step carries [B, R, TREE_SPAN]
 WIDTH_STEP = 64  # the cache's width is a multiple of this (aligned rows for the attention kernels)
 
 
@@ -175,15 +190,23 @@ class StaticModel:
 
     def step(
         self, indices: Sequence[int], tokens: Sequence[Sequence[int]], taps: tuple[Tap, ...] = (),
-        cache: SlotCache | None = None, logits: bool = True,
+        cache: SlotCache | None = None, logits: bool = True, tree: ScoredTree | None = None,
     ) -> tuple[list[torch.Tensor | None], list[dict[Tap, torch.Tensor]]]:
         """Process tokens[i] after slot indices[i]'s cached positions, in as many fixed-shape
         forwards as it takes; per slot its logits float32 [n_i, V] (None without `logits`) and
         its rows of every tap ({tap: [n_i, H]}). `cache`: another cache of the same slots
-        (`score`'s scratch one; run eagerly)."""
+        (`score`'s scratch one; run eagerly). `tree`: the one slot's tokens are that tree's
+        rows (in its row order), in as many forwards as a chain of as many rows."""
         live = cache is None
         cache = cache or self.cache
         limit = self.rows if self.deterministic else ROW_BUCKETS[-1]
+        if tree is not None:
+            if len(tree.parents) > TREE_SPAN:
+                raise ValueError(
+                    f"the static runtime scores token trees of at most {TREE_SPAN} nodes, and this one has "
+                    f"{len(tree.parents)}; draft a smaller tree"
+                )
+            tree_positions, tree_visible = tree.positions(), tree.visible()  # [n], [n, n]
         done = [0] * len(indices)
         rows: list[list[torch.Tensor]] = [[] for _ in indices]
         tapped: list[dict[Tap, list[torch.Tensor]]] = [{tap: [] for tap in taps} for _ in indices]
@@ -200,8 +223,18 @@ class StaticModel:
             ids = torch.zeros(b, r, dtype=torch.long)
             for index, chunk in zip(indices, chunks):
                 ids[index, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
-            positions = torch.tensor(cache.lengths[:b], dtype=torch.long)[:, None] + torch.arange(r)  # [B, R]
-            out = self._forward(cache, ids.to(self.device), positions.to(self.device), taps, live and self.use_graphs)
+            base = torch.tensor(cache.lengths[:b], dtype=torch.long)[:, None]  # [B, 1]
+            written = base + torch.arange(r)  # [B, R]: each row's cache position
+            positions = written.clone()  # [B, R]: its rotary position
+            ancestry = (torch.arange(TREE_SPAN) <= torch.arange(r)[:, None]).expand(b, r, TREE_SPAN).clone()  # chains
+            if tree is not None:
+                index, first, m = indices[0], done[0], len(chunks[0])
+                base[index] = tree.start
+                positions[index, :m] = tree_positions[first : first + m]
+                ancestry[index, :m] = False
+                ancestry[index, :m, : len(tree.parents)] = tree_visible[first : first + m]
+            inputs = (ids, positions, written, base, ancestry)
+            out = self._forward(cache, *(tensor.to(self.device) for tensor in inputs), taps, live and self.use_graphs)
             for i, (index, chunk) in enumerate(zip(indices, chunks)):
                 n = len(chunk)
                 if n:
@@ -216,20 +249,26 @@ class StaticModel:
         return scored, features
 
     def _forward(
-        self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, taps: tuple[Tap, ...], graphs: bool
+        self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, written: torch.Tensor,
+        base: torch.Tensor, ancestry: torch.Tensor, taps: tuple[Tap, ...], graphs: bool,
     ) -> tuple[torch.Tensor, ...]:
-        def run(tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return self._layers(cache, tokens, positions, taps)
+        def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self._layers(cache, *inputs, taps)
 
+        inputs = (tokens, positions, written, base, ancestry)
         if graphs:
-            return self.graphs(run, tokens, positions, key=taps)
-        return run(tokens, positions)
+            return self.graphs(run, *inputs, key=taps)
+        return run(*inputs)
 
     def _layers(
-        self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, taps: tuple[Tap, ...]
+        self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, written: torch.Tensor,
+        base: torch.Tensor, ancestry: torch.Tensor, taps: tuple[Tap, ...],
     ) -> tuple[torch.Tensor, ...]:
-        """tokens, positions [B, R] on the device -> (logits [B, R, V] in the model's dtype,
-        then each tap's rows [B R, H]); writes every row's keys and values into slots 0..B-1.
+        """tokens [B, R], their rotary positions and the cache positions they are written at
+        [B, R], and what each row sees: every position before base [B, 1] and position base + j
+        where ancestry [B, R, TREE_SPAN] holds (a chain's row j: base + 0..j; a tree node: its
+        ancestors and itself), all on the device -> (logits [B, R, V] in the model's dtype, then
+        each tap's rows [B R, H]); writes every row's keys and values into slots 0..B-1.
         Capturable: no host synchronisation, shapes from the inputs' shapes only."""
         s = self.shape
         b, r = tokens.shape
@@ -237,7 +276,10 @@ class StaticModel:
         x = nn.functional.embedding(tokens.reshape(n), self.embed)  # [N, H]
         flat = positions.reshape(n)
         cos, sin = self.cos[flat][:, None], self.sin[flat][:, None]  # [N, 1, D]
-        visible = self.columns[:width] <= positions[:, :, None]  # [B, R, W]
+        span = ancestry.shape[-1]
+        offset = self.columns[:width] - base  # [B, W]: each position's place after base (< 0: before it)
+        seen = ancestry.gather(2, offset.clamp(0, span - 1)[:, None, :].expand(b, r, width))  # [B, R, W]
+        visible = (offset < 0)[:, None, :] | (seen & (offset < span)[:, None, :])  # [B, R, W]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
         mask = mask[:, None, None].expand(b, 1, group, r, width).reshape(b, 1, group * r, width)  # [B, 1, G R, W]
         slot = torch.arange(b, device=self.device)[:, None].expand(b, r)  # [B, R]
@@ -248,8 +290,8 @@ class StaticModel:
             qkv = nn.functional.linear(h, layer.qkv, layer.qkv_bias).view(n, k_end + s.kv_heads, s.head_dim)
             qk = RopeTables.rotate(qkv[:, :k_end], cos, sin)  # [N, Hq + Hkv, D]
             keys, values = cache.keys[index], cache.values[index]  # [S, Hkv, W, D]
-            keys[slot, :, positions] = qk[:, q_end:].view(b, r, s.kv_heads, s.head_dim)
-            values[slot, :, positions] = qkv[:, k_end:].view(b, r, s.kv_heads, s.head_dim)
+            keys[slot, :, written] = qk[:, q_end:].view(b, r, s.kv_heads, s.head_dim)
+            values[slot, :, written] = qkv[:, k_end:].view(b, r, s.kv_heads, s.head_dim)
             q = qk[:, :q_end].reshape(b, r, s.kv_heads, group, s.head_dim).permute(0, 2, 3, 1, 4)
             q = q.reshape(b, s.kv_heads, group * r, s.head_dim)  # [B, Hkv, G R, D]: a kv head's queries together
             attended = nn.functional.scaled_dot_product_attention(q, keys[:b], values[:b], attn_mask=mask)
@@ -266,8 +308,8 @@ class StaticModel:
 
 
 class StaticSlot:
-    """One slot of a `StaticModel`: a `CausalLM` (and `FeatureChannel`) with its own cache
-    positions over the shared weights. Its slot returns to the model when it is dropped."""
+    """One slot of a `StaticModel`: a `CausalLM` (and `FeatureChannel`, `TreeScoring`) with its
+    own cache positions over the shared weights. Its slot returns to the model when it is dropped."""
 
     def __init__(self, model: StaticModel, index: int) -> None:
         self.model, self.index = model, index
@@ -277,6 +319,7 @@ class StaticSlot:
         self.exact_weights = model.dtype == torch.float32
         self.device = model.device
         self._features = FeatureStore(model.shape.hidden)
+        self._pending = PendingTree()  # the scored tree from extend_tree to keep_path
 
     # --- CausalLM ---------------------------------------------------------------------------
 
@@ -287,6 +330,7 @@ class StaticSlot:
     def reset(self) -> None:
         self.model.cache.lengths[self.index] = 0
         self._features.reset()
+        self._pending.tree = None
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int]) -> None:
@@ -298,13 +342,37 @@ class StaticSlot:
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
+        self._pending.refuse()
         return self._run([self], [tokens])[0][len(tokens) - (keep or len(tokens)) :]
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}; {self.length} tokens processed")
+        self._pending.rolled_back(length)
         self.model.cache.lengths[self.index] = length
         self._features.truncate(length)
+
+    # --- TreeScoring ------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        check_extend_tree(tokens, parents, self.vocab_size)
+        self._pending.refuse()
+        tree = ScoredTree.depth_first(self.length, parents)
+        logits = self._run([self], [[tokens[node] for node in tree.nodes]], tree=tree)[0]  # float32 [n, V], row order
+        self._pending.tree = tree
+        return tree.by_node(logits)
+
+    @torch.inference_mode()
+    def keep_path(self, path: Sequence[int]) -> None:
+        start, sources, destinations = self._pending.kept(path)
+        if sources:
+            cache, device = self.model.cache, self.device
+            source, destination = torch.tensor(sources, device=device), torch.tensor(destinations, device=device)
+            for buffer in (*cache.keys, *cache.values):  # each [S, Hkv, W, D]
+                buffer[self.index, :, destination] = buffer[self.index, :, source]
+        self._features.move(sources, destinations)
+        self.rollback(start + len(path))
 
     @torch.inference_mode()
     def score(self, ids: Sequence[int]) -> torch.Tensor:
@@ -314,6 +382,7 @@ class StaticSlot:
     # --- FeatureChannel ---------------------------------------------------------------------
 
     def record_features(self, taps: Sequence[Tap]) -> None:
+        self._pending.refuse()
         for tap in check_taps(taps, self.num_layers):
             self._features.add(tap, self.length)
 
@@ -335,10 +404,14 @@ class StaticSlot:
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def _run(self, slots: Sequence[StaticSlot], tokens: Sequence[Sequence[int]], logits: bool = True) -> list[torch.Tensor]:
-        """One step of the model over these slots; each slot's recorded features appended."""
+    def _run(
+        self, slots: Sequence[StaticSlot], tokens: Sequence[Sequence[int]], logits: bool = True,
+        tree: ScoredTree | None = None,
+    ) -> list[torch.Tensor]:
+        """One step of the model over these slots (`tree`: the one slot's rows are its nodes);
+        each slot's recorded features appended."""
         taps = tuple(dict.fromkeys(tap for slot in slots for tap in slot._features.taps))
-        scored, features = self.model.step([slot.index for slot in slots], tokens, taps, logits=logits)
+        scored, features = self.model.step([slot.index for slot in slots], tokens, taps, logits=logits, tree=tree)
         for slot, captured in zip(slots, features):
             if slot._features.taps:
                 slot._features.append({tap: captured[tap] for tap in slot._features.taps})
@@ -365,7 +438,8 @@ class StaticSlot:
 
 class StaticLlama(StaticSlot):
     """A Llama or Qwen2 model in fixed-shape forwards over a static cache (CUDA graphs on CUDA);
-    the runtime is slot 0 of its cache, and `new_slot` gives the others (`SlotScoring`).
+    the runtime is slot 0 of its cache, and `new_slot` gives the others (`SlotScoring`); every
+    slot scores token trees (`TreeScoring`) and records features (`FeatureChannel`).
 
     >>> lm = StaticLlama.from_hf(model, dtype=torch.bfloat16, device="cuda")
     >>> lm.prefill(prompt[:-1]); lm.extend([prompt[-1], *drafted])   # float32 [1 + k, V]
@@ -501,4 +575,5 @@ class StaticLlama(StaticSlot):
             if slot.model is not self.model:
                 raise ValueError("extend_slots takes slots made by this model's new_slot")
             check_extend(rows, None, self.vocab_size)
+            slot._pending.refuse()
         return self._run(slots, tokens)

@@ -41,12 +41,16 @@ too; the per-round choice keeps lookup's rounds as cheap as lookup's own trees.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
 from verispec.drafts import Draft, TreeDraft
+from verispec.head_kind import HeadKind
+from verispec.proposers import trained
 from verispec.proposers.base import ObservingProposer, Proposer, TreeProposer
+from verispec.proposers.kind import ProposerKind
 from verispec.proposers.prompt_lookup import PromptLookup
 from verispec.randomness import NO_DRAWS, Random
 from verispec.sampling import SamplingParams
@@ -120,13 +124,23 @@ AUDIT_COPY_MIN_MATCH = 2
 
 def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
     """`lookup+KIND[:DIR][:weights=F]` (KIND eagle or medusa): lookup, else the head `spec` names."""
-    from verispec.proposers import trained
-
     return CopyOrHead(PromptLookup(min_ngram=COPY_MIN_MATCH), trained.build(spec, target, corpus))
 
 
 def audit_fixture(kind: str, tables: Tables) -> Proposer:
     """`lookup+KIND` on the audit's tables, with an untrained head."""
-    from verispec.proposers import trained
-
     return CopyOrHead(PromptLookup(min_ngram=AUDIT_COPY_MIN_MATCH), trained.audit_fixture(kind, tables))
+
+
+LOOKUP_EAGLE = ProposerKind(
+    "lookup+eagle", "lookup+eagle[:DIR][:weights=F]", "mixed", build,
+    "prompt lookup's draft whenever it has one (chosen), else the EAGLE-style head's sampled draft (DIR and F as for eagle)",
+    audit=partial(audit_fixture, HeadKind.EAGLE), example=trained.shipped(HeadKind.EAGLE, "lookup+eagle"), trees=True,
+    parse=partial(trained.parse, HeadKind.EAGLE),
+)
+LOOKUP_MEDUSA = ProposerKind(
+    "lookup+medusa", "lookup+medusa[:DIR][:weights=F]", "mixed", build,
+    "prompt lookup's draft whenever it has one (chosen), else the Medusa heads' sampled draft (DIR and F as for medusa)",
+    audit=partial(audit_fixture, HeadKind.MEDUSA), example=trained.shipped(HeadKind.MEDUSA, "lookup+medusa"), trees=True,
+    parse=partial(trained.parse, HeadKind.MEDUSA),
+)

@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from verispec.drafts import Draft, TreeDraft
+from verispec.models import DEFAULT_MODEL
 from verispec.models.base import CausalLM
+from verispec.proposers.kind import ProposerKind
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, penalised, probabilities, to_host
 from verispec.tokenizer_contract import check_tokenizers
@@ -188,3 +190,10 @@ def build(path: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Dr
 
 def audit_fixture(tables: Tables) -> DraftModel:
     return DraftModel(tables.draft)
+
+
+KIND = ProposerKind(
+    "draft", "draft:PATH", "sampled", build,
+    "a smaller model with the target's tokenizer (.gguf file, checkpoint directory or name)",
+    audit=audit_fixture, example=f"draft:{DEFAULT_MODEL}", trees=True,
+)

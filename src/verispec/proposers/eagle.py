@@ -61,10 +61,11 @@ from verispec.heads.eagle import EagleHead
 from verispec.models.base import CausalLM
 from verispec.proposers.head import HeadProposer
 from verispec.randomness import Random
-from verispec.sampling import SamplingParams
+from verispec.sampling import SamplingParams, to_host
 from verispec.tree_shape import TreeShape, fill_levels, widest, with_q
 
-# path tokens -> (head logits [N] after the path, predicted feature [H], cache slots of the path's pairs)
+# path tokens -> (head logits [N] after the path on the host, predicted feature [H] on the head's
+# device, cache slots of the path's pairs)
 Expanded = dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]]
 
 PROMPT_WINDOW = 128  # the prompt positions the head reads at most (module docstring)
@@ -135,10 +136,10 @@ class EagleProposer(HeadProposer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append pairs (features[j], tokens[j]) to the cache: the logits [N] and predicted
         feature [H] after the last (the output layer runs on that pair only)."""
-        ids = torch.tensor([list(tokens)], dtype=torch.long)  # [1, n]
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
         fused = self.head.fuse(features[None].to(self.head.dtype))  # [1, n, H]
         logits, predicted = self.head(ids, fused, cache, logits_to_keep=1)  # [1, 1, N], [1, n, H]
-        return logits[0, -1], predicted[0, -1]
+        return to_host(logits[0, -1]), predicted[0, -1]
 
     def _draft(self, state: tuple[DynamicCache, torch.Tensor, torch.Tensor], k: int, rng: Random) -> Draft:
         """k tokens after the state's cache: draw from its logits [N], then feed (predicted [H],
@@ -150,8 +151,9 @@ class EagleProposer(HeadProposer):
             tokens.append(token)
             q_rows.append(q)
             if i < k - 1:
-                step_logits, step_predicted = self.head(torch.tensor([[token]]), predicted[None, None], cache)
-                logits, predicted = step_logits[0, -1], step_predicted[0, -1]
+                ids = torch.tensor([[token]], device=self.device)  # [1, 1]
+                step_logits, step_predicted = self.head(ids, predicted[None, None], cache)
+                logits, predicted = to_host(step_logits[0, -1]), step_predicted[0, -1]
         return self.as_draft(tokens, q_rows)
 
     def _tree(self, state: tuple[DynamicCache, torch.Tensor, torch.Tensor], shape: TreeShape, rng: Random) -> TreeDraft:
@@ -218,9 +220,10 @@ class EagleProposer(HeadProposer):
         for i, path in enumerate(paths):
             allowed[i, list(after[path[:-1]][2])] = True
             allowed[i, start + i] = True
-        ids = torch.tensor([[path[-1] for path in paths]])  # [1, T]
+        ids = torch.tensor([[path[-1] for path in paths]], device=self.device)  # [1, T]
         hidden = torch.stack([after[path[:-1]][1] for path in paths])[None]  # [1, T, H]
-        positions = torch.tensor([[true_pairs + len(path) - 1 for path in paths]])  # [1, T]
-        logits, predicted = self.head(ids, hidden, cache, positions=positions, allowed=allowed)
+        positions = torch.tensor([[true_pairs + len(path) - 1 for path in paths]], device=self.device)  # [1, T]
+        logits, predicted = self.head(ids, hidden, cache, positions=positions, allowed=allowed.to(self.device))
+        logits = to_host(logits[0])  # [T, N]
         for i, path in enumerate(paths):
-            after[path] = logits[0, i], predicted[0, i], (*after[path[:-1]][2], start + i)
+            after[path] = logits[i], predicted[0, i], (*after[path[:-1]][2], start + i)

@@ -14,12 +14,16 @@ and no weight format changes the output's law.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from verispec.head_kind import HeadKind
 from verispec.models.base import CausalLM
 from verispec.models.weight_format import WeightFormat
+from verispec.proposers import trained
 from verispec.proposers.base import Proposer
+from verispec.proposers.kind import ProposerKind
 
 if TYPE_CHECKING:
     from verispec.models.load import LoadedModel
@@ -43,7 +47,7 @@ def eagle3_proposer(
         )
     if not Path(directory).is_dir():
         raise ValueError(f"eagle3:DIR needs a head directory; {directory} is not a directory")
-    dtype, route = HEAD_FORMATS[drafting_format(head_format)]
+    dtype, route = HEAD_FORMATS[drafting_format(head_format, target)]
     head = load_eagle3(directory, target, dtype)
     return EagleProposer(for_drafting(head, route), target)
 
@@ -51,3 +55,11 @@ def eagle3_proposer(
 def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
     """`eagle3[:DIR][:weights=F]`."""
     return eagle3_proposer(spec.directory, target.lm, spec.weights)
+
+
+KIND = ProposerKind(
+    "eagle3", "eagle3[:DIR][:weights=F]", "sampled", build,
+    "a trained EAGLE-3 head in the standard layout vLLM serves (DIR: from verispec train --head eagle3, or a "
+    "speculators-format checkpoint; F as for eagle)",
+    audit=partial(trained.audit_fixture, HeadKind.EAGLE3), trees=True, parse=partial(trained.parse, HeadKind.EAGLE3),
+)

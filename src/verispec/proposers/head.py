@@ -9,6 +9,11 @@ has processed every emitted token but the pending one (the engine's cache contra
 context of n tokens has features at positions 0..n-2; a context of one token has none yet,
 and the round decodes plainly.
 
+The head runs where the target does (`heads.checkpoint.new_head` puts it on the target's
+device, beside the features it reads); what it drafts is decided on the host: each head forward's
+logits over its pruned vocabulary cross to the host once (`sampling.to_host`), where `HeadVocab`
+takes the argmax or draws from q, as the rules read p there.
+
 A subclass says what its state after a context is and how a chain and a tree are drafted
 from it:
 
@@ -42,10 +47,11 @@ class HeadProposer:
     def __init__(self, head: Any, target: CausalLM) -> None:
         check_target(head.config, target)
         self.head = head
+        self.device = head.d2t.device  # the head's (and the target's) device
         self.target: FeatureChannel = target
         self.taps = head.config.feature_layers
         target.record_features(self.taps)
-        self.vocab = HeadVocab(head.d2t, head.config.target.vocab_size)
+        self.vocab = HeadVocab(head.d2t, head.config.target.vocab_size)  # on the host, where drafts are drawn
         self.sampling = SamplingParams()
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:

@@ -26,16 +26,17 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from verispec.checks import is_int
-from verispec.heads.vocab import check_d2t
-from verispec.models.hf import HFCausalLM
-from verispec.models.llama import LlamaRuntime
 from verispec.proposers.draft_model import DraftModel
+from verispec.proposers.kind import ProposerKind
 from verispec.proposers.options import integer
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from verispec.models.hf import HFCausalLM
+    from verispec.models.llama import LlamaRuntime
     from verispec.models.load import LoadedModel
     from verispec.models.table_pair import Tables
 
@@ -141,6 +142,13 @@ class LayerSkip(DraftModel):
         head_tokens: int | torch.Tensor | Sequence[int] | None = None,
         corpus: Iterable[Sequence[int]] = (),
     ) -> None:
+        # transformers, imported when a layer skip is built (the registry imports this module)
+        from transformers import PreTrainedModel
+
+        from verispec.heads.vocab import check_d2t
+        from verispec.models.hf import HFCausalLM
+        from verispec.models.llama import LlamaRuntime
+
         fast = isinstance(target, LlamaRuntime)
         model = target if isinstance(target, PreTrainedModel) else None if fast else getattr(target, "model", None)
         if not fast and not isinstance(model, PreTrainedModel):
@@ -198,3 +206,12 @@ def build(spec: LayerSkipSpec, target: LoadedModel, corpus: Sequence[Sequence[in
             f"layerskip:L:N needs 1 <= N <= {vocab_size} (the vocabulary size), got {spec.head_tokens}"
         )
     return LayerSkip(target.lm, spec.layers, spec.head_tokens, corpus)
+
+
+KIND = ProposerKind(
+    "layerskip", "layerskip:L[:N]", "sampled", build,
+    "the target's first L layers and its head (pruned to N tokens when N is given)",
+    not_audited="it needs a transformer's layers, which the audit's rational tables lack; its "
+    "drafts are sampled with their q like draft's, whose rules the audit covers",
+    example="layerskip:8", parse=parse,
+)

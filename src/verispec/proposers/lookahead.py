@@ -62,6 +62,7 @@ import torch
 
 from verispec.checks import is_int
 from verispec.drafts import ROOT, Draft, TreeDraft
+from verispec.proposers.kind import ProposerKind
 from verispec.proposers.options import integer
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
@@ -302,3 +303,10 @@ def build(spec: LookaheadSpec, target: LoadedModel, corpus: Sequence[Sequence[in
 def audit_fixture(tables: Tables) -> LookaheadProposer:
     # Bigrams, so the pool offers continuations from the second round of a 3-4 token request.
     return LookaheadProposer(window=3, ngram=2, pool=2)
+
+
+KIND = ProposerKind(
+    "lookahead", "lookahead[:W=5:N=4:G=5]", "chosen", build,
+    "lookahead decoding: Jacobi guesses on a window of W tokens feed a pool of N-grams (G per first token)",
+    audit=audit_fixture, example="lookahead", trees=True, parse=parse,
+)

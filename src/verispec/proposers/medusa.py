@@ -35,6 +35,7 @@ import torch
 from verispec.drafts import Draft, TreeDraft
 from verispec.proposers.head import HeadProposer
 from verispec.randomness import Random
+from verispec.sampling import to_host
 from verispec.tree_shape import TreeShape, fill, widest, with_q
 
 
@@ -57,7 +58,7 @@ class MedusaProposer(HeadProposer):
 
     def _draft(self, feature: torch.Tensor, k: int, rng: Random) -> Draft:
         """Up to k tokens from the feature [1, F]: token i from head i."""
-        logits = self.head(feature)[0]  # [K, N]
+        logits = to_host(self.head(feature)[0])  # [K, N]
         tokens, q_rows = [], []
         for i in range(min(k, logits.shape[0])):
             token, q = self.vocab.draw(logits[i], self.sampling, rng)
@@ -67,7 +68,7 @@ class MedusaProposer(HeadProposer):
 
     def _tree(self, feature: torch.Tensor, shape: TreeShape, rng: Random) -> TreeDraft:
         """`shape` filled from the feature [1, F]: depth d's nodes from head d - 1."""
-        logits = self.head(feature)[0]  # [K, N]
+        logits = to_host(self.head(feature)[0])  # [K, N]
         width = widest(shape)
         q_at: dict[int, torch.Tensor] = {}  # depth - 1 -> head q [V] its nodes were drawn from
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from verispec.drafts import EMPTY_DRAFT, Draft, TreeDraft
+from verispec.proposers.kind import ProposerKind
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape, fill
@@ -116,3 +117,10 @@ def build(options: None, target: LoadedModel, corpus: Sequence[Sequence[int]]) -
 def audit_fixture(tables: Tables) -> PromptLookup:
     """`lookup` on the audit's tables: n-grams up to 3 tokens (a table's request is 2-4 tokens)."""
     return PromptLookup(max_ngram=3)
+
+
+KIND = ProposerKind(
+    "lookup", "lookup", "chosen", build,
+    "prompt lookup: continues the longest recent n-gram match in the request itself",
+    audit=audit_fixture, example="lookup", trees=True,
+)

@@ -22,6 +22,7 @@ import torch
 
 from verispec.checks import is_int
 from verispec.drafts import Draft, TreeDraft
+from verispec.proposers.kind import ProposerKind
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, probabilities
 from verispec.tree_shape import TreeShape, sample
@@ -76,3 +77,10 @@ def build(options: None, target: LoadedModel, corpus: Sequence[Sequence[int]]) -
 
 def audit_fixture(tables: Tables) -> RandomTokens:
     return RandomTokens(tables.target.vocab_size)
+
+
+KIND = ProposerKind(
+    "random", "random", "sampled", build,
+    "uniform random tokens: the baseline an adaptive k must learn to turn off",
+    audit=audit_fixture, example="random", trees=True,
+)

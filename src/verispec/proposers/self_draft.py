@@ -23,16 +23,14 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from transformers import PreTrainedModel
-
-from verispec.models.gguf_blocks import gguf_weights
-from verispec.models.hf import HFCausalLM
-from verispec.models.llama import LlamaRuntime, fast_runtime_refusal
-from verispec.models.quantized import quantized_model
 from verispec.models.weight_format import SELF_DRAFT, WeightFormat
 from verispec.proposers.draft_model import DraftModel
+from verispec.proposers.kind import ProposerKind
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from verispec.models.hf import HFCausalLM
     from verispec.models.load import LoadedModel
     from verispec.models.table_pair import Tables
 
@@ -60,6 +58,14 @@ class SelfDraft(DraftModel):
         gguf: str | os.PathLike | None = None,
         runtime: str = "auto",
     ):
+        # transformers, imported when a self-draft is built (the registry imports this module)
+        from transformers import PreTrainedModel
+
+        from verispec.models.gguf_blocks import gguf_weights
+        from verispec.models.hf import HFCausalLM
+        from verispec.models.llama import LlamaRuntime, fast_runtime_refusal
+        from verispec.models.quantized import quantized_model
+
         if fmt not in FORMATS:  # a name given to the class (the `selfdraft:FORMAT` spec is parsed once)
             raise ValueError(f"a self-draft runs in {' or '.join(FORMATS)}, got {fmt!r}")
         fmt = WeightFormat(fmt)
@@ -93,3 +99,12 @@ def build(fmt: WeightFormat, target: LoadedModel, corpus: Sequence[Sequence[int]
     """The target's weights in `fmt` (q4 takes a GGUF target's own blocks)."""
     gguf = target.source if fmt == "q4" and target.source.is_file() else None
     return SelfDraft(target.transformers_model(), fmt, gguf=gguf, runtime=target.runtime)
+
+
+KIND = ProposerKind(
+    "selfdraft", "selfdraft[:FORMAT]", "sampled", build,
+    "the target's own weights on int4 kernels (FORMAT q4, the default; a GGUF's own 4-bit blocks) or int8",
+    not_audited="it needs a transformer's weights to quantize, which the audit's rational tables "
+    "lack; its drafts are sampled with their q like draft's, whose rules the audit covers",
+    example="selfdraft:q4", parse=parse,
+)

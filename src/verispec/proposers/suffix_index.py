@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from verispec.checks import is_int, is_number
 from verispec.drafts import Draft, TreeDraft
+from verispec.proposers.kind import ProposerKind
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape, fill
@@ -243,3 +244,10 @@ def audit_fixture(tables: Tables) -> SuffixIndex:
     # A corpus (the vocabulary descending, twice) makes its drafts differ from prompt
     # lookup's; min_prob 0 drafts whenever anything matched.
     return SuffixIndex([[*range(tables.target.vocab_size - 1, -1, -1)] * 2], min_prob=0)
+
+
+KIND = ProposerKind(
+    "suffix", "suffix", "chosen", build,
+    "suffix index over the request and a corpus; drafts the most frequent continuation",
+    audit=audit_fixture, example="suffix", trees=True,
+)

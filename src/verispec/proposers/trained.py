@@ -9,27 +9,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from verispec.head_kind import HeadKind
 from verispec.machine import native_bf16
 from verispec.models import DEFAULT_MODEL, weight_format
 from verispec.models.base import CausalLM
 from verispec.models.weight_format import HEAD, WeightFormat, head_packing
 from verispec.proposers.base import Proposer
+from verispec.proposers.kind import ProposerKind
 
 if TYPE_CHECKING:
     from verispec.models.load import LoadedModel
     from verispec.models.table_pair import Tables
 
 
-HEAD_KINDS = ("eagle", "medusa")
+HEAD_KINDS = (HeadKind.EAGLE, HeadKind.MEDUSA)  # what `head_proposer` builds (eagle3: `proposers.eagle3`)
 # How a head drafts, by weight format (`models.weight_format.HEAD`): the dtype it computes in and
 # its projections' route (`head_packing`). The head only proposes, so the choice changes q, never
-# the output's law. "auto": int8 where the CPU computes bfloat16 natively (its kernel takes
-# bfloat16 activations), else float32.
+# the output's law. "auto" (`auto_head_format`): on the CPU int8 where it computes bfloat16
+# natively (its kernel takes bfloat16 activations), else float32; on a GPU the target's dtype.
 HEAD_FORMATS = {fmt: head_packing(fmt) for fmt in HEAD}
 # Package data of verispec.heads, found without importing it (that would import transformers).
 SHIPPED = Path(__file__).resolve().parent.parent / "heads" / "default"
@@ -40,8 +43,17 @@ def default_head(kind: str) -> Path:
     return SHIPPED / kind
 
 
-def auto_head_format() -> WeightFormat:
-    """int8 where the CPU computes bfloat16 natively, else float32 (emulated bfloat16 is slower).
+def shipped(kind: HeadKind, spec: str | None = None) -> str | None:
+    """`spec` (default: the kind's name) where a `kind` head is shipped for the default model,
+    so the greedy identity suite runs it; None where none is."""
+    return (spec or str(kind)) if default_head(kind).is_dir() else None
+
+
+def auto_head_format(device: torch.device | str = "cpu", target_dtype: torch.dtype = torch.float32) -> WeightFormat:
+    """How a head drafts beside a target on `device` computing in `target_dtype`. On a GPU: the
+    target's dtype (bfloat16; float32 for a float32 or float16 target, float16 not being a head
+    format), since torch's int8 kernel is the CPU's and a one-layer head's weights are few. On
+    the CPU: int8 where it computes bfloat16 natively, else float32 (emulated bfloat16 is slower).
 
     On a 2-core AMD EPYC with AVX-512 BF16, the shipped EAGLE head: a round of 2 new pairs and
     4 drafts after a target forward took 0.75x the bfloat16 head's time in int8 (the head's
@@ -49,6 +61,8 @@ def auto_head_format() -> WeightFormat:
     halves them), tau at k = 4 on the dev prompts 1.95 against 1.96, and eagle-auto ran 1.04x
     the bfloat16 head's speed per prompt (geometric mean) in a bf16 and in a float32 bench.
     A packed bfloat16 step took 0.8 ms against 1.2 ms in float32."""
+    if torch.device(device).type != "cpu":
+        return WeightFormat.BFLOAT16 if target_dtype == torch.bfloat16 else WeightFormat.FLOAT32
     return WeightFormat.INT8 if native_bf16() else WeightFormat.FLOAT32
 
 
@@ -56,22 +70,16 @@ def head_proposer(
     kind: str, directory: str | None, target: CausalLM, head_format: WeightFormat | str = "auto"
 ) -> Proposer:
     """An EAGLE or Medusa proposer for `target` (the engine's target, with a feature channel)
-    with the head in `directory`, or the shipped one when None, packed for drafting in
-    `head_format` (one of `models.weight_format.HEAD`, or "auto": `auto_head_format`; a name is
-    read by `drafting_format`), whatever the target's dtype."""
+    with the head in `directory`, or the shipped one when None, on the target's device, packed
+    for drafting in `head_format` (one of `models.weight_format.HEAD`, or "auto":
+    `auto_head_format`; a name is read by `drafting_format`), whatever the target's dtype."""
     from verispec.heads import for_drafting, load_head
     from verispec.proposers.eagle import EagleProposer
     from verispec.proposers.medusa import MedusaProposer
 
     if kind not in HEAD_KINDS:
         raise ValueError(f"unknown head kind {kind!r}; choose {' or '.join(HEAD_KINDS)}")
-    device = getattr(target, "device", None) or getattr(getattr(target, "model", None), "device", None)
-    if device is not None and torch.device(device).type != "cpu":
-        raise ValueError(
-            f"the {kind} head drafts on the CPU and this target runs on {device}; draft with lookup or suffix "
-            "there, or run the target with --device cpu"
-        )
-    dtype, route = HEAD_FORMATS[drafting_format(head_format)]
+    dtype, route = HEAD_FORMATS[drafting_format(head_format, target)]
     if directory is None:
         directory = default_head(kind)
         if not directory.is_dir():
@@ -84,11 +92,12 @@ def head_proposer(
     head = load_head(directory, target, dtype)
     if head.config.kind != kind:
         raise ValueError(f"{directory} holds a {head.config.kind} head, not a {kind} head; use {head.config.kind}:{directory}")
-    return (EagleProposer if kind == "eagle" else MedusaProposer)(for_drafting(head, route), target)
+    return (EagleProposer if kind == HeadKind.EAGLE else MedusaProposer)(for_drafting(head, route), target)
 
 
-# Where a head ships for the model, lookup+eagle with auto k: it copies where the context repeats
-# itself and drafts with the head elsewhere. In the kept runs (docs/benchmarking.md) it was the
+# Where a head ships for the model, lookup+eagle with auto k (on the CPU and on a GPU, where the
+# head drafts on the target's device): it copies where the context repeats itself and drafts with
+# the head elsewhere. In the kept runs (docs/benchmarking.md) it was the
 # fastest verispec method of the q4 run (1.08x plain; q4 is what --dtype auto picks where the
 # CPU has native bf16), and ahead of lookup alone in bfloat16 (1.54x against 1.28x on the dev
 # prompts, 1.63x against 1.57x on the copy-heavy categories). Elsewhere prompt lookup: it needs
@@ -100,17 +109,14 @@ DEFAULT_PROPOSER_HELP = (
 )
 
 
-def default_proposer(model: str, device: str = "cpu") -> str:
-    """The proposer `generate`, `demo` and `serve` use when none is named: the best measured one
-    for `model`, `BEST_WITH_HEAD` where a head ships for it, else `BEST_WITHOUT_HEAD`; on a GPU
-    (`device` cuda, or auto where torch sees one) `BEST_WITHOUT_HEAD`, since the heads draft on
-    the CPU (`head_proposer`).
+def default_proposer(model: str) -> str:
+    """The proposer `generate`, `demo` and `serve` use when none is named, on any device: the
+    best measured one for `model`, `BEST_WITH_HEAD` where a head ships for it, else
+    `BEST_WITHOUT_HEAD`.
 
     >>> default_proposer("/models/another-checkpoint")
     'lookup'
     """
-    if device != "cpu" and (device != "auto" or torch.cuda.is_available()):
-        return BEST_WITHOUT_HEAD
     if model == DEFAULT_MODEL and (default_head("eagle") / "config.json").exists():
         return BEST_WITH_HEAD
     return BEST_WITHOUT_HEAD
@@ -143,11 +149,22 @@ def parse(kind: str, argument: str) -> HeadSpec:
     return HeadSpec(kind, directory or None, None if head_format == "auto" else WeightFormat(head_format))
 
 
-def drafting_format(head_format: WeightFormat | str | None) -> WeightFormat:
-    """The format a head drafts in: `head_format`, or `auto_head_format()` for None or "auto"."""
+def drafting_format(head_format: WeightFormat | str | None, target: object = None) -> WeightFormat:
+    """The format a head drafts in beside `target` (None: a CPU target): `head_format`, or
+    `auto_head_format` for None or "auto"; int8 is refused for a target off the CPU. Where the
+    target computes is where its embedding lives (a target without a feature channel counts as
+    the CPU's here: loading a head refuses it with the reason, `heads.checkpoint.check_target`)."""
+    embeddings = getattr(target, "input_embeddings", None)
+    weights = embeddings() if callable(embeddings) else torch.empty(0)  # [V, H]
     if head_format is None or head_format == "auto":
-        return auto_head_format()
-    return weight_format.parse(head_format, HEAD)
+        return auto_head_format(weights.device, weights.dtype)
+    fmt = weight_format.parse(head_format, HEAD)
+    if fmt is WeightFormat.INT8 and weights.device.type != "cpu":
+        raise ValueError(
+            f"a head drafts in int8 on torch's CPU kernel and this target runs on {weights.device}; "
+            "use weights=auto (the target's dtype), bfloat16 or float32"
+        )
+    return fmt
 
 
 def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Proposer:
@@ -163,5 +180,21 @@ def audit_fixture(kind: str, tables: Tables) -> Proposer:
 
     # An untrained float64 head on the table's deterministic features: exactness must not
     # depend on the weights, and an untrained q rejects often (every repair path).
-    proposer = MedusaProposer if kind == "medusa" else EagleProposer
+    proposer = MedusaProposer if kind == HeadKind.MEDUSA else EagleProposer
     return proposer(tiny_head(kind, tables.target), tables.target)
+
+
+EAGLE = ProposerKind(
+    "eagle", "eagle[:DIR][:weights=F]", "sampled", build,
+    "a trained EAGLE-style head drafting in the target's feature space (DIR: from verispec train; "
+    "none: the head shipped for the default model; F: how it drafts, auto, int8, bfloat16 or float32)",
+    audit=partial(audit_fixture, HeadKind.EAGLE), example=shipped(HeadKind.EAGLE), trees=True,
+    parse=partial(parse, HeadKind.EAGLE),
+)
+MEDUSA = ProposerKind(
+    "medusa", "medusa[:DIR][:weights=F]", "sampled", build,
+    "K trained residual heads on the target's last feature (DIR: from verispec train; none: the "
+    "shipped head; F as for eagle)",
+    audit=partial(audit_fixture, HeadKind.MEDUSA), example=shipped(HeadKind.MEDUSA), trees=True,
+    parse=partial(parse, HeadKind.MEDUSA),
+)

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from verispec.heads import Eagle3Head, EagleHead, HeadConfig, MedusaHead, TargetInfo, default_layer, eagle3_layers, new_head
+from verispec.heads import Eagle3Head, EagleHead, HeadConfig, HeadKind, MedusaHead, TargetInfo, default_layer, eagle3_layers, new_head
 from verispec.models.base import FINAL, Tap
 
 Head = EagleHead | Eagle3Head | MedusaHead
@@ -48,7 +48,7 @@ EAGLES = (EagleHead, Eagle3Head)  # the heads that draft autoregressively in fea
 class TrainSettings:
     """What a training run is a function of, besides the data and the time it gets."""
 
-    kind: str  # "eagle", "eagle3" (the standard EAGLE-3 layer, `heads.eagle3`) or "medusa"
+    kind: HeadKind  # eagle, eagle3 (the standard EAGLE-3 layer, `heads.eagle3`) or medusa
     seed: int = 0
     taps: str = "eagle3"  # "eagle3": FINAL-free low/mid/high fused (EAGLE-3); "final": FINAL only (EAGLE-1, Medusa)
     vocab_size: int = 8192  # N, the head vocabulary (most frequent tokens of the data)
@@ -69,18 +69,24 @@ class TrainSettings:
     init: str | None = None  # the head directory fitting started from (its weights and d2t); None: fresh weights
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", HeadKind(self.kind))
         if not 0 <= self.decay <= 1 or (self.decay > 0 and self.steps is None):
             raise ValueError(f"decay {self.decay} needs 0 <= decay <= 1 and, when above 0, the planned steps")
 
     def head_taps(self, num_layers: int) -> tuple[Tap, ...]:
-        if self.kind == "eagle3":  # vLLM feeds an EAGLE-3 head its low, middle and high layers
-            return eagle3_layers(num_layers)
-        if self.taps == "final" or self.kind == "medusa":
-            return (FINAL,)
-        return eagle3_layers(num_layers)
+        return taps_for(self.kind, self.taps, num_layers)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "kind": str(self.kind)}  # plain values: a checkpoint loads with weights_only
+
+
+def taps_for(kind: HeadKind, taps: str, num_layers: int) -> tuple[Tap, ...]:
+    """The features a `kind` head reads with `--taps taps` on a target of `num_layers` layers."""
+    if kind == HeadKind.EAGLE3:  # vLLM feeds an EAGLE-3 head its low, middle and high layers
+        return eagle3_layers(num_layers)
+    if taps == "final" or kind == HeadKind.MEDUSA:
+        return (FINAL,)
+    return eagle3_layers(num_layers)
 
 
 def choose_vocab(tokens: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.Tensor:
@@ -326,14 +332,14 @@ def build_head(kind: str, settings: TrainSettings, target, target_config, name: 
         num_layers=target.num_layers,
     )
     layer = {}
-    if kind == "eagle":
+    if kind == HeadKind.EAGLE:
         layer = default_layer(target_config)
-    elif kind == "eagle3":  # vLLM tabulates the head's rope up to the target's context
+    elif kind == HeadKind.EAGLE3:  # vLLM tabulates the head's rope up to the target's context
         layer = {**default_layer(target_config), "max_position_embeddings": getattr(target_config, "max_position_embeddings", 8192)}
     config = HeadConfig(
         kind=kind, target=info, feature_layers=settings.head_taps(target.num_layers), vocab_size=int(d2t.numel()),
-        layer=layer, heads=settings.unroll if kind == "medusa" else 0,
-        depth=settings.depth if kind == "eagle" else 1, trained_output=kind == "eagle3",
+        layer=layer, heads=settings.unroll if kind == HeadKind.MEDUSA else 0,
+        depth=settings.depth if kind == HeadKind.EAGLE else 1, trained_output=kind == HeadKind.EAGLE3,
     )
     torch.manual_seed(settings.seed)
     return new_head(config, d2t, target).float()

@@ -1,0 +1,146 @@
+"""One engine under check: the sampled law per method and parameter, then greedy identity.
+
+For each `SamplingCase` and each prompt chosen for its spread (`law.spread_prompts`):
+
+1. the exact law of the first two tokens, computed by verispec on the same weights
+   (`law.exact_cells`), when the check was given them;
+2. N samples with speculation off: against the exact law (`plain vs exact`: is the engine's
+   sampler right without speculation?);
+3. per method, N samples with speculation on: against the samples without (`spec vs plain`:
+   does speculation change the engine's law?) and against the exact law (`spec vs exact`).
+
+A wrong sampler fails rows 2 and 3 alike; speculation that changes the law fails `spec vs
+plain` and `spec vs exact` while `plain vs exact` passes. A parameter the engine refuses is a
+`refused` row with the engine's reason. Each row also states `effect`: the total variation
+the parameter itself makes to the exact law (against the same case with it dropped), so a
+pass says whether the check could have seen the parameter ignored (effect above the
+detectable TV) or not.
+
+Greedy identity (`verispec.runtime_check.greedy`) follows: every method, at 1 and at
+`concurrency` requests in flight, against the engine's own plain greedy output at one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+from verispec.runtime_check import greedy, law
+from verispec.runtime_check.cases import SamplingCase, default_cases, neutral
+from verispec.runtime_check.engines.base import Engine, Refused
+from verispec.runtime_check.report import LawRow, Report
+from verispec.runtime_check.statistics import goodness_of_fit, two_sample
+
+PLAIN = "plain"
+SPEC_VS_PLAIN, SPEC_VS_EXACT, PLAIN_VS_EXACT = "spec vs plain", "spec vs exact", "plain vs exact"
+
+
+@dataclass
+class Reference:
+    """verispec's copy of the engine's weights: score(ids) -> logits[len(ids), V] (a fresh full
+    forward), encode(text) -> ids, the EOS ids. None of it is needed from the engine."""
+
+    score: law.Score
+    encode: Callable[[str], list[int]]
+    eos_ids: Collection[int]
+
+
+@dataclass
+class Settings:
+    """n: samples per side per method and parameter, split evenly over `prompts` prompts.
+    length: new tokens per sample (2 or 3: speculation needs room to draft). alpha: each
+    test's false-failure probability. cases: the grid (None: `default_cases`). greedy_prompts:
+    token ids for greedy identity (none: skipped); greedy_tokens: their budget; concurrency:
+    the levels besides 1. seed: the first sample's seed. sampled: run the sampled-law checks.
+    sample_prompts: their prompts as token ids (None: those of `law.SPREAD_TEXTS` it tests best).
+    parameters: the names of the grid's cases to run (None: all)."""
+
+    n: int = 1200
+    length: int = 3
+    prompts: int = 3
+    alpha: float = 1e-3
+    cases: Sequence[SamplingCase] | None = None
+    greedy_prompts: Sequence[Sequence[int]] = ()
+    greedy_tokens: int = 256
+    concurrency: Sequence[int] = (8,)
+    seed: int = 0
+    sampled: bool = True
+    sample_prompts: Sequence[Sequence[int]] | None = None
+    parameters: Sequence[str] | None = None
+    progress: Callable[[str], None] = field(default=lambda line: None)
+
+
+def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], settings: Settings) -> Report:
+    """Run every check of `engine` with `methods` (its speculative methods to check)."""
+    report = Report(engine.name, engine.versions(), settings.alpha)
+    if settings.sampled:
+        if settings.sample_prompts is None:
+            prompts = law.spread_prompts(reference.score, reference.encode, settings.prompts, settings.n // settings.prompts)
+        else:
+            prompts = [(str(ids), list(ids), law.entropy(reference.score, ids)) for ids in settings.sample_prompts]
+        report.prompts = [{"text": text, "ids": ids, "entropy_nats": h} for text, ids, h in prompts]
+        bias = tuple(dict.fromkeys((law.likely_tokens(reference.score, ids, 2)[1], 2.0) for _, ids, _ in prompts))
+        cases = settings.cases or default_cases(bias)
+        for case in [c for c in cases if settings.parameters is None or c.name in settings.parameters]:
+            report.law_rows += check_case(engine, reference, methods, [ids for _, ids, _ in prompts], case, settings)
+    if settings.greedy_prompts:
+        settings.progress(f"{engine.name} greedy: plain at 1 request, {len(settings.greedy_prompts)} prompts")
+        plain = engine.greedy(settings.greedy_prompts, settings.greedy_tokens, None, 1)
+        for concurrency in (1, *settings.concurrency):
+            report.greedy_rows += greedy.check(
+                engine, methods, settings.greedy_prompts, plain, settings.greedy_tokens, concurrency, reference.score,
+                settings.progress,
+            )
+    return report
+
+
+def check_case(
+    engine: Engine, reference: Reference, methods: Sequence[str], prompts: Sequence[Sequence[int]],
+    case: SamplingCase, settings: Settings,
+) -> list[LawRow]:
+    """The rows of one parameter: plain vs exact, then spec vs plain and spec vs exact per method."""
+    per_prompt = max(1, settings.n // len(prompts))
+    laws = [law.exact_cells(reference.score, p, case, per_prompt, reference.eos_ids, settings.length) for p in prompts]
+    dropped = [law.law_on(reference.score, p, neutral(case), list(cells)) for p, cells in zip(prompts, laws)]
+    effect = sum(law.distance(a, b) for a, b in zip(laws, dropped)) / len(prompts)
+    row = lambda method, test: LawRow(engine.name, method, case.name, case.settings(), test, effect=effect)  # noqa: E731
+
+    def draw(method: str | None, offset: int) -> list[Counter] | str:
+        """Per prompt, the counts of sample keys; or the engine's reason for refusing."""
+        counts = []
+        for i, prompt in enumerate(prompts):
+            settings.progress(f"{engine.name} {method or PLAIN} {case.name}: {per_prompt} samples at prompt {i + 1}")
+            try:
+                samples = engine.sample(prompt, case, per_prompt, settings.length, method,
+                                        settings.seed + offset + i * per_prompt)
+            except Refused as refusal:
+                return str(refusal)
+            counts.append(Counter(law.key(s, reference.eos_ids) for s in samples))
+        return counts
+
+    def against_exact(counts: list[Counter]):
+        return goodness_of_fit([(_merge(count, cells), cells) for count, cells in zip(counts, laws)], settings.alpha)
+
+    rows = []
+    plain = draw(None, 0)
+    plain_row = row(PLAIN, PLAIN_VS_EXACT)
+    rows.append(plain_row.refused(plain) if isinstance(plain, str) else plain_row.tested(against_exact(plain)))
+    for index, method in enumerate(methods, start=1):
+        spec = draw(method, index * 10_000_000)
+        if isinstance(spec, str):
+            rows += [row(method, SPEC_VS_PLAIN).refused(spec), row(method, SPEC_VS_EXACT).refused(spec)]
+            continue
+        versus = row(method, SPEC_VS_PLAIN)
+        rows.append(versus.skipped(f"the plain side is refused: {plain}") if isinstance(plain, str)
+                    else versus.tested(two_sample(list(zip(spec, plain)), settings.alpha)))
+        rows.append(row(method, SPEC_VS_EXACT).tested(against_exact(spec)))
+    return rows
+
+
+def _merge(counts: Counter, cells: Collection[tuple[int, ...]]) -> Counter:
+    """Counts of sample keys folded onto the exact law's cells."""
+    out: Counter = Counter()
+    for key, count in counts.items():
+        out[law.cell_of(key, cells)] += count
+    return out

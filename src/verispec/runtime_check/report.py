@@ -1,0 +1,157 @@
+"""What a runtime check found: one row per engine x method x parameter x test, one per greedy
+method and concurrency, as markdown and as JSON, with the engine's versions and the machine.
+
+A row's status: `pass`, `fail`, `refused` (the engine refused the parameter or mode; its reason
+is kept) or `skipped` (a comparison with a side that was refused). The report's
+false-failure probability is the union bound over its statistical tests (alpha each); greedy
+identity is deterministic and fails only on a divergence that is not a near tie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from verispec.machine import describe
+from verispec.runtime_check.statistics import TestResult
+
+PASS, FAIL, REFUSED, SKIPPED = "pass", "fail", "refused", "skipped"
+
+
+@dataclass(frozen=True)
+class LawRow:
+    """One test of the sampled law. effect: the total variation the parameter makes to the
+    exact law (0 for plain sampling): a pass can show the parameter was applied only when the
+    effect exceeds the test's detectable TV."""
+
+    engine: str
+    method: str
+    parameter: str
+    settings: dict
+    test: str
+    status: str = SKIPPED
+    result: TestResult | None = None
+    reason: str = ""
+    effect: float = 0.0
+
+    def tested(self, result: TestResult) -> LawRow:
+        """A test with no degrees of freedom (every cell pooled into one) tests nothing: skipped."""
+        if result.df == 0:
+            return replace(self, status=SKIPPED, result=result,
+                           reason="no two cells reach 5 expected samples, so nothing is tested; raise --n")
+        return replace(self, status=PASS if result.passed else FAIL, result=result)
+
+    def refused(self, reason: str) -> LawRow:
+        return replace(self, status=REFUSED, reason=reason)
+
+    def skipped(self, reason: str) -> LawRow:
+        return replace(self, status=SKIPPED, reason=reason)
+
+    def as_dict(self) -> dict:
+        return {"engine": self.engine, "method": self.method, "parameter": self.parameter, "settings": self.settings,
+                "test": self.test, "status": self.status, "reason": self.reason, "effect_tv": self.effect,
+                **({"result": self.result.as_dict()} if self.result else {})}
+
+
+@dataclass(frozen=True)
+class GreedyRow:
+    """Greedy identity of one method at one concurrency against plain at one request.
+    divergences: per diverging prompt, the position and the diagnosis."""
+
+    engine: str
+    method: str
+    concurrency: int
+    prompts: int
+    max_new_tokens: int
+    status: str = SKIPPED
+    divergences: tuple[dict, ...] = ()
+    reason: str = ""
+
+    def compared(self, divergences: list[dict]) -> GreedyRow:
+        failed = any(not d["near_tie"] for d in divergences)
+        return replace(self, status=FAIL if failed else PASS, divergences=tuple(divergences))
+
+    def refused(self, reason: str) -> GreedyRow:
+        return replace(self, status=REFUSED, reason=reason)
+
+    @property
+    def summary(self) -> str:
+        if self.status in (REFUSED, SKIPPED):
+            return self.reason
+        if not self.divergences:
+            return f"identical on {self.prompts} prompts"
+        parts = [f"prompt {d['prompt']} at token {d['position']}: {'near tie' if d['near_tie'] else 'NOT a near tie'} "
+                 f"(top-2 margin {d['top2_margin']:.3g})" for d in self.divergences]
+        return f"{self.prompts - len(self.divergences)} of {self.prompts} identical; " + "; ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {"engine": self.engine, "method": self.method, "concurrency": self.concurrency, "prompts": self.prompts,
+                "max_new_tokens": self.max_new_tokens, "status": self.status, "reason": self.reason,
+                "divergences": list(self.divergences)}
+
+
+@dataclass
+class Report:
+    engine: str
+    versions: dict
+    alpha: float
+    law_rows: list[LawRow] = field(default_factory=list)
+    greedy_rows: list[GreedyRow] = field(default_factory=list)
+    prompts: list[dict] = field(default_factory=list)
+    machine: dict = field(default_factory=describe)
+    command: str = ""
+
+    @property
+    def tests(self) -> int:
+        return sum(1 for row in self.law_rows if row.status in (PASS, FAIL))
+
+    @property
+    def false_failure(self) -> float:
+        """Union bound: the probability that a correct engine fails any statistical row."""
+        return min(1.0, self.alpha * self.tests)
+
+    @property
+    def passed(self) -> bool:
+        return all(row.status != FAIL for row in [*self.law_rows, *self.greedy_rows])
+
+    def as_dict(self) -> dict:
+        return {"engine": self.engine, "versions": self.versions, "machine": self.machine, "command": self.command,
+                "alpha_per_test": self.alpha, "statistical_tests": self.tests, "false_failure_bound": self.false_failure,
+                "passed": self.passed, "prompts": self.prompts, "sampled_law": [r.as_dict() for r in self.law_rows],
+                "greedy_identity": [r.as_dict() for r in self.greedy_rows]}
+
+    def markdown(self) -> str:
+        lines = [f"# verispec check-runtime: {self.engine}", ""]
+        if self.command:
+            lines += ["```bash", self.command, "```", ""]
+        lines += [f"- {name}: {value}" for name, value in self.versions.items()]
+        lines += [f"- machine: {self.machine.get('cpu')}, {self.machine.get('logical_cpus')} logical CPUs, "
+                  f"torch threads {self.machine.get('torch_threads')}, load {self.machine.get('load_average_1min')}"]
+        lines += [f"- verdict: {'PASS' if self.passed else 'FAIL'}; {self.tests} statistical tests at alpha "
+                  f"{self.alpha:g} each: a correct engine fails one with probability at most {self.false_failure:.2g}", ""]
+        if self.law_rows:
+            lines += ["## Sampled law", ""]
+            if self.prompts:
+                lines += ["Prompts (raw text; next-token entropy): " + "; ".join(
+                    f"{p['text']!r} ({p['entropy_nats']:.2f} nats)" for p in self.prompts), ""]
+            lines += ["| method | parameter | test | result | p-value | TV | N | TV at 90 % power | effect | note |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
+            for r in self.law_rows:
+                t = r.result
+                cells = ([f"{t.p_value:.3g}", f"{t.tv:.3f}", str(t.n), f"{t.detectable_tv:.3f}"] if t
+                         else ["", "", "", ""])
+                setting = ", ".join(f"{k}={v}" for k, v in r.settings.items()) or "-"
+                lines.append(f"| {r.method} | {r.parameter} ({setting}) | {r.test} | {r.status} | "
+                             + " | ".join(cells) + f" | {r.effect:.3f} | {_cell(r.reason)} |")
+            lines += ["", "TV: the estimated total variation between the two laws on the test's cells (plug-in, "
+                      "with sampling noise); TV at 90 % power: the smallest difference the test detects with 90 % power at "
+                      "this N; effect: the total variation the parameter itself makes to the exact law.", ""]
+        if self.greedy_rows:
+            lines += ["## Greedy identity", "", "| method | in flight | result | detail |", "|---|---|---|---|"]
+            for r in self.greedy_rows:
+                lines.append(f"| {r.method} | {r.concurrency} | {r.status} | {_cell(r.summary)} |")
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

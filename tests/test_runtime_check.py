@@ -1,0 +1,137 @@
+"""`verispec check-runtime`'s library: the tests' statistics, the exact law, the engines'
+adapters, and the negative controls it must catch.
+
+The controls run verispec's engine on rational tables (vocabulary 8, rows keyed on the last two
+tokens, so a stale cache changes later rows) with a draft table of its own, at the N the docs
+recommend (`Settings.n`, 1200 samples per side, over two prompts), temperature 1/2. Each test
+is a G-test at alpha = 1e-3; a correct engine fails its 3 tests with probability at most 3e-3
+for a fresh seed list (union bound, asymptotic chi-square tail); the seeds are fixed, so the
+outcome is deterministic. Each broken engine must fail both tests that read speculation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+import torch
+
+from verispec.models.tables import random_table
+from verispec.runtime_check import Reference, Settings, check_runtime, controls, law
+from verispec.runtime_check.cases import SamplingCase, default_cases, next_token_law
+from verispec.runtime_check.check import PLAIN_VS_EXACT, SPEC_VS_EXACT, SPEC_VS_PLAIN
+from verispec.runtime_check.engines.base import Refused
+from verispec.runtime_check.report import FAIL, PASS, REFUSED
+from verispec.runtime_check.statistics import detectable_tv, goodness_of_fit, two_sample
+
+VOCAB = 8
+
+
+def spread_row(rng: random.Random) -> tuple[Fraction, ...]:
+    weights = [rng.randint(1, 4) for _ in range(VOCAB)]
+    return tuple(Fraction(w, sum(weights)) for w in weights)
+
+
+TARGET = random_table(VOCAB, 2, seed=1, row=spread_row)
+DRAFT = random_table(VOCAB, 1, seed=2, row=spread_row)
+REFERENCE = Reference(TARGET.score, encode=None, eos_ids=())
+CASE = SamplingCase("temperature", temperature=0.5)
+SETTINGS = Settings(prompts=2, sample_prompts=[[3, 5], [7, 1]], cases=[CASE])
+
+
+def run(engine) -> dict[str, str]:
+    report = check_runtime(engine, REFERENCE, [controls.DRAFT], SETTINGS)
+    assert report.tests == 3
+    table = report.markdown()
+    assert all(f"| {row.method} | temperature (temperature=0.5) | {row.test} | {row.status} |" in table for row in report.law_rows)
+    assert json.loads(json.dumps(report.as_dict()))["false_failure_bound"] == pytest.approx(3e-3)
+    return {row.test: row.status for row in report.law_rows}
+
+
+def test_the_correct_engine_passes():
+    assert run(controls.correct(TARGET, DRAFT)) == {PLAIN_VS_EXACT: PASS, SPEC_VS_PLAIN: PASS, SPEC_VS_EXACT: PASS}
+
+
+@pytest.mark.parametrize("name", sorted(controls.CONTROLS))
+def test_every_broken_engine_is_flagged(name):
+    statuses = run(controls.CONTROLS[name](TARGET, DRAFT))
+    assert statuses == {PLAIN_VS_EXACT: PASS, SPEC_VS_PLAIN: FAIL, SPEC_VS_EXACT: FAIL}
+
+
+def test_greedy_speculation_and_batching_equal_plain_greedy():
+    engine = controls.correct(TARGET, DRAFT)
+    prompts = [[3, 5], [7, 1], [2, 2]]
+    plain = engine.greedy(prompts, 12, None, 1)
+    assert engine.greedy(prompts, 12, controls.DRAFT, 1) == plain == engine.greedy(prompts, 12, controls.DRAFT, 3)
+    assert engine.greedy(prompts, 12, None, 3) == plain
+
+
+def test_verispec_refuses_penalties_instead_of_dropping_them():
+    engine = controls.correct(TARGET, DRAFT)
+    with pytest.raises(Refused, match="frequency_penalty"):
+        engine.sample([3, 5], SamplingCase("f", frequency_penalty=1.0), 2, 3, None, 0)
+    report = check_runtime(engine, REFERENCE, [controls.DRAFT],
+                           Settings(n=20, prompts=2, sample_prompts=[[3, 5], [7, 1]],
+                                    cases=[SamplingCase("frequency_penalty", frequency_penalty=1.0)]))
+    assert {row.status for row in report.law_rows} == {REFUSED}
+    assert report.tests == 0 and report.passed
+
+
+def test_the_exact_cells_partition_the_outcomes():
+    cells = law.exact_cells(TARGET.score, [3, 5], CASE, 400, eos_ids=(), length=3)
+    assert sum(cells.values()) == pytest.approx(1.0, abs=1e-12)
+    pair = law.exact_cells(TARGET.score, [3, 5], SamplingCase("default"), 10**6, eos_ids=(), length=3)
+    # every pair is listed at this N, each with the product of the table's rows
+    assert pair[(2, 6)] == pytest.approx(float(TARGET.distribution([3, 5])[2] * TARGET.distribution([5, 2])[6]))
+    assert law.cell_of((2, 6), pair) == (2, 6)
+    assert law.cell_of((2, 6), {(2, law.OTHER): 1.0, (law.OTHER,): 0.0}) == (2, law.OTHER)
+
+
+def test_penalties_follow_their_definitions():
+    logits = torch.tensor([2.0, -1.0, 0.5, 0.0])
+    rep = next_token_law(logits, SamplingCase("r", repetition_penalty=2.0), [0, 1], [])
+    assert rep.tolist() == pytest.approx(torch.softmax(torch.tensor([1.0, -2.0, 0.5, 0.0], dtype=torch.float64), 0).tolist())
+    freq = next_token_law(logits, SamplingCase("f", frequency_penalty=0.5, presence_penalty=0.25), [9, 2, 2], [2, 2])
+    assert freq.tolist() == pytest.approx(torch.softmax(torch.tensor([2.0, -1.0, -0.75, 0.0], dtype=torch.float64), 0).tolist())
+    assert [case.name for case in default_cases(((1, 2.0),))][0] == "default"
+
+
+def test_the_two_sample_test_keeps_its_level_and_sees_a_shift():
+    rng = random.Random(0)
+    p = [0.4, 0.3, 0.2, 0.1]
+    shifted = [0.3, 0.3, 0.2, 0.2]  # total variation 0.1
+
+    def draw(law_, n):
+        return Counter(tuple([rng.choices(range(4), law_)[0]]) for _ in range(n))
+
+    same = [two_sample([(draw(p, 1000), draw(p, 1000))], 1e-3).p_value for _ in range(20)]
+    assert min(same) > 1e-3
+    result = two_sample([(draw(shifted, 3000), draw(p, 3000))], 1e-3)
+    assert not result.passed and result.tv == pytest.approx(0.1, abs=0.03)
+    assert result.detectable_tv < 0.1
+    exact = {(i,): x for i, x in enumerate(p)}
+    assert goodness_of_fit([(draw(p, 2000), exact)], 1e-3).passed
+    assert not goodness_of_fit([(draw(shifted, 2000), exact)], 1e-3).passed
+
+
+def test_detectable_tv_shrinks_as_one_over_root_n():
+    assert detectable_tv(4000, 20, 1e-3) == pytest.approx(detectable_tv(1000, 20, 1e-3) / 2)
+    assert detectable_tv(1000, 20, 1e-3, exact=True) < detectable_tv(1000, 20, 1e-3)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["check-runtime", "sglang"], "unknown engine 'sglang'"),
+    (["check-runtime", "openai:localhost:8000"], "openai:URL"),
+    (["check-runtime", "hf", "--parameter", "typical_p"], "unknown parameter 'typical_p'"),
+    (["check-runtime", "hf", "--n", "1"], "--n"),
+    (["check-runtime", "hf", "--prompts-file", "/nonexistent.jsonl"], "--prompts-file"),
+])
+def test_bad_input_is_one_error_line(argv, says, capsys):
+    from verispec.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and says in err[0]

@@ -1,0 +1,85 @@
+"""The engines `verispec check-runtime` drives, on tiny models: transformers `generate`
+(assisted by a truncated copy, prompt lookup) and an OpenAI-compatible server (`verispec serve`
+with and without speculation). Each samples the right number of continuations, reports what it
+refuses instead of dropping it, and passes the sampled-law check at a small N.
+
+False failure: the sampled-law rows here are G-tests at alpha = 1e-3; 6 of them (3 per
+engine test below), so a correct engine fails this module with probability at most 6e-3 for a
+fresh seed list (union bound); the seeds are fixed, so the outcome is deterministic.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from serving import NAME, running
+from verispec.bench.quick import tiny_tokenizer
+from verispec.models.hf import HFCausalLM
+from verispec.models.load import load_model
+from verispec.runtime_check import Reference, Settings, check_runtime
+from verispec.runtime_check.cases import SamplingCase
+from verispec.runtime_check.engines.base import Refused
+from verispec.runtime_check.engines.hf import HFEngine, truncated_draft
+from verispec.runtime_check.engines.openai import OpenAIEngine
+from verispec.runtime_check.report import PASS, REFUSED
+
+CASES = [SamplingCase("default"), SamplingCase("frequency_penalty", frequency_penalty=1.0)]
+
+
+def spread_llama() -> LlamaForCausalLM:
+    """A random two-layer Llama over 24 tokens whose next-token laws are spread but not flat."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=24, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_hf_generate_is_checked_with_both_methods():
+    model = spread_llama()
+    assert len(truncated_draft(model, 1).model.layers) == 1 and len(model.model.layers) == 2
+    engine = HFEngine(model, eos_ids=(), dtype="float32", draft_layers=1)
+    reference = Reference(HFCausalLM(model).score, encode=None, eos_ids=())
+    settings = Settings(n=160, prompts=2, sample_prompts=[[3, 9, 4], [7, 1, 1]], cases=CASES,
+                        greedy_prompts=[[3, 9, 4], [5, 6]], greedy_tokens=8, concurrency=(2,))
+    report = check_runtime(engine, reference, ["assisted", "lookup"], settings)
+    default = [row for row in report.law_rows if row.parameter == "default"]
+    assert [row.status for row in default] == [PASS] * 5, report.markdown()
+    assert all(row.status == REFUSED and "frequency" in row.reason
+               for row in report.law_rows if row.parameter == "frequency_penalty")
+    statuses = {(row.method, row.concurrency): row.status for row in report.greedy_rows}
+    assert statuses[("assisted", 1)] == PASS and statuses[("lookup", 1)] == PASS
+    assert statuses[("assisted", 2)] == REFUSED  # HF speculates on one sequence at a time
+    assert all(len(s) == 3 for s in engine.sample([3, 9, 4], CASES[0], 5, 3, "lookup", 0))
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """A random two-layer Llama over the tiny byte tokenizer whose next-token laws are spread
+    (about 2.3 nats after the test's prompt; the served tiny model cycles almost surely)."""
+    root = tmp_path_factory.mktemp("spread")
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.6,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).eval().save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return load_model(root)
+
+
+def test_an_openai_server_is_checked_against_a_plain_one(loaded):
+    with running(loaded, proposer="lookup", k=3) as spec, running(loaded, proposer=None, k=0) as plain:
+        engine = OpenAIEngine(f"http://127.0.0.1:{spec.port}", f"http://127.0.0.1:{plain.port}", NAME, "float32")
+        assert "served server" in engine.versions()
+        with pytest.raises(Refused, match="400"):
+            engine.sample([5, 6, 7], CASES[1], 1, 3, "served", 0)
+        reference = Reference(loaded.lm.score, encode=None, eos_ids=loaded.eos_token_ids)
+        prompt = loaded.encode("abcabcab", chat=False)
+        settings = Settings(n=150, prompts=1, sample_prompts=[prompt], cases=CASES,
+                            greedy_prompts=[prompt, loaded.encode("hello", chat=False)], greedy_tokens=16, concurrency=(2,))
+        report = check_runtime(engine, reference, ["served"], settings)
+    assert [row.status for row in report.law_rows if row.parameter == "default"] == [PASS] * 3, report.markdown()
+    assert all(row.status == REFUSED for row in report.law_rows if row.parameter == "frequency_penalty")
+    assert {row.status for row in report.greedy_rows} == {PASS}
