@@ -228,7 +228,7 @@ def test_levels_parse():
     [
         (["--concurrency", "0"], "--concurrency takes integers >= 1 separated by commas, e.g. 1,2,4,8; '0' in '0'"),
         (["--concurrency", "1,x"], "'x' in '1,x' is not one"),
-        (["--concurrency", ""], "--concurrency takes integers >= 1"),
+        (["--concurrency", ""], "--concurrency is empty; give it a value"),
         (["--concurrency", "2,2"], "lists a level twice"),
         (["--concurrency", "1,2", "--methods", "verispec-plain,hf-lookup"],
          "hf-lookup decode one request at a time here (HF's assisted generation refuses batches"),

@@ -202,14 +202,19 @@ def one_error_line(capsys, argv: list[str]) -> str:
     return err
 
 
-def test_serve_refuses_a_taken_port_before_loading(capsys, tmp_path):
+def test_serve_refuses_a_taken_port_before_loading(capsys, monkeypatch):
+    from verispec.models import load
     from verispec.server.run import loopback_socket
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("serve loaded the model before binding its port")
+
+    monkeypatch.setattr(load, "build", no_load)
 
     taken = loopback_socket()
     taken.listen()
     try:
-        err = one_error_line(capsys, ["serve", "--model", str(tmp_path / "absent"), "--port",
-                                      str(taken.getsockname()[1])])
+        err = one_error_line(capsys, ["serve", "--port", str(taken.getsockname()[1])])
     finally:
         taken.close()
     assert "cannot listen on 127.0.0.1:" in err and "choose another --host or --port" in err

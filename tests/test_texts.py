@@ -106,7 +106,7 @@ def test_cli_trains_on_raw_texts_with_turns_scored(source, tmp_path, monkeypatch
     monkeypatch.setattr(texts_module, "TextRecipe", lambda: recipe)
     out = tmp_path / "head"
     args = ["train", "--model", str(model_dir), "--head", "eagle", "--prompts", "texts", "--minutes", "5", "--out", str(out),
-            "--work", str(tmp_path / "work"), "--steps", "3", "--vocab", "64", "--taps", "final", "--score", "turns",
+            "--work", str(tmp_path / "work"), "--steps", "3", "--vocab", "32", "--taps", "final", "--score", "turns",
             "--threads", "1", "--dtype", "float32"]
     assert main(args) == 0
     training = read_config(out).training
@@ -127,7 +127,7 @@ def test_cli_refuses_turns_but_trains_on_texts_for_a_model_without_a_chat_templa
     monkeypatch.setattr(texts_module, "TextRecipe", lambda: recipe)
     capsys.readouterr()
     args = ["train", "--model", str(model_dir), "--head", "eagle", "--prompts", "texts", "--minutes", "5",
-            "--out", str(tmp_path / "head"), "--work", str(tmp_path / "work"), "--steps", "1", "--vocab", "64",
+            "--out", str(tmp_path / "head"), "--work", str(tmp_path / "work"), "--steps", "1", "--vocab", "32",
             "--taps", "final", "--score", "turns", "--threads", "1", "--dtype", "float32"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
