@@ -54,3 +54,13 @@ def one_torch_thread(request):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def one_thread_per_module():
+    """One torch thread for a whole module of tiny-model tests, its slow tests included
+    (`pytestmark = pytest.mark.usefixtures("one_thread_per_module")`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

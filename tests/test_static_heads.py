@@ -37,12 +37,7 @@ from verispec.tree_shape import TreeShape
 KINDS = ("eagle", "eagle3", "medusa", "lookup+eagle")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 @pytest.fixture(scope="module")

@@ -30,12 +30,7 @@ from verispec.request import Request
 MODELS = {"llama": lambda: tiny_llama(0), "qwen2": lambda: tiny_qwen2(0)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 @pytest.fixture(scope="module", params=list(MODELS))

@@ -45,12 +45,7 @@ KINDS = ["hf", "fast", "fast-deterministic", "static", "static-deterministic"]
 QUANTIZED_KINDS = ["hf-q4", "fast-q4"]  # q4 weights: the quantized transformers copy, the fast runtime's
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 def build(kind: str, dtype: torch.dtype = torch.float32, seed: int = 0):
