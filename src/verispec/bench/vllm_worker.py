@@ -22,6 +22,8 @@ max_num_seqs in flight), for `verispec check-runtime`:
                                     "sampling": {SamplingParams' fields: temperature, seed, ...}}, ...]}
     line out:        {"tokens": [[ids], ...], "drafted": d, "accepted": a}
                      or {"refused": "what vLLM said"} when vLLM rejects a request
+                     or {"crashed": "what it raised"} when vLLM fails on requests it took;
+                     the worker then ends (its engine's state is unknown)
 
 `tokens` in the requests' order; `drafted` and `accepted`: the draft tokens vLLM's scheduler
 verified for them and how many it accepted (0 and 0 without speculation).
@@ -164,6 +166,8 @@ def generate_all(llm, sampling_params, requests: list[dict], verified: list[list
         results = llm.generate([{"prompt_token_ids": r["prompt"]} for r in requests], params, use_tqdm=False)
     except (VLLMClientError, ValueError) as error:
         return {"refused": f"{type(error).__name__}: {error}"}
+    except Exception as error:  # noqa: BLE001 - whatever vLLM raised is the answer
+        return {"crashed": f"{type(error).__name__}: {error}"}
     return {"tokens": [list(result.outputs[0].token_ids) for result in results],
             "drafted": sum(drafted for _, drafted, _ in verified), "accepted": sum(accepted for _, _, accepted in verified)}
 
@@ -190,7 +194,10 @@ def serve(lines, reply) -> None:
             continue
         if "generate" in request:
             recorded.clear()
-            reply(generate_all(llm, SamplingParams, request["generate"], loop.verified))
+            answer = generate_all(llm, SamplingParams, request["generate"], loop.verified)
+            reply(answer)
+            if "crashed" in answer:
+                return
             continue
         if "step" in request:
             recorded.clear()  # drafts are read per request from vLLM's counters here

@@ -15,7 +15,8 @@ method is its own engine (one worker process each, started when first used, batc
 logit_bias); sample i of a call is its own request seeded `seed` + i, so the n samples are
 independent, and vLLM batches them. Greedy decoding sends `concurrency` requests at once, which
 vLLM's continuous batching runs together. What vLLM rejects (its request validation: min_p and
-logit_bias with speculation, vLLM #42744) is `Refused` with vLLM's own message.
+logit_bias with speculation, vLLM #42744) is `Refused` with vLLM's own message; what it raises
+on a request it took (or a worker that dies) is `Crashed`, a failure.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from verispec.bench.methods import Method
 from verispec.bench.vllm import VENV_PYTHON, VllmRunner, checkpoint_directory
 from verispec.models.parts import cache_root
 from verispec.runtime_check.cases import SamplingCase
-from verispec.runtime_check.engines.base import Refused
+from verispec.runtime_check.engines.base import Crashed, Refused
 
 SPECULATIVE_TOKENS = 3
 DRAFT_LAYERS = 8
@@ -147,8 +148,15 @@ class VllmEngine:
 
     def _generate(self, method: str | None, requests: list[dict]) -> list[list[int]]:
         runner = self._runner(method)
-        runner._send({"generate": requests})
-        answer = runner._receive()
+        try:
+            runner._send({"generate": requests})
+            answer = runner._receive()
+        except (RuntimeError, OSError) as error:  # the worker died without an answer
+            answer = {"crashed": str(error)}
+        if "crashed" in answer:  # the next request starts a fresh engine
+            del self._runners[method]
+            runner.close()
+            raise Crashed(f"vLLM failed on it: {answer['crashed']}")
         if "refused" in answer:
             raise Refused(f"vLLM refuses it: {answer['refused']}")
         if method is not None:
