@@ -89,6 +89,11 @@ def test_the_workers_generate_line_answers_tokens_counters_or_vllms_refusal(monk
     llm.error = exceptions.VLLMClientError
     requests = [{"prompt": [4, 5], "max_tokens": 2, "stop": [2], "sampling": {"temperature": 1.0, "seed": s}} for s in (7, 8)]
     assert generate_all(llm, params, requests, verified) == {"tokens": [[5, 7], [5, 8]], "drafted": 6, "accepted": 3}
+    sent = []
+    llm.generate = lambda prompts, params, use_tqdm: sent.extend(params) or []
+    generate_all(llm, params, [requests[0] | {"sampling": {"logit_bias": {"7": 2.0}}}], verified)
+    assert sent[0].fields == {"logit_bias": {7: 2.0}}  # JSON's text keys back to token ids
+    llm.generate = StandInLLM.generate.__get__(llm)
     refused = [r | {"sampling": r["sampling"] | {"min_p": 0.1}} for r in requests]
     assert generate_all(llm, params, refused, verified) == {
         "refused": "VLLMValidationError: The min_p and logit_bias sampling parameters are not yet supported"}

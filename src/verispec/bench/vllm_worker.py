@@ -155,6 +155,17 @@ class Loop:
         return {"outputs": outputs, "verified": verified}
 
 
+def sampling_fields(fields: dict) -> dict:
+    """SamplingParams' fields from a JSON line: logit_bias's keys arrive as text and are token ids.
+
+    >>> sampling_fields({"temperature": 1.0, "logit_bias": {"7": 2.0}})
+    {'temperature': 1.0, 'logit_bias': {7: 2.0}}
+    """
+    if "logit_bias" not in fields:
+        return fields
+    return fields | {"logit_bias": {int(token): bias for token, bias in fields["logit_bias"].items()}}
+
+
 def generate_all(llm, sampling_params, requests: list[dict], verified: list[list]) -> dict:
     """The answer to a `generate` line: every request's tokens, or the refusal vLLM raised for
     a request (its validation of the parameters: a client error, before anything runs)."""
@@ -162,7 +173,8 @@ def generate_all(llm, sampling_params, requests: list[dict], verified: list[list
 
     verified.clear()
     try:
-        params = [sampling_params(max_tokens=r["max_tokens"], stop_token_ids=r["stop"], **r["sampling"]) for r in requests]
+        params = [sampling_params(max_tokens=r["max_tokens"], stop_token_ids=r["stop"], **sampling_fields(r["sampling"]))
+                  for r in requests]
         results = llm.generate([{"prompt_token_ids": r["prompt"]} for r in requests], params, use_tqdm=False)
     except (VLLMClientError, ValueError) as error:
         return {"refused": f"{type(error).__name__}: {error}"}
