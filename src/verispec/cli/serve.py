@@ -83,7 +83,8 @@ def serve(
     from verispec.models.load_plan import plan_load
 
     # the files, device, runtime and dtype (weighed at a full batch's rows), before the port
-    plan = plan_load(model, dtype, runtime, deterministic, device=device, rows=step_rows(max_slots, None if proposer_spec is None else k_spec))
+    rows = step_rows(max_slots, None if proposer_spec is None else k_spec)
+    plan = plan_load(model, dtype, runtime, deterministic, device=device, rows=rows)
     listener = listen(host, port)  # before loading: a taken port is reported at once
     from verispec.batching import RegistryBuilder, Scheduler
     from verispec.models.load import build
