@@ -113,3 +113,46 @@ def test_measured_curves_are_kept_per_file_cpu_and_threads(tmp_path, monkeypatch
     format_costs.costs_file(model).parent.mkdir(parents=True, exist_ok=True)
     format_costs.costs_file(model).write_text("{not json")
     assert format_costs.measured(model, "cpu A", 2) == ()  # unreadable: as if nothing was measured
+
+
+@pytest.mark.parametrize("command, options, rows", [
+    ("serve", [], 8 * (1 + format_costs.AUTO_DRAFTED)),  # 8 slots, k auto
+    ("serve", ["--proposer", "none", "--max-slots", "4"], 4),
+    ("serve", ["--proposer", "lookup", "--k", "3", "--max-slots", "2"], 8),
+    ("generate", ["--proposer", "lookup", "--k", "4", "hi"], 5),
+    ("generate", ["--proposer", "lookup", "hi"], 1 + format_costs.AUTO_DRAFTED),
+    ("demo", ["--proposer", "lookup", "--k", "2"], 3),
+])
+def test_the_commands_plan_at_the_rows_their_steps_score(monkeypatch, capsys, command, options, rows) -> None:
+    from verispec.cli import main
+    from verispec.models import load, load_plan
+
+    asked = []
+
+    def refuse(*args, **kwargs):
+        asked.append(kwargs["rows"])
+        raise ValueError("planned")
+
+    monkeypatch.setattr(load_plan, "plan_load", refuse)
+    monkeypatch.setattr(load, "load_model", refuse)
+    assert main([command, *options]) == 2
+    assert asked == [rows] and "error: planned" in capsys.readouterr().err
+
+
+def test_bench_plans_at_its_highest_level_and_heaviest_method(tmp_path, monkeypatch, capsys) -> None:
+    from verispec.bench import suite
+    from verispec.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Name three primary colours."]}) + "\n")
+    asked = []
+
+    def refuse(*args, **kwargs):
+        asked.append(kwargs["rows"])
+        raise ValueError("planned")
+
+    monkeypatch.setattr(suite, "load_model", refuse)
+    argv = ["bench", "--out", str(tmp_path / "out"), "--prompts", str(prompts), "--concurrency", "1,4",
+            "--methods", "verispec-plain,verispec-lookup-k2"]
+    assert main(argv) == 2
+    assert asked == [4 * 3] and "error: planned" in capsys.readouterr().err
