@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -192,9 +193,8 @@ def keep(loaded: LoadedModel, measured: Profile) -> None:
                       f"measured by verispec profile at {measured.context_tokens} tokens of context")
     threads = torch.get_num_threads()
     path = record(loaded.source, cost, cpu_model(), threads)
-    Console(stderr=True).print(
-        f"kept {cost.label} on this CPU with {threads} thread(s) in {path}: --dtype auto and --runtime auto weigh it"
-    )
+    print(f"kept {cost.label} on this CPU with {threads} thread(s) in {path}: --dtype auto and --runtime auto weigh it",
+          file=sys.stderr)
 
 
 def print_vllm_config(config: dict, path: Path) -> None:

@@ -25,9 +25,9 @@ for another machine is one argument away.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 import platform
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
