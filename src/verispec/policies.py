@@ -124,8 +124,9 @@ class AutoK:
     than its policy chose, or none: a request held at k = 0 learns nothing of its acceptance,
     so an estimate lowered by a few unlucky rounds, or the prior itself where rows are dear,
     would keep it there for good. So after `probe_every` steps held at 0 its `adjustable`
-    entry asks for a probe, which `BatchK` drafts whatever the rest of the batch does; the
-    wait doubles (up to `probe_cap`) with each probe until the batch drafts for it again.
+    entry asks for a probe, which `BatchK` drafts whatever the rest of the batch does (when
+    cheap); the wait doubles with each probe, without a cap (what a probe finds is pooled with
+    the batch's evidence, `pooled`), until the batch drafts for it again.
 
     It reads only past rounds, so the verifier's exactness is untouched; it is deterministic
     given the sequence of `Stats` it sees (counts and seconds), so the engine and the reference
