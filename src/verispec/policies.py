@@ -11,12 +11,12 @@ import copy
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
 from verispec.checks import is_int
 from verispec.cost import BatchCosts, Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
-from verispec.plan import Plan
+from verispec.plan import Adjustable, Plan
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape
 
@@ -79,7 +79,7 @@ class HeuristicK:
     def begin(self) -> None:
         self.k = self.start
 
-    def choose(self, stats: Stats) -> int:
+    def choose(self, stats: Stats) -> Plan:
         if stats.rounds and stats.drafted[-1] > 0:
             all_accepted = stats.accepted[-1] == stats.drafted[-1]
             self.k = self.k + 2 if all_accepted else max(1, self.k - 1)
@@ -205,8 +205,9 @@ class AutoK:
         return self._as_plan(k)
 
     def _as_plan(self, choice: int | TreeShape) -> Plan:
-        """A chain that a batch may lower (`BatchK`), with what the batch weighs (`adjustable`)."""
-        return Plan(choice, lowering=self.adjustable(choice))
+        """A chain whose k a batch may choose instead (`BatchK`), with what the batch weighs
+        (`adjustable`)."""
+        return Plan(choice, adjustable=self.adjustable(choice))
 
     def adjustable(self, k: int) -> Adjustable:
         """What `BatchK` plans this round from (k: what `choose` answered): the survival and c,
@@ -394,19 +395,12 @@ def as_policy(k: int | KPolicy) -> KPolicy:
     return ConstantK(k) if isinstance(k, int) else k
 
 
-@dataclass(frozen=True)
-class Adjustable:
-    """What `BatchK` knows of a request whose k it may lower: its own policy's k (`most`), its
-    survival estimate s_1..s_K and its cost per drafted token c (relative to one row); `probe`:
-    it drafts one token when that is cheap, whatever the batch; `evidence`: the rounds' worth
-    behind each s_i, prior included (empty: unknown, and the batch is not pooled)
-    (`AutoK.adjustable`)."""
-
-    most: int
-    survival: Sequence[float]
-    c: float
-    probe: bool = False
-    evidence: Sequence[float] = ()
+def first_plan(policy: KPolicy) -> KPolicy:
+    """A constant policy at the plan `policy` chooses before any round, from its profile alone
+    (`Request.fixed_k`): the same k or tree every round, whatever the rounds' timings."""
+    policy.begin()
+    plan = policy.choose(Stats())
+    return ConstantTree(plan.shape) if plan.is_tree and plan.nodes else ConstantK(plan.k)
 
 
 def pooled(adjustable: Sequence[Adjustable]) -> list[Adjustable]:
@@ -461,21 +455,22 @@ class BatchK:
     def __init__(self, costs: BatchCosts) -> None:
         self.costs = costs
 
-    def adjust(self, plans: Sequence[Plan], tokens: Sequence[float]) -> list[Plan]:
-        """A step's plans, each one that a batch may lower (`Plan.lowering`) at the k `plan`
-        gives it; the others as they are, their rows counted in N and their `tokens` (each
-        request's tokens per round so far) in E."""
-        lowerable = [i for i, plan in enumerate(plans) if plan.lowering is not None]
-        fixed = [i for i, plan in enumerate(plans) if plan.lowering is None]
+    def adjust(self, plans: Sequence[Plan], tokens: Sequence[float]) -> list[int | None]:
+        """The batch's k for each of a step's plans that lets a batch choose it
+        (`Plan.adjustable`), None for the others (kept as their policy chose them: their rows
+        count in N and their `tokens`, each request's tokens per round so far, in E). Each
+        request's engine applies its own (`Decoding.plan`)."""
+        adjustable = [i for i, plan in enumerate(plans) if plan.adjustable is not None]
+        fixed = [i for i, plan in enumerate(plans) if plan.adjustable is None]
         ks = self.plan(
-            [plans[i].lowering for i in lowerable],
+            [plans[i].adjustable for i in adjustable],
             sum(plans[i].nodes + 1 for i in fixed),
             sum(tokens[i] for i in fixed),
         )
-        adjusted = list(plans)
-        for i, k in zip(lowerable, ks):
-            adjusted[i] = replace(plans[i], k=k)
-        return adjusted
+        adjustments: list[int | None] = [None] * len(plans)
+        for i, k in zip(adjustable, ks):
+            adjustments[i] = k
+        return adjustments
 
     def plan(self, adjustable: Sequence[Adjustable], fixed_rows: int = 0, fixed_tokens: float = 0.0) -> list[int]:
         """The k of each adjustable request, beside fixed-k requests that score `fixed_rows`

@@ -357,7 +357,7 @@ class TreePolicy(AutoK):
         return self.k_max
 
     def _as_plan(self, choice: int | TreeShape) -> Plan:
-        """The chosen tree or chain, kept whole in a batch (`BatchK` lowers chains of `AutoK`)."""
+        """The chosen tree or chain, kept whole in a batch (`BatchK` adjusts the k of `AutoK`'s chains only)."""
         plan = Plan.of(choice)
         self._plans.append(plan)
         return plan
