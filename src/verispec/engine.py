@@ -239,15 +239,16 @@ class Decoding:
         own ancestors)."""
         self.check_cache()
         draft = proposal.draft
+        tokens = self.scored_tokens(draft)
         if draft.is_tree:
-            extend = tree_target(self.target).extend_tree
-            logits, seconds = timed(self.clock, extend, [self._pending, *draft.tokens], scored_parents(draft))
+            logits, seconds = timed(self.clock, tree_target(self.target).extend_tree, tokens, scored_parents(draft))
         else:
-            logits, seconds = timed(self.clock, self.target.extend, self.scored_tokens(draft))
-        return Scored(logits, seconds, len(draft) + 1)
+            logits, seconds = timed(self.clock, self.target.extend, tokens)
+        return Scored(logits, seconds, len(tokens))
 
-    def scored_tokens(self, draft: Draft) -> list[int]:
-        """What a chain round's forward scores after the cached prefix: [pending, *drafts]."""
+    def scored_tokens(self, draft: Draft | TreeDraft) -> list[int]:
+        """What a round's forward scores after the cached prefix: [pending, *drafts] (a tree's
+        nodes in their order)."""
         return [self._pending, *draft.tokens]
 
     def check_cache(self) -> None:
