@@ -20,12 +20,13 @@ from verispec.audit.exact_target import target_sequences
 from verispec.batching import QueueFull, Scheduler
 from verispec.clocks import TickClock
 from verispec.cost import BatchCosts, FixedCosts
-from verispec.engine import generate
+from verispec.engine import Decoding, generate
 from verispec.models.table_pair import Tables
 from verispec.models.tables import TableLM, random_table
 from verispec.plan import Plan
 from verispec.policies import Adjustable, AutoK, BatchK, HeuristicK
 from verispec.proposers.draft_model import DraftModel
+from verispec.proposers.prompt_lookup import PromptLookup
 from verispec.reference import reference_request
 from verispec.registry import PROPOSERS
 from verispec.request import Request
@@ -338,18 +339,43 @@ def test_batch_k_drafts_as_alone_when_v_is_flat_and_less_when_it_rises():
 
 
 def test_batch_k_adjusts_only_the_plans_that_let_it():
-    """`BatchK.adjust` lowers the chains whose policy lets a batch lower them (auto k's plans
-    carry a `lowering`) as `plan` would, keeps the others whole and counts their rows (a tree's
-    nodes + 1) and their tokens."""
+    """`BatchK.adjust` gives the chains whose policy lets a batch choose their k (auto k's plans
+    carry an `adjustable`) the k `plan` would, None for the others (kept whole, their rows, a
+    tree's nodes + 1, and their tokens counted); the plan applies it, within its bounds."""
     entry = Adjustable(4, (0.8, 0.6, 0.45, 0.3), 0.02)
-    lowerable = Plan(4, source="copy", lowering=entry)
+    adjustable = Plan(4, source="copy", adjustable=entry)
     tree = Plan(shape=TreeShape.of([(0,), (1,), (0, 0)]))
-    plans, tokens = [lowerable, Plan(3), tree, lowerable], [1.0, 2.5, 1.5, 1.0]
+    plans, tokens = [adjustable, Plan(3), tree, adjustable], [1.0, 2.5, 1.5, 1.0]
     for costs in ((1, 64), (1.0, 1.0)), ((1, 2, 64), (1.0, 2.0, 64.0)), ((1, 8, 16, 64), (1.0, 1.2, 2.0, 8.0)):
         batch_k = BatchK(BatchCosts(*costs))
         first, last = batch_k.plan([entry, entry], fixed_rows=4 + 4, fixed_tokens=4.0)
-        assert batch_k.adjust(plans, tokens) == [replace(lowerable, k=first), Plan(3), tree, replace(lowerable, k=last)]
-    assert BatchK(BatchCosts((1, 64), (1.0, 1.0))).adjust(plans, tokens) == plans  # flat: as alone
+        assert batch_k.adjust(plans, tokens) == [first, None, None, last]
+        assert adjustable.adjusted(first) == replace(adjustable, k=first)
+    assert BatchK(BatchCosts((1, 64), (1.0, 1.0))).adjust(plans, tokens) == [4, None, None, 4]  # flat: as alone
+    for plan, k in ((Plan(3), 2), (tree, 1), (adjustable, 5), (adjustable, -1), (adjustable, 1.0)):
+        with pytest.raises(ValueError):
+            plan.adjusted(k)
+    with pytest.raises(ValueError, match="tree plan is kept whole"):
+        Plan(shape=tree.shape, adjustable=entry)
+
+
+def test_a_decoding_plans_its_round_with_a_batch_adjustment():
+    """`Decoding.plan` owns the round's plan: the policy's choice, the batch's k where the choice
+    lets a batch choose (up to the policy's k_max, above its own choice too), within the budget."""
+    target, prompt = random_table(6, 2, seed=11), [0, 1, 2, 0, 1]
+    decoding = Decoding(target, PromptLookup(), prompt, max_new_tokens=4, k=auto_policy(3))
+    decoding.begin()
+    chosen = decoding.choose()
+    assert chosen.adjustable is not None and chosen.adjustable.most == 3
+    assert decoding.plan(chosen) == chosen
+    assert decoding.plan(chosen, 0).k == 0 and decoding.plan(chosen, 3).k == 3  # budget 4: at most 3 drafts
+    with pytest.raises(ValueError, match="integer in"):
+        decoding.plan(chosen, 4)
+    fixed = Decoding(target, PromptLookup(), prompt, max_new_tokens=3, k=5)
+    fixed.begin()
+    assert fixed.plan(fixed.choose()).k == 2
+    with pytest.raises(ValueError, match="its policy's to keep"):
+        fixed.plan(fixed.choose(), 1)
 
 
 def test_batch_k_is_not_stopped_short_by_a_step_in_v():
@@ -473,8 +499,7 @@ def test_four_concurrent_requests_follow_the_target_at_temperature_1():
 
 def test_first_plan_holds_a_measured_policy_at_its_profiles_choice():
     """`Request.fixed_k`'s policy: the plan the policy picks before any round, every round."""
-    from verispec.batching import first_plan
-    from verispec.policies import ConstantK
+    from verispec.policies import ConstantK, first_plan
     from verispec.stats import Stats
 
     cheap, costly = auto_policy(3), AutoK(FixedCosts(c=0.9, v=[1.0, 1.5, 2.0, 2.5]))

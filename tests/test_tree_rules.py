@@ -69,8 +69,12 @@ def test_pruned_drops_descendants_and_renumbers():
 
 
 def test_chain_as_tree():
-    tree = TreeDraft.chain(Draft((3, 1, 2)))
-    assert tree.parents == (ROOT, 0, 1) and tree.depth == 3
+    chain = Draft((3, 1, 2))
+    tree = TreeDraft.chain(chain)
+    assert tree.parents == chain.parents == (ROOT, 0, 1) and tree.depth == chain.depth == 3
+    for node in (ROOT, 0, 1, 2):  # a chain walks as the tree it is
+        assert chain.children(node) == tree.children(node)
+    assert Draft(()).children(ROOT) == [] and Draft(()).parents == ()
 
 
 def test_shape_order_parents_and_cuts():

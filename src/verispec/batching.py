@@ -4,16 +4,18 @@ A `Scheduler` holds up to `max_slots` requests at once, each in a slot of the ta
 its own over the shared weights, `SlotScoring`), and queues the rest. One `step`:
 
     admit   waiting requests take free slots: prefill, begin the proposer and the policy
-    plan    each request's plan (`Decoding.plan`), then `BatchK.adjust` lowers the k of the
-            chains whose policy lets it (auto k) when the batch's forward grows compute-bound
+    plan    each request's policy chooses (`Decoding.choose`); `BatchK` weighs the choices and
+            passes each chain whose policy lets a batch choose (auto k) the batch's k, which
+            the request's own `Decoding.plan` applies (fewer drafts as the batch's forward grows
+            compute-bound, more where another row costs nothing)
     propose each request drafts with its own proposer state and its own random source
     score   one `extend_slots` forward over every request's [pending, drafts] rows (ragged:
             request i scores k_i + 1 rows, k_i may be 0); a tree round scores on its own
     settle  each request observes, verifies with its own rng, commits or rolls back its slot
     retire  finished (EOS, budget) and cancelled requests free their slots
 
-Each request runs the very stages of `verispec.engine.Decoding` (its `plan`, `propose` and
-`settle`), only the forward is shared, and a slot's rows attend to that slot's cache only, so a request's
+Each request runs the very stages of `verispec.engine.Decoding` (its `choose`, `plan`,
+`propose` and `settle`), only the forward is shared, and a slot's rows attend to that slot's cache only, so a request's
 output law is its target's whatever shares its steps. Its tokens are too, for a given seed,
 as long as its k depends on nothing but its own tokens: greedy decoding always, and sampling
 with a constant k, a heuristic k, or a measured policy held at its first plan
@@ -40,7 +42,8 @@ from verispec.checks import is_int
 from verispec.cost import BatchCosts
 from verispec.engine import Decoding, Proposal, Scored, check_request, timed
 from verispec.models.base import CausalLM, SlotScoring
-from verispec.policies import BatchK, ConstantK, ConstantTree, KPolicy
+from verispec.plan import Plan
+from verispec.policies import BatchK, KPolicy, first_plan
 from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
@@ -122,14 +125,6 @@ class RegistryBuilder:
         policy = copy.deepcopy(self._policies[key])
         measured = spec.kind in ("auto", "tree") and spec.widths is None
         return proposer, first_plan(policy) if request.fixed_k and measured else policy
-
-
-def first_plan(policy: KPolicy) -> KPolicy:
-    """A constant policy at the plan `policy` chooses before any round, from its profile alone
-    (`Request.fixed_k`): the same k or tree every round, whatever the rounds' timings."""
-    policy.begin()
-    plan = policy.choose(Stats())
-    return ConstantTree(plan.shape) if plan.is_tree and plan.nodes else ConstantK(plan.k)
 
 
 class Scheduler:
@@ -223,10 +218,7 @@ class Scheduler:
         if not self.running:
             return []
         jobs = list(self.running)
-        plans = [job.decoding.plan() for job in jobs]
-        if self.batch_k is not None and len(jobs) > 1:
-            plans = self.batch_k.adjust(plans, [job.stats.mean_accepted or 1.0 for job in jobs])
-        proposals = [job.decoding.propose(plan) for job, plan in zip(jobs, plans)]
+        proposals = [job.decoding.propose(plan) for job, plan in zip(jobs, self._plans(jobs))]
         out = []
         for job, proposal, scored in zip(jobs, proposals, self._score(jobs, proposals)):
             tokens = job.decoding.settle(proposal, scored)
@@ -258,7 +250,7 @@ class Scheduler:
             if key not in slot.built:
                 slot.built[key] = self.build(job.request, slot.lm)
             proposer, policy = slot.built[key]
-            job.decoding = Decoding.of(
+            job.decoding = Decoding(
                 slot.lm, proposer, job.request, policy=policy, rng=self.random(job.request), clock=self.clock
             )
             self.running.append(job)
@@ -272,6 +264,15 @@ class Scheduler:
             return self._free.pop()
         self._slots += 1
         return Slot(self.target.new_slot())
+
+    def _plans(self, jobs: list[Job]) -> list[Plan]:
+        """Each job's round plan: its policy's choice, with `BatchK`'s adjustment for the batch
+        (None: as chosen) when several requests share the step."""
+        chosen = [job.decoding.choose() for job in jobs]
+        adjust: list[int | None] = [None] * len(jobs)
+        if self.batch_k is not None and len(jobs) > 1:
+            adjust = self.batch_k.adjust(chosen, [job.stats.mean_accepted or 1.0 for job in jobs])
+        return [job.decoding.plan(choice, k) for job, choice, k in zip(jobs, chosen, adjust)]
 
     def _score(self, jobs: list[Job], proposals: list[Proposal]) -> list[Scored]:
         """The rows of every job's round: chains in one `extend_slots` forward, trees alone."""

@@ -4,8 +4,9 @@ rule's `Verdict` / `TreeVerdict` on it. Plain data, so proposers, the rules and 
 depend on this module and none of them on another.
 
 Both drafts answer the round's questions the same way (`accepted`, `offered`, `cut_after`,
-`row_prefixes`, `depth`; `is_tree` for the forward that scores them), so the engine asks a draft rather than
-testing its type.
+`row_prefixes`, `depth`; `is_tree` for the forward that scores them), so the engine asks a
+draft rather than testing its type; a chain walks as the tree it is (`parents`, `children`: each
+token the only child of the one before), so code that walks a draft's tree takes either.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
+
+
+ROOT = -1
+"""The parent of a tree's first-level nodes: the pending token, whose target row is row 0."""
 
 
 @dataclass(frozen=True)
@@ -67,12 +72,19 @@ class Draft:
         the first r drafts."""
         return [self.tokens[:r] for r in range(len(self) + 1)]
 
+    @property
+    def parents(self) -> tuple[int, ...]:
+        """A chain as a tree walks it (`TreeDraft.parents`): each token's parent is the token
+        before it, the first token's the root."""
+        return tuple(range(ROOT, len(self) - 1))
+
+    def children(self, node: int) -> list[int]:
+        """A chain as a tree walks it (`TreeDraft.children`): the token after `node` (ROOT: the
+        first token), if any."""
+        return [node + 1] if node + 1 < len(self) else []
+
 
 EMPTY_DRAFT = Draft(())
-
-ROOT = -1
-"""The parent of a tree's first-level nodes: the pending token, whose target row is row 0."""
-
 
 def tree_depths(parents: Sequence[int]) -> list[int]:
     """depths[i] >= 1 of each node of a tree given by its parents (ROOT for a first-level node)."""
@@ -120,7 +132,7 @@ class TreeDraft:
     @classmethod
     def chain(cls, draft: Draft) -> TreeDraft:
         """A chain as a tree: node i's parent is node i - 1."""
-        return cls(draft.tokens, tuple(range(ROOT, len(draft) - 1)), draft.q)
+        return cls(draft.tokens, draft.parents, draft.q)
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -1,4 +1,4 @@
-"""The round loop: plan -> propose -> score -> settle (observe, verify, commit).
+"""The round loop: plan (choose, plan) -> propose -> score -> settle (observe, verify, commit).
 
 It is `verispec.reference`'s round with caches: each stage returns a value (the `Plan`, a
 `Proposal`, the `Scored` rows, the emitted tokens) that the next one takes, and the decoding
@@ -22,20 +22,24 @@ each round's scored logits between scoring and verification.
 
 Trees: a policy may plan a tree shape instead of a chain's k (`Plan.shape`). The proposer (a
 `TreeProposer`) fills it, the target (a `TreeScoring` model) scores [pending, nodes] in one
-forward with each node seeing its own ancestors, a tree rule picks the accepted root path, and the cache keeps that
-path only (`keep_path`) before the usual rollback. A tree deeper than `remaining - 1` is cut
+forward with each node seeing its own ancestors, a tree rule picks the accepted root path, and
+the cache keeps that path only (`keep_path`) before the usual rollback. A tree deeper than `remaining - 1` is cut
 to that depth before proposing, and nodes below an EOS are dropped.
 
 Sources: a proposer that drafts each round from one of several sources (`SourcedProposer`:
 copying or a head) names the round's source first, and that source's own policy picks k from
 its own rounds (`verispec.policies.PerSource`, `Stats.by_source`); the plan names the source.
 
-Batches: the round's stages are public (`plan`, `propose`, `score`, `settle`), so the batch
-scheduler (`verispec.batching.Scheduler`) runs the same code for each request of a step,
-letting `BatchK` lower the plans and replacing only `score` by one forward over every
-request's rows (a `Scored` per request). A request is data (`Request`, greedy unless its
-sampling says otherwise); the keyword form (`generate(target, proposer, prompt_ids,
-max_new_tokens=..., ...)`) builds one, so both forms validate and default alike.
+Batches: the round's stages are public (`choose`, `plan`, `propose`, `score`, `settle`), so
+the batch scheduler (`verispec.batching.Scheduler`) runs the same code for each request of a
+step, replacing only `score` by one forward over every request's rows (a `Scored` per
+request). The plan stays each request's: its policy chooses, `BatchK` weighs every request's
+choice and passes each its adjustment (a k, for a plan whose policy lets a batch choose), and
+the request's own `plan` applies it within the policy's bounds and the budget.
+
+Requests: a request is data (`Request`, greedy unless its sampling says otherwise); the
+keyword form (`generate(target, proposer, prompt_ids, max_new_tokens=..., ...)`) builds one,
+so both forms validate and default alike.
 
 Devices: the target and the proposer may run on any torch device. Their logits cross to the
 host once a round, as the rows the rule reads (`sampling.rule_rows`); the rules, the random
@@ -147,21 +151,6 @@ class Decoding:
         self.stats = Stats()
         self._context: list[int] = []  # prompt + emitted; its last token is the pending token
 
-    @classmethod
-    def of(
-        cls,
-        target: CausalLM,
-        proposer: Proposer | None,
-        request: Request,
-        *,
-        policy: KPolicy | None = None,
-        rng: Random | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> Decoding:
-        """`Decoding(target, proposer, request, ...)`, as callers wrote it before `Decoding` took a
-        `Request` itself."""
-        return cls(target, proposer, request, policy=policy, rng=rng, clock=clock)
-
     @property
     def prompt(self) -> list[int]:
         return list(self.request.prompt_ids)
@@ -179,9 +168,14 @@ class Decoding:
         return self.request.eos_token_ids
 
     @property
+    def remaining(self) -> int:
+        """The tokens still to emit before the budget is spent."""
+        return self.max_new_tokens - len(self.tokens)
+
+    @property
     def done(self) -> bool:
         """Whether the output is complete: the budget is spent or the last token is an EOS."""
-        return len(self.tokens) == self.max_new_tokens or bool(self.tokens and self.tokens[-1] in self.eos_ids)
+        return self.remaining == 0 or bool(self.tokens and self.tokens[-1] in self.eos_ids)
 
     @property
     def _pending(self) -> int:
@@ -212,20 +206,27 @@ class Decoding:
 
     def round(self) -> list[int]:
         """One round: the tokens it emits (at least one)."""
-        proposal = self.propose(self.plan())
+        plan = self.plan(self.choose())
+        proposal = self.propose(plan)
         return self.settle(proposal, self.score(proposal))
 
-    def plan(self) -> Plan:
-        """Stage 0: the next round's plan, by the policy of the source that drafts it (decided
-        from the context alone), cut to the budget. Ask once per round: a policy learns from
-        every answer it gives."""
+    def choose(self) -> Plan:
+        """Stage 0, the policy's part: the plan that the policy of the source drafting next (named
+        from the context alone) chooses, within the budget. Ask once per round: a policy learns
+        from every answer it gives."""
         source = draft_source(self.proposer, self._context)
-        return self.policies.choose(self.stats, source).budgeted(self.max_new_tokens - len(self.tokens))
+        return self.policies.choose(self.stats, source).budgeted(self.remaining)
+
+    def plan(self, chosen: Plan, adjust: int | None = None) -> Plan:
+        """Stage 0, the engine's part: the round's plan. `chosen` (`choose()`'s), or with
+        `adjust` the k a batch chose for it (`verispec.policies.BatchK`), which only a plan whose
+        policy lets a batch choose takes, up to what that policy allows (`Plan.adjusted`);
+        within the budget."""
+        plan = chosen if adjust is None else chosen.adjusted(adjust)
+        return plan.budgeted(self.remaining)
 
     def propose(self, plan: Plan) -> Proposal:
-        """Stage 1: the proposer drafts at most what `plan` asks (`plan()`'s, or a batch's
-        planning of it, cut to the budget again), cut after EOS."""
-        plan = plan.budgeted(self.max_new_tokens - len(self.tokens))
+        """Stage 1: the proposer drafts at most what `plan` (`plan()`'s) asks, cut after EOS."""
         self.stats.record_plan(plan.describe(), plan.source)
         if not plan.nodes:
             return Proposal(plan, EMPTY_DRAFT, 0.0)
@@ -238,15 +239,16 @@ class Decoding:
         own ancestors)."""
         self.check_cache()
         draft = proposal.draft
+        tokens = self.scored_tokens(draft)
         if draft.is_tree:
-            extend = tree_target(self.target).extend_tree
-            logits, seconds = timed(self.clock, extend, [self._pending, *draft.tokens], scored_parents(draft))
+            logits, seconds = timed(self.clock, tree_target(self.target).extend_tree, tokens, scored_parents(draft))
         else:
-            logits, seconds = timed(self.clock, self.target.extend, self.scored_tokens(draft))
-        return Scored(logits, seconds, len(draft) + 1)
+            logits, seconds = timed(self.clock, self.target.extend, tokens)
+        return Scored(logits, seconds, len(tokens))
 
-    def scored_tokens(self, draft: Draft) -> list[int]:
-        """What a chain round's forward scores after the cached prefix: [pending, *drafts]."""
+    def scored_tokens(self, draft: Draft | TreeDraft) -> list[int]:
+        """What a round's forward scores after the cached prefix: [pending, *drafts] (a tree's
+        nodes in their order)."""
         return [self._pending, *draft.tokens]
 
     def check_cache(self) -> None:

@@ -12,12 +12,12 @@ import itertools
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
 from verispec.checks import is_int
 from verispec.cost import BatchCosts, Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
-from verispec.plan import Plan
+from verispec.plan import AcceptanceCounts, Adjustable, Plan, chained_rates, smoothed_rate
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape
 
@@ -80,7 +80,7 @@ class HeuristicK:
     def begin(self) -> None:
         self.k = self.start
 
-    def choose(self, stats: Stats) -> int:
+    def choose(self, stats: Stats) -> Plan:
         if stats.rounds and stats.drafted[-1] > 0:
             all_accepted = stats.accepted[-1] == stats.drafted[-1]
             self.k = self.k + 2 if all_accepted else max(1, self.k - 1)
@@ -207,8 +207,9 @@ class AutoK:
         return self._as_plan(k)
 
     def _as_plan(self, choice: int | TreeShape) -> Plan:
-        """A chain that a batch may lower (`BatchK`), with what the batch weighs (`adjustable`)."""
-        return Plan(choice, lowering=self.adjustable(choice))
+        """A chain whose k a batch may choose instead (`BatchK`), with what the batch weighs
+        (`adjustable`)."""
+        return Plan(choice, adjustable=self.adjustable(choice))
 
     def adjustable(self, k: int) -> Adjustable:
         """What `BatchK` plans this round from (k: what `choose` answered): the survival and c,
@@ -336,11 +337,6 @@ def decayed(counts: list[float], new: list[float], memory: float) -> list[float]
     return [memory * x + d for x, d in zip(counts, new)]
 
 
-def smoothed_rate(accepts: float, attempts: float, prior: float, weight: float) -> float:
-    """(accepts + w m) / (attempts + w): a rate pulled towards its prior m by w pseudo-counts."""
-    return (accepts + weight * prior) / (attempts + weight)
-
-
 def counter_growth(now: list[int], before: list[int], length: int) -> list[float]:
     """How much each of the first `length` counters grew since `before` (lists of counters
     grow as deeper positions are reached; a missing counter is 0)."""
@@ -391,47 +387,12 @@ def as_policy(k: int | KPolicy) -> KPolicy:
     return ConstantK(k) if isinstance(k, int) else k
 
 
-@dataclass(frozen=True)
-class AcceptanceCounts:
-    """The decayed counts behind a chain's survival estimate: per position i, the rounds that
-    reached it (`attempts`) and those that accepted it (`accepts`), and the prior they are
-    smoothed with (`AutoK`): r_i = (accepts_i + w m_i) / (attempts_i + w), m_1 = prior_rate,
-    m_i = r_(i-1), w = prior_weight; s_i = r_1 ... r_i."""
-
-    attempts: Sequence[float]
-    accepts: Sequence[float]
-    prior_rate: float
-    prior_weight: float
-
-    def survival(self) -> list[float]:
-        return list(itertools.accumulate(self.rates(), lambda s, r: s * r))
-
-    def rates(self) -> list[float]:
-        """r_1..r_K."""
-        return chained_rates(self.accepts, self.attempts, self.prior_rate, self.prior_weight)
-
-
-def chained_rates(accepts: Sequence[float], attempts: Sequence[float], prior: float, weight: float) -> list[float]:
-    """Each position's rate smoothed towards the one before it (the first towards `prior`)."""
-    out = []
-    for a, n in zip(accepts, attempts):
-        prior = smoothed_rate(a, n, prior, weight)
-        out.append(prior)
-    return out
-
-
-@dataclass(frozen=True)
-class Adjustable:
-    """What `BatchK` knows of a request whose k it may lower: its own policy's k (`most`), its
-    survival estimate s_1..s_K and its cost per drafted token c (relative to one row); `probe`:
-    it drafts one token when that is cheap, whatever the batch; `counts`: the evidence behind
-    the survival (None: unknown, and the batch is not pooled) (`AutoK.adjustable`)."""
-
-    most: int
-    survival: Sequence[float]
-    c: float
-    probe: bool = False
-    counts: AcceptanceCounts | None = None
+def first_plan(policy: KPolicy) -> KPolicy:
+    """A constant policy at the plan `policy` chooses before any round, from its profile alone
+    (`Request.fixed_k`): the same k or tree every round, whatever the rounds' timings."""
+    policy.begin()
+    plan = policy.choose(Stats())
+    return ConstantTree(plan.shape) if plan.is_tree and plan.nodes else ConstantK(plan.k)
 
 
 def pooled(adjustable: Sequence[Adjustable]) -> list[Adjustable]:
@@ -506,21 +467,22 @@ class BatchK:
     def __init__(self, costs: BatchCosts) -> None:
         self.costs = costs
 
-    def adjust(self, plans: Sequence[Plan], tokens: Sequence[float]) -> list[Plan]:
-        """A step's plans, each one that a batch may lower (`Plan.lowering`) at the k `plan`
-        gives it; the others as they are, their rows counted in N and their `tokens` (each
-        request's tokens per round so far) in E."""
-        lowerable = [i for i, plan in enumerate(plans) if plan.lowering is not None]
-        fixed = [i for i, plan in enumerate(plans) if plan.lowering is None]
+    def adjust(self, plans: Sequence[Plan], tokens: Sequence[float]) -> list[int | None]:
+        """The batch's k for each of a step's plans that lets a batch choose it
+        (`Plan.adjustable`), None for the others (kept as their policy chose them: their rows
+        count in N and their `tokens`, each request's tokens per round so far, in E). Each
+        request's engine applies its own (`Decoding.plan`)."""
+        adjustable = [i for i, plan in enumerate(plans) if plan.adjustable is not None]
+        fixed = [i for i, plan in enumerate(plans) if plan.adjustable is None]
         ks = self.plan(
-            [plans[i].lowering for i in lowerable],
+            [plans[i].adjustable for i in adjustable],
             sum(plans[i].nodes + 1 for i in fixed),
             sum(tokens[i] for i in fixed),
         )
-        adjusted = list(plans)
-        for i, k in zip(lowerable, ks):
-            adjusted[i] = replace(plans[i], k=k)
-        return adjusted
+        adjustments: list[int | None] = [None] * len(plans)
+        for i, k in zip(adjustable, ks):
+            adjustments[i] = k
+        return adjustments
 
     def plan(self, adjustable: Sequence[Adjustable], fixed_rows: int = 0, fixed_tokens: float = 0.0) -> list[int]:
         """The k of each adjustable request, beside fixed-k requests that score `fixed_rows`

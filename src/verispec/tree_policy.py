@@ -59,8 +59,8 @@ from typing import TYPE_CHECKING
 
 from verispec.checks import is_int, is_number
 from verispec.cost import Costs, FixedCosts, check_costs, check_v_curve
-from verispec.plan import Plan
-from verispec.policies import AutoK, checked_limit, counter_growth, decayed, smoothed_rate
+from verispec.plan import Plan, smoothed_rate
+from verispec.policies import AutoK, checked_limit, counter_growth, decayed
 from verispec.stats import Stats
 from verispec.tree_shape import RankPath, TreeShape, describe_plan
 
@@ -357,7 +357,7 @@ class TreePolicy(AutoK):
         return self.k_max
 
     def _as_plan(self, choice: int | TreeShape) -> Plan:
-        """The chosen tree or chain, kept whole in a batch (`BatchK` lowers chains of `AutoK`)."""
+        """The chosen tree or chain, kept whole in a batch (`BatchK` adjusts the k of `AutoK`'s chains only)."""
         plan = Plan.of(choice)
         self._plans.append(plan)
         return plan

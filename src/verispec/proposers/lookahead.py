@@ -120,10 +120,8 @@ def diagonal_ngrams(levels: Sequence[Observation], n: int) -> list[tuple[int, ..
 
 
 def first_child_path(draft: Draft | TreeDraft) -> list[int]:
-    """The nodes of the draft's rank-0 path: a chain's every token, a tree's first child at
-    every depth."""
-    if isinstance(draft, Draft):
-        return list(range(len(draft)))
+    """The nodes of the draft's rank-0 path: a tree's first child at every depth (a chain's
+    every token)."""
     path, children = [], draft.children(ROOT)
     while children:
         path.append(children[0])
