@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from verispec.bench.llamacpp import GREEDY
 from verispec.models import llamacpp as runtime
 from verispec.models.load import LoadedModel
 from verispec.runtime_check import Reference, Settings, check_runtime
@@ -96,3 +97,16 @@ def test_a_bias_dropped_under_speculation_is_caught(engine, default_float32):
     report = check_runtime(DropsBiasWhenSpeculating(engine), reference, ["lookup"], settings)
     status = {row.test: row.status for row in report.law_rows}
     assert status == {"plain vs exact": PASS, "spec vs plain": FAIL, "spec vs exact": FAIL}, report.markdown()
+
+
+@NEEDS_LLAMACPP
+def test_the_refused_repeat_penalty_never_counts_the_prompt(engine, default_float32):
+    """Why `repetition_penalty` is refused: llama-cpp-python's repeat_penalty of 100 leaves the
+    greedy choice at a token the prompt holds, which a penalty over prompt and output (CTRL,
+    HF, vLLM) would divide by 100. If this fails, llama-cpp-python now counts the prompt and the
+    refusal should go."""
+    prompt = default_float32.encode(PROMPT, chat=False)
+    llama = engine._llama(None, len(prompt) + 2)
+    (top,) = engine._generate(llama, prompt, 1, GREEDY)
+    assert top in prompt
+    assert engine._generate(llama, prompt, 1, GREEDY | {"repeat_penalty": 100.0}) == [top]
