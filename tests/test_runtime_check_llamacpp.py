@@ -58,7 +58,7 @@ def test_llama_cpp_python_is_checked_with_prompt_lookup(engine, default_float32)
     prompt = loaded.encode(PROMPT, chat=False)
     reference = Reference(loaded.lm.score, encode=None, eos_ids=loaded.eos_token_ids)
     cases = [SamplingCase("default"), SamplingCase("repetition_penalty", repetition_penalty=1.5)]
-    settings = Settings(n=40, prompts=1, length=2, sample_prompts=[prompt], cases=cases,
+    settings = Settings(n=80, prompts=1, length=2, sample_prompts=[prompt], cases=cases,
                         greedy_prompts=[prompt], greedy_tokens=8, concurrency=(2,))
     report = check_runtime(engine, reference, ["lookup"], settings)
     rows = {(row.parameter, row.test): row for row in report.law_rows}
