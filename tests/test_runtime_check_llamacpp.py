@@ -62,7 +62,8 @@ def test_llama_cpp_python_is_checked_with_prompt_lookup(engine, default_float32)
                         greedy_prompts=[prompt], greedy_tokens=8, concurrency=(2,))
     report = check_runtime(engine, reference, ["lookup"], settings)
     rows = {(row.parameter, row.test): row for row in report.law_rows}
-    assert all(rows[("default", test)].status == PASS for test in ("plain vs exact", "spec vs plain", "spec vs exact")), report.markdown()
+    tests = ("plain vs exact", "spec vs plain", "spec vs exact")
+    assert all(rows[("default", test)].status == PASS for test in tests), report.markdown()
     assert rows[("repetition_penalty", "plain vs exact")].status == REFUSED
     assert "never fed the prompt" in rows[("repetition_penalty", "plain vs exact")].reason
     greedy = {(row.method, row.concurrency): row.status for row in report.greedy_rows}

@@ -143,7 +143,9 @@ class LlamaCppEngine:
                 verbose=False,
             )
             if llama.n_vocab() != self.vocab_size:
-                raise ValueError(f"llama.cpp reads a vocabulary of {llama.n_vocab()} from {self.gguf}, the target has {self.vocab_size}")
+                raise ValueError(
+                    f"llama.cpp reads a vocabulary of {llama.n_vocab()} from {self.gguf}, the target has {self.vocab_size}"
+                )
             self._llamas[method] = llama
         return llama
 
@@ -200,7 +202,9 @@ class LlamaCppEngine:
                           "sequence at a time; it has no batched form")
         return self._batched(prompts, max_new_tokens, concurrency, positions)
 
-    def _batched(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, concurrency: int, positions: int) -> list[list[int]]:
+    def _batched(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, concurrency: int, positions: int
+    ) -> list[list[int]]:
         """Plain greedy decoding with up to `concurrency` sequences in one llama.cpp batch."""
         server = LlamaCppBatchServer(self._llama(None, positions), self.eos_ids, concurrency, positions, self.threads)
         try:
