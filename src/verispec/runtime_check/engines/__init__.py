@@ -2,15 +2,13 @@
 
     verispec              verispec itself (own): the self-check and the control
     hf                    transformers `generate`: assisted (a truncated copy of the target) and prompt lookup
+    llamacpp              llama-cpp-python's `Llama.generate`: prompt lookup, on an F32 copy of the GGUF file
     openai:URL[,PLAIN]    any OpenAI-compatible server on this machine
     vllm                  vLLM's CPU build in its venv (`make vllm-env`): ngram, eagle3, draft_model
-    llamacpp              through its server for now (llama-server) as openai:URL; here only its
-                          installation is checked, so the answer says what to run
 """
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +16,6 @@ from verispec.runtime_check.engines.base import Engine, Refused, Unavailable
 
 ENGINES = "verispec, hf, openai:URL[,PLAIN_URL], llamacpp or vllm"
 VERISPEC_METHODS = ("lookup", "layerskip:8")
-LLAMACPP_INSTALL = "pip install -e '.[llamacpp]'"
 VLLM_PYTHON = Path(__file__).resolve().parents[4] / ".venv-vllm" / "bin" / "python"
 
 __all__ = ["ENGINES", "Engine", "Refused", "Unavailable", "check_spec", "open_engine"]
@@ -33,6 +30,27 @@ def check_spec(spec: str) -> None:
         parse_urls(argument)
     elif name not in ("verispec", "hf", "llamacpp", "vllm") or argument:
         raise ValueError(f"unknown engine {spec!r}; choose {ENGINES}")
+
+
+def open_llamacpp(loaded, dtype: str) -> Engine:
+    """llama-cpp-python on an F32 copy of the GGUF file `loaded` came from, after a probe
+    decoded a few tokens of it (a build that crashes is one line, `models.llamacpp.probe`)."""
+    from verispec.models import llamacpp
+
+    if dtype != "float32":
+        raise ValueError(f"llamacpp computes in float32 (an F32 copy of the GGUF file), so verispec's copy must too; "
+                         f"give --dtype float32, not {dtype}")
+    try:
+        llamacpp.require("check-runtime llamacpp")
+        if not (loaded.source.is_file() and loaded.source.suffix == ".gguf"):
+            raise Unavailable(f"llamacpp decodes the GGUF file verispec loads, but {loaded.name} was not loaded from a "
+                              f".gguf file ({loaded.source}); give --model a .gguf file or an embedded name")
+        llamacpp.probe(loaded.source)
+    except llamacpp.LlamaCppUnavailable as error:
+        raise Unavailable(str(error)) from None
+    from verispec.runtime_check.engines.llamacpp import LlamaCppEngine, float32_copy
+
+    return LlamaCppEngine(float32_copy(loaded.source), loaded.eos_token_ids, loaded.lm.vocab_size)
 
 
 def open_engine(spec: str, loaded, dtype: str, api_key: str | None = None) -> Engine:
@@ -56,10 +74,7 @@ def open_engine(spec: str, loaded, dtype: str, api_key: str | None = None) -> En
         url, plain = parse_urls(argument)
         return OpenAIEngine(url, plain, loaded.name, dtype, api_key)
     if name == "llamacpp" and not argument:
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise Unavailable(f"llamacpp needs llama-cpp-python, which is not installed; install it with `{LLAMACPP_INSTALL}`")
-        raise Unavailable("llamacpp is checked through its server: run `python -m llama_cpp.server --model FILE.gguf` "
-                          "and check openai:URL")
+        return open_llamacpp(loaded, dtype)
     if name == "vllm" and not argument:
         if not VLLM_PYTHON.exists():
             raise Unavailable("vllm needs vLLM's CPU build in .venv-vllm, which is missing; make it with `make vllm-env`")
@@ -67,3 +82,24 @@ def open_engine(spec: str, loaded, dtype: str, api_key: str | None = None) -> En
 
         return VllmEngine(loaded, dtype, python=VLLM_PYTHON)
     raise ValueError(f"unknown engine {spec!r}; choose {ENGINES}")
+
+
+def open_llamacpp(loaded, dtype: str) -> Engine:
+    """llama-cpp-python on an F32 copy of the GGUF file `loaded` came from, after a probe
+    decoded a few tokens of it (a build that crashes is one line, `models.llamacpp.probe`)."""
+    from verispec.models import llamacpp
+
+    if dtype != "float32":
+        raise ValueError(f"llamacpp computes in float32 (an F32 copy of the GGUF file), so verispec's copy must too; "
+                         f"give --dtype float32, not {dtype}")
+    try:
+        llamacpp.require("check-runtime llamacpp")
+        if not (loaded.source.is_file() and loaded.source.suffix == ".gguf"):
+            raise Unavailable(f"llamacpp decodes the GGUF file verispec loads, but {loaded.name} was not loaded from a "
+                              f".gguf file ({loaded.source}); give --model a .gguf file or an embedded name")
+        llamacpp.probe(loaded.source)
+    except llamacpp.LlamaCppUnavailable as error:
+        raise Unavailable(str(error)) from None
+    from verispec.runtime_check.engines.llamacpp import LlamaCppEngine, float32_copy
+
+    return LlamaCppEngine(float32_copy(loaded.source), loaded.eos_token_ids, loaded.lm.vocab_size)
