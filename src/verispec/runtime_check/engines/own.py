@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 
+import torch
+
 from verispec import Request, Scheduler, generate
 from verispec.machine import version
 from verispec.models.base import CausalLM, SlotScoring
@@ -89,6 +91,11 @@ class VerispecEngine:
             ).tokens
             for i in range(n)
         ]
+
+    def logits(self, prefix: Sequence[int]) -> torch.Tensor:
+        """The target's last-position logits after `prefix` from a fresh full forward, float [V]
+        (`GivesLogits`)."""
+        return self.target.score(list(prefix))[-1]
 
     def greedy(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, method: str | None, concurrency: int
