@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -170,3 +171,13 @@ def test_greedy_divergences_are_read_in_the_engines_own_logits():
     assert "in diverging's" in rows["tie"].summary and "in verispec's" in rows["tie"].summary
     assert rows["apart"].status == FAIL and rows["apart"].divergences[0]["engine_behind_max"] == pytest.approx(6.0)
     assert rows["none"].status == FAIL and "engine_top2_margin" not in rows["none"].divergences[0]
+
+
+def test_tv_chooses_the_samples_that_detect_it():
+    report = check_runtime(controls.correct(TARGET, DRAFT), REFERENCE, [controls.DRAFT], replace(SETTINGS, tv=0.2))
+    results = {row.test: row.result for row in report.law_rows}
+    assert {row.status for row in report.law_rows} == {PASS}
+    n = results[SPEC_VS_PLAIN].n
+    assert n % 2 == 0 and results[SPEC_VS_EXACT].n == n and n != SETTINGS.n
+    assert results[SPEC_VS_PLAIN].detectable_tv == pytest.approx(0.2, rel=0.05)  # the df it was chosen at
+    assert results[SPEC_VS_EXACT].detectable_tv < 0.16  # the exact law needs about half the samples
