@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -229,3 +230,27 @@ def test_the_profile_command_prints_what_profile_model_measured(tmp_path, capsys
     assert printed == Profile.load(out).to_dict() and printed["context_tokens"] == 16 and printed["batch"]["rows"] == [1, 2]
     assert main(["profile", "--model", str(model), "--context-tokens", "4000", "--batch-rows", "0"]) == 2
     assert "the model's context of 2048 tokens" in capsys.readouterr().err
+
+
+def test_profile_keep_costs_records_the_curve_auto_weighs(tmp_path, capsys, monkeypatch):
+    """--keep-costs: the measured t(1) and batched v(n) become this machine's curve for the
+    model's format and runtime, which `plan_load` reads back (`models.format_costs`)."""
+    from serving import save_tiny_model
+
+    from verispec.cli import main
+    from verispec.cli.profile import costs_refusal
+    from verispec.machine import cpu_model
+    from verispec.models import format_costs
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    model = save_tiny_model(tmp_path / "tiny")
+    args = ["profile", "--model", str(model), "--k-max", "1", "--repeats", "1", "--warmup", "0", "--survival-tokens", "0",
+            "--batch-rows", "3", "--tree-nodes", "0", "--context-tokens", "16", "--dtype", "float32", "--keep-costs"]
+    assert main(args) == 0
+    assert "--dtype auto and --runtime auto weigh it" in capsys.readouterr().err
+    (kept,) = format_costs.measured(model, cpu_model(), torch.get_num_threads())
+    assert kept.runtime == "fast" and kept.weight_format == "float32" and kept.rows == (1, 2, 3) and kept.v[0] == 1
+    assert kept.t1 > 0 and "verispec profile" in kept.source
+    gpu = SimpleNamespace(device="cuda:0", runtime="static", dtype_name="bfloat16")
+    assert "not the static runtime on cuda:0" in costs_refusal(gpu)
+    assert "not float16" in costs_refusal(SimpleNamespace(device="cpu", runtime="hf", dtype_name="float16"))

@@ -31,6 +31,7 @@ from verispec.cost import BatchCosts, FixedCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import generate
 from verispec.models.base import check_slots
+from verispec.models.format_costs import DEFAULT_BF16, DEFAULT_Q4  # --dtype auto's documented curves
 from verispec.models.tables import TableLM, bigram
 from verispec.policies import AutoK, KPolicy
 from verispec.proposers.controlled import ControlledAcceptance
@@ -82,14 +83,12 @@ CURVES: dict[str, Curve] = {
         "NVIDIA H200, a static-cache CUDA-graph forward of a Llama-3-8B shape, t(1) = 6.51 ms",
     ),
     "cpu-bf16": Curve(
-        (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
-        (1.0, 1.244, 1.305, 1.392, 1.700, 2.183, 2.534, 2.659, 2.974, 3.247, 4.196, 4.557),
+        DEFAULT_BF16.rows, DEFAULT_BF16.v,
         "2-core AMD EPYC, the fast runtime in bfloat16, the default model's batched forward "
         "(docs/results/concurrency-bf16-r3.json, header.batch_costs)",
     ),
     "cpu-q4": Curve(
-        (1, 2, 4, 5, 8, 9, 64),
-        (1.0, 1.26, 1.49, 2.05, 2.69, 3.00, 13.85),
+        DEFAULT_Q4.rows, DEFAULT_Q4.v,
         "the fast runtime in q4: v(2..5) and v(9) its projections on a 2-core AMD EPYC "
         "(docs/runtime.md, exact q4 layers), v(8) and v(64) the whole forward on a 2-core Intel "
         "Xeon with AMX; its int4 kernel costs nearly in proportion to the rows",

@@ -33,6 +33,7 @@ from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
 from verispec.bench.runners import GreedyReference, HFRunner, OracleRunner, Runner, VerispecRunner
 from verispec.bench.workloads import Workload, read_workloads, select
+from verispec.models.format_costs import step_rows
 from verispec.models.hf import HFCausalLM
 from verispec.models.load import DEFAULT_MODEL, LoadedModel, load_model
 from verispec.proposers.controlled import ControlledAcceptance
@@ -208,6 +209,13 @@ def chosen_methods(settings: Settings) -> list[Method]:
     return methods
 
 
+def expected_rows(methods: Sequence[Method], concurrency: Sequence[int]) -> int:
+    """The most rows a step of any of verispec's methods scores at the highest level: what the
+    auto dtype and runtime are weighed at (one model serves every method and level)."""
+    return max((step_rows(max(concurrency), m.k_spec) for m in methods if m.family == "verispec"),
+               default=max(concurrency))
+
+
 def measure(settings: Settings, console: Console) -> dict:
     protocol = Protocol(settings.max_new_tokens, settings.repeats, settings.warmup)
     workloads = gather_workloads(settings)
@@ -219,7 +227,7 @@ def measure(settings: Settings, console: Console) -> dict:
     with console.status("loading the model"):
         target = quick_target(out) if settings.quick else load_model(
             settings.model, dtype=settings.dtype, runtime=settings.runtime, deterministic=settings.deterministic,
-            device=settings.device,
+            device=settings.device, rows=expected_rows(methods, settings.concurrency),
         )
     prompts = [(w, w.token_ids(target)) for w in workloads]
     if sweep.is_sweep(settings.concurrency):
@@ -253,6 +261,7 @@ def header(settings: Settings, target: LoadedModel, protocol: Protocol, prompts:
         **machine.describe(target.dtype_name),
         "model": target.name,
         "runtime": target.runtime + (" (deterministic)" if getattr(target.lm, "deterministic", False) else ""),
+        "dtype_choice": target.auto_choice,  # why --dtype auto took this format, where it weighed q4 and bfloat16
         "max_new_tokens": protocol.max_new_tokens,
         "repeats": protocol.repeats,
         "warmup": protocol.warmup,

@@ -54,10 +54,12 @@ def demo(
     k_spec = parse_k(k)
     proposer_spec = parse_spec(proposer or default_proposer(model))
     check_policy_proposer(k_spec, proposer_spec)
+    from verispec.models.format_costs import step_rows
     from verispec.models.load import build  # transformers: imported when needed
     from verispec.models.load_plan import plan_load
 
-    plan = plan_load(model, dtype, runtime, deterministic, device=device)  # refuses what cannot load before "loading"
+    # refuses what cannot load before "loading"; auto weighs the formats at one request's k + 1 rows, as generate
+    plan = plan_load(model, dtype, runtime, deterministic, device=device, rows=step_rows(1, k_spec))
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
     loaded = build(plan)

@@ -63,7 +63,10 @@ def generate(
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     from verispec.models.load import load_model  # transformers: imported when needed
 
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
+    from verispec.models.format_costs import step_rows
+
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device,
+                        rows=step_rows(1, k_spec))
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)

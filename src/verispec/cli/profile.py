@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
+import torch
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -15,8 +17,11 @@ from verispec.cli.runtime_options import DeterministicOption, DeviceOption, Runt
 from verispec.cli.paths import FORCE_HELP, check_output_file
 from verispec.cost import optimal_k, speedup_by_k
 from verispec.k_spec import K_BOUND, TREE_SHAPE_BOUND
+from verispec.machine import cpu_model
 from verispec.models import DEFAULT_MODEL
 from verispec.models.base import SlotScoring
+from verispec.models.format_costs import FAST, HF, FormatCost, record
+from verispec.models.weight_format import WeightFormat
 from verispec.profile import Profile
 from verispec.profiling import BATCH_ROWS_BOUND, ProfileSettings, profile_model
 from verispec.registry import build_proposer, parse_spec, proposer_help
@@ -24,6 +29,9 @@ from verispec.sampling import SamplingParams
 from verispec.vllm_config import drafter as vllm_drafter
 from verispec.vllm_config import vllm_config as make_vllm_config
 from verispec.vllm_config import write as write_vllm_config
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
 
 # A summarising request: the kind of prompt whose answer reuses its words, as many do.
 DEFAULT_PROMPT = (
@@ -109,6 +117,15 @@ def profile(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    keep_costs: Annotated[
+        bool,
+        typer.Option(
+            "--keep-costs",
+            help="Keep the target's measured t(1) and v(n) (the batched rows where measured) as this machine's curve "
+            "for its dtype and runtime: --dtype auto and --runtime auto then weigh it at the rows a step scores "
+            "(`verispec load-plan --rows N`). Profile quietly: a curve timed under load misleads every later choice.",
+        ),
+    ] = False,
 ) -> None:
     """Measure the target's scoring cost v(n) and the proposer's draft cost c at the request's
     context length: medians and spread over repeats, and the best k they predict."""
@@ -136,7 +153,11 @@ def profile(
     if vllm_config is not None and not isinstance(loaded.lm, SlotScoring):
         raise BadInput(f"--vllm-config plans k per batch size from batched forwards; {loaded.runtime} has no request slots")
     prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)
+    if keep_costs and (refusal := costs_refusal(loaded)):
+        raise BadInput(f"--keep-costs: {refusal}")
     measured = profile_model(loaded, build_proposer(proposer_spec, loaded), proposer_spec.text, prompt_ids, settings)
+    if keep_costs:
+        keep(loaded, measured)
     if out is not None:
         measured.save(out)
     if plot is not None:
@@ -149,6 +170,31 @@ def profile(
         print(json.dumps(measured.to_dict()))
     else:
         show(measured)
+
+
+def costs_refusal(loaded: LoadedModel) -> str | None:
+    """Why `loaded`'s costs cannot be kept for the auto choices, or None: they weigh the fast
+    runtime and transformers on the CPU, in q4, bfloat16 or float32."""
+    if loaded.device != "cpu" or loaded.runtime not in (FAST, HF):
+        return f"the auto choices weigh the fast runtime and transformers on the CPU, not the {loaded.runtime} runtime on {loaded.device}"
+    if loaded.dtype_name not in ("q4", "bfloat16", "float32"):
+        return f"the auto choices weigh q4, bfloat16 and float32, not {loaded.dtype_name}"
+    return None
+
+
+def keep(loaded: LoadedModel, measured: Profile) -> None:
+    """Record the profile's t(1) and v(n) as this machine's curve for `loaded`'s format and runtime
+    (`format_costs.record`): the batched forward's rows where measured, else n = 1..k_max + 1."""
+    if measured.batch:
+        rows, v, t1 = measured.batch["rows"], measured.batch["v"], measured.batch["score"][0]["median"]
+    else:
+        rows, v, t1 = list(range(1, len(measured.v) + 1)), measured.v, measured.score[0].median
+    cost = FormatCost(str(loaded.runtime), WeightFormat(loaded.dtype_name), t1, tuple(rows), tuple(v),
+                      f"measured by verispec profile at {measured.context_tokens} tokens of context")
+    threads = torch.get_num_threads()
+    path = record(loaded.source, cost, cpu_model(), threads)
+    print(f"kept {cost.label} on this CPU with {threads} thread(s) in {path}: --dtype auto and --runtime auto weigh it",
+          file=sys.stderr)
 
 
 def print_vllm_config(config: dict, path: Path) -> None:

@@ -79,9 +79,12 @@ def serve(
     else:  # parsed once, here; the server and its requests keep the parsed specs
         proposer_spec, k_spec = parse_spec(proposer), parse_k(k)
         check_policy_proposer(k_spec, proposer_spec)
+    from verispec.models.format_costs import step_rows
     from verispec.models.load_plan import plan_load
 
-    plan = plan_load(model, dtype, runtime, deterministic, device=device)  # the files, device and runtime, before the port
+    # the files, device, runtime and dtype (weighed at a full batch's rows), before the port
+    rows = step_rows(max_slots, None if proposer_spec is None else k_spec)
+    plan = plan_load(model, dtype, runtime, deterministic, device=device, rows=rows)
     listener = listen(host, port)  # before loading: a taken port is reported at once
     from verispec.batching import RegistryBuilder, Scheduler
     from verispec.models.load import build

@@ -143,10 +143,11 @@ class LoadedModel:
         if self.weight_format == WeightFormat.FLOAT:
             notes = []
             if self.dtype in (torch.bfloat16, torch.float16) and self.source.is_file():
-                notes.append(
+                note = (
                     f"{self.dtype_name}: every weight rounded to {self.dtype_name} from the GGUF file's float32 values, so "
                     f"this is a different model from {self.name} in float32 or q4 (its outputs are not that model's)"
                 )
+                notes.append(f"{note} ({self.auto_choice})" if self.auto_choice else note)
             if self.runtime == "static" and not getattr(self.lm, "deterministic", True):
                 notes.append(
                     "--no-deterministic: each step runs in the smallest shape that holds it and a row's logits depend "
@@ -210,13 +211,14 @@ def load_model(
     runtime: str = "auto",
     deterministic: bool | None = None,
     device: str = "auto",
+    rows: int = 1,
 ) -> LoadedModel:
     """Load a causal LM from local files (`models.sources` says which names it accepts).
 
-    dtype: "auto" (where the CPU computes bf16 natively: q4 for a GGUF file whose every matrix
-    is Q4_0/Q4_1/Q8_0 on the fast runtime on x86-64, since q4 holds those weights exactly and is
-    faster, else bfloat16; float32 elsewhere: `models.load_plan`; `auto_choice` says when q4 was
-    chosen), "float32",
+    dtype: "auto" (where the CPU computes bf16 natively: for a GGUF file whose every matrix is
+    Q4_0/Q4_1/Q8_0 on the fast runtime on x86-64, q4, which holds those weights exactly, or
+    bfloat16, whichever costs less at `rows` rows per step, else bfloat16; float32 elsewhere:
+    `models.load_plan`; `auto_choice` says why where q4 and bfloat16 were weighed), "float32",
     "bfloat16", "float16" or "q4". q4: projections on torch's int4 kernel (`models.quant`);
     for a GGUF file of Q4_0/Q4_1/Q8_0 blocks they hold the file's own blocks exactly (the
     same target as float32, activations rounded to bfloat16); otherwise the weights are
@@ -233,9 +235,12 @@ def load_model(
     CUDA; deterministic there runs every forward in one shape (`models.static_llama`).
     device: "auto" (CUDA where torch sees a device, else the CPU), "cpu", "cuda" or "cuda:N";
     on CUDA, runtime "auto" takes the static runtime and dtype "auto" bfloat16 (float16 on a
-    GPU without it).
+    GPU without it). rows: the rows a step is expected to score (1 for plain decoding, k + 1
+    with k drafts, times the requests in flight: `models.format_costs.step_rows`), which
+    dtype and runtime "auto" weigh their candidates' measured costs at.
     """
-    return build(plan_load(name_or_path, dtype, runtime, deterministic, device=device, trust_remote_code=trust_remote_code))
+    return build(plan_load(name_or_path, dtype, runtime, deterministic, device=device,
+                           trust_remote_code=trust_remote_code, rows=rows))
 
 
 def build(plan: LoadPlan) -> LoadedModel:

@@ -6,11 +6,17 @@ format and why (`--dtype auto`'s choice), and whether the weights will be exactl
 float32 weights. `verispec load-plan` prints one; `load_model` builds from one
 (`models.load`).
 
-`--dtype auto` is decided by what the machine is and what the file holds:
-- q4 for a GGUF file whose every matrix is Q4_0, Q4_1 or Q8_0 (`coded_exactly`: q4 holds those
-  blocks exactly) on the fast runtime, where torch's int4 kernel beats bfloat16
-  (`MachineFacts.int4_faster`: an x86-64 CPU with native bf16, as measured);
+`--dtype auto` is decided by what the machine is, what the file holds and how many rows a step
+will score (`rows`: 1 for plain decoding, slots x (k + 1) for a server's batches):
+- for a GGUF file whose every matrix is Q4_0, Q4_1 or Q8_0 (`coded_exactly`: q4 holds those
+  blocks exactly) on the fast runtime, where torch's int4 kernel has its vectorised path
+  (`MachineFacts.int4_faster`: an x86-64 CPU with native bf16), q4 or bfloat16, whichever's
+  forward over `rows` rows costs less (`format_costs.choose`: this machine's measured curves,
+  else the documented ones);
 - else bfloat16 where the CPU computes bf16 natively, float32 elsewhere (`resolve_dtype`).
+
+`--runtime auto` never takes the fast runtime where transformers was measured faster in the
+same format at those rows (`format_costs.hf_faster`).
 
 The machine's facts are read from `verispec.machine` unless given (`MachineFacts`), so a plan
 for another machine is one argument away.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -30,8 +37,10 @@ from gguf import GGUFReader
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
-from verispec.machine import native_bf16
-from verispec.models import DEFAULT_MODEL
+from verispec.checks import is_int
+from verispec.machine import cpu_model, native_bf16
+from verispec.models import DEFAULT_MODEL, format_costs
+from verispec.models.format_costs import FormatChoice, FormatCost
 from verispec.models.gguf_blocks import CODED, READ
 from verispec.models.llama import config_refusal
 from verispec.models.llamacpp import require
@@ -197,6 +206,8 @@ class LoadPlan:
     trust_remote_code: bool = False
     device: str = "cpu"
     device_reason: str = "asked for"
+    rows: int = 1  # rows a step is expected to score, what --dtype auto weighed the formats at
+    format_choice: FormatChoice | None = None  # --dtype auto's candidates and their costs, where it weighed formats
 
     @property
     def dtype(self) -> torch.dtype:
@@ -220,9 +231,10 @@ class LoadPlan:
 
     @property
     def auto_choice(self) -> str | None:
-        """Why `--dtype auto` chose q4, where it did (`LoadedModel.target_note` says it); None
-        where the plain rule (bfloat16 where native, else float32) or an explicit dtype holds."""
-        return self.dtype_reason if self.auto and self.weight_format == WeightFormat.Q4 else None
+        """Why `--dtype auto` chose what it did where it weighed q4 against bfloat16
+        (`LoadedModel.target_note` says it); None where the plain rule (bfloat16 where native,
+        else float32) or an explicit dtype holds."""
+        return self.dtype_reason if self.auto and self.format_choice is not None else None
 
     def as_dict(self) -> dict:
         """The plan as JSON values (`verispec load-plan --json`)."""
@@ -242,6 +254,9 @@ class LoadPlan:
             "exact_weights": self.exact_weights,
             "device": self.device,
             "device_reason": self.device_reason,
+            "rows": self.rows,
+            "dtype_candidates": None if self.format_choice is None else self.format_choice.to_dict()["candidates"],
+            "costs_measured": None if self.format_choice is None else self.format_choice.measured,
         }
 
     def describe(self) -> str:
@@ -259,12 +274,16 @@ class LoadPlan:
         if self.runtime == Runtime.LLAMACPP:
             exact = "no: llama.cpp's arithmetic on the file's blocks, a different model from float32"
         determinism = " (deterministic)" if self.deterministic else ""
+        choice = self.format_choice
+        costs = [] if choice is None else [f"cost:     {c.describe(self.rows)}" for c in choice.candidates]
         return "\n".join([
             f"model:    {self.name} ({self.architecture})",
             f"source:   {source}",
             f"device:   {self.device}: {self.device_reason}",
+            f"rows:     {self.rows} per step assumed (1: plain decoding; k + 1 with k drafts; x requests in flight)",
             f"runtime:  {self.runtime}{determinism}: {self.runtime_reason}",
             f"dtype:    {self.weight_format}: {self.dtype_reason}",
+            *costs,
             f"exact:    {exact}",
         ])
 
@@ -278,11 +297,18 @@ def plan_load(
     device: str = AUTO,
     trust_remote_code: bool = False,
     machine: MachineFacts | None = None,
+    rows: int = 1,
+    costs: Sequence[FormatCost] | None = None,
 ) -> LoadPlan:
     """What `load_model` with these arguments builds (its docstring says what each means),
     reading only the config and, for auto or q4 on a GGUF file, its tensor table.
     machine: the facts `--dtype auto` and `--device auto` read (default: this machine's,
-    `this_machine`)."""
+    `this_machine`). rows: the rows a step is expected to score (`format_costs.step_rows`),
+    at which `--dtype auto` weighs q4 against bfloat16 and `--runtime auto` the fast runtime
+    against transformers. costs: the measured curves those read (default: what `verispec
+    profile` recorded for this file on this CPU at this thread count, `format_costs.measured`)."""
+    if not is_int(rows, least=1):
+        raise ValueError(f"rows per step must be an integer >= 1, got {rows!r}")
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
     if deterministic and runtime == Runtime.HF:
@@ -304,7 +330,17 @@ def plan_load(
     chosen, runtime_reason = runtime_choice(runtime, config, resolve_dtype(asked, machine, where), where, source)
     if deterministic and chosen == Runtime.HF:
         raise ValueError(f"{source}: deterministic scoring needs the fast or static runtime, but {runtime_reason}")
-    fmt, dtype_reason, exact = weight_choice(asked, source, chosen, machine, where)
+    if costs is None:
+        costs = format_costs.measured(source, cpu_model(), torch.get_num_threads()) if where == "cpu" else ()
+    weighs_hf = runtime == AUTO and deterministic is not True
+    fmt, dtype_reason, exact, choice = weight_choice(asked, source, chosen, machine, where, rows, costs, weighs_hf)
+    if weighs_hf and chosen == Runtime.FAST and (slower := format_costs.hf_faster(fmt, rows, costs)):
+        hf, fast = slower
+        chosen, runtime_reason = Runtime.HF, (
+            f"chosen by --runtime auto: measured on this machine, transformers' {fmt} forward over {rows} row(s) "
+            f"costs {1000 * hf.seconds(rows):.2f} ms against the fast runtime's {1000 * fast.seconds(rows):.2f} ms "
+            "(auto never takes a runtime measured slower than transformers in the same format); --runtime fast overrides"
+        )
     return LoadPlan(
         name=str(name_or_path),
         source=source,
@@ -319,6 +355,8 @@ def plan_load(
         trust_remote_code=trust_remote_code,
         device=where,
         device_reason=device_reason,
+        rows=rows,
+        format_choice=choice,
     )
 
 
@@ -379,27 +417,44 @@ def llamacpp_plan(
 
 
 def weight_choice(
-    asked: WeightFormat | str, source: Path, runtime: Runtime, machine: MachineFacts, device: str = "cpu"
-) -> tuple[WeightFormat, str, bool | None]:
-    """The weight format for `asked` (a `TARGET` format or auto) on `device`, why, and whether
-    the weights will be the source's float32 weights bit for bit (`LoadPlan.exact_weights`)."""
+    asked: WeightFormat | str,
+    source: Path,
+    runtime: Runtime,
+    machine: MachineFacts,
+    device: str = "cpu",
+    rows: int = 1,
+    costs: Sequence[FormatCost] = (),
+    weighs_hf: bool = False,
+) -> tuple[WeightFormat, str, bool | None, FormatChoice | None]:
+    """The weight format for `asked` (a `TARGET` format or auto) on `device`, why, whether
+    the weights will be the source's float32 weights bit for bit (`LoadPlan.exact_weights`),
+    and, where auto weighed q4 against bfloat16 at `rows` rows per step, the costs it weighed
+    (`costs`: measured curves; `weighs_hf`: a format may run on transformers where it was
+    measured faster there)."""
     if asked == AUTO:
         if runtime == Runtime.FAST and source.is_file() and machine.int4_faster and coded_exactly(source):
-            return WeightFormat.Q4, (
-                "chosen by --dtype auto: every matrix of this GGUF file is Q4_0/Q4_1/Q8_0, which q4 holds "
-                "exactly, and on a CPU with native bf16 its int4 kernel beats bfloat16, which rounds the "
-                "weights; --dtype bfloat16 or float32 overrides"
-            ), True
+            runtimes = (format_costs.FAST, format_costs.HF) if weighs_hf else (format_costs.FAST,)
+            choice = format_costs.choose((WeightFormat.Q4, WeightFormat.BFLOAT16), rows, costs, runtimes)
+            if choice.chosen.weight_format == WeightFormat.Q4:
+                return WeightFormat.Q4, (
+                    "chosen by --dtype auto: every matrix of this GGUF file is Q4_0/Q4_1/Q8_0, which q4 holds "
+                    f"exactly (the same weights as float32, activations rounded to bfloat16), and {choice.why()}; "
+                    "--dtype bfloat16 or float32 overrides"
+                ), True, choice
+            return WeightFormat.BFLOAT16, (
+                f"chosen by --dtype auto: {choice.why()}; bfloat16 rounds every weight, a different target from "
+                "float32 and from q4 (which holds this file's weights exactly); --dtype q4 or float32 overrides"
+            ), False, choice
         fmt, why = device_float_format(machine, device)
-        return fmt, why, fmt == WeightFormat.FLOAT32
+        return fmt, why, fmt == WeightFormat.FLOAT32, None
     if asked != WeightFormat.Q4:
-        return asked, "asked for", asked == WeightFormat.FLOAT32
+        return asked, "asked for", asked == WeightFormat.FLOAT32, None
     if not source.is_file():
-        return asked, "asked for; a checkpoint's float weights are quantized on load", False
+        return asked, "asked for; a checkpoint's float weights are quantized on load", False, None
     # Blocks read raw stay exact (on the int4 kernel, or float32 where they have no exact int4
     # form); a matrix of any other type is quantized on load unless a fused partner is read raw.
     matrices = matrix_types(source)
-    return asked, "asked for", True if matrices and matrices <= set(READ) else None
+    return asked, "asked for", True if matrices and matrices <= set(READ) else None, None
 
 
 def model_config(source: Path, trust_remote_code: bool = False) -> PretrainedConfig:
