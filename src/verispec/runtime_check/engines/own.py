@@ -6,9 +6,10 @@ On a target with slots (the fast runtime) sampling runs the continuous-batching 
 stream is its own and its law is the target's whatever shares its steps (`verispec.batching`;
 k is constant, so a sample's tokens depend on its seed alone). Greedy decoding at concurrency
 above 1 runs the same scheduler. Without slots (and with a verification rule given as a
-function, as the negative controls pass) every sample is one `verispec.generate`. verispec samples with temperature, top-k, top-p,
-min-p and the repetition penalty, and refuses frequency and presence penalties and logit
-biases, as `verispec serve` does: they are reported as refused.
+function, as the negative controls pass) every sample is one `verispec.generate`. verispec
+samples with temperature, top-k, top-p, min-p and the repetition penalty, and refuses
+frequency and presence penalties and logit biases, as `verispec serve` does: they are reported
+as refused.
 """
 
 from __future__ import annotations
