@@ -5,9 +5,10 @@ proposer call shows here, even where the output law stays exact.
 Sampled and greedy, chains and trees, a draft model, prompt lookup, a trained head beside
 copying (one policy per source), the adaptive policies on a tick clock, and the batch
 scheduler with and without per-batch k. The values were recorded with the engine as it was
-before the round's stages became values (per-batch k: after BatchK learnt to pool and to
-probe, which changes its plans); a change that is meant to move a draw must say why and
-re-record them.
+before the round's stages became values (per-batch k: after BatchK pooled the batch's
+acceptance counts with its prior counted once, which changes its plans, and so the draws of
+the sampled auto request); a change that is meant to move a draw must say why and re-record
+them.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ PINNED_SCHEDULER: dict[str, list[tuple[list[int], list[int]]]] = {
         ([3, 2, 3, 3, 2, 5], [0, 0, 0, 0, 0, 0]),
     ],
     "batch-k": [
-        ([3, 2, 1, 3, 5, 2, 1, 2, 3, 3, 3, 1], [1, 0, 1, 0, 0, 1, 1, 1, 0, 0]),
+        ([3, 2, 1, 3, 5, 2, 4, 4, 2, 3, 3, 1], [1, 0, 1, 0, 1, 0, 1, 1, 0, 0]),
         ([4, 3, 5, 4, 1, 5, 4, 0, 3, 5], [3, 3, 3, 2]),
         ([4, 4, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0]),
         ([3, 4, 1, 5], [5, 4]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -123,8 +124,9 @@ class AutoK:
     than its policy chose, or none: a request held at k = 0 learns nothing of its acceptance,
     so an estimate lowered by a few unlucky rounds, or the prior itself where rows are dear,
     would keep it there for good. So after `probe_every` steps held at 0 its `adjustable`
-    entry asks for a probe, which `BatchK` drafts whatever the rest of the batch does; the
-    wait doubles (up to `probe_cap`) with each probe until the batch drafts for it again.
+    entry asks for a probe, which `BatchK` drafts whatever the rest of the batch does (when
+    cheap); the wait doubles with each probe, without a cap (what a probe finds is pooled with
+    the batch's evidence, `pooled`), until the batch drafts for it again.
 
     It reads only past rounds, so the verifier's exactness is untouched; it is deterministic
     given the sequence of `Stats` it sees (counts and seconds), so the engine and the reference
@@ -214,8 +216,8 @@ class AutoK:
         k_max, not only `choose`'s: `choose` weighs a forward of k + 1 rows alone, where v(2)
         may be 1.17 (the H200's), while in a batch one more row can cost nothing; the batch's
         own v(N) decides (the engine still cuts the plan to the budget)."""
-        evidence = [attempts + self.prior_weight for attempts in self._attempts]
-        return Adjustable(self.k_max, self.survival(), self.c, probe=self._batch_probe, evidence=evidence)
+        counts = AcceptanceCounts(tuple(self._attempts), tuple(self._accepts), self.prior_rate, self.prior_weight)
+        return Adjustable(self.k_max, counts.survival(), self.c, probe=self._batch_probe, counts=counts)
 
     def _choose(self, stats: Stats) -> int | TreeShape:
         fresh = self._absorb(stats)
@@ -245,12 +247,7 @@ class AutoK:
 
     def survival(self) -> list[float]:
         """The current estimate s_1..s_{k_max}."""
-        rate, s, out = self.prior_rate, 1.0, []
-        for attempts, accepts in zip(self._attempts, self._accepts):
-            rate = smoothed_rate(accepts, attempts, rate, self.prior_weight)
-            s *= rate
-            out.append(s)
-        return out
+        return AcceptanceCounts(self._attempts, self._accepts, self.prior_rate, self.prior_weight).survival()
 
     def _best(self) -> tuple[int | TreeShape, float]:
         """The plan (here a k in 1..k_max) with the highest predicted speedup, and that speedup."""
@@ -395,47 +392,95 @@ def as_policy(k: int | KPolicy) -> KPolicy:
 
 
 @dataclass(frozen=True)
+class AcceptanceCounts:
+    """The decayed counts behind a chain's survival estimate: per position i, the rounds that
+    reached it (`attempts`) and those that accepted it (`accepts`), and the prior they are
+    smoothed with (`AutoK`): r_i = (accepts_i + w m_i) / (attempts_i + w), m_1 = prior_rate,
+    m_i = r_(i-1), w = prior_weight; s_i = r_1 ... r_i."""
+
+    attempts: Sequence[float]
+    accepts: Sequence[float]
+    prior_rate: float
+    prior_weight: float
+
+    def survival(self) -> list[float]:
+        return list(itertools.accumulate(self.rates(), lambda s, r: s * r))
+
+    def rates(self) -> list[float]:
+        """r_1..r_K."""
+        return chained_rates(self.accepts, self.attempts, self.prior_rate, self.prior_weight)
+
+
+def chained_rates(accepts: Sequence[float], attempts: Sequence[float], prior: float, weight: float) -> list[float]:
+    """Each position's rate smoothed towards the one before it (the first towards `prior`)."""
+    out = []
+    for a, n in zip(accepts, attempts):
+        prior = smoothed_rate(a, n, prior, weight)
+        out.append(prior)
+    return out
+
+
+@dataclass(frozen=True)
 class Adjustable:
     """What `BatchK` knows of a request whose k it may lower: its own policy's k (`most`), its
     survival estimate s_1..s_K and its cost per drafted token c (relative to one row); `probe`:
-    it drafts one token when that is cheap, whatever the batch; `evidence`: the rounds' worth
-    behind each s_i, prior included (empty: unknown, and the batch is not pooled)
-    (`AutoK.adjustable`)."""
+    it drafts one token when that is cheap, whatever the batch; `counts`: the evidence behind
+    the survival (None: unknown, and the batch is not pooled) (`AutoK.adjustable`)."""
 
     most: int
     survival: Sequence[float]
     c: float
     probe: bool = False
-    evidence: Sequence[float] = ()
+    counts: AcceptanceCounts | None = None
 
 
 def pooled(adjustable: Sequence[Adjustable]) -> list[Adjustable]:
-    """Each request's survival shrunk towards the batch's (empirical Bayes, as James and
-    Stein): per position i, the evidence-weighted mean m_i of the requests' s_i, the sampling
-    variance of each, w_i = s_i (1 - s_i) / evidence_i, and the variance between requests beyond
-    it, b_i = max(0, var(s_i) - mean(w_i)); then s_i + w_i / (w_i + b_i) (m_i - s_i). Requests
-    whose acceptance differs (lookup on a document beside a chat) keep their estimates; requests
-    alike, whose estimates differ by chance, are planned nearly alike: drafting follows the
-    estimate, so a request unlucky in its first rounds would otherwise be held at k = 0 and
-    never learn better. Unchanged when any entry's evidence is unknown or fewer than two."""
-    if len(adjustable) < 2 or any(not entry.evidence for entry in adjustable):
+    """Each request's survival from its own counts and the batch's (empirical Bayes): per
+    position i, the batch's rate R_i = (A_i + w M_i) / (N_i + w) from every request's counts
+    summed (A_i accepts of N_i attempts) and the prior once (M_1 the prior rate, M_i = R_(i-1));
+    the variance of the requests' true rates around it, b_i (DerSimonian and Laird's moment
+    estimate: the spread of the requests' rates beyond what their attempts explain); then each
+    request's r_i = (a_i + t_i R_i) / (n_i + t_i), t_i = R_i (1 - R_i) / b_i pseudo-rounds of
+    the batch (b_i = 0: the batch's rate). Requests alike, whose rates differ by chance, are
+    planned alike, and a request with few rounds of its own (just admitted, or held at k = 0,
+    where it learns nothing) plans from the batch's evidence, not from the prior: drafting
+    follows the estimate, and 8 requests each smoothed towards the prior would count it 8
+    times. Requests whose acceptance really differs (lookup on a document beside a chat) keep
+    their own. Unchanged when any entry's counts are unknown or there are fewer than two."""
+    if len(adjustable) < 2 or any(entry.counts is None for entry in adjustable):
         return list(adjustable)
-    depth = min(min(len(e.survival), len(e.evidence)) for e in adjustable)
-    columns = []
+    counts = [entry.counts for entry in adjustable]
+    depth = min(len(c.attempts) for c in counts)
+    weight = statistics.fmean(c.prior_weight for c in counts)
+    batch = statistics.fmean(c.prior_rate for c in counts)
+    rates = [[] for _ in counts]
     for i in range(depth):
-        s = [e.survival[i] for e in adjustable]
-        n = [e.evidence[i] for e in adjustable]
-        mean = sum(x * w for x, w in zip(s, n)) / sum(n)
-        within = [x * (1 - x) / w for x, w in zip(s, n)]
-        center = math.fsum(s) / len(s)
-        spread = math.fsum((x - center) ** 2 for x in s) / len(s)
-        between = max(0.0, spread - math.fsum(within) / len(within))
-        columns.append([x + (u / (u + between) if u + between > 0 else 0.0) * (mean - x) for x, u in zip(s, within)])
+        attempts = [c.attempts[i] for c in counts]
+        accepts = [c.accepts[i] for c in counts]
+        batch = smoothed_rate(math.fsum(accepts), math.fsum(attempts), batch, weight)
+        spread = between_variance(accepts, attempts)
+        pull = max(weight, batch * (1 - batch) / spread) if spread > 0 else math.inf
+        for own, n, a in zip(rates, attempts, accepts):
+            own.append(smoothed_rate(a, n, batch, pull) if pull < math.inf else batch)
     out = []
-    for j, entry in enumerate(adjustable):
-        survival = list(itertools.accumulate((column[j] for column in columns), min))
-        out.append(replace(entry, survival=survival + list(entry.survival[depth:])))
+    for entry, own in zip(adjustable, rates):
+        c = entry.counts  # positions beyond the shortest entry's: its own, chained on from the pooled
+        own += chained_rates(c.accepts[depth:], c.attempts[depth:], own[-1] if own else batch, c.prior_weight)
+        out.append(replace(entry, survival=list(itertools.accumulate(own, lambda s, r: s * r))))
     return out
+
+
+def between_variance(accepts: Sequence[float], attempts: Sequence[float]) -> float:
+    """The variance of the true rates of the groups whose counts these are, beyond the binomial
+    noise of their attempts (DerSimonian and Laird's moment estimate, at least 0)."""
+    total = math.fsum(attempts)
+    groups = [(a, n) for a, n in zip(accepts, attempts) if n > 0]
+    scale = total - math.fsum(n * n for _, n in groups) / total if total > 0 else 0.0
+    if len(groups) < 2 or scale <= 0:
+        return 0.0
+    mean = math.fsum(accepts) / total
+    q = math.fsum(n * (a / n - mean) ** 2 for a, n in groups)
+    return max(0.0, (q - (len(groups) - 1) * mean * (1 - mean)) / scale)
 
 
 # A probe that costs a batched step more than this share of its forward is not drafted: where
