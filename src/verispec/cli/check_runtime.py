@@ -35,10 +35,10 @@ def check_runtime(
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, ... as for `verispec generate` (the engine's "
                                        "precision: it sets the near-tie tolerance).")] = "float32",
     n: Annotated[int, typer.Option("--n", min=2, help="Samples per side per method and parameter, split over "
-                                   "the prompts; at 1200 a TV of ~0.15 between the two samples (~0.10 against the exact law) is detected with 90 % power, at 10000 ~0.05 (~0.035).")] = 1200,
+                                   "the prompts; at 1200 a TV of ~0.14 between the two samples (~0.11 against the exact law) is detected with 90 % power on the default model (--tv chooses N for a TV).")] = 1200,
     tv: Annotated[Optional[float], typer.Option("--tv", min=0.001, max=0.999, show_default=False, help="Choose --n "
                   "instead: the fewest samples per side at which every test detects this total variation with 90 % power "
-                  "(0.05: about 10000, the two-sample test's need).")] = None,
+                  "(the two-sample test's need; on the default model 0.1 needs 4728, 0.05 needs 41967).")] = None,
     length: Annotated[int, typer.Option(min=2, max=8, help="New tokens per sample.")] = 3,
     prompts: Annotated[int, typer.Option(min=1, max=8, help="Spread prompts the samples are split over.")] = 3,
     parameter: Annotated[
