@@ -67,10 +67,11 @@ def default_target() -> Path:
 def exported_head(method: str, head: str | None, target, work: Path) -> tuple[Path, str]:
     """(the directory vLLM loads, the verispec proposer spec that drafts with the same head)."""
     from verispec.heads.export import is_speculators, write_speculators, write_vllm_medusa
+    from verispec.heads.untrained import seeded_eagle3
 
     if method == "eagle3":
         if head is None:
-            head = str(untrained_eagle3(target, work / "untrained-eagle3"))
+            head = str(seeded_eagle3(target, work / "untrained-eagle3"))
         if is_speculators(head):
             return Path(head), f"eagle3:{head}:weights=float32"
         out = write_speculators(head, work / "eagle3-speculators")
@@ -80,25 +81,6 @@ def exported_head(method: str, head: str | None, target, work: Path) -> tuple[Pa
     head = head or str(default_head("medusa"))
     out = write_vllm_medusa(head, work / "medusa-vllm", target.lm.output_embeddings())
     return out, f"medusa:{head}:weights=float32"
-
-
-def untrained_eagle3(target, directory: Path) -> Path:
-    """A seeded EAGLE-3 head for the target, every token in its vocabulary but the rarest ids
-    (so d2t and t2d are exercised), saved as `verispec train` saves one."""
-    import torch
-
-    from verispec.heads import HeadConfig, eagle3_layers, new_head, save_head, target_info
-    from verispec.heads.config import default_layer
-
-    lm = target.lm
-    config = HeadConfig(
-        "eagle3", target_info(lm, target.name), eagle3_layers(lm.num_layers), vocab_size=8192, trained_output=True,
-        layer={**default_layer(target.config), "max_position_embeddings": target.config.max_position_embeddings},
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        head = new_head(config, torch.arange(0, 2 * 8192, 2), lm)
-    return save_head(head, directory)
 
 
 def verispec_side(target, spec: str, prompts: list[list[int]], tokens: int, k: int) -> list[dict]:

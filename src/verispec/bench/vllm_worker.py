@@ -15,6 +15,19 @@ One request at a time (`LLM.generate`):
 `drafts` are what vLLM's proposer returned, in order, for the request (it runs alone): with
 its greedy output they give the tokens each round emitted (`rounds`).
 
+Many at once, each with its own sampling (`LLM.generate` on the list: vLLM batches them, up to
+max_num_seqs in flight), for `verispec check-runtime`:
+
+    line in:         {"generate": [{"prompt": [ids], "max_tokens": n, "stop": [eos ids],
+                                    "sampling": {SamplingParams' fields: temperature, seed, ...}}, ...]}
+    line out:        {"tokens": [[ids], ...], "drafted": d, "accepted": a}
+                     or {"refused": "what vLLM said"} when vLLM rejects a request
+                     or {"crashed": "what it raised"} when vLLM fails on requests it took;
+                     the worker then ends (its engine's state is unknown)
+
+`tokens` in the requests' order; `drafted` and `accepted`: the draft tokens vLLM's scheduler
+verified for them and how many it accepted (0 and 0 without speculation).
+
 Several in flight (the engine's own continuous batching, up to max_num_seqs): the caller adds
 requests between steps and steps the engine (`LLMEngine.add_request`, `LLMEngine.step`):
 
@@ -142,6 +155,35 @@ class Loop:
         return {"outputs": outputs, "verified": verified}
 
 
+def sampling_fields(fields: dict) -> dict:
+    """SamplingParams' fields from a JSON line: logit_bias's keys arrive as text and are token ids.
+
+    >>> sampling_fields({"temperature": 1.0, "logit_bias": {"7": 2.0}})
+    {'temperature': 1.0, 'logit_bias': {7: 2.0}}
+    """
+    if "logit_bias" not in fields:
+        return fields
+    return fields | {"logit_bias": {int(token): bias for token, bias in fields["logit_bias"].items()}}
+
+
+def generate_all(llm, sampling_params, requests: list[dict], verified: list[list]) -> dict:
+    """The answer to a `generate` line: every request's tokens, or the refusal vLLM raised for
+    a request (its validation of the parameters: a client error, before anything runs)."""
+    from vllm.exceptions import VLLMClientError
+
+    verified.clear()
+    try:
+        params = [sampling_params(max_tokens=r["max_tokens"], stop_token_ids=r["stop"], **sampling_fields(r["sampling"]))
+                  for r in requests]
+        results = llm.generate([{"prompt_token_ids": r["prompt"]} for r in requests], params, use_tqdm=False)
+    except (VLLMClientError, ValueError) as error:
+        return {"refused": f"{type(error).__name__}: {error}"}
+    except Exception as error:  # noqa: BLE001 - whatever vLLM raised is the answer
+        return {"crashed": f"{type(error).__name__}: {error}"}
+    return {"tokens": [list(result.outputs[0].token_ids) for result in results],
+            "drafted": sum(drafted for _, drafted, _ in verified), "accepted": sum(accepted for _, _, accepted in verified)}
+
+
 def serve(lines, reply) -> None:
     config = json.loads(next(lines))
     from vllm import LLM, SamplingParams
@@ -161,6 +203,13 @@ def serve(lines, reply) -> None:
         request = json.loads(line)
         if "add" in request:
             loop.add(request)
+            continue
+        if "generate" in request:
+            recorded.clear()
+            answer = generate_all(llm, SamplingParams, request["generate"], loop.verified)
+            reply(answer)
+            if "crashed" in answer:
+                return
             continue
         if "step" in request:
             recorded.clear()  # drafts are read per request from vLLM's counters here

@@ -28,7 +28,7 @@ def check_runtime(
     method: Annotated[
         Optional[list[str]],
         typer.Option("--method", help="A speculative method of the engine (repeatable): verispec lookup, "
-                     "layerskip:8; hf assisted, lookup; openai served.", show_default="all of the engine's"),
+                     "layerskip:8; hf assisted, lookup; vllm ngram, eagle3, draft_model; openai served.", show_default="all of the engine's"),
     ] = None,
     model: Annotated[str, typer.Option(help="The weights the engine serves, loaded by verispec for the exact "
                                        "law and the greedy diagnosis.")] = DEFAULT_MODEL,

@@ -135,8 +135,8 @@ def check_case(
     effect = sum(law.distance(a, b) for a, b in zip(laws, dropped)) / len(prompts)
     row = lambda method, test: LawRow(engine.name, method, case.name, case.settings(), test, effect=effect)  # noqa: E731
 
-    def draw(method: str | None, offset: int) -> list[Counter] | str:
-        """Per prompt, the counts of sample keys; or the engine's reason for refusing."""
+    def draw(method: str | None, offset: int) -> list[Counter] | Refused:
+        """Per prompt, the counts of sample keys; or the engine's refusal (or crash)."""
         counts = []
         for i, prompt in enumerate(prompts):
             settings.progress(f"{engine.name} {method or PLAIN} {case.name}: {per_prompt} samples at prompt {i + 1}")
@@ -144,7 +144,7 @@ def check_case(
                 samples = engine.sample(prompt, case, per_prompt, settings.length, method,
                                         settings.seed + offset + i * per_prompt)
             except Refused as refusal:
-                return str(refusal)
+                return refusal
             counts.append(Counter(law.key(s, reference.eos_ids) for s in samples))
         return counts
 
@@ -154,14 +154,14 @@ def check_case(
     rows = []
     plain = draw(None, 0)
     plain_row = row(PLAIN, PLAIN_VS_EXACT)
-    rows.append(plain_row.refused(plain) if isinstance(plain, str) else plain_row.tested(against_exact(plain)))
+    rows.append(plain_row.refused(plain) if isinstance(plain, Refused) else plain_row.tested(against_exact(plain)))
     for index, method in enumerate(methods, start=1):
         spec = draw(method, index * 10_000_000)
-        if isinstance(spec, str):
+        if isinstance(spec, Refused):
             rows += [row(method, SPEC_VS_PLAIN).refused(spec), row(method, SPEC_VS_EXACT).refused(spec)]
             continue
         versus = row(method, SPEC_VS_PLAIN)
-        rows.append(versus.skipped(f"the plain side is refused: {plain}") if isinstance(plain, str)
+        rows.append(versus.skipped(f"the plain side is refused: {plain}") if isinstance(plain, Refused)
                     else versus.tested(two_sample(list(zip(spec, plain)), settings.alpha)))
         rows.append(row(method, SPEC_VS_EXACT).tested(against_exact(spec)))
     return rows

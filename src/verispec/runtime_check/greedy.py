@@ -40,7 +40,7 @@ def check(
         try:
             outputs = engine.greedy(prompts, max_new_tokens, method, concurrency)
         except Refused as refusal:
-            rows.append(row.refused(str(refusal)))
+            rows.append(row.refused(refusal))
             continue
         divergences = []
         for i, (prompt, expected, got) in enumerate(zip(prompts, reference, outputs)):

@@ -1,8 +1,8 @@
 """What a runtime check found: one row per engine x method x parameter x test, one per greedy
 method and concurrency, as markdown and as JSON, with the engine's versions and the machine.
 
-A row's status: `pass`, `fail`, `refused` (the engine refused the parameter or mode; its reason
-is kept) or `skipped` (a comparison with a side that was refused). The report's
+A row's status: `pass`, `fail` (a failed test, or the engine crashed on the request:
+`Crashed`), `refused` (the engine refused the parameter or mode; its reason is kept) or `skipped` (a comparison with a side that was refused). The report's
 false-failure probability is the union bound over its statistical tests (alpha each); greedy
 identity is deterministic and fails only on a divergence that is not a near tie.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from verispec.machine import describe
+from verispec.runtime_check.engines.base import Crashed, Refused
 from verispec.runtime_check.statistics import TestResult
 
 PASS, FAIL, REFUSED, SKIPPED = "pass", "fail", "refused", "skipped"
@@ -40,8 +41,8 @@ class LawRow:
                            reason="no two cells reach 5 expected samples, so nothing is tested; raise --n")
         return replace(self, status=PASS if result.passed else FAIL, result=result)
 
-    def refused(self, reason: str) -> LawRow:
-        return replace(self, status=REFUSED, reason=reason)
+    def refused(self, refusal: Refused) -> LawRow:
+        return replace(self, status=FAIL if isinstance(refusal, Crashed) else REFUSED, reason=str(refusal))
 
     def skipped(self, reason: str) -> LawRow:
         return replace(self, status=SKIPPED, reason=reason)
@@ -70,12 +71,12 @@ class GreedyRow:
         failed = any(not d["near_tie"] for d in divergences)
         return replace(self, status=FAIL if failed else PASS, divergences=tuple(divergences))
 
-    def refused(self, reason: str) -> GreedyRow:
-        return replace(self, status=REFUSED, reason=reason)
+    def refused(self, refusal: Refused) -> GreedyRow:
+        return replace(self, status=FAIL if isinstance(refusal, Crashed) else REFUSED, reason=str(refusal))
 
     @property
     def summary(self) -> str:
-        if self.status in (REFUSED, SKIPPED):
+        if self.status in (REFUSED, SKIPPED) or self.reason:
             return self.reason
         if not self.divergences:
             return f"identical on {self.prompts} prompts"

@@ -3,8 +3,9 @@
     verispec              verispec itself (own): the self-check and the control
     hf                    transformers `generate`: assisted (a truncated copy of the target) and prompt lookup
     openai:URL[,PLAIN]    any OpenAI-compatible server on this machine
-    llamacpp, vllm        through their servers for now (llama-server, `vllm serve`) as openai:URL; here
-                          only their installation is checked, so the answer says what to run
+    vllm                  vLLM's CPU build in its venv (`make vllm-env`): ngram, eagle3, draft_model
+    llamacpp              through its server for now (llama-server) as openai:URL; here only its
+                          installation is checked, so the answer says what to run
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def open_engine(spec: str, loaded, dtype: str, api_key: str | None = None) -> En
     if name == "vllm" and not argument:
         if not VLLM_PYTHON.exists():
             raise Unavailable("vllm needs vLLM's CPU build in .venv-vllm, which is missing; make it with `make vllm-env`")
-        raise Unavailable("vllm is checked through its server: run `.venv-vllm/bin/vllm serve DIR` (with and without "
-                          "--speculative-config) and check openai:URL,PLAIN_URL")
+        from verispec.runtime_check.engines.vllm import VllmEngine
+
+        return VllmEngine(loaded, dtype, python=VLLM_PYTHON)
     raise ValueError(f"unknown engine {spec!r}; choose {ENGINES}")

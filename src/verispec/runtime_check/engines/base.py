@@ -2,9 +2,10 @@
 
 An engine samples continuations and decodes greedily, with speculation off (`method` None) or
 on (one of its `methods`). It passes every parameter it is given or raises `Refused` saying
-why; it never drops one silently. `Unavailable` says an engine cannot start here and how to
-install what it needs. An engine that can show its own logits also meets `GivesLogits`, so a
-greedy divergence is diagnosed in its numerics as well as in verispec's.
+why; it never drops one silently. `Crashed` says it failed on what it accepted. `Unavailable`
+says an engine cannot start here and how to install what it needs. An engine that can show its
+own logits also meets `GivesLogits`, so a greedy divergence is diagnosed in its numerics as well
+as in verispec's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from verispec.runtime_check.cases import SamplingCase
 
 class Refused(Exception):
     """The engine refuses this parameter, method or mode (the message says which and why)."""
+
+
+class Crashed(Refused):
+    """The engine failed on a request it had accepted (it raised, or its process died): a
+    failure, not a refusal; the message says what happened. A `Refused` so that every place
+    that records a refusal records it, as failed."""
 
 
 class Unavailable(Exception):
