@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
 import torch
 
 from verispec.models.tables import random_table
-from verispec.runtime_check import Reference, Settings, check_runtime, controls, law
+from verispec.runtime_check import Reference, Settings, check_runtime, controls, greedy, law
 from verispec.runtime_check.cases import SamplingCase, default_cases, next_token_law
 from verispec.runtime_check.check import PLAIN_VS_EXACT, SPEC_VS_EXACT, SPEC_VS_PLAIN
 from verispec.runtime_check.engines.base import Refused
@@ -135,3 +136,48 @@ def test_bad_input_is_one_error_line(argv, says, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and says in err[0]
+
+
+class Diverging:
+    """An engine whose method changes one greedy token, showing `row` as its own logits there."""
+
+    name, methods, dtype = "diverging", ("m",), "float32"
+
+    def __init__(self, plain: list[int], spec: list[int], row: torch.Tensor | None) -> None:
+        self.plain, self.spec, self.row = plain, spec, row
+
+    def greedy(self, prompts, max_new_tokens, method, concurrency):
+        return [self.plain if method is None else self.spec for _ in prompts]
+
+    def logits(self, prefix):
+        return self.row
+
+
+def test_greedy_divergences_are_read_in_the_engines_own_logits():
+    prompt, plain = [3, 5], [1, 2, 6]
+    fresh = TARGET.score([*prompt, 1])[-1]  # verispec's logits at the divergence
+    expected, got = plain[1], int(torch.argmin(fresh))  # far apart for verispec: not a near tie there
+    tie = torch.zeros(VOCAB)
+    tie[[expected, got]] = 1.0  # a near tie in the engine's own logits
+    apart = tie.clone()
+    apart[got] = -5.0
+    rows = {}
+    for name, row in (("tie", tie), ("apart", apart), ("none", None)):
+        engine = Diverging(plain, [1, got, 6], row)
+        (rows[name],) = greedy.check(engine, ["m"], [prompt], [plain], 3, 1, TARGET.score)
+    (tied,) = rows["tie"].divergences
+    assert rows["tie"].status == PASS and tied["near_tie"] and not tied["verispec_near_tie"]
+    assert tied["engine_top2_margin"] == 0.0 and tied["top2_margin"] > 0.01 and tied["position"] == 1
+    assert "in diverging's" in rows["tie"].summary and "in verispec's" in rows["tie"].summary
+    assert rows["apart"].status == FAIL and rows["apart"].divergences[0]["engine_behind_max"] == pytest.approx(6.0)
+    assert rows["none"].status == FAIL and "engine_top2_margin" not in rows["none"].divergences[0]
+
+
+def test_tv_chooses_the_samples_that_detect_it():
+    report = check_runtime(controls.correct(TARGET, DRAFT), REFERENCE, [controls.DRAFT], replace(SETTINGS, tv=0.2))
+    results = {row.test: row.result for row in report.law_rows}
+    assert {row.status for row in report.law_rows} == {PASS}
+    n = results[SPEC_VS_PLAIN].n
+    assert n % 2 == 0 and results[SPEC_VS_EXACT].n == n and n != SETTINGS.n
+    assert results[SPEC_VS_PLAIN].detectable_tv == pytest.approx(0.2, rel=0.05)  # the df it was chosen at
+    assert results[SPEC_VS_EXACT].detectable_tv < 0.16  # the exact law needs about half the samples

@@ -52,6 +52,7 @@ def test_hf_generate_is_checked_with_both_methods():
     assert statuses[("assisted", 1)] == PASS and statuses[("lookup", 1)] == PASS
     assert statuses[("assisted", 2)] == REFUSED  # HF speculates on one sequence at a time
     assert all(len(s) == 3 for s in engine.sample([3, 9, 4], CASES[0], 5, 3, "lookup", 0))
+    assert torch.allclose(engine.logits([3, 9, 4]), reference.score([3, 9, 4])[-1], atol=1e-5)  # HF's own logits
 
 
 @pytest.fixture(scope="module")

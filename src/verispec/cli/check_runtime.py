@@ -35,7 +35,10 @@ def check_runtime(
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, ... as for `verispec generate` (the engine's "
                                        "precision: it sets the near-tie tolerance).")] = "float32",
     n: Annotated[int, typer.Option("--n", min=2, help="Samples per side per method and parameter, split over "
-                                   "the prompts; at 1200 a TV of ~0.15 between the two samples (~0.10 against the exact law) is detected with 90 % power, at 10000 ~0.05 (~0.035).")] = 1200,
+                                   "the prompts; at 1200 a TV of ~0.14 between the two samples (~0.11 against the exact law) is detected with 90 % power on the default model (--tv chooses N for a TV).")] = 1200,
+    tv: Annotated[Optional[float], typer.Option("--tv", min=0.001, max=0.999, show_default=False, help="Choose --n "
+                  "instead: the fewest samples per side at which every test detects this total variation with 90 % power "
+                  "(the two-sample test's need; on the default model 0.1 needs 4728, 0.05 needs 41967).")] = None,
     length: Annotated[int, typer.Option(min=2, max=8, help="New tokens per sample.")] = 3,
     prompts: Annotated[int, typer.Option(min=1, max=8, help="Spread prompts the samples are split over.")] = 3,
     parameter: Annotated[
@@ -70,14 +73,14 @@ def check_runtime(
         greedy_file = prompts_file or data_file(GREEDY_FILE, Path.cwd())
         check_input_file(greedy_file, "--prompts-file", "a Spec-Bench JSONL file (or --greedy-prompts 0)")
     words = ["verispec", "check-runtime", engine, *[w for m in method or () for w in ("--method", m)], "--model", model,
-             "--dtype", dtype, "--n", str(n), "--length", str(length), "--prompts", str(prompts),
+             "--dtype", dtype, *(["--tv", f"{tv:g}"] if tv is not None else ["--n", str(n)]), "--length", str(length), "--prompts", str(prompts),
              *[w for p in parameter or () for w in ("--parameter", p)], "--alpha", f"{alpha:g}",
              "--sampled" if sampled else "--no-sampled", "--greedy-prompts", str(greedy_prompts),
              "--greedy-tokens", str(greedy_tokens), "--concurrency", str(concurrency), "--seed", str(seed),
              *(["--prompts-file", str(prompts_file)] if prompts_file else []), *(["--out", str(out)] if out else [])]
     settings = Settings(
         n=n, length=length, prompts=prompts, alpha=alpha, greedy_tokens=greedy_tokens,
-        concurrency=(concurrency,) if concurrency > 1 else (), seed=seed, sampled=sampled, parameters=parameter,
+        concurrency=(concurrency,) if concurrency > 1 else (), seed=seed, sampled=sampled, parameters=parameter, tv=tv,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     names = outputs(engine, method)

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import torch
 
 from verispec.runtime_check import greedy, law
 from verispec.runtime_check.cases import SamplingCase, default_cases, neutral
 from verispec.runtime_check.engines.base import Engine, Refused
 from verispec.runtime_check.report import LawRow, Report
-from verispec.runtime_check.statistics import goodness_of_fit, two_sample
+from verispec.runtime_check.statistics import degrees_of_freedom, goodness_of_fit, samples_for, two_sample
 
 PLAIN = "plain"
 SPEC_VS_PLAIN, SPEC_VS_EXACT, PLAIN_VS_EXACT = "spec vs plain", "spec vs exact", "plain vs exact"
@@ -54,7 +56,10 @@ class Settings:
     token ids for greedy identity (none: skipped); greedy_tokens: their budget; concurrency:
     the levels besides 1. seed: the first sample's seed. sampled: run the sampled-law checks.
     sample_prompts: their prompts as token ids (None: those of `law.SPREAD_TEXTS` it tests best).
-    parameters: the names of the grid's cases to run (None: all)."""
+    parameters: the names of the grid's cases to run (None: all). tv: when given, n is chosen
+    instead: the fewest samples per side at which every test detects this total variation with
+    90 % power (`samples_for`; the two-sample test needs about twice the samples of the test
+    against the exact law), at the degrees of freedom the first case's exact law has there."""
 
     n: int = 1200
     length: int = 3
@@ -68,6 +73,7 @@ class Settings:
     sampled: bool = True
     sample_prompts: Sequence[Sequence[int]] | None = None
     parameters: Sequence[str] | None = None
+    tv: float | None = None
     progress: Callable[[str], None] = field(default=lambda line: None)
 
 
@@ -82,6 +88,9 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
         report.prompts = [{"text": text, "ids": ids, "entropy_nats": h} for text, ids, h in prompts]
         bias = tuple(dict.fromkeys((law.likely_tokens(reference.score, ids, 2)[1], 2.0) for _, ids, _ in prompts))
         cases = settings.cases or default_cases(bias)
+        if settings.tv is not None:
+            settings = replace(settings, n=chosen_n(reference, [ids for _, ids, _ in prompts], cases[0], settings))
+            settings.progress(f"{engine.name}: {settings.n} samples per side detect a TV of {settings.tv:g} with 90 % power")
         for case in [c for c in cases if settings.parameters is None or c.name in settings.parameters]:
             report.law_rows += check_case(engine, reference, methods, [ids for _, ids, _ in prompts], case, settings)
     if settings.greedy_prompts:
@@ -93,6 +102,26 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
                 settings.progress,
             )
     return report
+
+
+def chosen_n(reference: Reference, prompts: Sequence[Sequence[int]], case: SamplingCase, settings: Settings) -> int:
+    """The samples per side at which a two-sample test on `prompts` detects `settings.tv` with
+    90 % power, its degrees of freedom read from `case`'s exact law at each N tried."""
+
+    last_rows: dict[tuple[int, ...], torch.Tensor] = {}  # ids -> logits[1, V]: each N tried reads mostly the same rows
+
+    def score(ids: list[int]) -> torch.Tensor:
+        if tuple(ids) not in last_rows:
+            last_rows[tuple(ids)] = reference.score(ids)[-1:]
+        return last_rows[tuple(ids)]
+
+    def df_at(n: int) -> int:
+        per_prompt = max(1, n // len(prompts))
+        cells = [law.exact_cells(score, p, case, per_prompt, reference.eos_ids, settings.length) for p in prompts]
+        return sum(degrees_of_freedom(c, per_prompt) for c in cells)
+
+    n = samples_for(settings.tv, settings.alpha, df_at)
+    return -(-n // len(prompts)) * len(prompts)  # a whole number per prompt
 
 
 def check_case(

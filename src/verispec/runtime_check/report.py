@@ -81,7 +81,9 @@ class GreedyRow:
         if not self.divergences:
             return f"identical on {self.prompts} prompts"
         parts = [f"prompt {d['prompt']} at token {d['position']}: {'near tie' if d['near_tie'] else 'NOT a near tie'} "
-                 f"(top-2 margin {d['top2_margin']:.3g})" for d in self.divergences]
+                 f"(top-2 margin {d['top2_margin']:.3g} in verispec's logits"
+                 + (f", {d['engine_top2_margin']:.3g} in {self.engine}'s, the lower token {d['engine_behind_max']:.3g} "
+                    "below its maximum)" if "engine_top2_margin" in d else ")") for d in self.divergences]
         return f"{self.prompts - len(self.divergences)} of {self.prompts} identical; " + "; ".join(parts)
 
     def as_dict(self) -> dict:

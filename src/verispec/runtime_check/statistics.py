@@ -17,16 +17,19 @@ every prompt (or by delta on average, weighted by samples) has noncentrality at 
 by Cauchy-Schwarz (sum (p - q)^2 / m >= (sum |p - q|)^2 / sum m); `detectable_tv` is the
 delta whose noncentrality gives 90 % power at the test's degrees of freedom. The bound holds
 for every way of spreading the difference, so a real bug is usually caught at a smaller one.
+`samples_for` turns this around: the samples per side at which a test detects a given TV.
 
     >>> round(detectable_tv(2000, 20, 1e-3, exact=True), 3)
     0.074
+    >>> samples_for(0.05, 1e-3, lambda n: 30, exact=True), samples_for(0.05, 1e-3, lambda n: 30)
+    (4965, 9929)
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scipy.optimize import brentq
@@ -125,13 +128,35 @@ def detectable_tv(n_effective: float, df: int, alpha: float, exact: bool = False
     return _detectable(4 * n_effective if exact else 2 * n_effective, df, alpha)
 
 
+def samples_for(tv: float, alpha: float, df_at: Callable[[int], int], exact: bool = False) -> int:
+    """The fewest samples per side at which a test detects total variation `tv` with 90 %
+    power: two samples of that size each (or against the exact law, `exact`), at level
+    `alpha`, with `df_at(n)` the degrees of freedom its cells have at n samples (they grow
+    with n, so n and df are iterated to a fixed point from df 30; the larger of the last two
+    is kept if they alternate)."""
+    per_sample = 4 if exact else 2  # noncentrality per sample per tv^2 (module docstring)
+    n, previous = 0, None
+    df = 30
+    for _ in range(6):
+        need = math.ceil(_noncentrality(max(1, df), alpha) / (per_sample * tv * tv) - 1e-9)
+        if need == n:
+            return n
+        previous, n = n, need
+        df = df_at(n)
+    return max(n, previous or 0)
+
+
+def _noncentrality(df: int, alpha: float) -> float:
+    """The noncentrality at which a chi-square test of level `alpha` has `POWER`."""
+    critical = chi2.isf(alpha, df)
+    return brentq(lambda lam: ncx2.sf(critical, df, lam) - POWER, 1e-9, 1e7)
+
+
 def _detectable(weight: float, df: int, alpha: float) -> float:
     """delta with noncentrality weight x delta^2 reaching `POWER`."""
     if df < 1 or weight <= 0:
         return math.inf
-    critical = chi2.isf(alpha, df)
-    noncentrality = brentq(lambda lam: ncx2.sf(critical, df, lam) - POWER, 1e-9, 1e7)
-    return math.sqrt(noncentrality / weight)
+    return math.sqrt(_noncentrality(df, alpha) / weight)
 
 
 def _result(statistic: float, df: int, tv: float, n: int, weight: float, alpha: float) -> TestResult:
@@ -149,6 +174,11 @@ def _pool(counts: Mapping[Hashable, float], expected) -> dict[Hashable, Hashable
         smallest = min(kept, key=lambda key: (expected(key, counts[key]), repr(key)))
         cells = {key: RARE if cell == smallest else cell for key, cell in cells.items()}
     return cells
+
+
+def degrees_of_freedom(law: Mapping[Hashable, float], size: int) -> int:
+    """The degrees of freedom of a test of `size` samples against `law`, its cells pooled."""
+    return len(_pool_probabilities(law, size)) - 1
 
 
 def _pool_probabilities(law: Mapping[Hashable, float], size: int) -> dict[Hashable, float]:

@@ -2,14 +2,18 @@
 
 An engine samples continuations and decodes greedily, with speculation off (`method` None) or
 on (one of its `methods`). It passes every parameter it is given or raises `Refused` saying
-why; it never drops one silently. `Crashed` says it failed on what it accepted. `Unavailable` says an engine cannot start here and how to
-install what it needs.
+why; it never drops one silently. `Crashed` says it failed on what it accepted. `Unavailable`
+says an engine cannot start here and how to install what it needs. An engine that can show its
+own logits also meets `GivesLogits`, so a greedy divergence is diagnosed in its numerics as well
+as in verispec's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+import torch
 
 from verispec.runtime_check.cases import SamplingCase
 
@@ -52,4 +56,14 @@ class Engine(Protocol):
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, method: str | None, concurrency: int
     ) -> list[list[int]]:
         """Greedy continuations of every prompt, `concurrency` requests in flight at once."""
+        ...
+
+
+@runtime_checkable
+class GivesLogits(Protocol):
+    """An engine that can show the logits it decodes from (optional beside `Engine`)."""
+
+    def logits(self, prefix: Sequence[int]) -> torch.Tensor | None:
+        """Its own logits for the token after `prefix`, float [V], from one forward of its
+        own over the prefix (its weights and kernels); None when it cannot give them."""
         ...

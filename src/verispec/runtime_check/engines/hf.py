@@ -10,7 +10,8 @@ nothing is filled in from the model's own generation config (SmolLM2 ships top_p
 temperature 0.2): temperature, top_k (0 = off), top_p, min_p, repetition_penalty and logit
 bias (HF's `sequence_bias` on one-token sequences). HF has no frequency or presence penalty:
 those are refused. Speculation serves one sequence at a time (HF refuses a batch); plain
-sampling draws `BATCH` samples per call with `num_return_sequences`.
+sampling draws `BATCH` samples per call with `num_return_sequences`. `logits` shows the
+model's own logits, so greedy divergences are diagnosed in HF's numerics too.
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ class HFEngine:
             torch.manual_seed(seed + len(out))
             out += self._generate(ids, mask, self.config(case, length, size), method)
         return out
+
+    def logits(self, prefix: Sequence[int]) -> torch.Tensor:
+        """The model's own last-position logits after `prefix`, float [V] (`GivesLogits`)."""
+        with torch.inference_mode():
+            return self.model(torch.tensor([list(prefix)], dtype=torch.long)).logits[0, -1].float()
 
     def greedy(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, method: str | None, concurrency: int

@@ -1,16 +1,22 @@
 """verispec itself as an engine under check: the control every other engine is read against,
 and the engine the negative controls break (`verispec.runtime_check.controls`).
 
-Sampling runs one `verispec.generate` per sample; greedy decoding at concurrency above 1 runs
-the continuous-batching `Scheduler` (one forward per step over every request's rows), which
-needs a target with slots (the fast runtime). verispec samples with temperature, top-k, top-p,
-min-p and the repetition penalty, and refuses frequency and presence penalties and logit
-biases, as `verispec serve` does: they are reported as refused.
+On a target with slots (the fast runtime) sampling runs the continuous-batching `Scheduler`:
+`BATCH` samples at once, each a request of its own with its own seed, so each sample's random
+stream is its own and its law is the target's whatever shares its steps (`verispec.batching`;
+k is constant, so a sample's tokens depend on its seed alone). Greedy decoding at concurrency
+above 1 runs the same scheduler. Without slots (and with a verification rule given as a
+function, as the negative controls pass) every sample is one `verispec.generate`. verispec
+samples with temperature, top-k, top-p, min-p and the repetition penalty, and refuses
+frequency and presence penalties and logit biases, as `verispec serve` does: they are reported
+as refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+
+import torch
 
 from verispec import Request, Scheduler, generate
 from verispec.machine import version
@@ -20,6 +26,8 @@ from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Refused
 from verispec.sampling import GREEDY
 from verispec.verify import Verifier
+
+BATCH = 64  # samples decoded at once by the scheduler
 
 ProposerFactory = Callable[[CausalLM], Proposer]  # a proposer for a target (or one of its slots)
 
@@ -69,6 +77,13 @@ class VerispecEngine:
                 f"verispec samples with temperature, top-k, top-p, min-p and repetition_penalty; {', '.join(case.penalties)} would change "
                 "the output law, so it is refused (as `verispec serve` answers 400)"
             )
+        if self._batched():
+            return self._scheduled(
+                [Request(tuple(prompt), length, sampling=case.sampling, eos_token_ids=self.eos_ids, seed=seed + i,
+                         proposer=method, k=self.k if method is not None else 0, verifier=self.verifier)
+                 for i in range(n)],
+                BATCH,
+            )
         proposer = self.proposer(method)
         return [
             generate(
@@ -77,6 +92,11 @@ class VerispecEngine:
             ).tokens
             for i in range(n)
         ]
+
+    def logits(self, prefix: Sequence[int]) -> torch.Tensor:
+        """The target's last-position logits after `prefix` from a fresh full forward, float [V]
+        (`GivesLogits`)."""
+        return self.target.score(list(prefix))[-1]
 
     def greedy(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, method: str | None, concurrency: int
@@ -91,17 +111,25 @@ class VerispecEngine:
             ]
         if not isinstance(self.target, SlotScoring):
             raise Refused(f"{type(self.target).__name__} has one cache; concurrent requests need the fast runtime's slots")
+        if not isinstance(self.verifier, str):
+            raise Refused("a verification rule given as a function decodes single requests only")
+        return self._scheduled(
+            [Request(tuple(p), max_new_tokens, sampling=GREEDY, eos_token_ids=self.eos_ids, proposer=method, k=k,
+                     verifier=self.verifier) for p in prompts],
+            concurrency,
+        )
+
+    def _batched(self) -> bool:
+        """Whether the scheduler can decode here: a target with slots and a rule by name."""
+        return isinstance(self.target, SlotScoring) and isinstance(self.verifier, str)
+
+    def _scheduled(self, requests: Sequence[Request], slots: int) -> list[list[int]]:
+        """Every request's tokens, `slots` of them decoded at once."""
 
         def build(request: Request, slot: CausalLM) -> tuple[Proposer | None, int]:
             return (None if request.proposer is None else self.factories[request.proposer](slot)), request.k
 
-        if not isinstance(self.verifier, str):
-            raise Refused("a verification rule given as a function decodes single requests only")
-        scheduler = Scheduler(self.target, build, max_slots=concurrency)
-        jobs = [
-            scheduler.submit(Request(tuple(p), max_new_tokens, sampling=GREEDY, eos_token_ids=self.eos_ids,
-                                     proposer=method, k=k, verifier=self.verifier))
-            for p in prompts
-        ]
+        scheduler = Scheduler(self.target, build, max_slots=slots)
+        jobs = [scheduler.submit(request) for request in requests]
         scheduler.run()
         return [list(job.tokens) for job in jobs]
