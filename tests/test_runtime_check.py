@@ -25,7 +25,7 @@ from verispec.runtime_check import Reference, Settings, check_runtime, controls,
 from verispec.runtime_check.cases import SamplingCase, default_cases, next_token_law
 from verispec.runtime_check.check import PLAIN_VS_EXACT, SPEC_VS_EXACT, SPEC_VS_PLAIN
 from verispec.runtime_check.engines.base import Refused
-from verispec.runtime_check.report import FAIL, PASS, REFUSED
+from verispec.runtime_check.report import FAIL, PASS, REFUSED, SKIPPED
 from verispec.runtime_check.statistics import detectable_tv, goodness_of_fit, two_sample
 
 VOCAB = 8
@@ -68,6 +68,16 @@ def test_greedy_speculation_and_batching_equal_plain_greedy():
     plain = engine.greedy(prompts, 12, None, 1)
     assert engine.greedy(prompts, 12, controls.DRAFT, 1) == plain == engine.greedy(prompts, 12, controls.DRAFT, 3)
     assert engine.greedy(prompts, 12, None, 3) == plain
+
+
+def test_sample_texts_replace_the_spread_prompts():
+    """`--sample-prompt`: the samples continue the given texts, encoded by the reference, and
+    the report names them."""
+    reference = replace(REFERENCE, encode=lambda text: [int(c) for c in text])
+    settings = Settings(n=40, prompts=3, sample_texts=("35", "71"), cases=[CASE])
+    report = check_runtime(controls.correct(TARGET, DRAFT), reference, [controls.DRAFT], settings)
+    assert [(p["text"], p["ids"]) for p in report.prompts] == [("35", [3, 5]), ("71", [7, 1])]
+    assert {row.status for row in report.law_rows} <= {PASS, SKIPPED}
 
 
 def test_verispec_refuses_penalties_instead_of_dropping_them():
@@ -129,6 +139,7 @@ def test_detectable_tv_shrinks_as_one_over_root_n():
     (["check-runtime", "hf", "--parameter", "typical_p"], "unknown parameter 'typical_p'"),
     (["check-runtime", "hf", "--n", "1"], "--n"),
     (["check-runtime", "hf", "--prompts-file", "/nonexistent.jsonl"], "--prompts-file"),
+    (["check-runtime", "hf", "--sample-prompt", " "], "--sample-prompt is empty"),
 ])
 def test_bad_input_is_one_error_line(argv, says, capsys):
     from verispec.cli import main

@@ -41,6 +41,12 @@ def check_runtime(
                   "(the two-sample test's need; on the default model 0.1 needs 4728, 0.05 needs 41967).")] = None,
     length: Annotated[int, typer.Option(min=2, max=8, help="New tokens per sample.")] = 3,
     prompts: Annotated[int, typer.Option(min=1, max=8, help="Spread prompts the samples are split over.")] = 3,
+    sample_prompt: Annotated[
+        Optional[list[str]],
+        typer.Option("--sample-prompt", help="Sample after this raw text instead (repeatable; replaces --prompts): "
+                     "a prompt on which the method drafts, e.g. one that repeats itself for lookup.",
+                     show_default="the spread prompts"),
+    ] = None,
     parameter: Annotated[
         Optional[list[str]],
         typer.Option("--parameter", help="Check only this parameter (repeatable): default, temperature, top_k, top_p, "
@@ -68,12 +74,15 @@ def check_runtime(
     speculation and against verispec's exact law, per parameter; greedy identity at 1 and
     --concurrency requests. Exit 1 when a check fails."""
     check_options(engine, parameter)
+    if any(not text.strip() for text in sample_prompt or ()):
+        raise ValueError("--sample-prompt is empty; give the raw text the samples continue")
     greedy_file = None
     if greedy_prompts:
         greedy_file = prompts_file or data_file(GREEDY_FILE, Path.cwd())
         check_input_file(greedy_file, "--prompts-file", "a Spec-Bench JSONL file (or --greedy-prompts 0)")
     words = ["verispec", "check-runtime", engine, *[w for m in method or () for w in ("--method", m)], "--model", model,
              "--dtype", dtype, *(["--tv", f"{tv:g}"] if tv is not None else ["--n", str(n)]), "--length", str(length), "--prompts", str(prompts),
+             *[w for t in sample_prompt or () for w in ("--sample-prompt", t)],
              *[w for p in parameter or () for w in ("--parameter", p)], "--alpha", f"{alpha:g}",
              "--sampled" if sampled else "--no-sampled", "--greedy-prompts", str(greedy_prompts),
              "--greedy-tokens", str(greedy_tokens), "--concurrency", str(concurrency), "--seed", str(seed),
@@ -81,6 +90,7 @@ def check_runtime(
     settings = Settings(
         n=n, length=length, prompts=prompts, alpha=alpha, greedy_tokens=greedy_tokens,
         concurrency=(concurrency,) if concurrency > 1 else (), seed=seed, sampled=sampled, parameters=parameter, tv=tv,
+        sample_texts=tuple(sample_prompt or ()),
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     names = outputs(engine, method)

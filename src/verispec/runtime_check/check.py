@@ -56,6 +56,8 @@ class Settings:
     token ids for greedy identity (none: skipped); greedy_tokens: their budget; concurrency:
     the levels besides 1. seed: the first sample's seed. sampled: run the sampled-law checks.
     sample_prompts: their prompts as token ids (None: those of `law.SPREAD_TEXTS` it tests best).
+    sample_texts: their prompts as raw text instead (`--sample-prompt`: prompts where the method
+    under check drafts, which a short spread prompt may not give it).
     parameters: the names of the grid's cases to run (None: all). tv: when given, n is chosen
     instead: the fewest samples per side at which every test detects this total variation with
     90 % power (`samples_for`; the two-sample test needs about twice the samples of the test
@@ -72,6 +74,7 @@ class Settings:
     seed: int = 0
     sampled: bool = True
     sample_prompts: Sequence[Sequence[int]] | None = None
+    sample_texts: Sequence[str] = ()
     parameters: Sequence[str] | None = None
     tv: float | None = None
     progress: Callable[[str], None] = field(default=lambda line: None)
@@ -81,7 +84,10 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
     """Run every check of `engine` with `methods` (its speculative methods to check)."""
     report = Report(engine.name, engine.versions(), settings.alpha)
     if settings.sampled:
-        if settings.sample_prompts is None:
+        if settings.sample_texts:
+            encoded = [(text, reference.encode(text)) for text in settings.sample_texts]
+            prompts = [(text, ids, law.entropy(reference.score, ids)) for text, ids in encoded]
+        elif settings.sample_prompts is None:
             prompts = law.spread_prompts(reference.score, reference.encode, settings.prompts, settings.n // settings.prompts)
         else:
             prompts = [(str(ids), list(ids), law.entropy(reference.score, ids)) for ids in settings.sample_prompts]
