@@ -82,24 +82,3 @@ def open_engine(spec: str, loaded, dtype: str, api_key: str | None = None) -> En
 
         return VllmEngine(loaded, dtype, python=VLLM_PYTHON)
     raise ValueError(f"unknown engine {spec!r}; choose {ENGINES}")
-
-
-def open_llamacpp(loaded, dtype: str) -> Engine:
-    """llama-cpp-python on an F32 copy of the GGUF file `loaded` came from, after a probe
-    decoded a few tokens of it (a build that crashes is one line, `models.llamacpp.probe`)."""
-    from verispec.models import llamacpp
-
-    if dtype != "float32":
-        raise ValueError(f"llamacpp computes in float32 (an F32 copy of the GGUF file), so verispec's copy must too; "
-                         f"give --dtype float32, not {dtype}")
-    try:
-        llamacpp.require("check-runtime llamacpp")
-        if not (loaded.source.is_file() and loaded.source.suffix == ".gguf"):
-            raise Unavailable(f"llamacpp decodes the GGUF file verispec loads, but {loaded.name} was not loaded from a "
-                              f".gguf file ({loaded.source}); give --model a .gguf file or an embedded name")
-        llamacpp.probe(loaded.source)
-    except llamacpp.LlamaCppUnavailable as error:
-        raise Unavailable(str(error)) from None
-    from verispec.runtime_check.engines.llamacpp import LlamaCppEngine, float32_copy
-
-    return LlamaCppEngine(float32_copy(loaded.source), loaded.eos_token_ids, loaded.lm.vocab_size)
