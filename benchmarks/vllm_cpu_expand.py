@@ -18,25 +18,32 @@ import sys
 import types
 
 import torch
-from vllm.platforms import current_platform
 
-current_platform.register_triton_kernel_overrides()
-from vllm.v1.sample import rejection_sampler  # noqa: E402
 
-cu = torch.tensor([3, 6, 9], dtype=torch.int32)  # three requests, three draft positions each
-wrong = 0
-for x in (torch.tensor([1.0, 0.6, 1.0]), torch.tensor([5, 5, 0], dtype=torch.int32), torch.tensor([0.8, 1.0, 0.8])):
-    got = rejection_sampler.expand_batch_to_tokens(x, cu, 9)
-    expected = x.repeat_interleave(3)
-    wrong += not torch.equal(got, expected)
-    print(f"expand {x.dtype}: {x.tolist()} -> {got.tolist()} (expected {expected.tolist()})")
+def main() -> int:
+    from vllm.platforms import current_platform
 
-top_k = types.SimpleNamespace(all_greedy=False, temperature=torch.ones(2), top_k=torch.tensor([5, 5], dtype=torch.int32),
-                              top_p=None)
-try:
-    rejection_sampler.apply_sampling_constraints(torch.zeros(0, 8), torch.tensor([0, 0], dtype=torch.int32), top_k)
-    print("top_k with no draft positions: no error")
-except RuntimeError as error:
-    wrong += 1
-    print(f"top_k with no draft positions: RuntimeError: {error}")
-sys.exit(1 if wrong else 0)
+    current_platform.register_triton_kernel_overrides()
+    from vllm.v1.sample import rejection_sampler
+
+    cu = torch.tensor([3, 6, 9], dtype=torch.int32)  # three requests, three draft positions each
+    wrong = 0
+    for x in (torch.tensor([1.0, 0.6, 1.0]), torch.tensor([5, 5, 0], dtype=torch.int32), torch.tensor([0.8, 1.0, 0.8])):
+        got = rejection_sampler.expand_batch_to_tokens(x, cu, 9)
+        expected = x.repeat_interleave(3)
+        wrong += not torch.equal(got, expected)
+        print(f"expand {x.dtype}: {x.tolist()} -> {got.tolist()} (expected {expected.tolist()})")
+
+    top_k = types.SimpleNamespace(all_greedy=False, temperature=torch.ones(2),
+                                  top_k=torch.tensor([5, 5], dtype=torch.int32), top_p=None)
+    try:
+        rejection_sampler.apply_sampling_constraints(torch.zeros(0, 8), torch.tensor([0, 0], dtype=torch.int32), top_k)
+        print("top_k with no draft positions: no error")
+    except RuntimeError as error:
+        wrong += 1
+        print(f"top_k with no draft positions: RuntimeError: {error}")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
