@@ -26,7 +26,9 @@ from verispec.runtime_check.cases import SamplingCase, default_cases, next_token
 from verispec.runtime_check.check import PLAIN_VS_EXACT, SPEC_VS_EXACT, SPEC_VS_PLAIN
 from verispec.runtime_check.engines.base import Refused
 from verispec.runtime_check.report import FAIL, PASS, REFUSED, SKIPPED
-from verispec.runtime_check.statistics import detectable_tv, goodness_of_fit, two_sample
+from verispec.runtime_check.statistics import (
+    RARE, _pool_probabilities, degrees_of_freedom, detectable_tv, goodness_of_fit, samples_for, two_sample,
+)
 
 VOCAB = 8
 
@@ -192,3 +194,35 @@ def test_tv_chooses_the_samples_that_detect_it():
     assert n % 2 == 0 and results[SPEC_VS_EXACT].n == n and n != SETTINGS.n
     assert results[SPEC_VS_PLAIN].detectable_tv == pytest.approx(0.2, rel=0.05)  # the df it was chosen at
     assert results[SPEC_VS_EXACT].detectable_tv < 0.16  # the exact law needs about half the samples
+
+
+def test_a_cap_on_the_cells_fixes_the_degrees_of_freedom():
+    rng = random.Random(3)
+    exact = {(i,): 0.5 ** (i / 8) for i in range(100)}
+    total = sum(exact.values())
+    exact = {key: p / total for key, p in exact.items()}
+    assert degrees_of_freedom(exact, 1_000_000) == 99
+    assert degrees_of_freedom(exact, 1_000_000, cells=24) == 23
+    keys, weights = list(exact), list(exact.values())
+
+    def draw(n):
+        return Counter(rng.choices(keys, weights, k=n))
+
+    result = goodness_of_fit([(draw(20_000), exact)], 1e-3, cells=24)
+    assert result.df == 23 and result.passed
+    assert two_sample([(draw(20_000), draw(20_000))], 1e-3, cells=24).df == 23
+    assert samples_for(0.05, 1e-3, lambda n: 3 * 23) == 13458  # the default's need, 3 prompts of 24 cells
+    assert samples_for(0.05, 1e-3, lambda n: 3 * 23) < samples_for(0.05, 1e-3, lambda n: min(3000, n // 15))
+
+
+@pytest.mark.parametrize("cells", [2, 5, 24])
+def test_a_capped_exact_law_keeps_the_same_most_likely_cells(cells):
+    """The cap skips forwards for first tokens too unlikely to matter, yet the cells the test
+    keeps, and their probabilities, are those of the uncapped law."""
+    case = SamplingCase("t", temperature=0.7)
+    full = law.exact_cells(TARGET.score, [3, 5], case, 5000, (), 3)
+    capped = law.exact_cells(TARGET.score, [3, 5], case, 5000, (), 3, cells)
+    assert sum(capped.values()) == pytest.approx(1.0)
+    kept = lambda cells_law: {k: p for k, p in _pool_probabilities(cells_law, 5000, cells).items() if k != RARE}  # noqa: E731
+    assert kept(capped) == pytest.approx(kept(full))
+    assert len(capped) < len(full) or cells == 24

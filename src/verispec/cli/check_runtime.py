@@ -39,6 +39,9 @@ def check_runtime(
     tv: Annotated[Optional[float], typer.Option("--tv", min=0.001, max=0.999, show_default=False, help="Choose --n "
                   "instead: the fewest samples per side at which every test detects this total variation with 90 % power "
                   "(the two-sample test's need; on the default model 0.1 needs 4728, 0.05 needs 41967).")] = None,
+    cells: Annotated[int, typer.Option(min=2, max=1000, help="The most cells a prompt's tests keep: the most likely "
+                                       "outcomes (first two tokens) each in one, the rest pooled; the TV detected is "
+                                       "the TV on them (docs/check-runtime.md).")] = 24,
     length: Annotated[int, typer.Option(min=2, max=8, help="New tokens per sample.")] = 3,
     prompts: Annotated[int, typer.Option(min=1, max=8, help="Spread prompts the samples are split over.")] = 3,
     sample_prompt: Annotated[
@@ -81,7 +84,7 @@ def check_runtime(
         greedy_file = prompts_file or data_file(GREEDY_FILE, Path.cwd())
         check_input_file(greedy_file, "--prompts-file", "a Spec-Bench JSONL file (or --greedy-prompts 0)")
     words = ["verispec", "check-runtime", engine, *[w for m in method or () for w in ("--method", m)], "--model", model,
-             "--dtype", dtype, *(["--tv", f"{tv:g}"] if tv is not None else ["--n", str(n)]), "--length", str(length), "--prompts", str(prompts),
+             "--dtype", dtype, *(["--tv", f"{tv:g}"] if tv is not None else ["--n", str(n)]), "--cells", str(cells), "--length", str(length), "--prompts", str(prompts),
              *[w for t in sample_prompt or () for w in ("--sample-prompt", t)],
              *[w for p in parameter or () for w in ("--parameter", p)], "--alpha", f"{alpha:g}",
              "--sampled" if sampled else "--no-sampled", "--greedy-prompts", str(greedy_prompts),
@@ -89,7 +92,7 @@ def check_runtime(
              *(["--prompts-file", str(prompts_file)] if prompts_file else []), *(["--out", str(out)] if out else [])]
     settings = Settings(
         n=n, length=length, prompts=prompts, alpha=alpha, greedy_tokens=greedy_tokens,
-        concurrency=(concurrency,) if concurrency > 1 else (), seed=seed, sampled=sampled, parameters=parameter, tv=tv,
+        concurrency=(concurrency,) if concurrency > 1 else (), seed=seed, sampled=sampled, parameters=parameter, tv=tv, cells=cells,
         sample_texts=tuple(sample_prompt or ()),
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )

@@ -22,6 +22,7 @@ Greedy identity (`verispec.runtime_check.greedy`) follows: every method, at 1 an
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -61,7 +62,9 @@ class Settings:
     parameters: the names of the grid's cases to run (None: all). tv: when given, n is chosen
     instead: the fewest samples per side at which every test detects this total variation with
     90 % power (`samples_for`; the two-sample test needs about twice the samples of the test
-    against the exact law), at the degrees of freedom the first case's exact law has there."""
+    against the exact law), at the degrees of freedom the first case's exact law has there.
+    cells: the most cells a prompt's test keeps (`statistics`; None: every outcome expected
+    often enough, so the degrees of freedom, and the N a TV needs, grow with N)."""
 
     n: int = 1200
     length: int = 3
@@ -77,12 +80,14 @@ class Settings:
     sample_texts: Sequence[str] = ()
     parameters: Sequence[str] | None = None
     tv: float | None = None
+    cells: int | None = 24
     progress: Callable[[str], None] = field(default=lambda line: None)
 
 
 def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], settings: Settings) -> Report:
     """Run every check of `engine` with `methods` (its speculative methods to check)."""
     report = Report(engine.name, engine.versions(), settings.alpha)
+    started = time.perf_counter()
     if settings.sampled:
         if settings.sample_texts:
             encoded = [(text, reference.encode(text)) for text in settings.sample_texts]
@@ -99,7 +104,9 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
             settings.progress(f"{engine.name}: {settings.n} samples per side detect a TV of {settings.tv:g} with 90 % power")
         for case in [c for c in cases if settings.parameters is None or c.name in settings.parameters]:
             report.law_rows += check_case(engine, reference, methods, [ids for _, ids, _ in prompts], case, settings)
+        report.seconds["sampled law"] = time.perf_counter() - started
     if settings.greedy_prompts:
+        started = time.perf_counter()
         settings.progress(f"{engine.name} greedy: plain at 1 request, {len(settings.greedy_prompts)} prompts")
         plain = engine.greedy(settings.greedy_prompts, settings.greedy_tokens, None, 1)
         for concurrency in (1, *settings.concurrency):
@@ -107,6 +114,7 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
                 engine, methods, settings.greedy_prompts, plain, settings.greedy_tokens, concurrency, reference.score,
                 settings.progress,
             )
+        report.seconds["greedy identity"] = time.perf_counter() - started
     return report
 
 
@@ -123,8 +131,9 @@ def chosen_n(reference: Reference, prompts: Sequence[Sequence[int]], case: Sampl
 
     def df_at(n: int) -> int:
         per_prompt = max(1, n // len(prompts))
-        cells = [law.exact_cells(score, p, case, per_prompt, reference.eos_ids, settings.length) for p in prompts]
-        return sum(degrees_of_freedom(c, per_prompt) for c in cells)
+        laws = [law.exact_cells(score, p, case, per_prompt, reference.eos_ids, settings.length, settings.cells)
+                for p in prompts]
+        return sum(degrees_of_freedom(cells, per_prompt, settings.cells) for cells in laws)
 
     n = samples_for(settings.tv, settings.alpha, df_at)
     return -(-n // len(prompts)) * len(prompts)  # a whole number per prompt
@@ -136,7 +145,8 @@ def check_case(
 ) -> list[LawRow]:
     """The rows of one parameter: plain vs exact, then spec vs plain and spec vs exact per method."""
     per_prompt = max(1, settings.n // len(prompts))
-    laws = [law.exact_cells(reference.score, p, case, per_prompt, reference.eos_ids, settings.length) for p in prompts]
+    laws = [law.exact_cells(reference.score, p, case, per_prompt, reference.eos_ids, settings.length, settings.cells)
+            for p in prompts]
     dropped = [law.law_on(reference.score, p, neutral(case), list(cells)) for p, cells in zip(prompts, laws)]
     effect = sum(law.distance(a, b) for a, b in zip(laws, dropped)) / len(prompts)
     row = lambda method, test: LawRow(engine.name, method, case.name, case.settings(), test, effect=effect)  # noqa: E731
@@ -155,7 +165,8 @@ def check_case(
         return counts
 
     def against_exact(counts: list[Counter]):
-        return goodness_of_fit([(_merge(count, cells), cells) for count, cells in zip(counts, laws)], settings.alpha)
+        return goodness_of_fit([(_merge(count, cells), cells) for count, cells in zip(counts, laws)], settings.alpha,
+                               settings.cells)
 
     rows = []
     plain = draw(None, 0)
@@ -168,7 +179,7 @@ def check_case(
             continue
         versus = row(method, SPEC_VS_PLAIN)
         rows.append(versus.skipped(f"the plain side is refused: {plain}") if isinstance(plain, Refused)
-                    else versus.tested(two_sample(list(zip(spec, plain)), settings.alpha)))
+                    else versus.tested(two_sample(list(zip(spec, plain)), settings.alpha, settings.cells)))
         rows.append(row(method, SPEC_VS_EXACT).tested(against_exact(spec)))
     return rows
 

@@ -60,22 +60,35 @@ def key(tokens: Sequence[int], eos_ids: Collection[int]) -> tuple[int, ...]:
 
 
 def exact_cells(
-    score: Score, prompt: Sequence[int], case: SamplingCase, n: int, eos_ids: Collection[int], length: int
+    score: Score, prompt: Sequence[int], case: SamplingCase, n: int, eos_ids: Collection[int], length: int,
+    cells: int | None = None,
 ) -> dict[tuple[int, ...], float]:
     """key -> exact probability (float64) under `case`, the keys covering every outcome of a
     continuation of `length` >= 1 tokens; n: the samples the check will draw (which t1 get
-    their own t2 cells)."""
+    their own t2 cells). cells: the test keeps only its `cells` - 1 most likely cells
+    (`statistics`), so a t1 too unlikely for any of its pairs to be among them gets one cell
+    (t1, OTHER) without a forward of its own, pooled by the test (None: every t1 likely enough
+    gets its pairs)."""
     prompt = list(prompt)
     first = next_token_law(score(prompt)[-1], case, prompt, [])  # [V]
     keys: list[tuple[int, ...]] = []
-    for t1 in torch.nonzero(first * n >= MIN_EXPECTED).flatten().tolist():
+    best: list[float] = []  # the largest cell probabilities so far, at most cells - 1
+    likely = torch.nonzero(first * n >= MIN_EXPECTED).flatten().tolist()
+    for t1 in sorted(likely, key=lambda t: (-float(first[t]), t)):
+        p1 = float(first[t1])
+        if cells is not None and len(best) >= cells - 1 and p1 < best[-1]:
+            keys.append((t1, OTHER))  # below every kept cell: the test pools it, its pairs unneeded
+            continue
         if t1 in eos_ids or length < DEPTH:
             keys.append((t1,))
+            best = sorted([*best, p1], reverse=True)[: (cells or 1) - 1]
             continue
         second = next_token_law(score([*prompt, t1])[-1], case, [*prompt, t1], [t1])  # [V]
-        p1 = float(first[t1])
-        keys += [(t1, t2) for t2 in torch.nonzero(second * p1 * n >= MIN_EXPECTED / 4).flatten().tolist()]
+        pairs = torch.nonzero(second * p1 * n >= MIN_EXPECTED / 4).flatten().tolist()
+        keys += [(t1, t2) for t2 in pairs]
         keys.append((t1, OTHER))
+        found = [p1 * float(second[t2]) for t2 in pairs] + [p1 * max(0.0, 1.0 - float(second[pairs].sum()))]
+        best = sorted([*best, *found], reverse=True)[: (cells or 1) - 1]
     keys.append((OTHER,))
     return law_on(score, prompt, case, keys)
 
@@ -97,10 +110,13 @@ def law_on(score: Score, prompt: Sequence[int], case: SamplingCase, keys: Sequen
         if len(cell) == 1:
             out[cell] = p1
             continue
+        listed = [c[1] for c in keys if len(c) == 2 and c[0] == t1 and c[1] != OTHER]
+        if not listed:  # (t1, OTHER) alone: every continuation after t1
+            out[cell] = p1
+            continue
         if t1 not in seconds:
             seconds[t1] = next_token_law(score([*prompt, t1])[-1], case, [*prompt, t1], [t1])  # [V]
         if cell[1] == OTHER:
-            listed = [c[1] for c in keys if len(c) == 2 and c[0] == t1 and c[1] != OTHER]
             out[cell] = p1 * max(0.0, 1.0 - sum(float(seconds[t1][t]) for t in listed))
         else:
             out[cell] = p1 * float(seconds[t1][cell[1]])

@@ -102,6 +102,7 @@ class Report:
     prompts: list[dict] = field(default_factory=list)
     machine: dict = field(default_factory=describe)
     command: str = ""
+    seconds: dict = field(default_factory=dict)  # wall time per part: "sampled law", "greedy identity"
 
     @property
     def tests(self) -> int:
@@ -119,7 +120,7 @@ class Report:
     def as_dict(self) -> dict:
         return {"engine": self.engine, "versions": self.versions, "machine": self.machine, "command": self.command,
                 "alpha_per_test": self.alpha, "statistical_tests": self.tests, "false_failure_bound": self.false_failure,
-                "passed": self.passed, "prompts": self.prompts, "sampled_law": [r.as_dict() for r in self.law_rows],
+                "passed": self.passed, "seconds": self.seconds, "prompts": self.prompts, "sampled_law": [r.as_dict() for r in self.law_rows],
                 "greedy_identity": [r.as_dict() for r in self.greedy_rows]}
 
     def markdown(self) -> str:
@@ -129,6 +130,8 @@ class Report:
         lines += [f"- {name}: {value}" for name, value in self.versions.items()]
         lines += [f"- machine: {self.machine.get('cpu')}, {self.machine.get('logical_cpus')} logical CPUs, "
                   f"torch threads {self.machine.get('torch_threads')}, load {self.machine.get('load_average_1min')}"]
+        if self.seconds:
+            lines += ["- wall time: " + ", ".join(f"{part} {seconds / 60:.1f} min" for part, seconds in self.seconds.items())]
         lines += [f"- verdict: {'PASS' if self.passed else 'FAIL'}; {self.tests} statistical tests at alpha "
                   f"{self.alpha:g} each: a correct engine fails one with probability at most {self.false_failure:.2g}", ""]
         if self.law_rows:

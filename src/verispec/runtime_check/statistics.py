@@ -3,6 +3,14 @@
 Samples are keyed by their first tokens (`law.key`), one stratum per prompt. Cells whose
 expected count is below `MIN_EXPECTED` are pooled into one rare cell per stratum (rare tokens
 pooled), so the chi-square approximation holds; a change inside the rare cell is invisible.
+`cells` caps a stratum's cells: the `cells` - 1 most likely (by the exact law, or by both
+samples together, which does not depend on which sample a count came from) keep their own
+cell and the rest join the rare one. Without a cap the cells grow with N (every outcome
+expected `MIN_EXPECTED` times gets one), and so do the degrees of freedom and the
+noncentrality a test needs: at TV 0.05 about 1000 degrees of freedom and 42,000 samples per
+side on the default model, against 13,458 with 24 cells a prompt. The price: the TV detected
+is the TV on those cells, so a change among the rarer outcomes counts only by how much mass it
+moves in or out of the rare cell.
 
 - `two_sample`: speculation on against off, a G-test of homogeneity per stratum (cells with
   fewer than `MIN_EXPECTED` expected in either sample pooled), the statistics and degrees of
@@ -71,8 +79,9 @@ def g_statistic(observed: Sequence[float], expected: Sequence[float]) -> float:
     return 2.0 * sum(o * math.log(o / e) for o, e in zip(observed, expected) if o > 0)
 
 
-def two_sample(strata: Sequence[tuple[Counter, Counter]], alpha: float) -> TestResult:
-    """strata: per prompt, (counts with speculation, counts without), keyed by sample key."""
+def two_sample(strata: Sequence[tuple[Counter, Counter]], alpha: float, cells: int | None = None) -> TestResult:
+    """strata: per prompt, (counts with speculation, counts without), keyed by sample key;
+    cells: the most cells a stratum keeps (None: no cap)."""
     total, df, tv_mass = 0.0, 0, 0.0
     n1 = sum(sum(a.values()) for a, _ in strata)
     n2 = sum(sum(b.values()) for _, b in strata)
@@ -81,7 +90,7 @@ def two_sample(strata: Sequence[tuple[Counter, Counter]], alpha: float) -> TestR
         if not size_a or not size_b:
             continue
         share = min(size_a, size_b) / (size_a + size_b)
-        pooled = _pool({key: a[key] + b[key] for key in a.keys() | b.keys()}, lambda key, count: count * share)
+        pooled = _pool({key: a[key] + b[key] for key in a.keys() | b.keys()}, lambda key, count: count * share, cells)
         cells_a, cells_b = _cells(a, pooled), _cells(b, pooled)
         keys = sorted(cells_a.keys() | cells_b.keys(), key=repr)
         if len(keys) < 2:
@@ -89,8 +98,8 @@ def two_sample(strata: Sequence[tuple[Counter, Counter]], alpha: float) -> TestR
         observed, expected = [], []
         for key in keys:
             both = cells_a.get(key, 0) + cells_b.get(key, 0)
-            for cells, size in ((cells_a, size_a), (cells_b, size_b)):
-                observed.append(cells.get(key, 0))
+            for side, size in ((cells_a, size_a), (cells_b, size_b)):
+                observed.append(side.get(key, 0))
                 expected.append(both * size / (size_a + size_b))
         total += g_statistic(observed, expected)
         df += len(keys) - 1
@@ -99,22 +108,24 @@ def two_sample(strata: Sequence[tuple[Counter, Counter]], alpha: float) -> TestR
     return _result(total, df, tv_mass / ((n1 + n2) / 2) if n1 + n2 else 0.0, min(n1, n2), 4 * effective, alpha)
 
 
-def goodness_of_fit(strata: Sequence[tuple[Counter, Mapping[Hashable, float]]], alpha: float) -> TestResult:
+def goodness_of_fit(
+    strata: Sequence[tuple[Counter, Mapping[Hashable, float]]], alpha: float, cells: int | None = None
+) -> TestResult:
     """strata: per prompt, (counts, exact probability of every key), the keys partitioning
-    the outcomes (`law.exact_cells`)."""
+    the outcomes (`law.exact_cells`); cells: the most cells a stratum keeps (None: no cap)."""
     total, df, tv_mass, n = 0.0, 0, 0.0, 0
     for counts, law in strata:
         size = sum(counts.values())
         if not size:
             continue
         n += size
-        cells_law = _pool_probabilities(law, size)
-        cells = _cells(counts, {key: RARE for key in law if key not in cells_law} | {key: key for key in cells_law})
+        cells_law = _pool_probabilities(law, size, cells)
+        pooled = _cells(counts, {key: RARE for key in law if key not in cells_law} | {key: key for key in cells_law})
         keys = list(cells_law)
         unknown = sum(count for key, count in counts.items() if key not in law)
         if unknown:
             raise ValueError(f"{unknown} samples fall outside every cell of the exact law; the cells must cover all outcomes")
-        observed = [cells.get(key, 0) for key in keys]
+        observed = [pooled.get(key, 0) for key in keys]
         expected = [size * cells_law[key] for key in keys]
         total += g_statistic(observed, expected)
         df += len(keys) - 1
@@ -164,10 +175,15 @@ def _result(statistic: float, df: int, tv: float, n: int, weight: float, alpha: 
     return TestResult(statistic, df, p_value, tv, n, _detectable(weight, df, alpha), alpha)
 
 
-def _pool(counts: Mapping[Hashable, float], expected) -> dict[Hashable, Hashable]:
-    """key -> its cell: itself, or `RARE` when expected(key, count) < MIN_EXPECTED. A rare
-    cell too small on its own is merged into the smallest kept cell's."""
+def _pool(counts: Mapping[Hashable, float], expected, most: int | None = None) -> dict[Hashable, Hashable]:
+    """key -> its cell: itself, or `RARE` when expected(key, count) < MIN_EXPECTED or when it
+    is not among the `most` - 1 most expected (only when more than `most` cells would stay;
+    ties broken by the key). A rare cell too small on its own is merged into the smallest kept
+    cell's."""
     kept = {key for key, count in counts.items() if expected(key, count) >= MIN_EXPECTED}
+    if most is not None and len(kept) + (len(kept) < len(counts)) > most:
+        ranked = sorted(kept, key=lambda key: (-expected(key, counts[key]), repr(key)))
+        kept = set(ranked[: most - 1])
     rare_mass = sum(expected(key, count) for key, count in counts.items() if key not in kept)
     cells = {key: key if key in kept else RARE for key in counts}
     if 0 < rare_mass < MIN_EXPECTED and kept:
@@ -176,14 +192,15 @@ def _pool(counts: Mapping[Hashable, float], expected) -> dict[Hashable, Hashable
     return cells
 
 
-def degrees_of_freedom(law: Mapping[Hashable, float], size: int) -> int:
-    """The degrees of freedom of a test of `size` samples against `law`, its cells pooled."""
-    return len(_pool_probabilities(law, size)) - 1
+def degrees_of_freedom(law: Mapping[Hashable, float], size: int, cells: int | None = None) -> int:
+    """The degrees of freedom of a test of `size` samples against `law`, its cells pooled
+    (at most `cells` of them)."""
+    return len(_pool_probabilities(law, size, cells)) - 1
 
 
-def _pool_probabilities(law: Mapping[Hashable, float], size: int) -> dict[Hashable, float]:
+def _pool_probabilities(law: Mapping[Hashable, float], size: int, most: int | None = None) -> dict[Hashable, float]:
     """The law on pooled cells: key -> probability for the kept keys, `RARE` -> the rest."""
-    cells = _pool(law, lambda key, p: size * p)
+    cells = _pool(law, lambda key, p: size * p, most)
     out: dict[Hashable, float] = {}
     for key, cell in cells.items():
         out[cell] = out.get(cell, 0.0) + law[key]
