@@ -3,7 +3,9 @@
 A `Scheduler` holds up to `max_slots` requests at once, each in a slot of the target (a cache of
 its own over the shared weights, `SlotScoring`), and queues the rest. One `step`:
 
-    admit   waiting requests take free slots: prefill, begin the proposer and the policy
+    admit   waiting requests take free slots: prefill (those admitted together in one forward
+            where the target is `BatchedPrefill`, a prompt they share computed once), begin
+            the proposer and the policy
     plan    each request's policy chooses (`Decoding.choose`); `BatchK` weighs the choices and
             passes each chain whose policy lets a batch choose (auto k) the batch's k, which
             the request's own `Decoding.plan` applies (fewer drafts as the batch's forward grows
@@ -41,7 +43,7 @@ from typing import Literal
 from verispec.checks import is_int
 from verispec.cost import BatchCosts
 from verispec.engine import Decoding, Proposal, Scored, check_request, timed
-from verispec.models.base import CausalLM, SlotScoring
+from verispec.models.base import BatchedPrefill, CausalLM, SlotScoring
 from verispec.plan import Plan
 from verispec.policies import BatchK, KPolicy, first_plan
 from verispec.proposers.base import Proposer
@@ -242,6 +244,8 @@ class Scheduler:
         return len(self.running) < self.max_slots
 
     def _admit(self) -> None:
+        """Waiting jobs take the free slots; their prompts are prefilled together."""
+        admitted = []
         while self.waiting and self._room():
             job = self.waiting.popleft()
             slot = self._take_slot()
@@ -257,7 +261,15 @@ class Scheduler:
             if job.request.max_new_tokens == 0:
                 self._finish(job, "length")
                 continue
-            job.decoding.begin()
+            admitted.append(job)
+        if isinstance(self.target, BatchedPrefill) and len(admitted) > 1:
+            _, seconds = timed(self.clock, self.target.prefill_slots, [job.slot.lm for job in admitted],
+                               [job.decoding.prefix for job in admitted])
+            for job in admitted:
+                job.decoding.begin(prefilled=seconds)
+        else:
+            for job in admitted:
+                job.decoding.begin()
 
     def _take_slot(self) -> Slot:
         if self._free:

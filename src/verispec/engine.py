@@ -195,11 +195,19 @@ class Decoding:
         while not self.done:
             yield from self.round()
 
-    def begin(self) -> None:
-        """Prefill the prompt (all but its last token, the first round's pending token) and
-        start the proposer and the policy."""
+    @property
+    def prefix(self) -> list[int]:
+        """What `begin` prefills: the prompt but its last token (the first round's pending one)."""
+        return list(self.prompt[:-1])
+
+    def begin(self, prefilled: float | None = None) -> None:
+        """Prefill the prompt (`prefix`) and start the proposer and the policy. prefilled: the
+        seconds it took when a scheduler already prefilled the target with `prefix` (with
+        other requests' prompts: `BatchedPrefill`)."""
         self._context = list(self.prompt)
-        _, self.stats.prefill_seconds = timed(self.clock, self.target.prefill, self._context[: self._processed])
+        if prefilled is None:
+            _, prefilled = timed(self.clock, self.target.prefill, self.prefix)
+        self.stats.prefill_seconds = prefilled
         if self.proposer is not None:
             self.proposer.begin(self.prompt, self.sampling)
         self.policies.begin()

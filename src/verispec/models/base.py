@@ -21,18 +21,22 @@ accepted root path. The engine refuses a tree round on a model without it.
 
 Slot scoring (optional, `SlotScoring`): a model that holds several caches at once (slots, one
 per request of a batch) and scores every slot's new rows in one forward, each attending to its
-own slot's prefix only. The batch scheduler (`verispec.batching`) needs it.
+own slot's prefix only. The batch scheduler (`verispec.batching`) needs it. With
+`BatchedPrefill` too, the scheduler prefills the requests it admits together in one forward,
+and requests with the same prompt compute it once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import torch
 
 from verispec.checks import is_int
 from verispec.drafts import ROOT
+
+S = TypeVar("S")  # a slot
 
 FINAL: Literal["final"] = "final"
 """The tap of the final norm's output: the input of the output head, [H] per position."""
@@ -164,6 +168,45 @@ class SlotScoring(Protocol):
     def extend_slots(self, slots: Sequence[CausalLM], tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """One forward over every slot's new rows; per slot its logits float [n_i, V]."""
         ...
+
+
+@runtime_checkable
+class BatchedPrefill(Protocol):
+    """A `SlotScoring` model that prefills many slots at once (optional: the `Scheduler`
+    prefills each slot on its own otherwise).
+
+    >>> target.prefill_slots([a, b, c], [p[:-1], p[:-1], r[:-1]])   # p computed once, copied to b
+
+    Each slot ends as its own `prefill(prompts[i])` leaves it (cache and recorded features; up
+    to the dtype's rounding, bit for bit where the model says its rows are row-invariant), the
+    distinct prompts in one forward (or a few of one shape) without the head, and a slot whose
+    prompt and feature taps equal an earlier slot's copies that slot's cache and features
+    instead of computing them again (`shared_prompts`).
+    """
+
+    def prefill_slots(self, slots: Sequence[CausalLM], prompts: Sequence[Sequence[int]]) -> None:
+        ...
+
+
+def shared_prompts(
+    slots: Sequence[S], prompts: Sequence[Sequence[int]], taps: Callable[[S], tuple]
+) -> tuple[list[tuple[S, list[int]]], list[tuple[S, S]]]:
+    """Split a batched prefill: (slot, prompt) for the first slot of each distinct (prompt,
+    taps), and (slot, source) for every later one, which copies its source's cache.
+
+    >>> shared_prompts(["a", "b", "c"], [[1, 2], [3], [1, 2]], lambda slot: ())
+    ([('a', [1, 2]), ('b', [3])], [('c', 'a')])
+    """
+    first: dict[tuple, S] = {}
+    computed, copies = [], []
+    for slot, prompt in zip(slots, prompts):
+        key = (tuple(prompt), taps(slot))
+        if key in first:
+            copies.append((slot, first[key]))
+        else:
+            first[key] = slot
+            computed.append((slot, list(prompt)))
+    return computed, copies
 
 
 def check_slots(slots: Sequence[object], tokens: Sequence[Sequence[int]], slot_type: type) -> None:

@@ -49,6 +49,14 @@ class FeatureStore:
         self._first = dict.fromkeys(self._first, 0)
         self.length = 0
 
+    def copy_from(self, source: FeatureStore) -> None:
+        """Hold what `source` holds (recording the same taps), as after the same forwards."""
+        if self.taps != source.taps:
+            raise ValueError(f"copying features recorded at {source.taps} into a store recording {self.taps}")
+        self._first = dict(source._first)
+        self._rows = {tap: rows[: source.length - source._first[tap]].clone() for tap, rows in source._rows.items()}
+        self.length = source.length
+
     def append(self, rows: dict[Tap, torch.Tensor]) -> None:
         """Rows of the next n positions for every recorded tap: rows[tap] [n, H]."""
         n = None

@@ -80,3 +80,12 @@ class KVCache:
             leading = (slice(None),) * axis
             for buffer in buffers:
                 buffer[(*leading, destinations)] = buffer[(*leading, sources)]
+
+    def copy_prefix(self, source: KVCache, length: int) -> None:
+        """Hold `source`'s first `length` positions (of the same layers and layout) as this
+        cache's whole content."""
+        self.ensure(length)
+        for mine, theirs, axis in ((self.keys, source.keys, self.key_axis), (self.values, source.values, 1)):
+            for buffer, other in zip(mine, theirs):
+                buffer.narrow(axis, 0, length).copy_(other.narrow(axis, 0, length))
+        self.length = length

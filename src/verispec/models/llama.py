@@ -58,6 +58,7 @@ from verispec.models.base import (
     check_extend_tree,
     check_score_ids,
     check_slots,
+    shared_prompts,
     check_taps,
     check_token_ids,
 )
@@ -453,14 +454,42 @@ class LlamaRuntime:
         as its own `extend(tokens[i])` would return them (bit for bit with deterministic
         scoring: each projection's rows and each slot's attention rows do not depend on the
         others). Each slot's cache and features advance as by `extend`."""
-        check_slots(slots, tokens, LlamaRuntime)
+        self._check_slots(slots, tokens)
         for slot, rows in zip(slots, tokens):
-            if slot.embed is not self.embed or len(slot.layers) != len(self.layers):
-                raise ValueError("extend_slots takes slots made by this model's new_slot")
             check_extend(rows, None, self.vocab_size)
             slot._pending.refuse()
         if len(slots) == 1:
             return [slots[0].extend(tokens[0])]
+        return self._slots_forward(slots, tokens, logits=True)
+
+    @torch.inference_mode()
+    def prefill_slots(self, slots: Sequence[LlamaRuntime], prompts: Sequence[Sequence[int]]) -> None:
+        """Every slot as its own `prefill(prompts[i])` leaves it: the distinct prompts in one
+        forward without the head, a repeated one copied from its first slot (`BatchedPrefill`)."""
+        self._check_slots(slots, prompts)
+        for slot, ids in zip(slots, prompts):
+            if len(ids):
+                check_token_ids(ids, self.vocab_size)
+            slot.reset()
+        computed, copies = shared_prompts(slots, prompts, lambda slot: slot._features.taps)
+        computed = [(slot, ids) for slot, ids in computed if ids]
+        if computed:
+            self._slots_forward([slot for slot, _ in computed], [ids for _, ids in computed], logits=False)
+        for slot, source in copies:
+            slot.cache.copy_prefix(source.cache, source.length)
+            slot._features.copy_from(source._features)
+
+    def _check_slots(self, slots: Sequence[LlamaRuntime], tokens: Sequence[Sequence[int]]) -> None:
+        check_slots(slots, tokens, LlamaRuntime)
+        for slot in slots:
+            if slot.embed is not self.embed or len(slot.layers) != len(self.layers):
+                raise ValueError("extend_slots takes slots made by this model's new_slot")
+
+    def _slots_forward(
+        self, slots: Sequence[LlamaRuntime], tokens: Sequence[Sequence[int]], logits: bool
+    ) -> list[torch.Tensor] | None:
+        """One forward over every slot's rows on its own cache; per slot its logits float32
+        [n_i, V] (None without `logits`: no head), each slot's recorded features appended."""
         segments, offset, flat = [], 0, []
         for slot, rows in zip(slots, tokens):
             segments.append(self._segment(slot.cache, offset, len(rows)))
@@ -468,17 +497,18 @@ class LlamaRuntime:
             flat.extend(rows)
         taps = tuple(dict.fromkeys(tap for slot in slots for tap in slot._features.taps))
         x, captured = self._layers(segments, flat, tuple(tap for tap in taps if tap != FINAL))
-        normed = rms_norm(x, self.norm, self.shape.eps)  # [N, H]
-        if FINAL in taps:
-            captured[FINAL] = normed
-        logits = self.head(normed).float()  # [N, V]
-        out = []
+        if logits or FINAL in taps:
+            normed = rms_norm(x, self.norm, self.shape.eps)  # [N, H]
+            if FINAL in taps:
+                captured[FINAL] = normed
+        scored = self.head(normed).float() if logits else None  # [N, V]
         for slot, seg in zip(slots, segments):
-            rows = slice(seg.offset, seg.offset + seg.m)
             if slot._features.taps:
+                rows = slice(seg.offset, seg.offset + seg.m)
                 slot._features.append({tap: captured[tap][rows] for tap in slot._features.taps})
-            out.append(logits[rows])
-        return out
+        if scored is None:
+            return None
+        return [scored[seg.offset : seg.offset + seg.m] for seg in segments]
 
     def kv_bytes_per_token(self) -> int:
         """Cache bytes one position takes in every layer (keys and values, with the ones

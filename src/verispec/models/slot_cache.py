@@ -51,6 +51,14 @@ class SlotCache:
         self.generation += 1
         return True
 
+    def copy_slot(self, source: int, destination: int) -> None:
+        """Slot `destination` holds slot `source`'s processed positions, and its length."""
+        length = self.lengths[source]
+        for buffers in (self.keys, self.values):
+            for buffer in buffers:
+                buffer[destination, :, :length] = buffer[source, :, :length]
+        self.lengths[destination] = length
+
     def bytes_per_token(self) -> int:
         """Bytes one position of one slot takes in every layer (keys and values)."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype.itemsize

@@ -81,6 +81,7 @@ from verispec.models.base import (
     check_slots,
     check_taps,
     check_token_ids,
+    shared_prompts,
 )
 from verispec.models.cuda_graphs import ShapeGraphs
 from verispec.models.features import FeatureStore
@@ -577,3 +578,23 @@ class StaticLlama(StaticSlot):
             check_extend(rows, None, self.vocab_size)
             slot._pending.refuse()
         return self._run(slots, tokens)
+
+    @torch.inference_mode()
+    def prefill_slots(self, slots: Sequence[StaticSlot], prompts: Sequence[Sequence[int]]) -> None:
+        """Every slot as its own `prefill(prompts[i])` leaves it: the distinct prompts in steps of
+        the one shape without the head, a repeated one copied from its first slot
+        (`BatchedPrefill`)."""
+        check_slots(slots, prompts, StaticSlot)
+        for slot, ids in zip(slots, prompts):
+            if slot.model is not self.model:
+                raise ValueError("prefill_slots takes slots made by this model's new_slot")
+            if len(ids):
+                check_token_ids(ids, self.vocab_size)
+            slot.reset()
+        computed, copies = shared_prompts(slots, prompts, lambda slot: slot._features.taps)
+        computed = [(slot, ids) for slot, ids in computed if ids]
+        if computed:
+            self._run([slot for slot, _ in computed], [ids for _, ids in computed], logits=False)
+        for slot, source in copies:
+            self.model.cache.copy_slot(source.index, slot.index)
+            slot._features.copy_from(source._features)
