@@ -51,6 +51,9 @@ def run(engine) -> dict[str, str]:
     table = report.markdown()
     assert all(f"| {row.method} | temperature (temperature=0.5) | {row.test} | {row.status} |" in table for row in report.law_rows)
     assert json.loads(json.dumps(report.as_dict()))["false_failure_bound"] == pytest.approx(3e-3)
+    speculative = [row for row in report.law_rows if row.test != PLAIN_VS_EXACT]
+    assert all(row.drafts[0] > 1 and 0 < row.drafts[1] <= row.drafts[0] for row in speculative)  # the draft ran
+    assert " / " in table.splitlines()[-3] or any(f"{row.drafts[0]:.2f} / " in table for row in speculative)
     return {row.test: row.status for row in report.law_rows}
 
 

@@ -31,7 +31,7 @@ import torch
 
 from verispec.runtime_check import greedy, law
 from verispec.runtime_check.cases import SamplingCase, default_cases, neutral
-from verispec.runtime_check.engines.base import Engine, Refused
+from verispec.runtime_check.engines.base import CountsDrafts, Engine, Refused
 from verispec.runtime_check.report import LawRow, Report
 from verispec.runtime_check.statistics import degrees_of_freedom, goodness_of_fit, samples_for, two_sample
 
@@ -154,6 +154,7 @@ def check_case(
     def draw(method: str | None, offset: int) -> list[Counter] | Refused:
         """Per prompt, the counts of sample keys; or the engine's refusal (or crash)."""
         counts = []
+        before = engine.drafts() if isinstance(engine, CountsDrafts) else None
         for i, prompt in enumerate(prompts):
             settings.progress(f"{engine.name} {method or PLAIN} {case.name}: {per_prompt} samples at prompt {i + 1}")
             try:
@@ -162,6 +163,10 @@ def check_case(
             except Refused as refusal:
                 return refusal
             counts.append(Counter(law.key(s, reference.eos_ids) for s in samples))
+        if before is not None and method is not None:
+            (drafted, accepted), total = engine.drafts(), per_prompt * len(prompts)
+            drafts[method] = ((drafted - before[0]) / total,
+                              None if accepted is None or before[1] is None else (accepted - before[1]) / total)
         return counts
 
     def against_exact(counts: list[Counter]):
@@ -169,6 +174,7 @@ def check_case(
                                settings.cells)
 
     rows = []
+    drafts: dict[str, tuple[float, float | None]] = {}  # method -> drafted, accepted per sample
     plain = draw(None, 0)
     plain_row = row(PLAIN, PLAIN_VS_EXACT)
     rows.append(plain_row.refused(plain) if isinstance(plain, Refused) else plain_row.tested(against_exact(plain)))
@@ -177,10 +183,10 @@ def check_case(
         if isinstance(spec, Refused):
             rows += [row(method, SPEC_VS_PLAIN).refused(spec), row(method, SPEC_VS_EXACT).refused(spec)]
             continue
-        versus = row(method, SPEC_VS_PLAIN)
+        versus = replace(row(method, SPEC_VS_PLAIN), drafts=drafts.get(method))
         rows.append(versus.skipped(f"the plain side is refused: {plain}") if isinstance(plain, Refused)
                     else versus.tested(two_sample(list(zip(spec, plain)), settings.alpha, settings.cells)))
-        rows.append(row(method, SPEC_VS_EXACT).tested(against_exact(spec)))
+        rows.append(replace(row(method, SPEC_VS_EXACT), drafts=drafts.get(method)).tested(against_exact(spec)))
     return rows
 
 

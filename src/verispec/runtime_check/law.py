@@ -30,20 +30,22 @@ from verispec.runtime_check.statistics import MIN_EXPECTED
 DEPTH = 2
 OTHER = -1
 
-# Short raw-text openings whose next token is uncertain (no chat template: the spread is the
-# point). The check keeps those it can test best under the target's own law (`spread_prompts`).
+# Raw-text prompts whose next token is uncertain (no chat template: the spread is the point),
+# each a statement and the start of its echo, so that a method drafting from the context
+# (prompt lookup, n-grams) drafts there too: on the default model verispec's lookup drafts
+# two tokens on every sample of these (and none after the bare openings, "My brother plays
+# the"). The check keeps those it can test best under the target's own law (`spread_prompts`).
 SPREAD_TEXTS = (
-    "My favourite colour is",
-    "The name of my dog is",
-    "I went to the market and bought some",
-    "Her favourite animal was the",
-    "The best thing about summer is",
-    "He opened the box and found a",
-    "My brother plays the",
-    "The word I think of first is",
-    "Coffee or tea? I prefer",
-    "Roses are red, violets are",
-    "The weather today is",
+    "Coffee or tea? I prefer coffee. Tea or coffee? I prefer",
+    "My favourite colour is blue. Her favourite colour is",
+    "My brother plays the guitar. My sister plays the",
+    "The name of my dog is Max. The name of my cat is",
+    "I went to the market and bought some apples. Then I went to the market and bought some",
+    "He opened the box and found a key. She opened the box and found a",
+    "The weather today is sunny. The weather tomorrow is",
+    "Her favourite animal was the cat. His favourite animal was the",
+    "The best thing about summer is the sun. The best thing about winter is",
+    "The word I think of first is home. The word she thinks of first is",
 )
 
 Score = Callable[[list[int]], torch.Tensor]  # ids -> logits[len(ids), V], a fresh full forward

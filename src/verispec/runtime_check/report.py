@@ -22,7 +22,9 @@ PASS, FAIL, REFUSED, SKIPPED = "pass", "fail", "refused", "skipped"
 class LawRow:
     """One test of the sampled law. effect: the total variation the parameter makes to the
     exact law (0 for plain sampling): a pass can show the parameter was applied only when the
-    effect exceeds the test's detectable TV."""
+    effect exceeds the test's detectable TV. drafts: the tokens the engine drafted, and those
+    it accepted (None if it cannot tell), per speculative sample, where it says (`CountsDrafts`):
+    a method that drafts nothing on the prompts has its law checked only where it is plain."""
 
     engine: str
     method: str
@@ -33,6 +35,7 @@ class LawRow:
     result: TestResult | None = None
     reason: str = ""
     effect: float = 0.0
+    drafts: tuple[float, float | None] | None = None
 
     def tested(self, result: TestResult) -> LawRow:
         """A test with no degrees of freedom (every cell pooled into one) tests nothing: skipped."""
@@ -50,6 +53,7 @@ class LawRow:
     def as_dict(self) -> dict:
         return {"engine": self.engine, "method": self.method, "parameter": self.parameter, "settings": self.settings,
                 "test": self.test, "status": self.status, "reason": self.reason, "effect_tv": self.effect,
+                **({"drafted_per_sample": self.drafts[0], "accepted_per_sample": self.drafts[1]} if self.drafts else {}),
                 **({"result": self.result.as_dict()} if self.result else {})}
 
 
@@ -139,24 +143,32 @@ class Report:
             if self.prompts:
                 lines += ["Prompts (raw text; next-token entropy): " + "; ".join(
                     f"{p['text']!r} ({p['entropy_nats']:.2f} nats)" for p in self.prompts), ""]
-            lines += ["| method | parameter | test | result | p-value | TV | N | TV at 90 % power | effect | note |",
-                      "|---|---|---|---|---|---|---|---|---|---|"]
+            lines += ["| method | parameter | test | result | p-value | TV | N | TV at 90 % power | effect | drafted / accepted a sample | note |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in self.law_rows:
                 t = r.result
                 cells = ([f"{t.p_value:.3g}", f"{t.tv:.3f}", str(t.n), f"{t.detectable_tv:.3f}"] if t
                          else ["", "", "", ""])
                 setting = ", ".join(f"{k}={v}" for k, v in r.settings.items()) or "-"
                 lines.append(f"| {r.method} | {r.parameter} ({setting}) | {r.test} | {r.status} | "
-                             + " | ".join(cells) + f" | {r.effect:.3f} | {_cell(r.reason)} |")
+                             + " | ".join(cells) + f" | {r.effect:.3f} | {_drafts(r.drafts)} | {_cell(r.reason)} |")
             lines += ["", "TV: the estimated total variation between the two laws on the test's cells (plug-in, "
                       "with sampling noise); TV at 90 % power: the smallest difference the test detects with 90 % power at "
-                      "this N; effect: the total variation the parameter itself makes to the exact law.", ""]
+                      "this N; effect: the total variation the parameter itself makes to the exact law; drafted / "
+                      "accepted: the engine's speculation on these samples, where it says.", ""]
         if self.greedy_rows:
             lines += ["## Greedy identity", "", "| method | in flight | result | detail |", "|---|---|---|---|"]
             for r in self.greedy_rows:
                 lines.append(f"| {r.method} | {r.concurrency} | {r.status} | {_cell(r.summary)} |")
             lines.append("")
         return "\n".join(lines)
+
+
+def _drafts(drafts: tuple[float, float | None] | None) -> str:
+    if drafts is None:
+        return ""
+    drafted, accepted = drafts
+    return f"{drafted:.2f} / " + ("?" if accepted is None else f"{accepted:.2f}")
 
 
 def _cell(text: str) -> str:

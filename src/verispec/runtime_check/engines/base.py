@@ -5,7 +5,8 @@ on (one of its `methods`). It passes every parameter it is given or raises `Refu
 why; it never drops one silently. `Crashed` says it failed on what it accepted. `Unavailable`
 says an engine cannot start here and how to install what it needs. An engine that can show its
 own logits also meets `GivesLogits`, so a greedy divergence is diagnosed in its numerics as well
-as in verispec's.
+as in verispec's; one that counts its drafts meets `CountsDrafts`, so a report says whether the
+speculation under check drafted at all.
 """
 
 from __future__ import annotations
@@ -66,4 +67,14 @@ class GivesLogits(Protocol):
     def logits(self, prefix: Sequence[int]) -> torch.Tensor | None:
         """Its own logits for the token after `prefix`, float [V], from one forward of its
         own over the prefix (its weights and kernels); None when it cannot give them."""
+        ...
+
+
+@runtime_checkable
+class CountsDrafts(Protocol):
+    """An engine that can say how much it speculated (optional beside `Engine`)."""
+
+    def drafts(self) -> tuple[int, int | None]:
+        """Tokens drafted, and accepted (None when it cannot tell), over every speculative
+        sample it has drawn so far."""
         ...

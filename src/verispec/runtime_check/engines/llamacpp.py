@@ -85,6 +85,19 @@ def float32_copy(gguf: Path) -> Path:
     return out
 
 
+class Counted:
+    """A llama-cpp-python draft model that counts the tokens it drafts."""
+
+    def __init__(self, draft) -> None:
+        self.draft = draft
+        self.drafted = 0
+
+    def __call__(self, input_ids, *args, **kwargs):
+        drafted = self.draft(input_ids, *args, **kwargs)
+        self.drafted += len(drafted)
+        return drafted
+
+
 def bias_processor(bias: Sequence[tuple[int, float]]):
     """llama-cpp-python's logits processor adding `bias` to the logits (as `create_completion`'s
     `logit_bias`)."""
@@ -118,6 +131,11 @@ class LlamaCppEngine:
         self.threads = threads or torch.get_num_threads()
         self._llamas: dict[str | None, object] = {}
 
+    def drafts(self) -> tuple[int, None]:
+        """Tokens its lookup drafted so far (`CountsDrafts`); how many `generate` kept is not
+        exposed, so accepted is None."""
+        return sum(llama.draft_model.drafted for llama in self._llamas.values() if llama.draft_model is not None), None
+
     def versions(self) -> dict[str, str]:
         return {"llama-cpp-python": self.api.__version__, "weights": f"{self.gguf.name} (F32, keys and values F32)"}
 
@@ -129,7 +147,7 @@ class LlamaCppEngine:
         if llama is None or llama.n_ctx() < positions:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-            draft = LlamaPromptLookupDecoding(num_pred_tokens=LLAMACPP_LOOKUP_TOKENS) if method else None
+            draft = Counted(LlamaPromptLookupDecoding(num_pred_tokens=LLAMACPP_LOOKUP_TOKENS)) if method else None
             llama = self.api.Llama(
                 model_path=str(self.gguf),
                 n_ctx=max(MIN_CONTEXT, -(-positions // MIN_CONTEXT) * MIN_CONTEXT),

@@ -25,9 +25,10 @@ from verispec.proposers.base import Proposer
 from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Refused
 from verispec.sampling import GREEDY
+from verispec.stats import Stats
 from verispec.verify import Verifier
 
-BATCH = 64  # samples decoded at once by the scheduler
+BATCH = 128  # samples decoded at once by the scheduler
 
 ProposerFactory = Callable[[CausalLM], Proposer]  # a proposer for a target (or one of its slots)
 
@@ -56,6 +57,15 @@ class VerispecEngine:
         self.verifier = verifier
         self.dtype = dtype
         self._built: dict[str, Proposer] = {}
+        self._drafted = self._accepted = 0
+
+    def drafts(self) -> tuple[int, int]:
+        """Tokens drafted and accepted over every request decoded so far (`CountsDrafts`)."""
+        return self._drafted, self._accepted
+
+    def _count(self, stats: Stats) -> None:
+        self._drafted += sum(stats.drafted)
+        self._accepted += sum(stats.accepted)
 
     def versions(self) -> dict[str, str]:
         return {"verispec": version()}
@@ -85,13 +95,15 @@ class VerispecEngine:
                 BATCH,
             )
         proposer = self.proposer(method)
-        return [
-            generate(
+        out = []
+        for i in range(n):
+            decoded = generate(
                 self.target, proposer, list(prompt), max_new_tokens=length, sampling=case.sampling,
                 eos_token_id=self.eos_ids, k=self.k if proposer is not None else 0, seed=seed + i, verifier=self.verifier,
-            ).tokens
-            for i in range(n)
-        ]
+            )
+            self._count(decoded.stats)
+            out.append(decoded.tokens)
+        return out
 
     def logits(self, prefix: Sequence[int]) -> torch.Tensor:
         """The target's last-position logits after `prefix` from a fresh full forward, float [V]
@@ -132,4 +144,6 @@ class VerispecEngine:
         scheduler = Scheduler(self.target, build, max_slots=slots)
         jobs = [scheduler.submit(request) for request in requests]
         scheduler.run()
+        for job in jobs:
+            self._count(job.stats)
         return [list(job.tokens) for job in jobs]
