@@ -30,7 +30,7 @@ from verispec.batching import Scheduler
 from verispec.cost import BatchCosts, FixedCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import generate
-from verispec.models.base import check_slots
+from verispec.models.base import ForwardingLM, check_slots
 from verispec.models.format_costs import DEFAULT_BF16, DEFAULT_Q4  # --dtype auto's documented curves
 from verispec.models.tables import TableLM, bigram
 from verispec.policies import AutoK, KPolicy
@@ -110,49 +110,33 @@ class SimulatedClock:
         self.now += seconds
 
 
-class SimulatedTarget:
+class SimulatedTarget(ForwardingLM):
     """A table target whose every forward (`extend`, `extend_tree`, `extend_slots` over all
     slots at once) charges the clock t(1) v(rows); prefill and `score` are free (the decode is
     measured). Slots share the clock and the curve."""
 
     def __init__(self, table: TableLM, curve: Curve, clock: SimulatedClock) -> None:
-        self.table, self.curve, self.clock = table, curve, clock
-        self.vocab_size = table.vocab_size
-
-    @property
-    def length(self) -> int:
-        return self.table.length
-
-    def reset(self) -> None:
-        self.table.reset()
-
-    def prefill(self, ids: Sequence[int]) -> None:
-        self.table.prefill(ids)
+        super().__init__(table)
+        self.curve, self.clock = curve, clock
 
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         self._charge(len(tokens))
-        return self.table.extend(tokens, keep)
-
-    def rollback(self, length: int) -> None:
-        self.table.rollback(length)
-
-    def score(self, ids: Sequence[int]) -> torch.Tensor:
-        return self.table.score(ids)
+        return self.inner.extend(tokens, keep)
 
     def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         self._charge(len(tokens))
-        return self.table.extend_tree(tokens, parents)
+        return self.inner.extend_tree(tokens, parents)
 
     def keep_path(self, path: Sequence[int]) -> None:
-        self.table.keep_path(path)
+        self.inner.keep_path(path)
 
     def new_slot(self, capacity: int = 256) -> SimulatedTarget:
-        return SimulatedTarget(self.table.new_slot(capacity), self.curve, self.clock)
+        return SimulatedTarget(self.inner.new_slot(capacity), self.curve, self.clock)
 
     def extend_slots(self, slots: Sequence[SimulatedTarget], tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         check_slots(slots, tokens, SimulatedTarget)
         self._charge(sum(len(rows) for rows in tokens))
-        return [slot.table.extend(rows) for slot, rows in zip(slots, tokens)]
+        return [slot.inner.extend(rows) for slot, rows in zip(slots, tokens)]
 
     def _charge(self, rows: int) -> None:
         self.clock.charge(STEP * self.curve.at(rows))

@@ -29,7 +29,7 @@ from verispec.identity import NEAR_TIE, diagnose, first_mismatch
 from verispec.bench.methods import PLAIN
 from verispec.bench.runners import HFRunner, VerispecRunner
 from verispec.bench.workloads import Workload
-from verispec.models.base import CausalLM, TreeScoring
+from verispec.models.base import CausalLM, ForwardingLM, TreeScoring
 from verispec.models.load import LoadedModel
 from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer
@@ -55,8 +55,8 @@ class Run:
     tokens_per_round: float | None = None
 
 
-class Recorder:
-    """A `CausalLM` that passes every call to `lm` and keeps, for each prefix length, the
+class Recorder(ForwardingLM):
+    """A `CausalLM` that passes every call to `inner` and keeps, for each prefix length, the
     logits row of the last forward that computed it with that forward's width.
 
     A speculative round's rows past the first rejection are rolled back and computed again
@@ -65,35 +65,24 @@ class Recorder:
     """
 
     def __init__(self, lm: CausalLM) -> None:
-        self.lm = lm
-        self.vocab_size = lm.vocab_size
+        super().__init__(lm)
         self.rows: dict[int, tuple[torch.Tensor, int]] = {}  # prefix length -> (logits[V], width)
 
-    @property
-    def length(self) -> int:
-        return self.lm.length
-
     def reset(self) -> None:
-        self.lm.reset()
+        self.inner.reset()
         self.rows.clear()
 
     def prefill(self, ids: Sequence[int]) -> None:
-        self.lm.prefill(ids)
+        self.inner.prefill(ids)
         self.rows.clear()
 
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
-        before = self.lm.length
-        logits = self.lm.extend(tokens, keep)  # [keep or n, V]
+        before = self.inner.length
+        logits = self.inner.extend(tokens, keep)  # [keep or n, V]
         first = before + len(tokens) - len(logits) + 1  # the prefix length of row 0
         for i, row in enumerate(logits):
             self.rows[first + i] = (row, len(tokens))
         return logits
-
-    def rollback(self, length: int) -> None:
-        self.lm.rollback(length)
-
-    def score(self, ids: Sequence[int]) -> torch.Tensor:
-        return self.lm.score(ids)
 
     def run(self, prompt_ids: Sequence[int], tokens: list[int], tokens_per_round: float | None) -> Run:
         kept = [self.rows[len(prompt_ids) + i] for i in range(len(tokens))]
@@ -111,13 +100,13 @@ class TreeRecorder(Recorder):
         self.tree: tuple[int, torch.Tensor] | None = None  # (length before the tree, logits[n, V])
 
     def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        before = self.lm.length
-        logits = self.lm.extend_tree(tokens, parents)  # [n, V]
+        before = self.inner.length
+        logits = self.inner.extend_tree(tokens, parents)  # [n, V]
         self.tree = (before, logits)
         return logits
 
     def keep_path(self, path: Sequence[int]) -> None:
-        self.lm.keep_path(path)  # refuses a path without a pending tree
+        self.inner.keep_path(path)  # refuses a path without a pending tree
         before, logits = self.tree
         self.tree = None
         for depth, node in enumerate(path, start=1):  # the node ends the prefix of length before + depth

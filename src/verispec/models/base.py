@@ -24,6 +24,8 @@ per request of a batch) and scores every slot's new rows in one forward, each at
 own slot's prefix only. The batch scheduler (`verispec.batching`) needs it. With
 `BatchedPrefill` too, the scheduler prefills the requests it admits together in one forward,
 and requests with the same prompt compute it once.
+
+`ForwardingLM` is the base of wrappers that pass a model's calls on and change a few.
 """
 
 from __future__ import annotations
@@ -74,6 +76,43 @@ class CausalLM(Protocol):
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         """Stateless full recomputation: logits[len(ids), V]; the cache is not touched."""
         ...
+
+
+class ForwardingLM:
+    """A `CausalLM` that passes every call and `vocab_size` to `inner`: a wrapper (one that
+    charges a clock, taps or records logits) subclasses it and overrides only what it changes.
+
+    It forwards exactly the `CausalLM` members, never an optional protocol's, and has no
+    `__getattr__`: an `isinstance` check of a runtime-checkable protocol asks only whether the
+    methods exist, so a wrapper claims `TreeScoring`, `SlotScoring`, `FeatureChannel` or
+    `BatchedPrefill` only by defining that protocol's methods itself, where it keeps them.
+    """
+
+    def __init__(self, inner: CausalLM) -> None:
+        self.inner = inner
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    @property
+    def length(self) -> int:
+        return self.inner.length
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        self.inner.prefill(ids)
+
+    def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        return self.inner.extend(tokens, keep)
+
+    def rollback(self, length: int) -> None:
+        self.inner.rollback(length)
+
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        return self.inner.score(ids)
 
 
 @runtime_checkable

@@ -19,7 +19,7 @@ from collections.abc import Collection, Sequence
 import torch
 
 from verispec.drafts import Draft, Verdict
-from verispec.models.base import CausalLM
+from verispec.models.base import CausalLM, ForwardingLM
 from verispec.proposers import DraftModel
 from verispec.randomness import Random
 from verispec.runtime_check.engines.own import VerispecEngine
@@ -41,33 +41,16 @@ class RawQDraftModel(DraftModel):
         return Draft(draft.tokens, probabilities(logits, SamplingParams()))
 
 
-class LogitsTap:
-    """A `CausalLM` that passes every call to `lm` and keeps the last `extend`'s logits."""
+class LogitsTap(ForwardingLM):
+    """A `CausalLM` that passes every call to `inner` and keeps the last `extend`'s logits."""
 
     def __init__(self, lm: CausalLM) -> None:
-        self.lm = lm
-        self.vocab_size = lm.vocab_size
+        super().__init__(lm)
         self.last: torch.Tensor | None = None  # [n, V]
 
-    @property
-    def length(self) -> int:
-        return self.lm.length
-
-    def reset(self) -> None:
-        self.lm.reset()
-
-    def prefill(self, ids: Sequence[int]) -> None:
-        self.lm.prefill(ids)
-
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
-        self.last = self.lm.extend(tokens, keep)
+        self.last = self.inner.extend(tokens, keep)
         return self.last
-
-    def rollback(self, length: int) -> None:
-        self.lm.rollback(length)
-
-    def score(self, ids: Sequence[int]) -> torch.Tensor:
-        return self.lm.score(ids)
 
 
 class StaleCache:
