@@ -26,6 +26,7 @@ from verispec.runtime_check.cases import SamplingCase, default_cases, next_token
 from verispec.runtime_check.check import PLAIN_VS_EXACT, SPEC_VS_EXACT, SPEC_VS_PLAIN
 from verispec.runtime_check.engines.base import Refused
 from verispec.runtime_check.report import FAIL, PASS, REFUSED, SKIPPED
+from verispec.runtime_check.jobs import shares
 from verispec.runtime_check.statistics import (
     RARE, _pool_probabilities, degrees_of_freedom, detectable_tv, goodness_of_fit, samples_for, two_sample,
 )
@@ -229,3 +230,29 @@ def test_a_capped_exact_law_keeps_the_same_most_likely_cells(cells):
     kept = lambda cells_law: {k: p for k, p in _pool_probabilities(cells_law, 5000, cells).items() if k != RARE}  # noqa: E731
     assert kept(capped) == pytest.approx(kept(full))
     assert len(capped) < len(full) or cells == 24
+
+
+def test_jobs_deal_the_parameters_round_robin():
+    assert shares(["a", "b", "c", "d", "e"], 2) == [["a", "c", "e"], ["b", "d"]]
+    assert shares(["a"], 4) == [["a"]]
+
+
+@pytest.mark.slow
+def test_jobs_give_the_rows_one_process_gives(tmp_path):
+    """Each sample's seed depends on its method, prompt and index only, so two processes write
+    the rows one process writes, in the grid's order (up to float32 rounding in the exact law:
+    one thread and two sum the logits' products in another order)."""
+    from verispec.cli import main
+
+    argv = ["check-runtime", "verispec", "--method", "lookup", "--n", "60", "--parameter", "top_k",
+            "--parameter", "default", "--parameter", "logit_bias", "--greedy-prompts", "0"]
+    assert main([*argv, "--out", str(tmp_path / "one")]) == 0
+    assert main([*argv, "--jobs", "2", "--out", str(tmp_path / "two")]) == 0
+    one, two = (json.loads((tmp_path / d / "check-runtime-verispec-lookup.json").read_text()) for d in ("one", "two"))
+    assert [row["result"]["p_value"] for row in two["sampled_law"] if "result" in row] == pytest.approx(
+        [row["result"]["p_value"] for row in one["sampled_law"] if "result" in row], rel=1e-3)
+    strip = lambda rows: [{k: v for k, v in row.items() if k not in ("result", "effect_tv")} for row in rows]  # noqa: E731
+    assert strip(two["sampled_law"]) == strip(one["sampled_law"])
+    assert [p["ids"] for p in two["prompts"]] == [p["ids"] for p in one["prompts"]]
+    assert [row["parameter"] for row in two["sampled_law"]][::3] == ["default", "top_k", "logit_bias"]
+    assert "--jobs 2" in two["command"] and set(two["seconds"]) == {"sampled law"}

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
+import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,7 +20,8 @@ from verispec.cli.paths import FORCE_HELP, check_input_file, check_output_direct
 from verispec.models import DEFAULT_MODEL
 from verispec.runtime_check.check import Settings
 from verispec.runtime_check.engines import ENGINES, Unavailable
-from verispec.runtime_check.run import check_options, outputs, run, write
+from verispec.runtime_check.jobs import sampled_rows
+from verispec.runtime_check.run import check_options, outputs, parameter_names, run, write
 
 GREEDY_FILE = "specbench_dev.jsonl"
 
@@ -70,6 +74,9 @@ def check_runtime(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="VERISPEC_API_KEY", show_default=False,
                                                    help="Bearer token for openai:URL.")] = None,
     seed: Annotated[int, typer.Option(min=0, help="The first sample's seed.")] = 0,
+    jobs: Annotated[int, typer.Option(min=1, max=64, help="Split the sampled law's parameters over this many "
+                                      "processes, the threads shared among them (2 on 2 cores: one thread each; "
+                                      "docs/check-runtime.md).")] = 1,
     out: Annotated[Optional[Path], typer.Option(help="Write check-runtime-ENGINE.md and .json here.")] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
 ) -> None:
@@ -83,13 +90,16 @@ def check_runtime(
     if greedy_prompts:
         greedy_file = prompts_file or data_file(GREEDY_FILE, Path.cwd())
         check_input_file(greedy_file, "--prompts-file", "a Spec-Bench JSONL file (or --greedy-prompts 0)")
-    words = ["verispec", "check-runtime", engine, *[w for m in method or () for w in ("--method", m)], "--model", model,
-             "--dtype", dtype, *(["--tv", f"{tv:g}"] if tv is not None else ["--n", str(n)]), "--cells", str(cells), "--length", str(length), "--prompts", str(prompts),
-             *[w for t in sample_prompt or () for w in ("--sample-prompt", t)],
-             *[w for p in parameter or () for w in ("--parameter", p)], "--alpha", f"{alpha:g}",
+    sampling = ["check-runtime", engine, *[w for m in method or () for w in ("--method", m)], "--model", model,
+                "--dtype", dtype, *(["--tv", f"{tv:g}"] if tv is not None else ["--n", str(n)]), "--cells", str(cells),
+                "--length", str(length), "--prompts", str(prompts),
+                *[w for t in sample_prompt or () for w in ("--sample-prompt", t)], "--alpha", f"{alpha:g}",
+                "--seed", str(seed)]
+    words = ["verispec", *sampling, *[w for p in parameter or () for w in ("--parameter", p)],
              "--sampled" if sampled else "--no-sampled", "--greedy-prompts", str(greedy_prompts),
-             "--greedy-tokens", str(greedy_tokens), "--concurrency", str(concurrency), "--seed", str(seed),
+             "--greedy-tokens", str(greedy_tokens), "--concurrency", str(concurrency), *(["--jobs", str(jobs)] if jobs > 1 else []),
              *(["--prompts-file", str(prompts_file)] if prompts_file else []), *(["--out", str(out)] if out else [])]
+    split = jobs > 1 and sampled
     settings = Settings(
         n=n, length=length, prompts=prompts, alpha=alpha, greedy_tokens=greedy_tokens,
         concurrency=(concurrency,) if concurrency > 1 else (), seed=seed, sampled=sampled, parameters=parameter, tv=tv, cells=cells,
@@ -100,11 +110,20 @@ def check_runtime(
     with nothing_left_on_failure(out, names) if out is not None else nullcontext():
         if out is not None:
             check_output_directory(out, "--out", names, force)
+        if split:
+            started = time.perf_counter()
+            law_rows, sampled_prompts = sampled_rows(sampling, [p for p in parameter_names() if not parameter or p in parameter], jobs,
+                                                     max(1, len(os.sched_getaffinity(0)) // jobs), api_key)
+            seconds = time.perf_counter() - started
         try:
-            report = run(engine, model=model, dtype=dtype, methods=method, settings=settings, greedy_file=greedy_file,
+            report = run(engine, model=model, dtype=dtype, methods=method, greedy_file=greedy_file,
+                         settings=replace(settings, sampled=False) if split else settings,
                          greedy_count=greedy_prompts, api_key=api_key)
         except Unavailable as error:
             raise ValueError(str(error)) from None
+        if split:
+            report.law_rows, report.prompts = law_rows, sampled_prompts
+            report.seconds = {"sampled law": seconds, **report.seconds}
         report.command = shlex.join(words)
         if out is not None:
             write(report, out, names)

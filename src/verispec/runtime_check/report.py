@@ -50,6 +50,14 @@ class LawRow:
     def skipped(self, reason: str) -> LawRow:
         return replace(self, status=SKIPPED, reason=reason)
 
+    @classmethod
+    def from_dict(cls, row: dict) -> LawRow:
+        """The row `as_dict` wrote (a report read back: `verispec.runtime_check.jobs`)."""
+        drafts = (row["drafted_per_sample"], row["accepted_per_sample"]) if "drafted_per_sample" in row else None
+        return cls(row["engine"], row["method"], row["parameter"], row["settings"], row["test"], row["status"],
+                   TestResult.from_dict(row["result"]) if "result" in row else None, row["reason"], row["effect_tv"],
+                   drafts)
+
     def as_dict(self) -> dict:
         return {"engine": self.engine, "method": self.method, "parameter": self.parameter, "settings": self.settings,
                 "test": self.test, "status": self.status, "reason": self.reason, "effect_tv": self.effect,

@@ -29,10 +29,15 @@ def outputs(engine_spec: str, methods: Sequence[str] | None = None) -> tuple[str
     return f"check-runtime-{name}.md", f"check-runtime-{name}.json"
 
 
+def parameter_names() -> list[str]:
+    """The grid's parameters, in its order."""
+    return [case.name for case in default_cases(())]
+
+
 def check_options(engine_spec: str, parameters: Sequence[str] | None) -> None:
     """Refuse an unknown engine or parameter name before any model loads."""
     check_spec(engine_spec)
-    names = [case.name for case in default_cases(())]
+    names = parameter_names()
     wrong = [p for p in parameters or () if p not in names]
     if wrong:
         raise ValueError(f"unknown parameter {wrong[0]!r}; choose from {', '.join(names)}")

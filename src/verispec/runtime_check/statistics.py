@@ -68,6 +68,12 @@ class TestResult:
     def passed(self) -> bool:
         return self.p_value >= self.alpha
 
+    @classmethod
+    def from_dict(cls, result: dict) -> TestResult:
+        """The result `as_dict` wrote (JSON writes an infinite detectable TV as Infinity)."""
+        return cls(result["statistic"], result["df"], result["p_value"], result["tv"], result["n"],
+                   result["detectable_tv_90"], result["alpha"])
+
     def as_dict(self) -> dict:
         return {
             "statistic": self.statistic, "df": self.df, "p_value": self.p_value, "tv": self.tv, "n": self.n,
