@@ -42,7 +42,7 @@ def check_runtime(
                                    "the prompts; at 1200 a TV of ~0.14 between the two samples (~0.11 against the exact law) is detected with 90 % power on the default model (--tv chooses N for a TV).")] = 1200,
     tv: Annotated[Optional[float], typer.Option("--tv", min=0.001, max=0.999, show_default=False, help="Choose --n "
                   "instead: the fewest samples per side at which every test detects this total variation with 90 % power "
-                  "(the two-sample test's need; on the default model 0.1 needs 4728, 0.05 needs 41967).")] = None,
+                  "(the two-sample test's need; at the default 24 cells a prompt 0.1 needs 3366, 0.05 needs 13458).")] = None,
     cells: Annotated[int, typer.Option(min=2, max=1000, help="The most cells a prompt's tests keep: the most likely "
                                        "outcomes (first two tokens) each in one, the rest pooled; the TV detected is "
                                        "the TV on them (docs/check-runtime.md).")] = 24,
