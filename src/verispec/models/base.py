@@ -248,6 +248,29 @@ def shared_prompts(
     return computed, copies
 
 
+def prefill_shared(
+    slots: Sequence[S],
+    prompts: Sequence[Sequence[int]],
+    vocab_size: int,
+    taps: Callable[[S], tuple],
+    forward: Callable[[list[S], list[list[int]]], object],
+    copy: Callable[[S, S], None],
+) -> None:
+    """`BatchedPrefill.prefill_slots` on a model's two primitives: every slot reset, the
+    distinct non-empty prompts through `forward(slots, prompts)` (one forward, no head), each
+    repeat through `copy(slot, source)` (its source's cache and features)."""
+    for slot, ids in zip(slots, prompts):
+        if len(ids):
+            check_token_ids(ids, vocab_size)
+        slot.reset()
+    computed, copies = shared_prompts(slots, prompts, taps)
+    computed = [(slot, ids) for slot, ids in computed if ids]
+    if computed:
+        forward([slot for slot, _ in computed], [ids for _, ids in computed])
+    for slot, source in copies:
+        copy(slot, source)
+
+
 def check_slots(slots: Sequence[object], tokens: Sequence[Sequence[int]], slot_type: type) -> None:
     """Refuse what `SlotScoring.extend_slots` does not accept: unequal lengths, a slot given
     twice, a slot of another kind of model."""

@@ -58,7 +58,7 @@ from verispec.models.base import (
     check_extend_tree,
     check_score_ids,
     check_slots,
-    shared_prompts,
+    prefill_shared,
     check_taps,
     check_token_ids,
 )
@@ -467,17 +467,13 @@ class LlamaRuntime:
         """Every slot as its own `prefill(prompts[i])` leaves it: the distinct prompts in one
         forward without the head, a repeated one copied from its first slot (`BatchedPrefill`)."""
         self._check_slots(slots, prompts)
-        for slot, ids in zip(slots, prompts):
-            if len(ids):
-                check_token_ids(ids, self.vocab_size)
-            slot.reset()
-        computed, copies = shared_prompts(slots, prompts, lambda slot: slot._features.taps)
-        computed = [(slot, ids) for slot, ids in computed if ids]
-        if computed:
-            self._slots_forward([slot for slot, _ in computed], [ids for _, ids in computed], logits=False)
-        for slot, source in copies:
+
+        def copy(slot: LlamaRuntime, source: LlamaRuntime) -> None:
             slot.cache.copy_prefix(source.cache, source.length)
             slot._features.copy_from(source._features)
+
+        prefill_shared(slots, prompts, self.vocab_size, lambda slot: slot._features.taps,
+                       lambda chosen, ids: self._slots_forward(chosen, ids, logits=False), copy)
 
     def _check_slots(self, slots: Sequence[LlamaRuntime], tokens: Sequence[Sequence[int]]) -> None:
         check_slots(slots, tokens, LlamaRuntime)

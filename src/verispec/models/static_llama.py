@@ -81,7 +81,7 @@ from verispec.models.base import (
     check_slots,
     check_taps,
     check_token_ids,
-    shared_prompts,
+    prefill_shared,
 )
 from verispec.models.cuda_graphs import ShapeGraphs
 from verispec.models.features import FeatureStore
@@ -585,16 +585,12 @@ class StaticLlama(StaticSlot):
         the one shape without the head, a repeated one copied from its first slot
         (`BatchedPrefill`)."""
         check_slots(slots, prompts, StaticSlot)
-        for slot, ids in zip(slots, prompts):
-            if slot.model is not self.model:
-                raise ValueError("prefill_slots takes slots made by this model's new_slot")
-            if len(ids):
-                check_token_ids(ids, self.vocab_size)
-            slot.reset()
-        computed, copies = shared_prompts(slots, prompts, lambda slot: slot._features.taps)
-        computed = [(slot, ids) for slot, ids in computed if ids]
-        if computed:
-            self._run([slot for slot, _ in computed], [ids for _, ids in computed], logits=False)
-        for slot, source in copies:
+        if any(slot.model is not self.model for slot in slots):
+            raise ValueError("prefill_slots takes slots made by this model's new_slot")
+
+        def copy(slot: StaticSlot, source: StaticSlot) -> None:
             self.model.cache.copy_slot(source.index, slot.index)
             slot._features.copy_from(source._features)
+
+        prefill_shared(slots, prompts, self.vocab_size, lambda slot: slot._features.taps,
+                       lambda chosen, ids: self._run(chosen, ids, logits=False), copy)
