@@ -164,6 +164,7 @@ class Scheduler:
         if max_waiting is not None and not is_int(max_waiting, least=0):
             raise ValueError(f"max_waiting must be an integer >= 0 or None, got {max_waiting!r}")
         self.target = target
+        self._prefills_together = isinstance(target, BatchedPrefill)  # asked once: a protocol check is slow
         reserve = getattr(target, "reserve_slots", None)
         if reserve is not None:  # a static cache sized once, so that every step has one shape (`StaticLlama`)
             reserve(max_slots)
@@ -262,7 +263,7 @@ class Scheduler:
                 self._finish(job, "length")
                 continue
             admitted.append(job)
-        if isinstance(self.target, BatchedPrefill) and len(admitted) > 1:
+        if self._prefills_together and len(admitted) > 1:
             _, seconds = timed(self.clock, self.target.prefill_slots, [job.slot.lm for job in admitted],
                                [job.decoding.prefix for job in admitted])
             for job in admitted:
