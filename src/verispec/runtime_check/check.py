@@ -2,8 +2,8 @@
 
 For each `SamplingCase` and each prompt chosen for its spread (`law.spread_prompts`):
 
-1. the exact law of the first two tokens, computed by verispec on the same weights
-   (`law.exact_cells`), when the check was given them;
+1. the exact law of every token a sample emits (`length` of them), on at most `cells` cells
+   chosen best first (`law.exact_cells`), computed by verispec on the same weights;
 2. N samples with speculation off: against the exact law (`plain vs exact`: is the engine's
    sampler right without speculation?);
 3. per method, N samples with speculation on: against the samples without (`spec vs plain`:
@@ -22,6 +22,7 @@ Greedy identity (`verispec.runtime_check.greedy`) follows: every method, at 1 an
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -52,7 +53,8 @@ class Reference:
 @dataclass
 class Settings:
     """n: samples per side per method and parameter, split evenly over `prompts` prompts.
-    length: new tokens per sample (2 or 3: speculation needs room to draft). alpha: each
+    length: new tokens per sample, every one keyed (an engine whose first round drafts k tokens
+    needs k + 1 for its bonus token to be tested; speculation needs 2 at least). alpha: each
     test's false-failure probability. cases: the grid (None: `default_cases`). greedy_prompts:
     token ids for greedy identity (none: skipped); greedy_tokens: their budget; concurrency:
     the levels besides 1. seed: the first sample's seed. sampled: run the sampled-law checks.
@@ -162,7 +164,7 @@ def check_case(
                                         settings.seed + offset + i * per_prompt)
             except Refused as refusal:
                 return refusal
-            counts.append(Counter(law.key(s, reference.eos_ids) for s in samples))
+            counts.append(_merge(Counter(law.key(s, reference.eos_ids, settings.length) for s in samples), laws[i]))
         if before is not None and method is not None:
             (drafted, accepted), total = engine.drafts(), per_prompt * len(prompts)
             drafts[method] = ((drafted - before[0]) / total,
@@ -170,10 +172,10 @@ def check_case(
         return counts
 
     def against_exact(counts: list[Counter]):
-        return goodness_of_fit([(_merge(count, cells), cells) for count, cells in zip(counts, laws)], settings.alpha,
-                               settings.cells)
+        return goodness_of_fit(list(zip(counts, laws)), settings.alpha, settings.cells, seed=next(tests))
 
     rows = []
+    tests = itertools.count(settings.seed)  # each test's simulation seed
     drafts: dict[str, tuple[float, float | None]] = {}  # method -> drafted, accepted per sample
     plain = draw(None, 0)
     plain_row = row(PLAIN, PLAIN_VS_EXACT)
@@ -185,7 +187,7 @@ def check_case(
             continue
         versus = replace(row(method, SPEC_VS_PLAIN), drafts=drafts.get(method))
         rows.append(versus.skipped(f"the plain side is refused: {plain}") if isinstance(plain, Refused)
-                    else versus.tested(two_sample(list(zip(spec, plain)), settings.alpha, settings.cells)))
+                    else versus.tested(two_sample(list(zip(spec, plain)), settings.alpha, settings.cells, seed=next(tests))))
         rows.append(replace(row(method, SPEC_VS_EXACT), drafts=drafts.get(method)).tested(against_exact(spec)))
     return rows
 

@@ -6,6 +6,8 @@ injected at its seams, each a bug other engines have shipped (docs/check-runtime
 - `bonus_only`: the request's parameters shape only the bonus row; the rows that verify the
   drafted tokens are the target's raw softmax (vLLM #42744: min_p and logit_bias applied to
   the bonus token only; mistral.rs PR #2424: temperature and top-p ignored);
+- `wrong_bonus`: after a full acceptance the bonus token is drawn from the last drafted
+  position's row instead of the row after it (an off-by-one in the bonus row's index);
 - `stale_cache`: the target's rollback after a rejection reports the cropped length but keeps
   the rejected tokens, so later rows condition on them (HF #30042, openvino.genai #4190).
 
@@ -117,9 +119,17 @@ def bonus_only(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (),
     return VerispecEngine(tap, {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k, verifier=rule)
 
 
+def wrong_bonus(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
+    def rule(p: torch.Tensor, draft_: Draft, rng: Random) -> Verdict:
+        """p[k + 1, V]: row k (the bonus row) replaced by row k - 1."""
+        return token_level(torch.cat([p[:-1], p[-2:-1]]) if len(draft_) else p, draft_, rng)
+
+    return VerispecEngine(target, {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k, verifier=rule)
+
+
 def stale_cache(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
     return VerispecEngine(StaleCache(target), {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k)
 
 
 CONTROLS = {"q from raw logits": raw_q, "parameters on the bonus token only": bonus_only,
-            "stale cache after a rejection": stale_cache}
+            "stale cache after a rejection": stale_cache, "bonus from the wrong row": wrong_bonus}

@@ -1,24 +1,33 @@
-"""The target's exact law of a continuation's first tokens, computed by verispec, and the
-prompts the sampled-law check uses.
+"""The target's exact law of a continuation's tokens, computed by verispec, and the prompts
+the sampled-law check uses.
 
-A continuation (1 to `length` tokens, cut at EOS) is keyed by its first `DEPTH` = 2 tokens:
-(t1, t2), or (t1,) when t1 ended it. Two tokens, because speculation changes the law
-through the tokens after the first one too: an accepted draft at t1 and the tokens that follow
-a rejection (a stale cache) show only in the pair.
+A continuation (1 to `length` tokens, cut at EOS) is keyed by every token it emits
+(`key`): the drafted tokens a round accepts, its repair or bonus token, and the rounds after,
+so a wrong acceptance test, a wrong repair row at any position, a wrong bonus row and a wrong
+row after a full acceptance all change the keyed law. An engine whose first round drafts k
+tokens emits its bonus at token k + 1, so `length` >= k + 1 puts the bonus under test.
 
-`exact_cells` gives every key's probability under a `SamplingCase`: p(t1) from one forward
-over the prompt, p(t2 | t1) from a forward over prompt + t1 for every t1 likely enough to
-matter (its expected count at the check's N reaches `MIN_EXPECTED`); the rest of the mass is
-kept in the cells (t1, OTHER) and (OTHER,), so the cells partition the outcomes exactly.
+`exact_cells` partitions the continuations into at most `cells` cells, best first: starting
+from the empty prefix, the most likely prefix not yet split is split by its next token (one
+forward over prompt + prefix), each of its `BRANCH` most likely next tokens expected at least
+`MIN_EXPECTED` times at the check's N becoming a child and the rest of the prefix's mass one
+cell (prefix, OTHER) (without a cap, every next token expected that often is a child); a
+child at `length` tokens or ending in EOS is a cell of its own. So the cells refine deep where
+the mass is, and a prefix never split is one cell (prefix, OTHER) holding every continuation
+of it. The cells partition the outcomes exactly, and the number of forwards is at most the
+number of cells.
 
-    >>> key([17, 4, 9], eos_ids={2})
-    (17, 4)
-    >>> key([2], eos_ids={2})
+    >>> key([17, 4, 9], eos_ids={2}, depth=3)
+    (17, 4, 9)
+    >>> key([2, 5], eos_ids={2}, depth=3)
     (2,)
+    >>> cell_of((17, 4, 9), {(17, 4, OTHER): 0.5, (17, OTHER): 0.25, (OTHER,): 0.25})
+    (17, 4, -1)
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Collection, Sequence
 
@@ -27,8 +36,8 @@ import torch
 from verispec.runtime_check.cases import SamplingCase, next_token_law
 from verispec.runtime_check.statistics import MIN_EXPECTED
 
-DEPTH = 2
 OTHER = -1
+BRANCH = 4  # the most next tokens a split lists under a cap (the rest stay in its rest cell), so 24 cells reach 3 tokens deep
 
 # Raw-text prompts whose next token is uncertain (no chat template: the spread is the point),
 # each a statement and the start of its echo, so that a method drafting from the context
@@ -51,10 +60,10 @@ SPREAD_TEXTS = (
 Score = Callable[[list[int]], torch.Tensor]  # ids -> logits[len(ids), V], a fresh full forward
 
 
-def key(tokens: Sequence[int], eos_ids: Collection[int]) -> tuple[int, ...]:
-    """A continuation's cell key: its first DEPTH tokens, fewer when EOS ended it sooner."""
+def key(tokens: Sequence[int], eos_ids: Collection[int], depth: int) -> tuple[int, ...]:
+    """A continuation's cell key: its first `depth` tokens, fewer when EOS ended it sooner."""
     head = []
-    for token in tokens[:DEPTH]:
+    for token in tokens[:depth]:
         head.append(int(token))
         if token in eos_ids:
             break
@@ -65,74 +74,77 @@ def exact_cells(
     score: Score, prompt: Sequence[int], case: SamplingCase, n: int, eos_ids: Collection[int], length: int,
     cells: int | None = None,
 ) -> dict[tuple[int, ...], float]:
-    """key -> exact probability (float64) under `case`, the keys covering every outcome of a
-    continuation of `length` >= 1 tokens; n: the samples the check will draw (which t1 get
-    their own t2 cells). cells: the test keeps only its `cells` - 1 most likely cells
-    (`statistics`), so a t1 too unlikely for any of its pairs to be among them gets one cell
-    (t1, OTHER) without a forward of its own, pooled by the test (None: every t1 likely enough
-    gets its pairs)."""
-    prompt = list(prompt)
-    first = next_token_law(score(prompt)[-1], case, prompt, [])  # [V]
-    keys: list[tuple[int, ...]] = []
-    best: list[float] = []  # the largest cell probabilities so far, at most cells - 1
-    likely = torch.nonzero(first * n >= MIN_EXPECTED).flatten().tolist()
-    for t1 in sorted(likely, key=lambda t: (-float(first[t]), t)):
-        p1 = float(first[t1])
-        if cells is not None and len(best) >= cells - 1 and p1 < best[-1]:
-            keys.append((t1, OTHER))  # below every kept cell: the test pools it, its pairs unneeded
-            continue
-        if t1 in eos_ids or length < DEPTH:
-            keys.append((t1,))
-            best = sorted([*best, p1], reverse=True)[: (cells or 1) - 1]
-            continue
-        second = next_token_law(score([*prompt, t1])[-1], case, [*prompt, t1], [t1])  # [V]
-        pairs = torch.nonzero(second * p1 * n >= MIN_EXPECTED / 4).flatten().tolist()
-        keys += [(t1, t2) for t2 in pairs]
-        keys.append((t1, OTHER))
-        found = [p1 * float(second[t2]) for t2 in pairs] + [p1 * max(0.0, 1.0 - float(second[pairs].sum()))]
-        best = sorted([*best, *found], reverse=True)[: (cells or 1) - 1]
-    keys.append((OTHER,))
-    return law_on(score, prompt, case, keys)
+    """cell -> exact probability (float64) under `case` of a continuation of `length` >= 1
+    tokens, the cells partitioning every outcome, best first (module docstring); n: the
+    samples the check will draw (a next token gets a cell when expected `MIN_EXPECTED` times);
+    cells: the most cells (None: split every prefix likely enough)."""
+    prompt, cap = list(prompt), cells or math.inf
+    out: dict[tuple[int, ...], float] = {}
+    frontier: list[tuple[float, tuple[int, ...]]] = [(-1.0, ())]  # (-mass, prefix) not yet split
+    count = 1  # cells so far: every one in `out` and every prefix on the frontier
+    while frontier:
+        negative, prefix = heapq.heappop(frontier)
+        mass, room = -negative, cap - count  # splitting adds one cell per child (the prefix's turns into its rest)
+        row = next_token_law(score([*prompt, *prefix])[-1], case, [*prompt, *prefix], prefix) if room >= 1 else None
+        children = [] if row is None else _likely(row, mass, n)[: min(room, BRANCH) if cells else None]
+        for token in children:
+            child, child_mass = (*prefix, token), mass * float(row[token])
+            if len(child) == length or token in eos_ids:
+                out[child] = child_mass
+            else:
+                heapq.heappush(frontier, (-child_mass, child))
+        rest = mass if not children else mass * max(0.0, 1.0 - float(row[children].sum()))
+        out[(*prefix, OTHER)] = rest
+        count += len(children)
+    return out
+
+
+def _likely(row: torch.Tensor, mass: float, n: int) -> list[int]:
+    """The next tokens expected at least `MIN_EXPECTED` times in n samples after a prefix of
+    probability `mass`, most likely first (ties by id)."""
+    likely = torch.nonzero(row * mass * n >= MIN_EXPECTED).flatten().tolist()
+    return sorted(likely, key=lambda t: (-float(row[t]), t))
 
 
 def law_on(score: Score, prompt: Sequence[int], case: SamplingCase, keys: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], float]:
-    """The exact probability under `case` of every cell of `keys` (as `exact_cells` builds
-    them: (t1,), (t1, t2), (t1, OTHER) after a t1's pairs, and (OTHER,))."""
+    """The exact probability under `case` of every cell of `keys` (a partition `exact_cells`
+    built, under any case): a leaf (t1, ..., tj) is the product of its tokens' rows; a rest
+    cell (prefix, OTHER) is the prefix's mass less that of its listed next tokens."""
     prompt = list(prompt)
-    first = next_token_law(score(prompt)[-1], case, prompt, [])  # [V]
-    out: dict[tuple[int, ...], float] = {}
-    listed_first = {cell[0] for cell in keys if cell[0] != OTHER}
-    seconds: dict[int, torch.Tensor] = {}
+    rows: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def row(prefix: tuple[int, ...]) -> torch.Tensor:  # [V]
+        if prefix not in rows:
+            rows[prefix] = next_token_law(score([*prompt, *prefix])[-1], case, [*prompt, *prefix], prefix)
+        return rows[prefix]
+
+    def mass(prefix: tuple[int, ...]) -> float:
+        return math.prod(float(row(prefix[:i])[t]) for i, t in enumerate(prefix))
+
+    listed: dict[tuple[int, ...], set[int]] = {}  # prefix -> the next tokens some cell names after it
     for cell in keys:
-        if cell == (OTHER,):
-            out[cell] = max(0.0, 1.0 - sum(float(first[t]) for t in listed_first))
+        for i in range(len(cell)):
+            if cell[i] != OTHER:
+                listed.setdefault(cell[:i], set()).add(cell[i])
+    out = {}
+    for cell in keys:
+        if cell[-1] != OTHER:
+            out[cell] = mass(cell)
             continue
-        t1 = cell[0]
-        p1 = float(first[t1])
-        if len(cell) == 1:
-            out[cell] = p1
-            continue
-        listed = [c[1] for c in keys if len(c) == 2 and c[0] == t1 and c[1] != OTHER]
-        if not listed:  # (t1, OTHER) alone: every continuation after t1
-            out[cell] = p1
-            continue
-        if t1 not in seconds:
-            seconds[t1] = next_token_law(score([*prompt, t1])[-1], case, [*prompt, t1], [t1])  # [V]
-        if cell[1] == OTHER:
-            out[cell] = p1 * max(0.0, 1.0 - sum(float(seconds[t1][t]) for t in listed))
-        else:
-            out[cell] = p1 * float(seconds[t1][cell[1]])
+        prefix = cell[:-1]
+        named = sorted(listed.get(prefix, ()))
+        out[cell] = mass(prefix) * max(0.0, 1.0 - float(row(prefix)[named].sum())) if named else mass(prefix)
     return out
 
 
 def cell_of(sample_key: tuple[int, ...], cells: Collection[tuple[int, ...]]) -> tuple[int, ...]:
-    """The exact law's cell a sample's key falls in."""
-    if sample_key in cells:
-        return sample_key
-    if (sample_key[0], OTHER) in cells:
-        return (sample_key[0], OTHER)
-    if (sample_key[0],) in cells:  # t1 ended the sample in the law (EOS) yet the engine went on
-        return (sample_key[0],)
+    """The cell a sample's key falls in: the key itself, else the rest cell of its longest
+    prefix the cells split (a shorter leaf where the law ended at EOS and the engine went on)."""
+    for j in range(len(sample_key), 0, -1):
+        if sample_key[:j] in cells:
+            return sample_key[:j]
+        if (*sample_key[: j - 1], OTHER) in cells:
+            return (*sample_key[: j - 1], OTHER)
     return (OTHER,)
 
 
