@@ -288,3 +288,21 @@ def test_simulated_p_values_keep_the_stated_false_failure_rate():
                                           seed=run_).passed
     assert exact_rejections / runs <= 0.14 and pair_rejections / runs <= 0.14
     assert exact_rejections > 0 and pair_rejections > 0  # the simulation does reject at its level
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--n", "100", "--tv", "0.1"], "--n and --tv"),
+    (["--prompts", "2", "--sample-prompt", "Coffee or tea?"], "--prompts picks spread prompts"),
+    (["--no-sampled", "--n", "100"], "--n sets the sampled law"),
+    (["--no-sampled", "--cells", "8"], "--cells sets the sampled law"),
+    (["--no-sampled", "--parameter", "top_k"], "--parameter sets the sampled law"),
+    (["--no-sampled", "--jobs", "2"], "--jobs splits the sampled law"),
+    (["--greedy-prompts", "0", "--concurrency", "4"], "--concurrency sets greedy identity"),
+    (["--greedy-prompts", "0", "--greedy-tokens", "4"], "--greedy-tokens sets greedy identity"),
+])
+def test_options_that_do_not_combine_are_refused(argv, says, capsys):
+    from verispec.cli import main
+
+    assert main(["check-runtime", "verispec", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and says in err[0]

@@ -26,6 +26,29 @@ from verispec.runtime_check.run import check_options, outputs, parameter_names, 
 GREEDY_FILE = "specbench_dev.jsonl"
 
 
+def refuse_combinations(*, n, tv, prompts, cells, length, alpha, sample_prompt, sampled, parameter, greedy_prompts,
+                        greedy_tokens, concurrency, prompts_file, jobs) -> None:
+    """Refuse options that do not combine (one would be dropped without a word): ValueError
+    naming the pair and what to do. None: an option not given."""
+    pairs = [
+        (n is not None and tv is not None, "--n and --tv both choose the samples per side; give one"),
+        (prompts is not None and bool(sample_prompt), "--prompts picks spread prompts, which --sample-prompt replaces; give one"),
+        (not sampled and jobs > 1, "--jobs splits the sampled law, which --no-sampled turns off; drop one"),
+    ]
+    sampling = {"--n": n is not None, "--tv": tv is not None, "--prompts": prompts is not None, "--cells": cells is not None,
+                "--length": length is not None, "--alpha": alpha is not None, "--sample-prompt": bool(sample_prompt),
+                "--parameter": bool(parameter)}
+    pairs += [(not sampled and given, f"{name} sets the sampled law, which --no-sampled turns off; drop one")
+              for name, given in sampling.items()]
+    greedy_options = {"--greedy-tokens": greedy_tokens is not None, "--concurrency": concurrency is not None,
+                      "--prompts-file": prompts_file is not None}
+    pairs += [(greedy_prompts == 0 and given, f"{name} sets greedy identity, which --greedy-prompts 0 turns off; drop one")
+              for name, given in greedy_options.items()]
+    for clash, message in pairs:
+        if clash:
+            raise ValueError(message)
+
+
 @app.command("check-runtime")
 def check_runtime(
     engine: Annotated[str, typer.Argument(help=f"The engine to check: {ENGINES}.", show_default=False)],
@@ -38,16 +61,18 @@ def check_runtime(
                                        "law and the greedy diagnosis.")] = DEFAULT_MODEL,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, ... as for `verispec generate` (the engine's "
                                        "precision: it sets the near-tie tolerance).")] = "float32",
-    n: Annotated[int, typer.Option("--n", min=2, help="Samples per side per method and parameter, split over "
-                                   "the prompts; at 1200 a TV of ~0.14 between the two samples (~0.11 against the exact law) is detected with 90 % power on the default model (--tv chooses N for a TV).")] = 1200,
+    n: Annotated[Optional[int], typer.Option("--n", min=2, show_default="1200", help="Samples per side per method and "
+                                   "parameter, split over the prompts; at 1200 a TV of ~0.14 between the two samples (~0.11 against the exact law) is detected with 90 % power on the default model (--tv chooses N for a TV instead).")] = None,
     tv: Annotated[Optional[float], typer.Option("--tv", min=0.001, max=0.999, show_default=False, help="Choose --n "
                   "instead: the fewest samples per side at which every test detects this total variation with 90 % power "
                   "(the two-sample test's need; at the default 24 cells a prompt 0.1 needs 3366, 0.05 needs 13458).")] = None,
-    cells: Annotated[int, typer.Option(min=2, max=1000, help="The most cells a prompt's tests keep: the most likely "
+    cells: Annotated[Optional[int], typer.Option(min=2, max=1000, show_default="24", help="The most cells a prompt's tests keep: the most likely "
                                        "outcomes (first two tokens) each in one, the rest pooled; the TV detected is "
-                                       "the TV on them (docs/check-runtime.md).")] = 24,
-    length: Annotated[int, typer.Option(min=2, max=8, help="New tokens per sample.")] = 3,
-    prompts: Annotated[int, typer.Option(min=1, max=8, help="Spread prompts the samples are split over.")] = 3,
+                                       "the TV on them (docs/check-runtime.md).")] = None,
+    length: Annotated[Optional[int], typer.Option(min=2, max=8, show_default="3", help="New tokens per sample, "
+                      "every one tested: an engine drafting k tokens a round needs k + 1 for its bonus token.")] = None,
+    prompts: Annotated[Optional[int], typer.Option(min=1, max=8, show_default="3",
+                                                   help="Spread prompts the samples are split over.")] = None,
     sample_prompt: Annotated[
         Optional[list[str]],
         typer.Option("--sample-prompt", help="Sample after this raw text instead (repeatable; replaces --prompts): "
@@ -60,13 +85,16 @@ def check_runtime(
                      "min_p, repetition_penalty, frequency_penalty, presence_penalty, logit_bias.",
                      show_default="all"),
     ] = None,
-    alpha: Annotated[float, typer.Option(min=1e-12, max=0.5, help="Each test's false-failure probability.")] = 1e-3,
+    alpha: Annotated[Optional[float], typer.Option(min=1e-4, max=0.5, show_default="0.001", help="Each test's "
+                     "false-failure probability (exact: its p-value is simulated with 20 / alpha draws).")] = None,
     sampled: Annotated[bool, typer.Option("--sampled/--no-sampled", help="Run the sampled-law checks.")] = True,
     greedy_prompts: Annotated[
         int, typer.Option("--greedy-prompts", min=0, help="Greedy identity on the first prompt of this many "
                           "categories of --prompts-file (0: no greedy check).")] = 8,
-    greedy_tokens: Annotated[int, typer.Option("--greedy-tokens", min=1, help="Greedy budget per prompt.")] = 256,
-    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight in the second greedy run.")] = 8,
+    greedy_tokens: Annotated[Optional[int], typer.Option("--greedy-tokens", min=1, show_default="256",
+                                                         help="Greedy budget per prompt.")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(min=1, show_default="8",
+                                                       help="Requests in flight in the second greedy run.")] = None,
     prompts_file: Annotated[
         Optional[Path], typer.Option("--prompts-file", help="Spec-Bench JSONL for greedy identity.",
                                      show_default="../shared/data/specbench_dev.jsonl"),
@@ -84,21 +112,32 @@ def check_runtime(
     speculation and against verispec's exact law, per parameter; greedy identity at 1 and
     --concurrency requests. Exit 1 when a check fails."""
     check_options(engine, parameter)
+    refuse_combinations(n=n, tv=tv, prompts=prompts, cells=cells, length=length, alpha=alpha, sample_prompt=sample_prompt,
+                        sampled=sampled,
+                        parameter=parameter, greedy_prompts=greedy_prompts, greedy_tokens=greedy_tokens,
+                        concurrency=concurrency, prompts_file=prompts_file, jobs=jobs)
+    n, prompts = 1200 if n is None else n, 3 if prompts is None else prompts
+    cells, length, alpha = 24 if cells is None else cells, 3 if length is None else length, 1e-3 if alpha is None else alpha
+    greedy_tokens, concurrency = 256 if greedy_tokens is None else greedy_tokens, 8 if concurrency is None else concurrency
     if any(not text.strip() for text in sample_prompt or ()):
         raise ValueError("--sample-prompt is empty; give the raw text the samples continue")
     greedy_file = None
     if greedy_prompts:
         greedy_file = prompts_file or data_file(GREEDY_FILE, Path.cwd())
         check_input_file(greedy_file, "--prompts-file", "a Spec-Bench JSONL file (or --greedy-prompts 0)")
-    sampling = ["check-runtime", engine, *[w for m in method or () for w in ("--method", m)], "--model", model,
-                "--dtype", dtype, *(["--tv", f"{tv:g}"] if tv is not None else ["--n", str(n)]), "--cells", str(cells),
-                "--length", str(length), "--prompts", str(prompts),
-                *[w for t in sample_prompt or () for w in ("--sample-prompt", t)], "--alpha", f"{alpha:g}",
-                "--seed", str(seed)]
-    words = ["verispec", *sampling, *[w for p in parameter or () for w in ("--parameter", p)],
-             "--sampled" if sampled else "--no-sampled", "--greedy-prompts", str(greedy_prompts),
-             "--greedy-tokens", str(greedy_tokens), "--concurrency", str(concurrency), *(["--jobs", str(jobs)] if jobs > 1 else []),
-             *(["--prompts-file", str(prompts_file)] if prompts_file else []), *(["--out", str(out)] if out else [])]
+    common = ["check-runtime", engine, *[w for m in method or () for w in ("--method", m)], "--model", model,
+              "--dtype", dtype]
+    law_options = [*(["--tv", f"{tv:g}"] if tv is not None else ["--n", str(n)]), "--cells", str(cells),
+                   "--length", str(length), *([] if sample_prompt else ["--prompts", str(prompts)]),
+                   *[w for t in sample_prompt or () for w in ("--sample-prompt", t)], "--alpha", f"{alpha:g}",
+                   "--seed", str(seed)]
+    sampling = [*common, *law_options]  # what each --jobs process runs
+    words = ["verispec", *common,
+             *([*law_options[:-2], *[w for p in parameter or () for w in ("--parameter", p)]] if sampled else ["--no-sampled"]),
+             "--seed", str(seed), "--greedy-prompts", str(greedy_prompts),
+             *(["--greedy-tokens", str(greedy_tokens), "--concurrency", str(concurrency)] if greedy_prompts else []),
+             *(["--prompts-file", str(prompts_file)] if prompts_file else []),
+             *(["--jobs", str(jobs)] if jobs > 1 else []), *(["--out", str(out)] if out else [])]
     split = jobs > 1 and sampled
     settings = Settings(
         n=n, length=length, prompts=prompts, alpha=alpha, greedy_tokens=greedy_tokens,
