@@ -28,7 +28,7 @@ from verispec.runtime_check import Reference, Settings, check_runtime, controls,
 from verispec.runtime_check.cases import SamplingCase, default_cases, next_token_law
 from verispec.runtime_check.check import PLAIN_VS_EXACT, SPEC_VS_EXACT, SPEC_VS_PLAIN
 from verispec.runtime_check.engines.base import Refused
-from verispec.runtime_check.report import FAIL, PASS, REFUSED, SKIPPED
+from verispec.runtime_check.report import FAIL, HOLDS, LACKS, PASS, REFUSED, SKIPPED
 from verispec.runtime_check.jobs import shares
 from verispec.runtime_check.statistics import (
     RARE, _pool_probabilities, degrees_of_freedom, detectable_tv, goodness_of_fit, samples_for, two_sample,
@@ -306,3 +306,39 @@ def test_options_that_do_not_combine_are_refused(argv, says, capsys):
     assert main(["check-runtime", "verispec", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and says in err[0]
+
+
+SEEDED = Settings(n=400, prompts=2, sample_prompts=[[3, 5], [7, 1]], sampled=False, seeded=8)
+
+
+def test_seeded_identity_is_a_property_where_not_claimed():
+    """verispec's token-level rule draws its randomness per round: a seed fixes plain sampling
+    alone and in a batch, and other tokens with speculation, reported as a property it lacks."""
+    report = check_runtime(controls.correct(TARGET, DRAFT), REFERENCE, [controls.DRAFT], SEEDED)
+    statuses = {(row.method, row.in_flight): row.status for row in report.seeded_rows}
+    assert statuses == {("plain, again", 1): HOLDS, ("plain", 8): HOLDS, (controls.DRAFT, 1): LACKS,
+                        (controls.DRAFT, 8): LACKS}
+    assert report.passed and "does not claim" in report.markdown()
+    assert [row.status for row in report.probe_rows] == [PASS, PASS]  # fresh seeds: independent samples
+
+
+def test_an_engine_claiming_seeded_identity_is_held_to_it():
+    keyed = controls.KeyedTable(TARGET)
+    report = check_runtime(keyed, REFERENCE, [controls.DRAFT], SEEDED)
+    assert {row.status for row in report.seeded_rows} == {PASS} and report.passed
+    assert keyed.sample([3, 5], CASE, 3, 3, None, 10) == [keyed.sample([3, 5], CASE, 1, 3, controls.DRAFT, 10 + i)[0]
+                                                          for i in range(3)]
+    broken = controls.correct(TARGET, DRAFT)
+    broken.claims_seeded_identity = True
+    claimed = check_runtime(broken, REFERENCE, [controls.DRAFT], SEEDED)
+    assert {row.status for row in claimed.seeded_rows if row.method == controls.DRAFT} == {FAIL} and not claimed.passed
+
+
+def test_unseeded_requests_sharing_one_stream_are_caught():
+    """8 requests in flight returning one sample: on these tables the largest cell has
+    probability about 0.2, so 4 identical of 8 on either prompt happen with probability below
+    1e-3 for independent samples."""
+    report = check_runtime(controls.shared_stream(TARGET, DRAFT), REFERENCE, [controls.DRAFT], SEEDED)
+    (plain, draft) = report.probe_rows
+    assert plain.status == draft.status == FAIL and plain.group == 8 and plain.bound <= 1e-3
+    assert not report.passed and "identical on 2 prompts" in report.markdown()

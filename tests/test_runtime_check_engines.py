@@ -23,7 +23,7 @@ from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Refused
 from verispec.runtime_check.engines.hf import HFEngine, truncated_draft
 from verispec.runtime_check.engines.openai import OpenAIEngine
-from verispec.runtime_check.report import PASS, REFUSED
+from verispec.runtime_check.report import HOLDS, PASS, REFUSED, SKIPPED
 
 CASES = [SamplingCase("default"), SamplingCase("frequency_penalty", frequency_penalty=1.0)]
 
@@ -79,8 +79,12 @@ def test_an_openai_server_is_checked_against_a_plain_one(loaded):
         reference = Reference(loaded.lm.score, encode=None, eos_ids=loaded.eos_token_ids)
         prompt = loaded.encode("abcabcab", chat=False)
         settings = Settings(n=150, prompts=1, sample_prompts=[prompt], cases=CASES,
-                            greedy_prompts=[prompt, loaded.encode("hello", chat=False)], greedy_tokens=16, concurrency=(2,))
+                            greedy_prompts=[prompt, loaded.encode("hello", chat=False)], greedy_tokens=16, concurrency=(2,),
+                            seeded=4)
         report = check_runtime(engine, reference, ["served"], settings)
     assert [row.status for row in report.law_rows if row.parameter == "default"] == [PASS] * 3, report.markdown()
     assert all(row.status == REFUSED for row in report.law_rows if row.parameter == "frequency_penalty")
     assert {row.status for row in report.greedy_rows} == {PASS}
+    seeded = {(row.method, row.in_flight): row.status for row in report.seeded_rows}
+    assert seeded[("plain, again", 1)] == seeded[("plain", 4)] == HOLDS  # a seed reproduces, alone or 4 at once
+    assert {row.status for row in report.probe_rows} <= {PASS, SKIPPED}  # the server seeds each unseeded request afresh

@@ -88,6 +88,9 @@ def check_runtime(
     alpha: Annotated[Optional[float], typer.Option(min=1e-4, max=0.5, show_default="0.001", help="Each test's "
                      "false-failure probability (exact: its p-value is simulated with 20 / alpha draws).")] = None,
     sampled: Annotated[bool, typer.Option("--sampled/--no-sampled", help="Run the sampled-law checks.")] = True,
+    seeded: Annotated[int, typer.Option("--seeded", min=0, max=64, help="Seeded identity on this many seeds per sampled "
+                      "prompt (the same tokens with and without speculation, one at a time and all at once) and the "
+                      "probe of as many unseeded requests in flight for a shared random stream (0: neither).")] = 8,
     greedy_prompts: Annotated[
         int, typer.Option("--greedy-prompts", min=0, help="Greedy identity on the first prompt of this many "
                           "categories of --prompts-file (0: no greedy check).")] = 8,
@@ -134,7 +137,7 @@ def check_runtime(
     sampling = [*common, *law_options]  # what each --jobs process runs
     words = ["verispec", *common,
              *([*law_options[:-2], *[w for p in parameter or () for w in ("--parameter", p)]] if sampled else ["--no-sampled"]),
-             "--seed", str(seed), "--greedy-prompts", str(greedy_prompts),
+             "--seed", str(seed), "--seeded", str(seeded), "--greedy-prompts", str(greedy_prompts),
              *(["--greedy-tokens", str(greedy_tokens), "--concurrency", str(concurrency)] if greedy_prompts else []),
              *(["--prompts-file", str(prompts_file)] if prompts_file else []),
              *(["--jobs", str(jobs)] if jobs > 1 else []), *(["--out", str(out)] if out else [])]
@@ -142,6 +145,7 @@ def check_runtime(
     settings = Settings(
         n=n, length=length, prompts=prompts, alpha=alpha, greedy_tokens=greedy_tokens,
         concurrency=(concurrency,) if concurrency > 1 else (), seed=seed, sampled=sampled, parameters=parameter, tv=tv, cells=cells,
+        seeded=seeded,
         sample_texts=tuple(sample_prompt or ()),
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )

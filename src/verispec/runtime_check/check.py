@@ -16,8 +16,9 @@ the parameter itself makes to the exact law (against the same case with it dropp
 pass says whether the check could have seen the parameter ignored (effect above the
 detectable TV) or not.
 
-Greedy identity (`verispec.runtime_check.greedy`) follows: every method, at 1 and at
-`concurrency` requests in flight, against the engine's own plain greedy output at one.
+Seeded identity and the shared-stream probe (`verispec.runtime_check.seeded`) follow on the
+same prompts, then greedy identity (`verispec.runtime_check.greedy`): every method, at 1 and
+at `concurrency` requests in flight, against the engine's own plain greedy output at one.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from verispec.runtime_check import greedy, law
+from verispec.runtime_check import greedy, law, seeded
 from verispec.runtime_check.cases import SamplingCase, default_cases, neutral
 from verispec.runtime_check.engines.base import CountsDrafts, Engine, Refused
 from verispec.runtime_check.report import LawRow, Report
@@ -38,6 +39,7 @@ from verispec.runtime_check.statistics import degrees_of_freedom, goodness_of_fi
 
 PLAIN = "plain"
 SPEC_VS_PLAIN, SPEC_VS_EXACT, PLAIN_VS_EXACT = "spec vs plain", "spec vs exact", "plain vs exact"
+SEEDED_CASE = SamplingCase("default")  # seeded identity and the probe sample at temperature 1
 
 
 @dataclass
@@ -66,7 +68,9 @@ class Settings:
     90 % power (`samples_for`; the two-sample test needs about twice the samples of the test
     against the exact law), at the degrees of freedom the first case's exact law has there.
     cells: the most cells a prompt's test keeps (`statistics`; None: every outcome expected
-    often enough, so the degrees of freedom, and the N a TV needs, grow with N)."""
+    often enough, so the degrees of freedom, and the N a TV needs, grow with N). seeded: the
+    seeds per prompt of seeded identity and the requests in flight of the shared-stream probe
+    (`verispec.runtime_check.seeded`; 0: neither runs)."""
 
     n: int = 1200
     length: int = 3
@@ -83,6 +87,7 @@ class Settings:
     parameters: Sequence[str] | None = None
     tv: float | None = None
     cells: int | None = 24
+    seeded: int = 0
     progress: Callable[[str], None] = field(default=lambda line: None)
 
 
@@ -90,7 +95,7 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
     """Run every check of `engine` with `methods` (its speculative methods to check)."""
     report = Report(engine.name, engine.versions(), settings.alpha)
     started = time.perf_counter()
-    if settings.sampled:
+    if settings.sampled or settings.seeded:
         if settings.sample_texts:
             encoded = [(text, reference.encode(text)) for text in settings.sample_texts]
             prompts = [(text, ids, law.entropy(reference.score, ids)) for text, ids in encoded]
@@ -99,6 +104,7 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
         else:
             prompts = [(str(ids), list(ids), law.entropy(reference.score, ids)) for ids in settings.sample_prompts]
         report.prompts = [{"text": text, "ids": ids, "entropy_nats": h} for text, ids, h in prompts]
+    if settings.sampled:
         bias = tuple(dict.fromkeys((law.likely_tokens(reference.score, ids, 2)[1], 2.0) for _, ids, _ in prompts))
         cases = settings.cases or default_cases(bias)
         if settings.tv is not None:
@@ -107,6 +113,16 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
         for case in [c for c in cases if settings.parameters is None or c.name in settings.parameters]:
             report.law_rows += check_case(engine, reference, methods, [ids for _, ids, _ in prompts], case, settings)
         report.seconds["sampled law"] = time.perf_counter() - started
+    if settings.seeded:
+        started = time.perf_counter()
+        ids = [ids for _, ids, _ in prompts]
+        report.seeded_rows = seeded.identity(engine, methods, ids, SEEDED_CASE, settings.length, settings.seeded,
+                                             settings.seed, settings.progress)
+        laws = [law.exact_cells(reference.score, p, SEEDED_CASE, settings.n // len(ids), reference.eos_ids, settings.length,
+                                settings.cells) for p in ids]
+        report.probe_rows = seeded.shared_stream_probe(engine, methods, ids, laws, SEEDED_CASE, settings.length,
+                                                       settings.seeded, settings.alpha, reference.eos_ids)
+        report.seconds["seeded identity and probe"] = time.perf_counter() - started
     if settings.greedy_prompts:
         started = time.perf_counter()
         settings.progress(f"{engine.name} greedy: plain at 1 request, {len(settings.greedy_prompts)} prompts")

@@ -12,6 +12,13 @@ injected at its seams, each a bug other engines have shipped (docs/check-runtime
   the rejected tokens, so later rows condition on them (HF #30042, openvino.genai #4190).
 
 Each returns a `VerispecEngine`; only the check's tests use them.
+
+For seeded identity and the shared-stream probe (`verispec.runtime_check.seeded`):
+- `KeyedTable`: an engine whose every token is the argmax of log p plus Gumbel noise keyed by
+  (seed, position), so a seed fixes its tokens with or without speculation and in any batch
+  (arXiv 2408.07978); it claims the identity;
+- `shared_stream`: verispec's engine, but every unseeded request of a call draws from one
+  stream seeded alike (TensorRT-LLM #19487), so requests in flight together return one sample.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from verispec.drafts import Draft, Verdict
 from verispec.models.base import CausalLM, ForwardingLM
 from verispec.proposers import DraftModel
 from verispec.randomness import Random
-from verispec.runtime_check.engines.own import VerispecEngine
+from verispec.runtime_check.cases import next_token_law
+from verispec.runtime_check.engines.own import VerispecEngine, fresh_seed
 from verispec.sampling import SamplingParams, probabilities
 from verispec.verify import token_level
 
@@ -133,3 +141,52 @@ def stale_cache(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = ()
 
 CONTROLS = {"q from raw logits": raw_q, "parameters on the bonus token only": bonus_only,
             "stale cache after a rejection": stale_cache, "bonus from the wrong row": wrong_bonus}
+
+
+class SharedStreamEngine(VerispecEngine):
+    """BROKEN: unseeded requests in flight together all draw from the same stream."""
+
+    def sample_unseeded(self, prompt, case, n, length, method):
+        return self.sample(prompt, case, n, length, method, 0)[:1] * n
+
+
+def shared_stream(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
+    return SharedStreamEngine(target, {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k)
+
+
+class KeyedTable:
+    """An engine over `target` (any `CausalLM` with `score`) that samples token t of a request
+    seeded s as argmax over x of log p_t(x) + G(s, t, x), G Gumbel noise from a generator keyed
+    by (s, t) alone: the tokens are a function of the seed, so its one method (`DRAFT`, as
+    coupled speculation would give) and any batch give plain's tokens."""
+
+    name, methods, dtype = "keyed", (DRAFT,), "float32"
+    claims_seeded_identity = True
+
+    def __init__(self, target: CausalLM, eos_ids: Collection[int] = ()) -> None:
+        self.target, self.eos_ids = target, frozenset(eos_ids)
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+    def sample(self, prompt, case, n, length, method, seed):
+        return [self._one(list(prompt), case, length, seed + i) for i in range(n)]
+
+    def sample_unseeded(self, prompt, case, n, length, method):
+        return [self._one(list(prompt), case, length, fresh_seed()) for _ in range(n)]
+
+    def greedy(self, prompts, max_new_tokens, method, concurrency):
+        return [self._one(list(p), None, max_new_tokens, 0) for p in prompts]
+
+    def _one(self, prompt: list[int], case, length: int, seed: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < length and not (out and out[-1] in self.eos_ids):
+            logits = self.target.score([*prompt, *out])[-1]  # [V]
+            if case is None:
+                out.append(int(torch.argmax(logits)))
+                continue
+            p = next_token_law(logits, case, [*prompt, *out], out)  # [V]
+            noise = torch.Generator().manual_seed(hash((seed, len(prompt) + len(out))) & (2**63 - 1))
+            gumbel = -torch.log(-torch.log(torch.rand(p.shape, generator=noise, dtype=torch.float64)))  # [V]
+            out.append(int(torch.argmax(torch.log(p) + gumbel)))
+        return out

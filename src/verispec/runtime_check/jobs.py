@@ -4,7 +4,7 @@ A check's time is its samples. On 2 cores two processes of one thread each draw 
 the samples of one process with two threads for verispec's batched sampler (its Python stages
 run on one core), and up to 2x for an engine that decodes one sequence at a time (hf,
 llamacpp). Each process runs the same `verispec check-runtime` command on its share of the
-parameters (round robin over the grid) with `--greedy-prompts 0`, writing its JSON report to
+parameters (round robin over the grid) with `--greedy-prompts 0 --seeded 0`, writing its JSON report to
 a scratch directory, which is read back here. A sample's seed depends on its method, prompt
 and index only, so the rows are those one process would write.
 
@@ -35,7 +35,7 @@ def sampled_rows(
 ) -> tuple[list[LawRow], list[dict]]:
     """The sampled-law rows of `names` (in their order) and the prompts, from one process per
     share, each `verispec` `argv` (a check-runtime command line without --parameter,
-    --greedy-prompts and --out) with `threads` threads. A process that fails stops the others
+    --greedy-prompts, --seeded and --out) with `threads` threads. A process that fails stops the others
     and raises ValueError (its own `error:` line is on stderr)."""
     env = os.environ | {"OMP_NUM_THREADS": str(threads)} | ({"VERISPEC_API_KEY": api_key} if api_key else {})
     with tempfile.TemporaryDirectory(prefix="verispec-check-") as scratch:
@@ -43,7 +43,7 @@ def sampled_rows(
         for i, share in enumerate(shares(names, jobs)):
             out = Path(scratch) / f"share-{i}"
             command = [sys.executable, "-m", "verispec", *argv, *[w for name in share for w in ("--parameter", name)],
-                       "--greedy-prompts", "0", "--out", str(out)]
+                       "--greedy-prompts", "0", "--seeded", "0", "--out", str(out)]
             out.mkdir()
             running.append((subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env), out))
         try:

@@ -16,6 +16,7 @@ from verispec.runtime_check.engines.base import Crashed, Refused
 from verispec.runtime_check.statistics import TestResult
 
 PASS, FAIL, REFUSED, SKIPPED = "pass", "fail", "refused", "skipped"
+HOLDS, LACKS = "holds", "lacks"  # a property the engine does not claim: seeded identity
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,75 @@ class GreedyRow:
                 "divergences": list(self.divergences)}
 
 
+@dataclass(frozen=True)
+class SeededRow:
+    """Seeded identity of one method at one level in flight against plain one at a time
+    (`verispec.runtime_check.seeded`): `identical` of `samples` equal token for token.
+    claimed: the engine claims the identity, so a difference fails instead of being a property."""
+
+    engine: str
+    method: str
+    in_flight: int
+    samples: int
+    claimed: bool
+    status: str = SKIPPED
+    identical: int = 0
+    reason: str = ""
+
+    def compared(self, identical: int) -> SeededRow:
+        same = identical == self.samples
+        return replace(self, identical=identical, status=PASS if same and self.claimed else HOLDS if same
+                       else FAIL if self.claimed else LACKS)
+
+    def refused(self, refusal: Refused) -> SeededRow:
+        return replace(self, status=FAIL if isinstance(refusal, Crashed) else REFUSED, reason=str(refusal))
+
+    @property
+    def summary(self) -> str:
+        return self.reason or f"{self.identical} of {self.samples} identical"
+
+    def as_dict(self) -> dict:
+        return {"engine": self.engine, "method": self.method, "in_flight": self.in_flight, "samples": self.samples,
+                "claimed": self.claimed, "status": self.status, "identical": self.identical, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """The shared-stream probe of one method (`verispec.runtime_check.seeded`): the largest
+    group of identical samples among `count` unseeded requests in flight on any of `prompts`
+    prompts; a group of `threshold` or more fails (independent samples reach it with
+    probability at most `bound`)."""
+
+    engine: str
+    method: str
+    count: int
+    prompts: int
+    threshold: int
+    bound: float
+    status: str = SKIPPED
+    group: int = 0
+    reason: str = ""
+
+    def counted(self, group: int) -> ProbeRow:
+        return replace(self, group=group, status=FAIL if group >= self.threshold else PASS)
+
+    def refused(self, refusal: Refused) -> ProbeRow:
+        return replace(self, status=FAIL if isinstance(refusal, Crashed) else REFUSED, reason=str(refusal))
+
+    def skipped(self, reason: str) -> ProbeRow:
+        return replace(self, status=SKIPPED, reason=reason)
+
+    @property
+    def summary(self) -> str:
+        return self.reason or (f"at most {self.group} of {self.count} requests identical on {self.prompts} prompts "
+                               f"({self.threshold} fail: independent samples reach it with probability {self.bound:.2g} at most)")
+
+    def as_dict(self) -> dict:
+        return {"engine": self.engine, "method": self.method, "count": self.count, "prompts": self.prompts,
+                "threshold": self.threshold, "bound": self.bound, "status": self.status, "largest_group": self.group,
+                "reason": self.reason}
+
+
 @dataclass
 class Report:
     engine: str
@@ -111,6 +181,8 @@ class Report:
     alpha: float
     law_rows: list[LawRow] = field(default_factory=list)
     greedy_rows: list[GreedyRow] = field(default_factory=list)
+    seeded_rows: list[SeededRow] = field(default_factory=list)
+    probe_rows: list[ProbeRow] = field(default_factory=list)
     prompts: list[dict] = field(default_factory=list)
     machine: dict = field(default_factory=describe)
     command: str = ""
@@ -118,7 +190,8 @@ class Report:
 
     @property
     def tests(self) -> int:
-        return sum(1 for row in self.law_rows if row.status in (PASS, FAIL))
+        """The statistical tests: the sampled law's and the probe's."""
+        return sum(1 for row in [*self.law_rows, *self.probe_rows] if row.status in (PASS, FAIL))
 
     @property
     def false_failure(self) -> float:
@@ -127,13 +200,14 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return all(row.status != FAIL for row in [*self.law_rows, *self.greedy_rows])
+        return all(row.status != FAIL for row in [*self.law_rows, *self.greedy_rows, *self.seeded_rows, *self.probe_rows])
 
     def as_dict(self) -> dict:
         return {"engine": self.engine, "versions": self.versions, "machine": self.machine, "command": self.command,
                 "alpha_per_test": self.alpha, "statistical_tests": self.tests, "false_failure_bound": self.false_failure,
                 "passed": self.passed, "seconds": self.seconds, "prompts": self.prompts, "sampled_law": [r.as_dict() for r in self.law_rows],
-                "greedy_identity": [r.as_dict() for r in self.greedy_rows]}
+                "greedy_identity": [r.as_dict() for r in self.greedy_rows],
+                "seeded_identity": [r.as_dict() for r in self.seeded_rows], "shared_stream_probe": [r.as_dict() for r in self.probe_rows]}
 
     def markdown(self) -> str:
         lines = [f"# verispec check-runtime: {self.engine}", ""]
@@ -168,6 +242,19 @@ class Report:
             lines += ["## Greedy identity", "", "| method | in flight | result | detail |", "|---|---|---|---|"]
             for r in self.greedy_rows:
                 lines.append(f"| {r.method} | {r.concurrency} | {r.status} | {_cell(r.summary)} |")
+            lines.append("")
+        if self.seeded_rows:
+            claimed = self.seeded_rows[0].claimed
+            lines += ["## Seeded identity", "", f"The same seed against plain sampling one request at a time; the engine "
+                      f"{'claims' if claimed else 'does not claim'} the identity, so a difference "
+                      f"{'fails' if claimed else 'is a property (lacks), not a failure'}.", "",
+                      "| method | in flight | result | detail |", "|---|---|---|---|"]
+            lines += [f"| {r.method} | {r.in_flight} | {r.status} | {_cell(r.summary)} |" for r in self.seeded_rows]
+            lines.append("")
+        if self.probe_rows:
+            lines += ["## Unseeded requests in flight (shared random stream)", "", "| method | result | detail |",
+                      "|---|---|---|"]
+            lines += [f"| {r.method} | {r.status} | {_cell(r.summary)} |" for r in self.probe_rows]
             lines.append("")
         return "\n".join(lines)
 

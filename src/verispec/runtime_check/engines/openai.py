@@ -8,7 +8,8 @@ The one method is `served` (whatever speculation the server at URL runs). Every 
 is sent as OpenAI and vLLM name it (`top_k`, `min_p` and `repetition_penalty` are the usual
 extensions); a 400 is reported as the server refusing that parameter. The token ids come back
 through `return_token_ids` (verispec and vLLM: `token_ids` in each choice; a `tokens` list is
-read too); a server that returns neither cannot be checked. Each request carries its own `seed`.
+read too); a server that returns neither cannot be checked. Each request carries its own `seed`,
+`IN_FLIGHT` of them sent at once; the shared-stream probe sends requests without one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from verispec.runtime_check.engines.base import Refused, Unavailable
 
 SERVED = "served"
 TIMEOUT = 600.0
+IN_FLIGHT = 8  # seeded samples sent at once
 
 
 def parse_urls(spec: str) -> tuple[str, str | None]:
@@ -85,8 +87,19 @@ class OpenAIEngine:
     def sample(
         self, prompt: Sequence[int], case: SamplingCase, n: int, length: int, method: str | None, seed: int
     ) -> list[list[int]]:
+        """n requests, `IN_FLIGHT` at a time, sample i seeded `seed` + i."""
         url = self._server(method)
-        return [self.complete(url, self.body(prompt, case, length, seed + i)) for i in range(n)]
+        with ThreadPoolExecutor(min(n, IN_FLIGHT)) as pool:
+            return list(pool.map(lambda i: self.complete(url, self.body(prompt, case, length, seed + i)), range(n)))
+
+    def sample_unseeded(
+        self, prompt: Sequence[int], case: SamplingCase, n: int, length: int, method: str | None
+    ) -> list[list[int]]:
+        """n requests without a seed, all in flight at once (`SamplesUnseeded`)."""
+        url = self._server(method)
+        body = {key: value for key, value in self.body(prompt, case, length, 0).items() if key != "seed"}
+        with ThreadPoolExecutor(n) as pool:
+            return list(pool.map(lambda _: self.complete(url, body), range(n)))
 
     def greedy(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, method: str | None, concurrency: int

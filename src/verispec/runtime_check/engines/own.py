@@ -14,6 +14,7 @@ as refused.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Collection, Sequence
 
 import torch
@@ -30,6 +31,11 @@ from verispec.verify import Verifier
 
 BATCH = 128  # samples decoded at once by the scheduler
 
+
+def fresh_seed() -> int:
+    """A seed of its own for a request that names none."""
+    return secrets.randbits(63)
+
 ProposerFactory = Callable[[CausalLM], Proposer]  # a proposer for a target (or one of its slots)
 
 
@@ -38,6 +44,7 @@ class VerispecEngine:
     round; verifier: "auto" or a rule (the controls pass a broken one)."""
 
     name = "verispec"
+    claims_seeded_identity = False  # a seed fixes the tokens at one k and proposer, not across them
 
     def __init__(
         self,
@@ -82,6 +89,12 @@ class VerispecEngine:
     def sample(
         self, prompt: Sequence[int], case: SamplingCase, n: int, length: int, method: str | None, seed: int
     ) -> list[list[int]]:
+        return self._sample(prompt, case, length, method, [seed + i for i in range(n)])
+
+    def _sample(
+        self, prompt: Sequence[int], case: SamplingCase, length: int, method: str | None, seeds: Sequence[int]
+    ) -> list[list[int]]:
+        """One continuation per seed, all in flight together where the target has slots."""
         if case.penalties:
             raise Refused(
                 f"verispec samples with temperature, top-k, top-p, min-p and repetition_penalty; {', '.join(case.penalties)} would change "
@@ -89,21 +102,28 @@ class VerispecEngine:
             )
         if self._batched():
             return self._scheduled(
-                [Request(tuple(prompt), length, sampling=case.sampling, eos_token_ids=self.eos_ids, seed=seed + i,
+                [Request(tuple(prompt), length, sampling=case.sampling, eos_token_ids=self.eos_ids, seed=seed,
                          proposer=method, k=self.k if method is not None else 0, verifier=self.verifier)
-                 for i in range(n)],
+                 for seed in seeds],
                 BATCH,
             )
         proposer = self.proposer(method)
         out = []
-        for i in range(n):
+        for seed in seeds:
             decoded = generate(
                 self.target, proposer, list(prompt), max_new_tokens=length, sampling=case.sampling,
-                eos_token_id=self.eos_ids, k=self.k if proposer is not None else 0, seed=seed + i, verifier=self.verifier,
+                eos_token_id=self.eos_ids, k=self.k if proposer is not None else 0, seed=seed, verifier=self.verifier,
             )
             self._count(decoded.stats)
             out.append(decoded.tokens)
         return out
+
+    def sample_unseeded(
+        self, prompt: Sequence[int], case: SamplingCase, n: int, length: int, method: str | None
+    ) -> list[list[int]]:
+        """n requests without a seed: each gets a fresh one, as `verispec serve` gives them
+        (`SamplesUnseeded`)."""
+        return self._sample(prompt, case, length, method, [fresh_seed() for _ in range(n)])
 
     def logits(self, prefix: Sequence[int]) -> torch.Tensor:
         """The target's last-position logits after `prefix` from a fresh full forward, float [V]
