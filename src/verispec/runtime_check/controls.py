@@ -6,6 +6,18 @@ injected at its seams, each a bug other engines have shipped (docs/check-runtime
 - `bonus_only`: the request's parameters shape only the bonus row; the rows that verify the
   drafted tokens are the target's raw softmax (vLLM #42744: min_p and logit_bias applied to
   the bonus token only; mistral.rs PR #2424: temperature and top-p ignored);
+- `resample_from_p`: the repair token drawn from p instead of norm(max(0, p - q)) (the
+  classic residual bug);
+- `acceptance_only`: the request's parameters shape the acceptance test only, the repair and
+  bonus rows are the raw softmax (temperature or top-p applied to the acceptance test only);
+- `hotter_speculation`: rounds that draft run at 1.1x the temperature;
+- `reused_noise`: the uniform that drew the drafted token decides its acceptance (vLLM #54282);
+- `argmax_verification`: rounds that draft are verified greedily at any temperature (SGLang
+  PR #39253);
+- `double_accept`: a drafted token accepted by either of two tests (rtp-llm PR #1295's class);
+- `penalty_per_step`: the repetition penalty counts the tokens before the round only (SGLang
+  PR #33643); `penalties_dropped`: a speculative request's penalty dropped (TensorRT-LLM PR
+  #17701) (both in `PENALTY_CONTROLS`, checked under a repetition penalty);
 - `wrong_bonus`: after a full acceptance the bonus token is drawn from the last drafted
   position's row instead of the row after it (an off-by-one in the bonus row's index);
 - `stale_cache`: the target's rollback after a rejection reports the cropped length but keeps
@@ -23,7 +35,8 @@ For seeded identity and the shared-stream probe (`verispec.runtime_check.seeded`
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -33,8 +46,8 @@ from verispec.proposers import DraftModel
 from verispec.randomness import Random
 from verispec.runtime_check.cases import next_token_law
 from verispec.runtime_check.engines.own import VerispecEngine, fresh_seed
-from verispec.sampling import SamplingParams, probabilities
-from verispec.verify import token_level
+from verispec.sampling import SamplingParams, penalised, probabilities
+from verispec.verify import greedy, token_level
 
 DRAFT = "draft"
 
@@ -52,15 +65,30 @@ class RawQDraftModel(DraftModel):
 
 
 class LogitsTap(ForwardingLM):
-    """A `CausalLM` that passes every call to `inner` and keeps the last `extend`'s logits."""
+    """A `CausalLM` that passes every call to `inner` and keeps the last `extend`'s logits and
+    the tokens processed."""
 
     def __init__(self, lm: CausalLM) -> None:
         super().__init__(lm)
         self.last: torch.Tensor | None = None  # [n, V]
+        self.tokens: list[int] = []
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.tokens = []
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        self.inner.prefill(ids)
+        self.tokens = list(ids)
 
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         self.last = self.inner.extend(tokens, keep)
+        self.tokens += list(tokens)
         return self.last
+
+    def rollback(self, length: int) -> None:
+        self.inner.rollback(length)
+        del self.tokens[length:]
 
 
 class StaleCache:
@@ -139,8 +167,126 @@ def stale_cache(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = ()
     return VerispecEngine(StaleCache(target), {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k)
 
 
+def sampled_rule(
+    p_accept: torch.Tensor, p_emit: torch.Tensor, draft: Draft, rng: Random,
+    accept: Callable[[int, int, float], bool] | None = None, residual: bool = True,
+) -> Verdict:
+    """Token-level verification with its parts taken apart, for the controls to break one:
+    drafted token x at position i is accepted by `accept(i, x, r)` (default: with probability
+    r = min(1, p_accept[i, x] / q[i, x])); the repair token is drawn from norm(max(p_emit[i] -
+    q[i], 0)) (`residual`) or from p_emit[i] itself; the bonus from p_emit[k]. p_accept and
+    p_emit: [k + 1, V]; the draft sampled (q [k, V])."""
+    for i, x in enumerate(draft.tokens):
+        r = min(1.0, float(p_accept[i, x]) / float(draft.q[i, x]))
+        if accept(i, x, r) if accept is not None else rng.bernoulli(r):
+            continue
+        row = (p_emit[i] - draft.q[i]).clamp_min(0.0) if residual else p_emit[i]  # [V]
+        return Verdict(i, rng.categorical(row / row.sum() if float(row.sum()) > 0 else p_emit[i]))
+    return Verdict(len(draft), rng.categorical(p_emit[len(draft)]))
+
+
+def _ruled(target: CausalLM, draft: CausalLM, eos_ids: Collection[int], k: int,
+           rule: Callable[[torch.Tensor, Draft, Random], Verdict]) -> VerispecEngine:
+    """verispec's engine with `draft` as its draft model and `rule` verifying (chains with q)."""
+    return VerispecEngine(target, {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k,
+                          verifier=lambda p, d, rng: token_level(p, d, rng) if not len(d) else rule(p, d, rng))
+
+
+def resample_from_p(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
+    """BROKEN: the repair token drawn from p instead of norm(max(0, p - q))."""
+    return _ruled(target, draft, eos_ids, k, lambda p, d, rng: sampled_rule(p, p, d, rng, residual=False))
+
+
+def acceptance_only(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
+    """BROKEN: the request's parameters (temperature, top-k, top-p, ...) shape the acceptance
+    test only; the repair and bonus tokens come from the target's raw softmax."""
+    tap = LogitsTap(target)
+
+    def rule(p: torch.Tensor, d: Draft, rng: Random) -> Verdict:
+        raw = probabilities(tap.last[-p.shape[0]:], SamplingParams())  # [k + 1, V]
+        return sampled_rule(p, raw, d, rng)
+
+    return _ruled(tap, draft, eos_ids, k, rule)
+
+
+def hotter_speculation(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
+    """BROKEN: rounds that draft verify and emit at 1.1x the temperature (p^(1 / 1.1),
+    renormalised)."""
+
+    def rule(p: torch.Tensor, d: Draft, rng: Random) -> Verdict:
+        hotter = p ** (1 / 1.1)  # [k + 1, V]
+        return token_level(hotter / hotter.sum(dim=-1, keepdim=True), d, rng)
+
+    return _ruled(target, draft, eos_ids, k, rule)
+
+
+def reused_noise(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
+    """BROKEN: the uniform u that drew the drafted token x from q (inverse CDF) also decides
+    its acceptance (u < r) instead of a fresh one. Given x, that u is uniform on x's CDF
+    interval [a, a + q(x)), so the acceptance is a coin of probability (r - a) / q(x), clamped."""
+
+    def rule(p: torch.Tensor, d: Draft, rng: Random) -> Verdict:
+        def accept(i: int, x: int, r: float) -> bool:
+            below, width = float(d.q[i, :x].sum()), float(d.q[i, x])
+            return rng.bernoulli(min(1.0, max(0.0, (r - below) / width)))
+
+        return sampled_rule(p, p, d, rng, accept)
+
+    return _ruled(target, draft, eos_ids, k, rule)
+
+
+def argmax_verification(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
+    """BROKEN: rounds that draft are verified greedily (accept the target's argmax, emit it),
+    whatever the temperature."""
+    return _ruled(target, draft, eos_ids, k, greedy)
+
+
+def double_accept(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
+    """BROKEN: a drafted token is accepted by either of two tests: the ratio test, or equality
+    with a token drawn from the target's row."""
+
+    def rule(p: torch.Tensor, d: Draft, rng: Random) -> Verdict:
+        return sampled_rule(p, p, d, rng, lambda i, x, r: rng.bernoulli(r) or rng.categorical(p[i]) == x)
+
+    return _ruled(target, draft, eos_ids, k, rule)
+
+
+def penalty_per_step(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2,
+                     penalty: float = 1.5) -> VerispecEngine:
+    """BROKEN, for a request with repetition penalty `penalty` at temperature 1: every row of a
+    round penalises the tokens before the round only, not the drafted tokens before it (one
+    token counted per step)."""
+    tap = LogitsTap(target)
+
+    def rule(p: torch.Tensor, d: Draft, rng: Random) -> Verdict:
+        rows = p.shape[0]  # k + 1, after the pending token and each draft
+        context = tap.tokens[: len(tap.tokens) - rows + 1]
+        params = SamplingParams(repetition_penalty=penalty)
+        stale = penalised(tap.last[-rows:].double(), params, context, [()] * rows, 0, ())  # [k + 1, V]
+        return token_level(probabilities(stale, SamplingParams()), d, rng)
+
+    return _ruled(tap, draft, eos_ids, k, rule)
+
+
+class PenaltiesDroppedEngine(VerispecEngine):
+    """BROKEN: a speculative request's repetition penalty is dropped without a word."""
+
+    def sample(self, prompt, case, n, length, method, seed):
+        return super().sample(prompt, case if method is None else replace(case, repetition_penalty=None), n, length,
+                              method, seed)
+
+
+def penalties_dropped(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
+    return PenaltiesDroppedEngine(target, {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k)
+
+
 CONTROLS = {"q from raw logits": raw_q, "parameters on the bonus token only": bonus_only,
-            "stale cache after a rejection": stale_cache, "bonus from the wrong row": wrong_bonus}
+            "stale cache after a rejection": stale_cache, "bonus from the wrong row": wrong_bonus,
+            "repair from p, not the residual": resample_from_p, "parameters on the acceptance test only": acceptance_only,
+            "temperature 1.1x on speculative rounds": hotter_speculation, "draft noise reused to accept": reused_noise,
+            "argmax verification at any temperature": argmax_verification, "double-accept rule": double_accept}
+PENALTY_CONTROLS = {"repetition penalty counting one token per step": penalty_per_step,
+                    "penalties dropped with speculation": penalties_dropped}  # for a repetition-penalty request
 
 
 class SharedStreamEngine(VerispecEngine):
