@@ -24,11 +24,11 @@ import pytest
 import torch
 
 from verispec.models.tables import random_table
-from verispec.runtime_check import Reference, Settings, check_runtime, controls, greedy, law
+from verispec.runtime_check import Reference, Settings, check_runtime, controls, greedy, law, power
 from verispec.runtime_check.cases import SamplingCase, default_cases, next_token_law
 from verispec.runtime_check.check import PLAIN_VS_EXACT, SPEC_VS_EXACT, SPEC_VS_PLAIN
 from verispec.runtime_check.engines.base import Refused
-from verispec.runtime_check.report import FAIL, HOLDS, LACKS, PASS, REFUSED, SKIPPED
+from verispec.runtime_check.report import FAIL, HOLDS, LACKS, PASS, REFUSED, SKIPPED, LawRow
 from verispec.runtime_check.jobs import shares
 from verispec.runtime_check.statistics import (
     RARE, _pool_probabilities, degrees_of_freedom, detectable_tv, goodness_of_fit, samples_for, two_sample,
@@ -372,3 +372,28 @@ def test_unseeded_requests_sharing_one_stream_are_caught():
     (plain, draft) = report.probe_rows
     assert plain.status == draft.status == FAIL and plain.group == 8 and plain.bound <= 1e-3
     assert not report.passed and "identical on 2 prompts" in report.markdown()
+
+
+def test_the_power_model_gives_the_exact_law_for_the_correct_rule():
+    """Summed over where each round ends, the correct rule's law on the cells is the exact law
+    (whatever the controlled draft), and each modelled class a law of its own."""
+    cells = law.exact_cells(TARGET.score, [3, 5], CASE, 600, (), 3, 24)
+    laws = power.bug_laws(TARGET.score, [3, 5], CASE, list(cells), 3)
+    assert laws["exact"] == pytest.approx(cells, abs=1e-12)
+    assert set(laws) == {"exact", *power.CLASSES}
+    for name in power.CLASSES:
+        assert sum(laws[name].values()) == pytest.approx(1.0, abs=1e-9)
+        assert power.noncentrality(cells, laws[name], 600, 24)[0] > 0.01, name  # every class moves this law
+    assert power.noncentrality(cells, laws["exact"], 600, 24)[1] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_each_row_states_its_power_against_the_named_classes():
+    report = check_runtime(controls.correct(TARGET, DRAFT), REFERENCE, [controls.DRAFT], SETTINGS)
+    plain, versus, exact = report.law_rows
+    assert set(plain.power) == {power.DROPPED} and set(exact.power) == set(power.CLASSES)
+    assert all(0 <= p <= 1 for _, p in exact.power.values())
+    assert exact.power["bonus from the wrong row"][1] > 0.99  # the bonus token is keyed, and the test sees it
+    assert versus.power["double-accept rule"][1] < exact.power["double-accept rule"][1]  # two samples need more
+    assert "### Power against named bug classes" in report.markdown()
+    flat = lambda row: {(name, i): x for name, pair in row.power.items() for i, x in enumerate(pair)}  # noqa: E731
+    assert flat(LawRow.from_dict(json.loads(json.dumps(exact.as_dict())))) == pytest.approx(flat(exact))

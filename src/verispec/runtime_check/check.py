@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from verispec.runtime_check import greedy, law, seeded
+from verispec.runtime_check import greedy, law, power, seeded
 from verispec.runtime_check.cases import SamplingCase, default_cases, neutral
 from verispec.runtime_check.engines.base import CountsDrafts, Engine, Refused
 from verispec.runtime_check.report import LawRow, Report
@@ -167,7 +167,21 @@ def check_case(
             for p in prompts]
     dropped = [law.law_on(reference.score, p, neutral(case), list(cells)) for p, cells in zip(prompts, laws)]
     effect = sum(law.distance(a, b) for a, b in zip(laws, dropped)) / len(prompts)
+    bugs = [power.bug_laws(reference.score, p, case, list(cells), settings.length, reference.eos_ids)
+            for p, cells in zip(prompts, laws)]
     row = lambda method, test: LawRow(engine.name, method, case.name, case.settings(), test, effect=effect)  # noqa: E731
+
+    def against(row_: LawRow) -> LawRow:
+        """The row with its power against each named class (plain: the parameter dropped only)."""
+        if row_.result is None:
+            return row_
+        names = [power.DROPPED] if row_.method == PLAIN else list(power.CLASSES)
+        out = {}
+        for name in names:
+            shares = [power.noncentrality(cells, bug[name], per_prompt, settings.cells) for cells, bug in zip(laws, bugs)]
+            lam = sum(share for _, share in shares) / (2 if row_.test == SPEC_VS_PLAIN else 1)
+            out[name] = (sum(tv for tv, _ in shares) / len(shares), power.run_power([lam], row_.result.df, settings.alpha))
+        return replace(row_, power=out)
 
     def draw(method: str | None, offset: int) -> list[Counter] | Refused:
         """Per prompt, the counts of sample keys; or the engine's refusal (or crash)."""
@@ -195,7 +209,7 @@ def check_case(
     drafts: dict[str, tuple[float, float | None]] = {}  # method -> drafted, accepted per sample
     plain = draw(None, 0)
     plain_row = row(PLAIN, PLAIN_VS_EXACT)
-    rows.append(plain_row.refused(plain) if isinstance(plain, Refused) else plain_row.tested(against_exact(plain)))
+    rows.append(plain_row.refused(plain) if isinstance(plain, Refused) else against(plain_row.tested(against_exact(plain))))
     for index, method in enumerate(methods, start=1):
         spec = draw(method, index * 10_000_000)
         if isinstance(spec, Refused):
@@ -203,8 +217,9 @@ def check_case(
             continue
         versus = replace(row(method, SPEC_VS_PLAIN), drafts=drafts.get(method))
         rows.append(versus.skipped(f"the plain side is refused: {plain}") if isinstance(plain, Refused)
-                    else versus.tested(two_sample(list(zip(spec, plain)), settings.alpha, settings.cells, seed=next(tests))))
-        rows.append(replace(row(method, SPEC_VS_EXACT), drafts=drafts.get(method)).tested(against_exact(spec)))
+                    else against(versus.tested(two_sample(list(zip(spec, plain)), settings.alpha, settings.cells,
+                                                          seed=next(tests)))))
+        rows.append(against(replace(row(method, SPEC_VS_EXACT), drafts=drafts.get(method)).tested(against_exact(spec))))
     return rows
 
 

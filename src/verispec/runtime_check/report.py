@@ -25,7 +25,9 @@ class LawRow:
     exact law (0 for plain sampling): a pass can show the parameter was applied only when the
     effect exceeds the test's detectable TV. drafts: the tokens the engine drafted, and those
     it accepted (None if it cannot tell), per speculative sample, where it says (`CountsDrafts`):
-    a method that drafts nothing on the prompts has its law checked only where it is plain."""
+    a method that drafts nothing on the prompts has its law checked only where it is plain.
+    power: per named bug class, the TV it would make on the test's cells and the test's power
+    against it (`verispec.runtime_check.power`)."""
 
     engine: str
     method: str
@@ -37,6 +39,7 @@ class LawRow:
     reason: str = ""
     effect: float = 0.0
     drafts: tuple[float, float | None] | None = None
+    power: dict[str, tuple[float, float]] | None = None  # named bug class -> (its TV on the cells, the power against it)
 
     def tested(self, result: TestResult) -> LawRow:
         """A test with no degrees of freedom (every cell pooled into one) tests nothing: skipped."""
@@ -55,15 +58,17 @@ class LawRow:
     def from_dict(cls, row: dict) -> LawRow:
         """The row `as_dict` wrote (a report read back: `verispec.runtime_check.jobs`)."""
         drafts = (row["drafted_per_sample"], row["accepted_per_sample"]) if "drafted_per_sample" in row else None
+        power = {name: (value["tv"], value["power"]) for name, value in row["power"].items()} if row.get("power") else None
         return cls(row["engine"], row["method"], row["parameter"], row["settings"], row["test"], row["status"],
                    TestResult.from_dict(row["result"]) if "result" in row else None, row["reason"], row["effect_tv"],
-                   drafts)
+                   drafts, power)
 
     def as_dict(self) -> dict:
         return {"engine": self.engine, "method": self.method, "parameter": self.parameter, "settings": self.settings,
                 "test": self.test, "status": self.status, "reason": self.reason, "effect_tv": self.effect,
                 **({"drafted_per_sample": self.drafts[0], "accepted_per_sample": self.drafts[1]} if self.drafts else {}),
-                **({"result": self.result.as_dict()} if self.result else {})}
+                **({"result": self.result.as_dict()} if self.result else {}),
+                **({"power": {name: {"tv": tv, "power": p} for name, (tv, p) in self.power.items()}} if self.power else {})}
 
 
 @dataclass(frozen=True)
@@ -238,6 +243,7 @@ class Report:
                       "with sampling noise); TV at 90 % power: the smallest difference the test detects with 90 % power at "
                       "this N; effect: the total variation the parameter itself makes to the exact law; drafted / "
                       "accepted: the engine's speculation on these samples, where it says.", ""]
+            lines += _power_table([r for r in self.law_rows if r.power])
         if self.greedy_rows:
             lines += ["## Greedy identity", "", "| method | in flight | result | detail |", "|---|---|---|---|"]
             for r in self.greedy_rows:
@@ -257,6 +263,24 @@ class Report:
             lines += [f"| {r.method} | {r.status} | {_cell(r.summary)} |" for r in self.probe_rows]
             lines.append("")
         return "\n".join(lines)
+
+
+def _power_table(rows: list[LawRow]) -> list[str]:
+    """Per tested row, the power against each named bug class (and its TV on the cells), with
+    a draft that accepts half (`verispec.runtime_check.power`)."""
+    if not rows:
+        return []
+    names = list(dict.fromkeys(name for r in rows for name in r.power))
+    lines = ["### Power against named bug classes", "",
+             "The power of each test against each class, and (in brackets) the TV the class makes on its cells, computed "
+             "from the exact law with a draft that accepts half its tokens; a row that cannot see a class says so with "
+             "power near alpha. Not modelled (they need the engine's own drafts): a stale cache, a penalty counted per "
+             "step, a draft model's q reported raw.", "",
+             "| method | parameter | test | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    for r in rows:
+        cells = [f"{r.power[n][1]:.2f} ({r.power[n][0]:.3f})" if n in r.power else "" for n in names]
+        lines.append(f"| {r.method} | {r.parameter} | {r.test} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _drafts(drafts: tuple[float, float | None] | None) -> str:
