@@ -196,6 +196,7 @@ def test_detectable_tv_shrinks_as_one_over_root_n():
     (["check-runtime", "hf", "--n", "1"], "--n"),
     (["check-runtime", "hf", "--prompts-file", "/nonexistent.jsonl"], "--prompts-file"),
     (["check-runtime", "hf", "--sample-prompt", " "], "--sample-prompt is empty"),
+    (["check-runtime", "hf", "--model", "none", "--greedy-prompts", "0"], "the engine must be openai:URL,PLAIN_URL"),
 ])
 def test_bad_input_is_one_error_line(argv, says, capsys):
     from verispec.cli import main

@@ -23,7 +23,7 @@ from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Refused
 from verispec.runtime_check.engines.hf import HFEngine, truncated_draft
 from verispec.runtime_check.engines.openai import OpenAIEngine
-from verispec.runtime_check.report import HOLDS, PASS, REFUSED, SKIPPED
+from verispec.runtime_check.report import HOLDS, LACKS, PASS, REFUSED, SKIPPED
 
 CASES = [SamplingCase("default"), SamplingCase("frequency_penalty", frequency_penalty=1.0)]
 
@@ -88,3 +88,19 @@ def test_an_openai_server_is_checked_against_a_plain_one(loaded):
     seeded = {(row.method, row.in_flight): row.status for row in report.seeded_rows}
     assert seeded[("plain, again", 1)] == seeded[("plain", 4)] == HOLDS  # a seed reproduces, alone or 4 at once
     assert {row.status for row in report.probe_rows} <= {PASS, SKIPPED}  # the server seeds each unseeded request afresh
+
+
+def test_a_server_whose_model_is_unknown_is_checked_by_its_replies(loaded):
+    """`--model none`: no exact law, so spec vs plain on cells chosen from both samples and
+    seeded identity run on text prompts the server encodes; the rest is listed as not run."""
+    with running(loaded, proposer="lookup", k=3) as spec, running(loaded, proposer=None, k=0) as plain:
+        engine = OpenAIEngine(f"http://127.0.0.1:{spec.port}", f"http://127.0.0.1:{plain.port}", None, "unknown")
+        assert engine.model == NAME  # the name the server lists
+        settings = Settings(n=150, sample_texts=("abcabcab",), cases=CASES[:1], seeded=4)
+        report = check_runtime(engine, None, ["served"], settings)
+    statuses = {row.test: row.status for row in report.law_rows}
+    assert statuses == {"plain vs exact": SKIPPED, "spec vs plain": PASS, "spec vs exact": SKIPPED}, report.markdown()
+    versus = next(row for row in report.law_rows if row.test == "spec vs plain")
+    assert versus.result.df >= 2 and versus.power is None
+    assert {row.status for row in report.seeded_rows} <= {HOLDS, LACKS} and not report.probe_rows
+    assert any("exact law" in item for item in report.not_run) and "- not run: greedy identity" in report.markdown()

@@ -58,7 +58,9 @@ def check_runtime(
                      "layerskip:8; hf assisted, lookup; llamacpp lookup; vllm ngram, eagle3, draft_model; openai served.", show_default="all of the engine's"),
     ] = None,
     model: Annotated[str, typer.Option(help="The weights the engine serves, loaded by verispec for the exact "
-                                       "law and the greedy diagnosis.")] = DEFAULT_MODEL,
+                                       "law and the greedy diagnosis; none: an openai:URL,PLAIN_URL server whose model "
+                                       "verispec cannot load, checked by its replies alone (spec vs plain and seeded "
+                                       "identity on --sample-prompt texts).")] = DEFAULT_MODEL,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, ... as for `verispec generate` (the engine's "
                                        "precision: it sets the near-tie tolerance).")] = "float32",
     n: Annotated[Optional[int], typer.Option("--n", min=2, show_default="1200", help="Samples per side per method and "

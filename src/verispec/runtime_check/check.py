@@ -40,6 +40,14 @@ from verispec.runtime_check.statistics import degrees_of_freedom, goodness_of_fi
 PLAIN = "plain"
 SPEC_VS_PLAIN, SPEC_VS_EXACT, PLAIN_VS_EXACT = "spec vs plain", "spec vs exact", "plain vs exact"
 SEEDED_CASE = SamplingCase("default")  # seeded identity and the probe sample at temperature 1
+NO_REFERENCE = "not run: the exact law needs the model's weights, which verispec could not load (--model none)"
+NOT_RUN_WITHOUT_REFERENCE = (
+    "plain vs exact and spec vs exact (the exact law needs the weights)",
+    "the power against named bug classes (computed from the exact law)",
+    "the logit-bias parameter (the biased token is chosen from the model's law)",
+    "the shared-stream probe (its bound reads the exact law)",
+    "greedy identity (its prompts need the tokenizer, a divergence's diagnosis the weights)",
+)
 
 
 @dataclass
@@ -91,12 +99,21 @@ class Settings:
     progress: Callable[[str], None] = field(default=lambda line: None)
 
 
-def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], settings: Settings) -> Report:
-    """Run every check of `engine` with `methods` (its speculative methods to check)."""
+def check_runtime(engine: Engine, reference: Reference | None, methods: Sequence[str], settings: Settings) -> Report:
+    """Run every check of `engine` with `methods` (its speculative methods to check). Without a
+    `reference` (a model verispec cannot load) only what the engine's own samples can show runs:
+    `spec vs plain` on cells chosen from both samples, and seeded identity, on the raw
+    `sample_texts` sent as text; the rest is listed as not run."""
     report = Report(engine.name, engine.versions(), settings.alpha)
     started = time.perf_counter()
+    if reference is None:
+        if not settings.sample_texts:
+            raise ValueError("without a reference model the prompts must be raw text the engine encodes: give --sample-prompt")
+        report.not_run = list(NOT_RUN_WITHOUT_REFERENCE)
     if settings.sampled or settings.seeded:
-        if settings.sample_texts:
+        if reference is None:
+            prompts = [(text, text, None) for text in settings.sample_texts]
+        elif settings.sample_texts:
             encoded = [(text, reference.encode(text)) for text in settings.sample_texts]
             prompts = [(text, ids, law.entropy(reference.score, ids)) for text, ids in encoded]
         elif settings.sample_prompts is None:
@@ -105,10 +122,15 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
             prompts = [(str(ids), list(ids), law.entropy(reference.score, ids)) for ids in settings.sample_prompts]
         report.prompts = [{"text": text, "ids": ids, "entropy_nats": h} for text, ids, h in prompts]
     if settings.sampled:
-        bias = tuple(dict.fromkeys((law.likely_tokens(reference.score, ids, 2)[1], 2.0) for _, ids, _ in prompts))
-        cases = settings.cases or default_cases(bias)
+        if reference is None:
+            cases = settings.cases or [case for case in default_cases(()) if case.name != "logit_bias"]
+        else:
+            bias = tuple(dict.fromkeys((law.likely_tokens(reference.score, ids, 2)[1], 2.0) for _, ids, _ in prompts))
+            cases = settings.cases or default_cases(bias)
         if settings.tv is not None:
-            settings = replace(settings, n=chosen_n(reference, [ids for _, ids, _ in prompts], cases[0], settings))
+            n = chosen_n(reference, [ids for _, ids, _ in prompts], cases[0], settings) if reference is not None else \
+                samples_for(settings.tv, settings.alpha, lambda _: len(prompts) * ((settings.cells or 24) - 1))
+            settings = replace(settings, n=-(-n // len(prompts)) * len(prompts))
             settings.progress(f"{engine.name}: {settings.n} samples per side detect a TV of {settings.tv:g} with 90 % power")
         for case in [c for c in cases if settings.parameters is None or c.name in settings.parameters]:
             report.law_rows += check_case(engine, reference, methods, [ids for _, ids, _ in prompts], case, settings)
@@ -118,10 +140,11 @@ def check_runtime(engine: Engine, reference: Reference, methods: Sequence[str], 
         ids = [ids for _, ids, _ in prompts]
         report.seeded_rows = seeded.identity(engine, methods, ids, SEEDED_CASE, settings.length, settings.seeded,
                                              settings.seed, settings.progress)
-        laws = [law.exact_cells(reference.score, p, SEEDED_CASE, settings.n // len(ids), reference.eos_ids, settings.length,
-                                settings.cells) for p in ids]
-        report.probe_rows = seeded.shared_stream_probe(engine, methods, ids, laws, SEEDED_CASE, settings.length,
-                                                       settings.seeded, settings.alpha, reference.eos_ids)
+        if reference is not None:
+            laws = [law.exact_cells(reference.score, p, SEEDED_CASE, settings.n // len(ids), reference.eos_ids,
+                                    settings.length, settings.cells) for p in ids]
+            report.probe_rows = seeded.shared_stream_probe(engine, methods, ids, laws, SEEDED_CASE, settings.length,
+                                                           settings.seeded, settings.alpha, reference.eos_ids)
         report.seconds["seeded identity and probe"] = time.perf_counter() - started
     if settings.greedy_prompts:
         started = time.perf_counter()
@@ -153,8 +176,7 @@ def chosen_n(reference: Reference, prompts: Sequence[Sequence[int]], case: Sampl
                 for p in prompts]
         return sum(degrees_of_freedom(cells, per_prompt, settings.cells) for cells in laws)
 
-    n = samples_for(settings.tv, settings.alpha, df_at)
-    return -(-n // len(prompts)) * len(prompts)  # a whole number per prompt
+    return samples_for(settings.tv, settings.alpha, df_at)
 
 
 def check_case(
@@ -163,17 +185,20 @@ def check_case(
 ) -> list[LawRow]:
     """The rows of one parameter: plain vs exact, then spec vs plain and spec vs exact per method."""
     per_prompt = max(1, settings.n // len(prompts))
-    laws = [law.exact_cells(reference.score, p, case, per_prompt, reference.eos_ids, settings.length, settings.cells)
-            for p in prompts]
-    dropped = [law.law_on(reference.score, p, neutral(case), list(cells)) for p, cells in zip(prompts, laws)]
-    effect = sum(law.distance(a, b) for a, b in zip(laws, dropped)) / len(prompts)
-    bugs = [power.bug_laws(reference.score, p, case, list(cells), settings.length, reference.eos_ids)
-            for p, cells in zip(prompts, laws)]
+    eos_ids = reference.eos_ids if reference is not None else ()
+    laws, effect, bugs = None, 0.0, []
+    if reference is not None:
+        laws = [law.exact_cells(reference.score, p, case, per_prompt, eos_ids, settings.length, settings.cells)
+                for p in prompts]
+        dropped = [law.law_on(reference.score, p, neutral(case), list(cells)) for p, cells in zip(prompts, laws)]
+        effect = sum(law.distance(a, b) for a, b in zip(laws, dropped)) / len(prompts)
+        bugs = [power.bug_laws(reference.score, p, case, list(cells), settings.length, eos_ids)
+                for p, cells in zip(prompts, laws)]
     row = lambda method, test: LawRow(engine.name, method, case.name, case.settings(), test, effect=effect)  # noqa: E731
 
     def against(row_: LawRow) -> LawRow:
         """The row with its power against each named class (plain: the parameter dropped only)."""
-        if row_.result is None:
+        if row_.result is None or laws is None:
             return row_
         names = [power.DROPPED] if row_.method == PLAIN else list(power.CLASSES)
         out = {}
@@ -194,7 +219,8 @@ def check_case(
                                         settings.seed + offset + i * per_prompt)
             except Refused as refusal:
                 return refusal
-            counts.append(_merge(Counter(law.key(s, reference.eos_ids, settings.length) for s in samples), laws[i]))
+            keys = Counter(law.key(s, eos_ids, settings.length) for s in samples)
+            counts.append(keys if laws is None else _merge(keys, laws[i]))
         if before is not None and method is not None:
             (drafted, accepted), total = engine.drafts(), per_prompt * len(prompts)
             drafts[method] = ((drafted - before[0]) / total,
@@ -209,7 +235,10 @@ def check_case(
     drafts: dict[str, tuple[float, float | None]] = {}  # method -> drafted, accepted per sample
     plain = draw(None, 0)
     plain_row = row(PLAIN, PLAIN_VS_EXACT)
-    rows.append(plain_row.refused(plain) if isinstance(plain, Refused) else against(plain_row.tested(against_exact(plain))))
+    if laws is None:
+        rows.append(plain_row.skipped(NO_REFERENCE))
+    else:
+        rows.append(plain_row.refused(plain) if isinstance(plain, Refused) else against(plain_row.tested(against_exact(plain))))
     for index, method in enumerate(methods, start=1):
         spec = draw(method, index * 10_000_000)
         if isinstance(spec, Refused):
@@ -217,10 +246,21 @@ def check_case(
             continue
         versus = replace(row(method, SPEC_VS_PLAIN), drafts=drafts.get(method))
         rows.append(versus.skipped(f"the plain side is refused: {plain}") if isinstance(plain, Refused)
-                    else against(versus.tested(two_sample(list(zip(spec, plain)), settings.alpha, settings.cells,
+                    else against(versus.tested(two_sample(_on_sampled_cells(spec, plain, settings) if laws is None
+                                                          else list(zip(spec, plain)), settings.alpha, settings.cells,
                                                           seed=next(tests)))))
-        rows.append(against(replace(row(method, SPEC_VS_EXACT), drafts=drafts.get(method)).tested(against_exact(spec))))
+        exact_row = replace(row(method, SPEC_VS_EXACT), drafts=drafts.get(method))
+        rows.append(exact_row.skipped(NO_REFERENCE) if laws is None else against(exact_row.tested(against_exact(spec))))
     return rows
+
+
+def _on_sampled_cells(spec: list[Counter], plain: list[Counter], settings: Settings) -> list[tuple[Counter, Counter]]:
+    """Per prompt, both samples' keys folded onto cells chosen from the two together."""
+    out = []
+    for a, b in zip(spec, plain):
+        cells = law.sampled_cells(a + b, (), settings.length, settings.cells)
+        out.append((_merge(a, cells), _merge(b, cells)))
+    return out
 
 
 def _merge(counts: Counter, cells: Collection[tuple[int, ...]]) -> Counter:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 
 import torch
@@ -70,6 +71,9 @@ def key(tokens: Sequence[int], eos_ids: Collection[int], depth: int) -> tuple[in
     return tuple(head)
 
 
+Split = Callable[[tuple[int, ...], float, int], list[tuple[int, float]]]  # (prefix, mass, room) -> children
+
+
 def exact_cells(
     score: Score, prompt: Sequence[int], case: SamplingCase, n: int, eos_ids: Collection[int], length: int,
     cells: int | None = None,
@@ -78,32 +82,54 @@ def exact_cells(
     tokens, the cells partitioning every outcome, best first (module docstring); n: the
     samples the check will draw (a next token gets a cell when expected `MIN_EXPECTED` times);
     cells: the most cells (None: split every prefix likely enough)."""
-    prompt, cap = list(prompt), cells or math.inf
+    prompt = list(prompt)
+
+    def split(prefix: tuple[int, ...], mass: float, room: int) -> list[tuple[int, float]]:
+        row = next_token_law(score([*prompt, *prefix])[-1], case, [*prompt, *prefix], prefix)  # [V]
+        likely = torch.nonzero(row * mass * n >= MIN_EXPECTED).flatten().tolist()
+        ranked = sorted(likely, key=lambda t: (-float(row[t]), t))[: min(room, BRANCH) if cells else None]
+        return [(t, mass * float(row[t])) for t in ranked]
+
+    return best_first(split, 1.0, eos_ids, length, cells)
+
+
+def sampled_cells(keys: Counter, eos_ids: Collection[int], length: int, cells: int | None = None) -> dict[tuple[int, ...], float]:
+    """Cells chosen best first as `exact_cells` chooses them, from counts of sample keys
+    instead of the exact law (an engine whose model verispec cannot load): a next token gets a
+    cell when the samples hold it `MIN_EXPECTED` times; cell -> its count. Built from the two
+    samples together, the cells do not depend on which sample a count came from."""
+
+    def split(prefix: tuple[int, ...], mass: float, room: int) -> list[tuple[int, float]]:
+        following: Counter = Counter()
+        for key_, count in keys.items():
+            if len(key_) > len(prefix) and key_[: len(prefix)] == prefix:
+                following[key_[len(prefix)]] += count
+        ranked = sorted((t for t, c in following.items() if c >= MIN_EXPECTED), key=lambda t: (-following[t], t))
+        return [(t, float(following[t])) for t in ranked[: min(room, BRANCH) if cells else None]]
+
+    return best_first(split, float(sum(keys.values())), eos_ids, length, cells)
+
+
+def best_first(split: Split, total: float, eos_ids: Collection[int], length: int, cells: int | None) -> dict[tuple[int, ...], float]:
+    """The partition of continuations of `length` tokens into at most `cells` cells, the most
+    likely prefix split first by `split` (its children and their masses); cell -> mass."""
+    cap = cells or math.inf
     out: dict[tuple[int, ...], float] = {}
-    frontier: list[tuple[float, tuple[int, ...]]] = [(-1.0, ())]  # (-mass, prefix) not yet split
+    frontier: list[tuple[float, tuple[int, ...]]] = [(-total, ())]  # (-mass, prefix) not yet split
     count = 1  # cells so far: every one in `out` and every prefix on the frontier
     while frontier:
         negative, prefix = heapq.heappop(frontier)
         mass, room = -negative, cap - count  # splitting adds one cell per child (the prefix's turns into its rest)
-        row = next_token_law(score([*prompt, *prefix])[-1], case, [*prompt, *prefix], prefix) if room >= 1 else None
-        children = [] if row is None else _likely(row, mass, n)[: min(room, BRANCH) if cells else None]
-        for token in children:
-            child, child_mass = (*prefix, token), mass * float(row[token])
+        children = split(prefix, mass, int(min(room, 1 << 30))) if room >= 1 else []
+        for token, child_mass in children:
+            child = (*prefix, token)
             if len(child) == length or token in eos_ids:
                 out[child] = child_mass
             else:
                 heapq.heappush(frontier, (-child_mass, child))
-        rest = mass if not children else mass * max(0.0, 1.0 - float(row[children].sum()))
-        out[(*prefix, OTHER)] = rest
+        out[(*prefix, OTHER)] = max(0.0, mass - sum(m for _, m in children)) if children else mass
         count += len(children)
     return out
-
-
-def _likely(row: torch.Tensor, mass: float, n: int) -> list[int]:
-    """The next tokens expected at least `MIN_EXPECTED` times in n samples after a prefix of
-    probability `mass`, most likely first (ties by id)."""
-    likely = torch.nonzero(row * mass * n >= MIN_EXPECTED).flatten().tolist()
-    return sorted(likely, key=lambda t: (-float(row[t]), t))
 
 
 def law_on(score: Score, prompt: Sequence[int], case: SamplingCase, keys: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], float]:
@@ -140,6 +166,8 @@ def law_on(score: Score, prompt: Sequence[int], case: SamplingCase, keys: Sequen
 def cell_of(sample_key: tuple[int, ...], cells: Collection[tuple[int, ...]]) -> tuple[int, ...]:
     """The cell a sample's key falls in: the key itself, else the rest cell of its longest
     prefix the cells split (a shorter leaf where the law ended at EOS and the engine went on)."""
+    if (*sample_key, OTHER) in cells:  # a sample that ended where the cells go on (EOS unknown to them)
+        return (*sample_key, OTHER)
     for j in range(len(sample_key), 0, -1):
         if sample_key[:j] in cells:
             return sample_key[:j]

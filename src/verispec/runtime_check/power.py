@@ -128,7 +128,8 @@ DROPPED = "parameter dropped"  # the one class a plain row can see
 
 def _draft(p: torch.Tensor) -> torch.Tensor:
     """The controlled draft at a row: p^beta normalised, beta in (0, 1] chosen so that
-    sum min(p, q) = ACCEPTANCE (beta 1: q = p, where even the flattest q accepts more)."""
+    sum min(p, q) = ACCEPTANCE (the flattest, uniform on p's support, where even it accepts
+    more: a row with one or two likely tokens)."""
     support = p > 0
 
     def flattened(beta: float) -> torch.Tensor:
@@ -137,7 +138,7 @@ def _draft(p: torch.Tensor) -> torch.Tensor:
 
     overlap = lambda beta: float(torch.minimum(p, flattened(beta)).sum()) - ACCEPTANCE  # noqa: E731
     if overlap(1e-6) >= 0:
-        return flattened(1.0)
+        return flattened(1e-6)
     return flattened(brentq(overlap, 1e-6, 1.0, xtol=1e-4))
 
 

@@ -192,6 +192,7 @@ class Report:
     machine: dict = field(default_factory=describe)
     command: str = ""
     seconds: dict = field(default_factory=dict)  # wall time per part: "sampled law", "greedy identity"
+    not_run: list[str] = field(default_factory=list)  # the checks this run could not do, and why
 
     @property
     def tests(self) -> int:
@@ -210,7 +211,7 @@ class Report:
     def as_dict(self) -> dict:
         return {"engine": self.engine, "versions": self.versions, "machine": self.machine, "command": self.command,
                 "alpha_per_test": self.alpha, "statistical_tests": self.tests, "false_failure_bound": self.false_failure,
-                "passed": self.passed, "seconds": self.seconds, "prompts": self.prompts, "sampled_law": [r.as_dict() for r in self.law_rows],
+                "passed": self.passed, "seconds": self.seconds, "not_run": self.not_run, "prompts": self.prompts, "sampled_law": [r.as_dict() for r in self.law_rows],
                 "greedy_identity": [r.as_dict() for r in self.greedy_rows],
                 "seeded_identity": [r.as_dict() for r in self.seeded_rows], "shared_stream_probe": [r.as_dict() for r in self.probe_rows]}
 
@@ -224,12 +225,14 @@ class Report:
         if self.seconds:
             lines += ["- wall time: " + ", ".join(f"{part} {seconds / 60:.1f} min" for part, seconds in self.seconds.items())]
         lines += [f"- verdict: {'PASS' if self.passed else 'FAIL'}; {self.tests} statistical tests at alpha "
-                  f"{self.alpha:g} each: a correct engine fails one with probability at most {self.false_failure:.2g}", ""]
+                  f"{self.alpha:g} each: a correct engine fails one with probability at most {self.false_failure:.2g}"]
+        lines += [f"- not run: {item}" for item in self.not_run] + [""]
         if self.law_rows:
             lines += ["## Sampled law", ""]
             if self.prompts:
                 lines += ["Prompts (raw text; next-token entropy): " + "; ".join(
-                    f"{p['text']!r} ({p['entropy_nats']:.2f} nats)" for p in self.prompts), ""]
+                    f"{p['text']!r}" + (f" ({p['entropy_nats']:.2f} nats)" if p["entropy_nats"] is not None else "")
+                    for p in self.prompts), ""]
             lines += ["| method | parameter | test | result | p-value | TV | N | TV at 90 % power | effect | drafted / accepted a sample | note |",
                       "|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in self.law_rows:

@@ -15,6 +15,8 @@ from verispec.runtime_check.check import Reference, Settings, check_runtime
 from verispec.runtime_check.engines import check_spec, open_engine
 from verispec.runtime_check.report import Report
 
+NO_MODEL = "none"  # --model none: the engine's model is not one verispec can load
+
 
 def outputs(engine_spec: str, methods: Sequence[str] | None = None) -> tuple[str, str]:
     """The report's file names for an engine (and the methods named, if any):
@@ -60,16 +62,43 @@ def run(
     from verispec.models.load import load_model
 
     check_options(engine_spec, settings.parameters)
+    if model == NO_MODEL:
+        return run_without_model(engine_spec, methods, settings, api_key)
     workloads = select(read_workloads(greedy_file), limit_per_category=1)[:greedy_count] if greedy_file and greedy_count else []
     loaded = load_model(model, dtype=dtype)
     engine = open_engine(engine_spec, loaded, dtype, api_key)
+    chosen = _methods(engine, methods)
+    reference = Reference(loaded.lm.score, lambda text: loaded.encode(text, chat=False), loaded.eos_token_ids)
+    greedy_prompts = [w.token_ids(loaded) for w in workloads]
+    return check_runtime(engine, reference, chosen, replace(settings, greedy_prompts=greedy_prompts))
+
+
+def run_without_model(engine_spec: str, methods: Sequence[str] | None, settings: Settings, api_key: str | None) -> Report:
+    """An `openai:URL` server whose model verispec cannot load: its own samples only, on the
+    `--sample-prompt` texts it encodes itself (`check_runtime` without a reference)."""
+    from verispec.runtime_check.engines.openai import OpenAIEngine, parse_urls
+
+    name, _, argument = engine_spec.partition(":")
+    if name != "openai":
+        raise ValueError(f"--model {NO_MODEL} checks a server by its replies alone, so the engine must be openai:URL,PLAIN_URL, "
+                         f"not {engine_spec!r}")
+    if not settings.sample_texts:
+        raise ValueError(f"--model {NO_MODEL} needs --sample-prompt: the server encodes the prompts as text")
+    url, plain = parse_urls(argument)
+    if plain is None and settings.sampled:
+        raise ValueError(f"--model {NO_MODEL} has no exact law to test against, so its sampled law needs a plain server: "
+                         "openai:URL,PLAIN_URL (or --no-sampled for seeded identity alone)")
+    engine = OpenAIEngine(url, plain, None, "unknown", api_key)
+    return check_runtime(engine, None, _methods(engine, methods), replace(settings, greedy_prompts=()))
+
+
+def _methods(engine, methods: Sequence[str] | None) -> list[str]:
+    """The methods to check: those named (each the engine's), or all of them."""
     chosen = list(engine.methods if methods is None else methods)
     unknown = [m for m in chosen if m not in engine.methods]
     if unknown:
         raise ValueError(f"{engine.name} has no method {unknown[0]!r}; choose from {', '.join(engine.methods)}")
-    reference = Reference(loaded.lm.score, lambda text: loaded.encode(text, chat=False), loaded.eos_token_ids)
-    greedy_prompts = [w.token_ids(loaded) for w in workloads]
-    return check_runtime(engine, reference, chosen, replace(settings, greedy_prompts=greedy_prompts))
+    return chosen
 
 
 def write(report: Report, directory: Path, names: tuple[str, str]) -> list[Path]:

@@ -4,6 +4,9 @@
     openai:URL              one server; its replies are checked against the exact law only
     openai:URL,PLAIN_URL    the same model served with speculation (URL) and without it
 
+A prompt is token ids, or raw text the server encodes itself (`--model none`: a model verispec
+cannot load, checked by its replies alone).
+
 The one method is `served` (whatever speculation the server at URL runs). Every sampling field
 is sent as OpenAI and vLLM name it (`top_k`, `min_p` and `repetition_penalty` are the usual
 extensions); a 400 is reported as the server refusing that parameter. The token ids come back
@@ -44,9 +47,14 @@ class OpenAIEngine:
     name = "openai"
     methods = (SERVED,)
 
-    def __init__(self, url: str, plain_url: str | None, model: str, dtype: str, api_key: str | None = None) -> None:
-        self.url, self.plain_url, self.model, self.dtype, self.api_key = url, plain_url, model, dtype, api_key
+    def __init__(self, url: str, plain_url: str | None, model: str | None, dtype: str, api_key: str | None = None) -> None:
+        """model: the name sent in each request (None: the first the server at `url` lists)."""
+        self.url, self.plain_url, self.dtype, self.api_key = url, plain_url, dtype, api_key
         self._models = {u: self._get(u + "/v1/models") for u in (url, plain_url) if u is not None}
+        listed = [m.get("id") for m in self._models[url].get("data", [])]
+        if model is None and not listed:
+            raise Unavailable(f"{url}/v1/models lists no model; give --model the name it serves")
+        self.model = listed[0] if model is None else model
 
     def versions(self) -> dict[str, str]:
         out = {}
@@ -67,7 +75,8 @@ class OpenAIEngine:
         return self.url
 
     def body(self, prompt: Sequence[int], case: SamplingCase | None, length: int, seed: int) -> dict:
-        body = {"model": self.model, "prompt": list(prompt), "max_tokens": length, "seed": seed,
+        body = {"model": self.model, "prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": length,
+                "seed": seed,
                 "return_token_ids": True}
         if case is None:
             return body | {"temperature": 0}
