@@ -19,9 +19,10 @@ prompt (`SamplesUnseeded`), and the largest group of identical samples among the
 independent samples are identical with probability at most m^(g - 1), m the largest cell's
 probability under the exact law (a sequence's probability is at most its cell's), so a group
 of g or more on any prompt has probability at most sum over prompts of C(count, g) m^(g - 1).
-The probe fails at the smallest g where that bound is at most alpha; where no g up to `count`
-reaches it (a law too concentrated, one likely continuation) the probe cannot see the bug on
-these prompts and says so.
+The probe fails at the smallest g where that bound is at most alpha. It runs on the prompts
+where even `count` identical samples are rare (m^(count - 1) <= alpha / prompts; chosen from
+the law, before sampling); where none is (one continuation too likely) it cannot see the bug
+and says so.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ def shared_stream_probe(
     unseeded requests at once per prompt, against the threshold from `laws` (per prompt, the
     exact law on cells of the samples' keys)."""
     largest = [max(cells.values()) for cells in laws]
-    bound = lambda g: sum(math.comb(count, g) * m ** (g - 1) for m in largest)  # noqa: E731
-    threshold = next((g for g in range(2, count + 1) if bound(g) <= alpha), None)
+    usable = [i for i, m in enumerate(largest) if m ** (count - 1) <= alpha / len(laws)]  # chosen before sampling
+    bound = lambda g: sum(math.comb(count, g) * largest[i] ** (g - 1) for i in usable)  # noqa: E731
+    threshold = next((g for g in range(2, count + 1) if bound(g) <= alpha), None) if usable else None
+    prompts = [prompts[i] for i in usable] or prompts
     rows = []
     for method in [None, *methods]:
         row = ProbeRow(engine.name, method or PLAIN, count, len(prompts), threshold or 0,
