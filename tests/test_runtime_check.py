@@ -283,7 +283,7 @@ def test_jobs_give_the_rows_one_process_gives(tmp_path):
     from verispec.cli import main
 
     argv = ["check-runtime", "verispec", "--method", "lookup", "--n", "60", "--parameter", "top_k",
-            "--parameter", "default", "--parameter", "logit_bias", "--greedy-prompts", "0"]
+            "--parameter", "default", "--parameter", "logit_bias", "--greedy-prompts", "0", "--seeded", "0"]
     assert main([*argv, "--out", str(tmp_path / "one")]) == 0
     assert main([*argv, "--jobs", "2", "--out", str(tmp_path / "two")]) == 0
     one, two = (json.loads((tmp_path / d / "check-runtime-verispec-lookup.json").read_text()) for d in ("one", "two"))
@@ -398,3 +398,12 @@ def test_each_row_states_its_power_against_the_named_classes():
     assert "### Power against named bug classes" in report.markdown()
     flat = lambda row: {(name, i): x for name, pair in row.power.items() for i, x in enumerate(pair)}  # noqa: E731
     assert flat(LawRow.from_dict(json.loads(json.dumps(exact.as_dict())))) == pytest.approx(flat(exact))
+
+
+def test_the_most_likely_continuation_is_bounded_from_above():
+    from itertools import product
+
+    best = max(float(TARGET.distribution([3, 5])[a] * TARGET.distribution([5, a])[b] * TARGET.distribution([a, b])[c])
+               for a, b, c in product(range(VOCAB), repeat=3))
+    assert law.most_likely(TARGET.score, [3, 5], SamplingCase("default"), (), 3) == pytest.approx(best)
+    assert law.most_likely(TARGET.score, [3, 5], SamplingCase("default"), (), 3, forwards=1) >= best

@@ -78,7 +78,9 @@ class Settings:
     cells: the most cells a prompt's test keeps (`statistics`; None: every outcome expected
     often enough, so the degrees of freedom, and the N a TV needs, grow with N). seeded: the
     seeds per prompt of seeded identity and the requests in flight of the shared-stream probe
-    (`verispec.runtime_check.seeded`; 0: neither runs)."""
+    (`verispec.runtime_check.seeded`; 0: neither runs); the probe runs on as many prompts as
+    the sampled law, the flattest of those and `law.SPREAD_TEXTS` (where identical samples are
+    rarest)."""
 
     n: int = 1200
     length: int = 3
@@ -141,10 +143,13 @@ def check_runtime(engine: Engine, reference: Reference | None, methods: Sequence
         report.seeded_rows = seeded.identity(engine, methods, ids, SEEDED_CASE, settings.length, settings.seeded,
                                              settings.seed, settings.progress)
         if reference is not None:
-            laws = [law.exact_cells(reference.score, p, SEEDED_CASE, settings.n // len(ids), reference.eos_ids,
-                                    settings.length, settings.cells) for p in ids]
-            report.probe_rows = seeded.shared_stream_probe(engine, methods, ids, laws, SEEDED_CASE, settings.length,
-                                                           settings.seeded, settings.alpha, reference.eos_ids)
+            texts = () if reference.encode is None else law.SPREAD_TEXTS
+            probes = [list(p) for p in dict.fromkeys(tuple(p) for p in [*ids, *map(reference.encode, texts)])]
+            largest = [law.most_likely(reference.score, p, SEEDED_CASE, reference.eos_ids, settings.length) for p in probes]
+            flattest = sorted(range(len(probes)), key=lambda i: largest[i])[: len(ids)]  # the prompts it sees best
+            report.probe_rows = seeded.shared_stream_probe(
+                engine, methods, [probes[i] for i in flattest], [largest[i] for i in flattest], SEEDED_CASE,
+                settings.length, settings.seeded, settings.alpha, reference.eos_ids)
         report.seconds["seeded identity and probe"] = time.perf_counter() - started
     if settings.greedy_prompts:
         started = time.perf_counter()

@@ -132,6 +132,27 @@ def best_first(split: Split, total: float, eos_ids: Collection[int], length: int
     return out
 
 
+def most_likely(
+    score: Score, prompt: Sequence[int], case: SamplingCase, eos_ids: Collection[int], length: int, forwards: int = 32,
+) -> float:
+    """An upper bound on the probability of the most likely continuation of `length` tokens
+    under `case`: best first over prefixes, exact when the most likely prefix on the frontier
+    is a whole continuation within `forwards` forwards, else that prefix's probability."""
+    prompt = list(prompt)
+    frontier: list[tuple[float, tuple[int, ...]]] = [(-1.0, ())]  # (-probability, prefix)
+    for _ in range(forwards):
+        negative, prefix = heapq.heappop(frontier)
+        if len(prefix) == length or (prefix and (prefix[-1] == OTHER or prefix[-1] in eos_ids)):
+            return -negative  # a whole continuation (or a bound on the unlisted ones), none on the frontier likelier
+        row = next_token_law(score([*prompt, *prefix])[-1], case, [*prompt, *prefix], prefix)  # [V]
+        top = torch.topk(row, min(8, row.numel()))
+        for p, token in zip(top.values.tolist(), top.indices.tolist()):
+            heapq.heappush(frontier, (negative * p, (*prefix, token)))
+        if top.values.numel() < row.numel():  # every other token: no likelier than the last listed
+            heapq.heappush(frontier, (negative * float(top.values[-1]), (*prefix, OTHER)))
+    return -frontier[0][0]
+
+
 def law_on(score: Score, prompt: Sequence[int], case: SamplingCase, keys: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], float]:
     """The exact probability under `case` of every cell of `keys` (a partition `exact_cells`
     built, under any case): a leaf (t1, ..., tj) is the product of its tokens' rows; a rest

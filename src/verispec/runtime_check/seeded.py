@@ -16,9 +16,9 @@ decodes together (verispec's scheduler, a server sent them at once).
 Shared-stream probe (TensorRT-LLM #19487: unseeded requests share one random stream, so
 requests in flight together return the same sample): `count` unseeded requests at once per
 prompt (`SamplesUnseeded`), and the largest group of identical samples among them. g given
-independent samples are identical with probability at most m^(g - 1), m the largest cell's
-probability under the exact law (a sequence's probability is at most its cell's), so a group
-of g or more on any prompt has probability at most sum over prompts of C(count, g) m^(g - 1).
+independent samples are identical with probability at most m^(g - 1), m the probability of
+the prompt's most likely continuation (bounded by `law.most_likely`), so a group of g or more
+on any prompt has probability at most sum over prompts of C(count, g) m^(g - 1).
 The probe fails at the smallest g where that bound is at most alpha. It runs on the prompts
 where even `count` identical samples are rare (m^(count - 1) <= alpha / prompts; chosen from
 the law, before sampling); where none is (one continuation too likely) it cannot see the bug
@@ -85,14 +85,13 @@ def identity(
 
 
 def shared_stream_probe(
-    engine: Engine, methods: Sequence[str], prompts: Sequence[Sequence[int]], laws: Sequence[dict], case: SamplingCase,
-    length: int, count: int, alpha: float, eos_ids: Collection[int] = (),
+    engine: Engine, methods: Sequence[str], prompts: Sequence[Sequence[int]], largest: Sequence[float],
+    case: SamplingCase, length: int, count: int, alpha: float, eos_ids: Collection[int] = (),
 ) -> list[ProbeRow]:
     """One row per method (plain first): the largest group of identical samples among `count`
-    unseeded requests at once per prompt, against the threshold from `laws` (per prompt, the
-    exact law on cells of the samples' keys)."""
-    largest = [max(cells.values()) for cells in laws]
-    usable = [i for i, m in enumerate(largest) if m ** (count - 1) <= alpha / len(laws)]  # chosen before sampling
+    unseeded requests at once per prompt; largest: per prompt, an upper bound on its most
+    likely continuation's probability (`law.most_likely`)."""
+    usable = [i for i, m in enumerate(largest) if m ** (count - 1) <= alpha / len(largest)]  # chosen before sampling
     bound = lambda g: sum(math.comb(count, g) * largest[i] ** (g - 1) for i in usable)  # noqa: E731
     threshold = next((g for g in range(2, count + 1) if bound(g) <= alpha), None) if usable else None
     prompts = [prompts[i] for i in usable] or prompts
@@ -104,8 +103,8 @@ def shared_stream_probe(
             rows.append(row.skipped(f"{engine.name} cannot send unseeded requests here"))
             continue
         if threshold is None:
-            rows.append(row.skipped(f"the prompts' laws are too concentrated (a cell of probability {max(largest):.2g}): "
-                                    f"even {count} identical samples are not rare enough to fail at alpha {alpha:g}"))
+            rows.append(row.skipped(f"every prompt has a continuation of probability {min(largest):.2g} or more: even "
+                                    f"{count} identical samples are not rare enough to fail at alpha {alpha:g}"))
             continue
         try:
             group = 0
