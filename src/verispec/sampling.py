@@ -16,8 +16,10 @@ model penalises its own rows alike), which is all the rules need of q.
 Probabilities are float64. Logits equal to -inf are legal masks and give exact zeros; NaN and
 +inf are rejected, never clipped, and so is a temperature that scales a row to nothing.
 
-Devices: the transforms run where the logits are; `rule_rows` then moves the rows a rule reads
-to the host in one copy, the only place model output crosses over (`to_host`).
+Devices: the transforms run where the logits are, and so does greedy's argmax and its check
+(`rule_input`: nothing is read there); what a rule reads then crosses to the host in one copy
+(`to_host_all`: a step's every request in one), and `rule_rows_of` finishes it there: greedy
+brings back each row's argmax and whether the row summed to a finite number, never the rows.
 """
 
 from __future__ import annotations
@@ -81,10 +83,14 @@ class SamplingParams:
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def check_logits(logits: torch.Tensor) -> None:
-    """Reject what no distribution can come from: an empty vocabulary, NaN or +inf."""
+def check_shape(logits: torch.Tensor) -> None:
     if logits.ndim != 2 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have shape [n, V] with V >= 1, got {tuple(logits.shape)}")
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """Reject what no distribution can come from: an empty vocabulary, NaN or +inf."""
+    check_shape(logits)
     if math.isfinite(float(logits.sum())):
         return  # every entry is finite: the common case, one pass instead of four
     if bool(torch.isnan(logits).any()):
@@ -139,14 +145,59 @@ def to_host(rows: torch.Tensor) -> torch.Tensor:
     return rows.cpu()
 
 
-def rule_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """What a verification rule reads, on the host: the checked logits[n, V] when greedy
-    (the argmax of a row with NaN or +inf would pass silently), else p = float64
+def to_host_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Every tensor of `tensors` (on one device, any dtypes and shapes) on the host in ONE copy:
+    their bytes packed into one buffer where they are (each padded to 8 bytes, so every dtype's
+    view of its part stays aligned), copied once, viewed back as they were.
+
+    >>> [t.tolist() for t in to_host_all([torch.tensor([3, 1]), torch.tensor([True]), torch.tensor([[0.5]])])]
+    [[3, 1], [True], [[0.5]]]
+    """
+    if len(tensors) == 1:
+        return [to_host(tensors[0])]
+    parts, layout = [], []
+    for tensor in tensors:
+        raw = tensor.contiguous().reshape(-1).view(torch.uint8)  # [bytes]
+        pad = -raw.numel() % 8
+        parts += [raw, raw.new_zeros(pad)] if pad else [raw]
+        layout.append((tensor.dtype, tensor.shape, raw.numel(), pad))
+    host = to_host(torch.cat(parts))
+    out, at = [], 0
+    for dtype, shape, size, pad in layout:
+        out.append(host[at : at + size].view(dtype).reshape(shape))
+        at += size + pad
+    return out
+
+
+def rule_input(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, ...]:
+    """What a verification rule reads, computed where `logits` [n, V] are and not read there:
+    when greedy, each row's argmax [n] (the first on ties, as on the host) and whether the row's
+    sum is finite [n] (its check, finished by `rule_rows_of`); else p = float64
     probabilities[n, V] after the request's transforms."""
     if params.greedy:
-        check_logits(logits)
-        return to_host(logits)
-    return to_host(probabilities(logits, params))
+        check_shape(logits)
+        return logits.argmax(dim=-1), torch.isfinite(logits.sum(dim=-1))
+    return (probabilities(logits, params),)
+
+
+def rule_rows_of(host: Sequence[torch.Tensor], logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The rule's rows from `rule_input(logits, params)` on the host: greedy's argmax ids [n]
+    once the check passes (a row whose sum is not finite has NaN, +inf, or legal -inf masks:
+    `check_logits` then reads `logits` to say which, the one case that reads the device
+    again), else p [n, V]."""
+    if params.greedy:
+        ids, finite = host
+        if not bool(finite.all()):
+            check_logits(logits)
+        return ids
+    return host[0]
+
+
+def rule_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """What a verification rule reads, on the host, after one copy: the argmax ids [n] of
+    the checked logits when greedy (the argmax of a row with NaN or +inf would pass silently),
+    else p = float64 probabilities[n, V] after the request's transforms."""
+    return rule_rows_of(to_host_all(rule_input(logits, params)), logits, params)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
