@@ -68,8 +68,9 @@ from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
-from verispec.sampling import SamplingParams, penalised, rule_input, rule_rows_of, to_host_all
+from verispec.sampling import SamplingParams, penalised, rule_input, rule_rows_of
 from verispec.stats import Stats
+from verispec.transfers import to_host_all
 
 EosIds = int | Collection[int] | None  # one EOS id, several, or none
 T = TypeVar("T")
@@ -348,7 +349,7 @@ def stream(target: CausalLM, proposer: Proposer | None, request: Request | Seque
 def arrive(decodings: Sequence[Decoding], drafts: Sequence[Draft | TreeDraft], logits: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """What each request's rule reads, on the host, for one forward whose logits[i] score
     drafts[i]: every request's rule input (`Decoding.rule_input`) crosses in ONE copy
-    (`sampling.to_host_all`), the step's one synchronisation. Time it with the forward: on a
+    (`transfers.to_host_all`), the step's one synchronisation. Time it with the forward: on a
     device the wait for it is the forward's work."""
     prepared = [decoding.rule_input(draft, rows) for decoding, draft, rows in zip(decodings, drafts, logits)]
     host = to_host_all([tensor for _, inputs in prepared for tensor in inputs])

@@ -18,7 +18,7 @@ Probabilities are float64. Logits equal to -inf are legal masks and give exact z
 
 Devices: the transforms run where the logits are, and so does greedy's argmax and its check
 (`rule_input`: nothing is read there); what a rule reads then crosses to the host in one copy
-(`to_host_all`: a step's every request in one), and `rule_rows_of` finishes it there: greedy
+(`transfers.to_host_all`: a step's every request in one), and `rule_rows_of` finishes it there: greedy
 brings back each row's argmax and whether the row summed to a finite number, never the rows.
 """
 
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.checks import is_int, is_number
+from verispec.transfers import to_host_all
 
 
 @dataclass(frozen=True)
@@ -143,30 +144,6 @@ def to_host(rows: torch.Tensor) -> torch.Tensor:
     model is on the CPU). The rules and the random draws read single entries, and each read
     of a device tensor would be a synchronisation; one copy of the rows costs one."""
     return rows.cpu()
-
-
-def to_host_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Every tensor of `tensors` (on one device, any dtypes and shapes) on the host in ONE copy:
-    their bytes packed into one buffer where they are (each padded to 8 bytes, so every dtype's
-    view of its part stays aligned), copied once, viewed back as they were.
-
-    >>> [t.tolist() for t in to_host_all([torch.tensor([3, 1]), torch.tensor([True]), torch.tensor([[0.5]])])]
-    [[3, 1], [True], [[0.5]]]
-    """
-    if len(tensors) == 1:
-        return [to_host(tensors[0])]
-    parts, layout = [], []
-    for tensor in tensors:
-        raw = tensor.contiguous().reshape(-1).view(torch.uint8)  # [bytes]
-        pad = -raw.numel() % 8
-        parts += [raw, raw.new_zeros(pad)] if pad else [raw]
-        layout.append((tensor.dtype, tensor.shape, raw.numel(), pad))
-    host = to_host(torch.cat(parts))
-    out, at = [], 0
-    for dtype, shape, size, pad in layout:
-        out.append(host[at : at + size].view(dtype).reshape(shape))
-        at += size + pad
-    return out
 
 
 def rule_input(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, ...]:

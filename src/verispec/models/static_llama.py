@@ -89,6 +89,7 @@ from verispec.models.llama import LlamaShape, config_refusal, rms_norm
 from verispec.models.rope import RopeTables, rope_parameters
 from verispec.models.scored_tree import PendingTree, ScoredTree
 from verispec.models.slot_cache import SlotCache
+from verispec.transfers import to_device
 
 STATIC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # without deterministic scoring: the smallest that holds a step
@@ -142,9 +143,10 @@ class StaticModel:
         slots: int,
         context: int,
         graphs: bool | None,
+        device: torch.device,
     ) -> None:
         self.shape, self.embed, self.layers, self.norm, self.head = shape, embed, layers, norm, head
-        self.dtype, self.device = embed.dtype, embed.device
+        self.dtype, self.device = embed.dtype, device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; this model is on {self.device}")
         self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -234,8 +236,8 @@ class StaticModel:
                 positions[index, :m] = tree_positions[first : first + m]
                 ancestry[index, :m] = False
                 ancestry[index, :m, : len(tree.parents)] = tree_visible[first : first + m]
-            inputs = (ids, positions, written, base, ancestry)
-            out = self._forward(cache, *(tensor.to(self.device) for tensor in inputs), taps, live and self.use_graphs)
+            inputs = to_device((ids, positions, written, base, ancestry), self.device)  # one copy, not waited for
+            out = self._forward(cache, *inputs, taps, live and self.use_graphs)
             for i, (index, chunk) in enumerate(zip(indices, chunks)):
                 n = len(chunk)
                 if n:
@@ -526,7 +528,7 @@ class StaticLlama(StaticSlot):
             norm = tensor(base.norm.weight)
         core = StaticModel(
             shape, embed, layers, norm, head, rope_parameters(config),
-            deterministic=deterministic, rows=rows, slots=slots, context=context, graphs=graphs,
+            deterministic=deterministic, rows=rows, slots=slots, context=context, graphs=graphs, device=device,
         )
         return cls(core)
 
@@ -540,7 +542,7 @@ class StaticLlama(StaticSlot):
         core = StaticModel(
             m.shape, m.embed, m.layers, m.norm, m.head, (m.inv_freq, m.scaling),
             deterministic=m.deterministic if deterministic is None else deterministic,
-            rows=rows or m.rows, slots=slots, context=context, graphs=graphs,
+            rows=rows or m.rows, slots=slots, context=context, graphs=graphs, device=m.device,
         )
         return StaticLlama(core)
 

@@ -1,0 +1,85 @@
+"""The sync budget: how often the host waits for the device, counted on a simulated accelerator.
+
+On a GPU a decoding step is cheap only while the host never waits for the device: each wait
+idles the GPU until the host has read the result and queued more. The static runtime on the
+simulated device of `device_sim` (every synchronising call intercepted and counted) must stay
+within: one synchronisation per round for plain and chain rounds (greedy), one per step for
+the Scheduler at any concurrency. A new `.item()`, blocking copy or host read in a step fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from device_sim import DEVICE, FakeDevice, OnDevice, counting_cuda_synchronize
+from test_hf_adapter import tiny_llama
+
+from verispec import GREEDY, SamplingParams, generate
+from verispec.batching import Scheduler
+from verispec.models.static_llama import StaticLlama
+from verispec.proposers import PromptLookup
+from verispec.request import Request
+
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+
+PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(0)
+
+
+@pytest.fixture
+def on_device(model, monkeypatch):
+    """A static runtime on the simulated device, the counter reset after loading."""
+    counting_cuda_synchronize(monkeypatch)
+    with FakeDevice():
+        lm = StaticLlama.from_hf(model, device=DEVICE, rows=4, slots=5, context=256)  # no growth in a step
+        FakeDevice.reset()
+        yield lm
+
+
+def test_the_simulated_device_counts_every_wait(monkeypatch):
+    counting_cuda_synchronize(monkeypatch)
+    with FakeDevice():
+        FakeDevice.reset()
+        x = torch.arange(6, device=DEVICE).float()
+        assert type(x) is OnDevice and FakeDevice.syncs == 0
+        y = (x * 2).sum()
+        float(y), y.item(), (x > 2).tolist(), x.cpu(), x[x > 2]
+        torch.ones(3).to(DEVICE)
+        torch.tensor([1, 2], device=DEVICE)
+        torch.cuda.synchronize()
+        assert FakeDevice.syncs == 8, FakeDevice.calls
+        torch.ones(3).to(DEVICE, non_blocking=True)
+        assert FakeDevice.syncs == 8
+        with pytest.raises(RuntimeError, match="same device"):
+            x + torch.ones(6)
+
+
+@pytest.mark.parametrize(("proposer", "k"), [(None, 0), ("lookup", 3)], ids=["plain", "chain"])
+def test_a_greedy_round_synchronises_once(model, on_device, proposer, k):
+    def run(lm):
+        return generate(lm, PromptLookup(2) if proposer else None, PROMPT, max_new_tokens=12, k=k, sampling=GREEDY)
+
+    out = run(on_device)
+    assert FakeDevice.syncs == out.stats.rounds, FakeDevice.calls
+    assert out.tokens == run(StaticLlama.from_hf(model, rows=4, slots=5, context=64)).tokens  # the CPU's tokens
+
+
+def test_a_sampled_round_stays_within_its_budget(on_device):
+    """Sampled rounds bring p back whole after checking it: at most 4 waits a round (the
+    finite check, two temperature checks, the copy)."""
+    out = generate(on_device, PromptLookup(2), PROMPT, max_new_tokens=12, k=3, sampling=SamplingParams(temperature=0.8))
+    assert FakeDevice.syncs <= 4 * out.stats.rounds, FakeDevice.calls
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 5])
+def test_the_scheduler_synchronises_once_a_step(on_device, concurrency):
+    scheduler = Scheduler(on_device, lambda request, slot: (PromptLookup(2), 3), max_slots=5)
+    jobs = [scheduler.submit(Request(tuple(PROMPT[i:] + PROMPT[:i]), 10 + i, proposer="lookup", k=3))
+            for i in range(concurrency)]
+    scheduler.run()
+    assert all(job.finish_reason == "length" for job in jobs)
+    assert FakeDevice.syncs == scheduler.steps, FakeDevice.calls
