@@ -95,6 +95,20 @@ def test_deterministic_rows_do_not_depend_on_how_many_rows_or_slots_come_with_th
         assert torch.equal(beside[1], together[:6])
 
 
+def test_deterministic_prompts_and_steps_each_take_one_shape(model) -> None:
+    """Prompts go in their own shape [slots, prefill_rows], every step with logits in
+    [slots, rows] (the row bucket k_max + 1 wide): so a plain step pays for `rows` rows, not for
+    the prompt's, and plain and speculative runs prefill alike."""
+    lm = StaticLlama.from_hf(model, rows=5, prefill_rows=16, slots=2, context=64)
+    shapes = []
+    original = lm.model._forward
+    lm.model._forward = lambda *args: shapes.append(tuple(args[1].shape)) or original(*args)
+    lm.prefill(list(range(1, 21)))  # 20 tokens: two prompt forwards
+    lm.extend([3])
+    lm.extend([4, 5, 6, 7, 8, 9])  # 6 rows: two steps
+    assert shapes == [(2, 16), (2, 16), (2, 5), (2, 5), (2, 5)]
+
+
 def test_slots_score_their_own_rows_in_one_forward(target: StaticLlama) -> None:
     hf = HFCausalLM(tiny_llama(0)) if target.vocab_size == VOCAB else None
     a, b = target.new_slot(), target.new_slot()

@@ -93,7 +93,8 @@ from verispec.transfers import to_device
 
 STATIC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # without deterministic scoring: the smallest that holds a step
-DEFAULT_ROWS = 16  # deterministic scoring's one row bucket: k up to 15 in one forward
+DEFAULT_ROWS = 9  # deterministic scoring's row bucket: k up to 8 (auto's k_max) in one forward
+DEFAULT_PREFILL_ROWS = 64  # deterministic scoring's prompt shape: a prompt goes in 64 tokens a forward
 DEFAULT_CONTEXT = 2048  # positions per slot allocated at load (grown when a request needs more)
 TREE_SPAN = 128  # the most nodes of a token tree: the ancestry every step carries [B, R, TREE_SPAN]
 WIDTH_STEP = 64  # the cache's width is a multiple of this (aligned rows for the attention kernels)
@@ -140,6 +141,7 @@ class StaticModel:
         *,
         deterministic: bool,
         rows: int,
+        prefill_rows: int,
         slots: int,
         context: int,
         graphs: bool | None,
@@ -150,9 +152,10 @@ class StaticModel:
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; this model is on {self.device}")
         self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
-        if not 1 <= rows <= ROW_BUCKETS[-1]:
-            raise ValueError(f"rows must lie in 1..{ROW_BUCKETS[-1]}, got {rows}")
-        self.deterministic, self.rows = deterministic, rows
+        for name, value in (("rows", rows), ("prefill_rows", prefill_rows)):
+            if not 1 <= value <= ROW_BUCKETS[-1]:
+                raise ValueError(f"{name} must lie in 1..{ROW_BUCKETS[-1]}, got {value}")
+        self.deterministic, self.rows, self.prefill_rows = deterministic, rows, prefill_rows
         self.inv_freq, self.scaling = rope
         self.cache = SlotCache(
             shape.layers, shape.kv_heads, shape.head_dim, self.dtype, self.device, slots, round_up(context, WIDTH_STEP)
@@ -202,7 +205,8 @@ class StaticModel:
         rows (in its row order), in as many forwards as a chain of as many rows."""
         live = cache is None
         cache = cache or self.cache
-        limit = self.rows if self.deterministic else ROW_BUCKETS[-1]
+        fixed = self.rows if logits else self.prefill_rows  # deterministic: a prompt's shape, or a step's
+        limit = fixed if self.deterministic else ROW_BUCKETS[-1]
         if tree is not None:
             if len(tree.parents) > TREE_SPAN:
                 raise ValueError(
@@ -215,7 +219,7 @@ class StaticModel:
         tapped: list[dict[Tap, list[torch.Tensor]]] = [{tap: [] for tap in taps} for _ in indices]
         while any(d < len(t) for d, t in zip(done, tokens)):
             chunks = [list(t[d : d + limit]) for d, t in zip(done, tokens)]
-            r = self.rows if self.deterministic else next(b for b in ROW_BUCKETS if b >= max(map(len, chunks)))
+            r = fixed if self.deterministic else next(b for b in ROW_BUCKETS if b >= max(map(len, chunks)))
             b = cache.slots if self.deterministic else min(cache.slots, 1 << max(indices).bit_length())
             need = max(cache.lengths[s] for s in range(b)) + r
             if need > cache.width:
@@ -462,6 +466,7 @@ class StaticLlama(StaticSlot):
         device: str | torch.device = "cpu",
         deterministic: bool = True,
         rows: int = DEFAULT_ROWS,
+        prefill_rows: int = DEFAULT_PREFILL_ROWS,
         slots: int = 1,
         context: int = DEFAULT_CONTEXT,
         graphs: bool | None = None,
@@ -471,7 +476,8 @@ class StaticLlama(StaticSlot):
         q, k, v and gate, up fused, every weight cast to `dtype` (default: the model's) and
         put on `device`. slots: the cache's slots (the runtime's own and `slots - 1` for
         `new_slot`); context: positions per slot allocated now (both grow when needed);
-        rows: deterministic scoring's row bucket; graphs: CUDA graphs (default: on CUDA).
+        rows: deterministic scoring's row bucket for steps with logits, prefill_rows: for prompts
+        (`prefill`, `prefill_slots`); graphs: CUDA graphs (default: on CUDA).
         consume: release each decoder layer's weights from `model` once copied (they become
         None), so the host holds one layer's copy at a time; `model` cannot run afterwards."""
         output = model.get_output_embeddings()
@@ -528,21 +534,23 @@ class StaticLlama(StaticSlot):
             norm = tensor(base.norm.weight)
         core = StaticModel(
             shape, embed, layers, norm, head, rope_parameters(config),
-            deterministic=deterministic, rows=rows, slots=slots, context=context, graphs=graphs, device=device,
+            deterministic=deterministic, rows=rows, prefill_rows=prefill_rows, slots=slots, context=context,
+            graphs=graphs, device=device,
         )
         return cls(core)
 
     def variant(
-        self, *, deterministic: bool | None = None, rows: int | None = None, slots: int = 1,
-        context: int = DEFAULT_CONTEXT, graphs: bool | None = None,
+        self, *, deterministic: bool | None = None, rows: int | None = None, prefill_rows: int | None = None,
+        slots: int = 1, context: int = DEFAULT_CONTEXT, graphs: bool | None = None,
     ) -> StaticLlama:
         """A runtime over the same weights (shared, not copied) with a cache, graphs and
-        settings of its own (default: this one's deterministic and rows)."""
+        settings of its own (default: this one's deterministic, rows and prefill_rows)."""
         m = self.model
         core = StaticModel(
             m.shape, m.embed, m.layers, m.norm, m.head, (m.inv_freq, m.scaling),
             deterministic=m.deterministic if deterministic is None else deterministic,
-            rows=rows or m.rows, slots=slots, context=context, graphs=graphs, device=m.device,
+            rows=rows or m.rows, prefill_rows=prefill_rows or m.prefill_rows, slots=slots, context=context,
+            graphs=graphs, device=m.device,
         )
         return StaticLlama(core)
 
