@@ -98,6 +98,7 @@ DEFAULT_PREFILL_ROWS = 64  # deterministic scoring's prompt shape: a prompt goes
 DEFAULT_CONTEXT = 2048  # positions per slot allocated at load (grown when a request needs more)
 TREE_SPAN = 128  # the most nodes of a token tree: the ancestry every step carries [B, R, TREE_SPAN]
 WIDTH_STEP = 64  # the cache's width is a multiple of this (aligned rows for the attention kernels)
+NARROWEST = 256  # attention's narrowest width bucket (then 512, 1024, ...: what the step's slots have cached)
 
 
 @dataclass
@@ -125,6 +126,19 @@ def static_refusal(config, dtype: torch.dtype) -> str | None:
 
 def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
+
+
+def width_bucket(need: int, width: int) -> int:
+    """The positions a step's attention reads: the narrowest of 256, 512, 1024, ... that holds
+    `need` (the step's slots' longest length plus its rows), at most the cache's `width`.
+
+    >>> width_bucket(100, 2048), width_bucket(300, 2048), width_bucket(300, 320)
+    (256, 512, 320)
+    """
+    bucket = NARROWEST
+    while bucket < need:
+        bucket *= 2
+    return min(bucket, width)
 
 
 class StaticModel:
@@ -227,6 +241,7 @@ class StaticModel:
                     self._grow(cache.slots, need)
                 else:
                     raise ValueError(f"the scratch cache holds {cache.width} positions, {need} needed")
+            columns = self.columns[: width_bucket(need, cache.width)]  # [W]: the positions attention reads
             ids = torch.zeros(b, r, dtype=torch.long)
             for index, chunk in zip(indices, chunks):
                 ids[index, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
@@ -241,7 +256,7 @@ class StaticModel:
                 ancestry[index, :m] = False
                 ancestry[index, :m, : len(tree.parents)] = tree_visible[first : first + m]
             inputs = to_device((ids, positions, written, base, ancestry), self.device)  # one copy, not waited for
-            out = self._forward(cache, *inputs, taps, live and self.use_graphs)
+            out = self._forward(cache, *inputs, columns, taps, live and self.use_graphs)
             for i, (index, chunk) in enumerate(zip(indices, chunks)):
                 n = len(chunk)
                 if n:
@@ -257,34 +272,35 @@ class StaticModel:
 
     def _forward(
         self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, written: torch.Tensor,
-        base: torch.Tensor, ancestry: torch.Tensor, taps: tuple[Tap, ...], graphs: bool,
+        base: torch.Tensor, ancestry: torch.Tensor, columns: torch.Tensor, taps: tuple[Tap, ...], graphs: bool,
     ) -> tuple[torch.Tensor, ...]:
         def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
             return self._layers(cache, *inputs, taps)
 
-        inputs = (tokens, positions, written, base, ancestry)
+        inputs = (tokens, positions, written, base, ancestry, columns)
         if graphs:
             return self.graphs(run, *inputs, key=taps)
         return run(*inputs)
 
     def _layers(
         self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, written: torch.Tensor,
-        base: torch.Tensor, ancestry: torch.Tensor, taps: tuple[Tap, ...],
+        base: torch.Tensor, ancestry: torch.Tensor, columns: torch.Tensor, taps: tuple[Tap, ...],
     ) -> tuple[torch.Tensor, ...]:
         """tokens [B, R], their rotary positions and the cache positions they are written at
         [B, R], and what each row sees: every position before base [B, 1] and position base + j
         where ancestry [B, R, TREE_SPAN] holds (a chain's row j: base + 0..j; a tree node: its
-        ancestors and itself), all on the device -> (logits [B, R, V] in the model's dtype, then
-        each tap's rows [B R, H]); writes every row's keys and values into slots 0..B-1.
+        ancestors and itself), among the positions 0..W-1 that attention reads (columns [W]),
+        all on the device -> (logits [B, R, V] in the model's dtype, then each tap's rows
+        [B R, H]); writes every row's keys and values into slots 0..B-1.
         Capturable: no host synchronisation, shapes from the inputs' shapes only."""
         s = self.shape
         b, r = tokens.shape
-        n, group, width = b * r, s.heads // s.kv_heads, cache.width
+        n, group, width = b * r, s.heads // s.kv_heads, columns.shape[0]
         x = nn.functional.embedding(tokens.reshape(n), self.embed)  # [N, H]
         flat = positions.reshape(n)
         cos, sin = self.cos[flat][:, None], self.sin[flat][:, None]  # [N, 1, D]
         span = ancestry.shape[-1]
-        offset = self.columns[:width] - base  # [B, W]: each position's place after base (< 0: before it)
+        offset = columns - base  # [B, W]: each position's place after base (< 0: before it)
         seen = ancestry.gather(2, offset.clamp(0, span - 1)[:, None, :].expand(b, r, width))  # [B, R, W]
         visible = (offset < 0)[:, None, :] | (seen & (offset < span)[:, None, :])  # [B, R, W]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
@@ -301,7 +317,7 @@ class StaticModel:
             values[slot, :, written] = qkv[:, k_end:].view(b, r, s.kv_heads, s.head_dim)
             q = qk[:, :q_end].reshape(b, r, s.kv_heads, group, s.head_dim).permute(0, 2, 3, 1, 4)
             q = q.reshape(b, s.kv_heads, group * r, s.head_dim)  # [B, Hkv, G R, D]: a kv head's queries together
-            attended = nn.functional.scaled_dot_product_attention(q, keys[:b], values[:b], attn_mask=mask)
+            attended = nn.functional.scaled_dot_product_attention(q, keys[:b, :, :width], values[:b, :, :width], attn_mask=mask)
             attended = attended.view(b, s.kv_heads, group, r, s.head_dim).permute(0, 3, 1, 2, 4).reshape(n, s.heads * s.head_dim)
             x = x + nn.functional.linear(attended, layer.o)
             gate_up = nn.functional.linear(rms_norm(x, layer.mlp_norm, s.eps), layer.gate_up)  # [N, 2 I]
