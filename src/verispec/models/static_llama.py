@@ -10,10 +10,15 @@ host launching kernels one at a time. This runtime is built for that:
 - every step's forward has one of a few fixed shapes: each slot's rows padded to a row bucket
   R, the slots padded to a batch bucket B (the first B slots of the cache), so the forward is
   tokens [B, R] -> logits [B, R, V], with ONE attention call per layer over all B slots (each
-  row masked to its own slot's positions 0..its position), no per-slot loop inside it;
+  row masked to its own slot's positions 0..its position), no per-slot loop inside it, reading
+  the narrowest width bucket W (256, 512, 1024, ...) that holds the B slots' positions
+  (`width_bucket`), not the whole allocated width;
 - on CUDA each shape's forward is captured once as a CUDA graph and replayed after
   (`cuda_graphs.ShapeGraphs`); on the CPU the same code runs eagerly (graphs off), so the
-  tests run it.
+  tests run it;
+- a step never waits for the device: its inputs go in one packed copy from pinned memory
+  (`transfers.to_device`, non-blocking), and its logits stay on the device for the engine,
+  which reads back only what the rule needs, once a round (`engine.arrive`).
 
 A forward, per layer (N = B R rows):
 
@@ -31,17 +36,22 @@ overwrites; so the cache must hold length + R positions for every slot in the fo
 (`SlotCache.ensure`, before a step: growing drops the graphs). Masked positions get -inf, so
 their weights are exact zeros: what a row reads past its position never changes its bits.
 
-Deterministic scoring (the default): every forward of the runtime has the same shape,
-[slots, rows] (all slots of the cache, the fixed row bucket `rows`; longer inputs run as
-several such forwards in a row), so every kernel (cuBLAS's products, the attention) is chosen
-for the same shape in every step, and a row's bits depend only on its own token, position
-and the cached positions it sees, never on how many rows or slots came with it. Greedy
-speculative output then equals plain greedy output bit for bit, for one request and for each
-request of a batch on the same runtime. The cost: a plain step computes `rows` rows and every
-slot (v(rows) of a one-row step; on a GPU, little), and a prompt is processed `rows` tokens at a
-time. `deterministic=False` takes the smallest row bucket (1, 2, 4, ..., 128) and batch bucket
-(a power of two) that hold the step: cheaper plain steps, but a row's bits then depend on its
-step's shape, so greedy speculative output may part from plain decoding at near ties.
+Deterministic scoring (the default): every step with logits has one shape, [slots, rows]
+(all slots of the cache, the row bucket `rows`, 9 by default: auto's k_max + 1; longer inputs
+run as several such forwards in a row), and every prompt (`prefill`, `prefill_slots`) the shape
+[slots, prefill_rows] (64 by default), so every kernel is chosen for the same shape in every
+step, and a row's bits depend only on its own token, position and the cached positions it sees,
+never on how many rows or slots came with it, nor on the width its step reads (masked positions
+are exact zeros in any width). Greedy speculative output then equals plain greedy output bit for
+bit, for one request and for each request of a batch on the same runtime (plain and speculative
+runs prefill alike). The cost: a plain step computes `rows` rows for every slot (v(rows) of a
+one-row step), and a prompt goes in `prefill_rows` tokens a forward. The batch stays all slots:
+a product's row bits change with how many rows it multiplies (measured on the CPU: float32
+[n, 576] x [576, 1536] rows differ between n = 9 and 18), so a batch bucket from the slots in use
+would make a row depend on the others. `deterministic=False` takes the smallest row bucket
+(1, 2, 4, ..., 128) and batch bucket (a power of two) that hold the step: cheaper plain steps,
+but a row's bits then depend on its step's shape, so greedy speculative output may part from
+plain decoding at near ties.
 
 The cache holds `slots` slots (the runtime itself is slot 0; `new_slot` takes the others and
 grows the cache when all are taken, which in deterministic mode changes the shape of every
