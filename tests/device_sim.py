@@ -32,14 +32,21 @@ READS = {
     torch.Tensor.masked_select, torch.masked_select, torch.Tensor.unique, torch.unique,
 }
 FROM_DATA = {torch.tensor, torch.as_tensor}
+DEVICE_GETTER = torch.Tensor.device.__get__  # `x.device` (a new wrapper at each lookup: compare with ==)
 
 
 class OnDevice(torch.Tensor):
-    """CPU data living on the simulated device (see the module docstring)."""
+    """CPU data living on the simulated device (see the module docstring). `strict`: a host
+    tensor meeting a device tensor raises; off for code that makes its tensors on `x.device`
+    (transformers' modules), which reads as the CPU here and is the GPU on a GPU."""
+
+    strict = True
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func == DEVICE_GETTER:
+            return DEVICE  # so what is made on `x.device` is made on the device
         if func in READS or (func is torch.Tensor.to and _names_host(args[1:], kwargs)):
             FakeDevice.count(func)
             with torch._C.DisableTorchFunctionSubclass():
@@ -50,7 +57,7 @@ class OnDevice(torch.Tensor):
         ):
             FakeDevice.count("boolean indexing")
         tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-        if any(type(x) is torch.Tensor and x.ndim > 0 for x in tensors):
+        if OnDevice.strict and any(type(x) is torch.Tensor and x.ndim > 0 for x in tensors):
             raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
                                f"devices, cuda:0 and cpu! ({getattr(func, '__name__', func)})")
         return super().__torch_function__(func, types, args, kwargs)

@@ -4,7 +4,8 @@ On a GPU a decoding step is cheap only while the host never waits for the device
 idles the GPU until the host has read the result and queued more. The static runtime on the
 simulated device of `device_sim` (every synchronising call intercepted and counted) must stay
 within: one synchronisation per round for plain and chain rounds (greedy), one per step for
-the Scheduler at any concurrency. A new `.item()`, blocking copy or host read in a step fails here.
+the Scheduler at any concurrency, two per greedy EAGLE round (the head drafts on the device and
+its k ids come back once). A new `.item()`, blocking copy or host read in a step fails here.
 """
 
 from __future__ import annotations
@@ -83,3 +84,31 @@ def test_the_scheduler_synchronises_once_a_step(on_device, concurrency):
     scheduler.run()
     assert all(job.finish_reason == "length" for job in jobs)
     assert FakeDevice.syncs == scheduler.steps, FakeDevice.calls
+
+
+def test_a_greedy_eagle_round_synchronises_twice(model, on_device):
+    """The head drafts its chain on the device from the target's features there; only its k
+    ids come back (once), then the round's rows (once). Same tokens as the CPU's. A request's
+    one-time costs (the head's cache's first allocation) cancel in the difference of two runs."""
+    from test_heads import hf_head
+
+    from verispec.heads.config import FINAL
+    from verispec.proposers.eagle import EagleProposer
+
+    on_host = StaticLlama.from_hf(model, rows=4, slots=5, context=256)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        head = hf_head("eagle", on_host, taps=(FINAL, 2))  # built on the host
+    expected = generate(on_host, EagleProposer(head, on_host), PROMPT, max_new_tokens=24, k=3, sampling=GREEDY).tokens
+    head.to(DEVICE).embedding = on_device.input_embeddings()  # the frozen embedding is the target's own
+    drafter = EagleProposer(head, on_device)
+
+    def run(new: int) -> tuple[list[int], int, int]:
+        FakeDevice.reset()
+        out = generate(on_device, drafter, PROMPT, max_new_tokens=new, k=3, sampling=GREEDY)
+        return out.tokens, FakeDevice.syncs, out.stats.rounds + sum(1 for drafted in out.stats.drafted if drafted)
+
+    _, short, short_budget = run(8)
+    tokens, long, long_budget = run(24)
+    assert long_budget > short_budget and long - short == long_budget - short_budget, FakeDevice.calls
+    assert tokens == expected
