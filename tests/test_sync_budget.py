@@ -3,7 +3,7 @@
 On a GPU a decoding step is cheap only while the host never waits for the device: each wait
 idles the GPU until the host has read the result and queued more. The static runtime on the
 simulated device of `device_sim` (every synchronising call intercepted and counted) must stay
-within: one synchronisation per round for plain and chain rounds (greedy), one per step for
+within: one synchronisation per round for plain and chain rounds (greedy and sampled), one per step for
 the Scheduler at any concurrency, two per greedy EAGLE round (the head drafts on the device and
 its k ids come back once). A new `.item()`, blocking copy or host read in a step fails here.
 """
@@ -69,11 +69,12 @@ def test_a_greedy_round_synchronises_once(model, on_device, proposer, k):
     assert out.tokens == run(StaticLlama.from_hf(model, rows=4, slots=5, context=64)).tokens  # the CPU's tokens
 
 
-def test_a_sampled_round_stays_within_its_budget(on_device):
-    """Sampled rounds bring p back whole after checking it: at most 4 waits a round (the
-    finite check, two temperature checks, the copy)."""
-    out = generate(on_device, PromptLookup(2), PROMPT, max_new_tokens=12, k=3, sampling=SamplingParams(temperature=0.8))
-    assert FakeDevice.syncs <= 4 * out.stats.rounds, FakeDevice.calls
+@pytest.mark.parametrize("temperature", [1.0, 0.8])
+def test_a_sampled_round_synchronises_once(on_device, temperature):
+    """p is checked where it is made (NaN wherever a check would refuse) and crosses once."""
+    out = generate(on_device, PromptLookup(2), PROMPT, max_new_tokens=12, k=3,
+                   sampling=SamplingParams(temperature=temperature, top_p=0.9))
+    assert FakeDevice.syncs == out.stats.rounds, FakeDevice.calls
 
 
 @pytest.mark.parametrize("concurrency", [1, 3, 5])
@@ -112,3 +113,27 @@ def test_a_greedy_eagle_round_synchronises_twice(model, on_device):
     tokens, long, long_budget = run(24)
     assert long_budget > short_budget and long - short == long_budget - short_budget, FakeDevice.calls
     assert tokens == expected
+
+
+@pytest.mark.parametrize(("row", "sampling", "message"), [
+    ([0.0, float("nan")], GREEDY, "NaN"),
+    ([0.0, float("inf")], SamplingParams(), r"\+inf"),
+    ([float("-inf"), float("-inf")], SamplingParams(top_p=0.9), "entirely -inf"),
+    ([3e38, 0.0], SamplingParams(temperature=1e-300), "overflows"),
+    ([-3e38, -3e38], SamplingParams(temperature=1e-300), "underflows"),
+])
+def test_what_the_checks_refused_is_still_refused_after_one_copy(row, sampling, message):
+    """The checks ride along as flags computed where the rows are; a flagged round reads the
+    rows again to say what is wrong, with the message the host's check gives."""
+    from verispec.sampling import rule_rows
+
+    with pytest.raises(ValueError, match=message):
+        rule_rows(torch.tensor([[1.0, 0.0], row]), sampling)
+
+
+def test_legal_masks_pass_the_check():
+    from verispec.sampling import rule_rows
+
+    masked = torch.tensor([[0.0, float("-inf"), 1.0]])
+    assert rule_rows(masked, GREEDY).tolist() == [2]
+    assert rule_rows(masked, SamplingParams())[0, 1] == 0

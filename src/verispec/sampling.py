@@ -147,27 +147,30 @@ def to_host(rows: torch.Tensor) -> torch.Tensor:
 
 
 def rule_input(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, ...]:
-    """What a verification rule reads, computed where `logits` [n, V] are and not read there:
-    when greedy, each row's argmax [n] (the first on ties, as on the host) and whether the row's
-    sum is finite [n] (its check, finished by `rule_rows_of`); else p = float64
-    probabilities[n, V] after the request's transforms."""
+    """What a verification rule reads, computed where `logits` [n, V] are and not read there,
+    with what its check needs: when greedy, each row's argmax [n] (the first on ties, as on the
+    host) and whether the row's sum is finite [n]; else p = float64 probabilities[n, V] after
+    the request's transforms and whether p's sum is finite [] (NaN wherever a check of
+    `probabilities` would refuse). `rule_rows_of` finishes the check on the host."""
     if params.greedy:
         check_shape(logits)
         return logits.argmax(dim=-1), torch.isfinite(logits.sum(dim=-1))
-    return (probabilities(logits, params),)
+    p = probabilities(logits, params, checked=False)
+    return p, torch.isfinite(p.sum())
 
 
 def rule_rows_of(host: Sequence[torch.Tensor], logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The rule's rows from `rule_input(logits, params)` on the host: greedy's argmax ids [n]
-    once the check passes (a row whose sum is not finite has NaN, +inf, or legal -inf masks:
-    `check_logits` then reads `logits` to say which, the one case that reads the device
-    again), else p [n, V]."""
+    """The rule's rows from `rule_input(logits, params)` on the host, once the check passes:
+    greedy's argmax ids [n], else p [n, V]. Where it does not (greedy: a row's sum is not finite,
+    from NaN, +inf or legal -inf masks; sampled: p has NaN), the full check reads `logits` again
+    to say what is wrong, or passes: the one case that reads the device a second time."""
+    rows, finite = host
+    if bool(finite.all()):
+        return rows
     if params.greedy:
-        ids, finite = host
-        if not bool(finite.all()):
-            check_logits(logits)
-        return ids
-    return host[0]
+        check_logits(logits)
+        return rows
+    return to_host(probabilities(logits, params))
 
 
 def rule_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -177,27 +180,26 @@ def rule_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return rule_rows_of(to_host_all(rule_input(logits, params)), logits, params)
 
 
-def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def probabilities(logits: torch.Tensor, params: SamplingParams, checked: bool = True) -> torch.Tensor:
     """logits[n, V] -> float64 probabilities[n, V] after temperature, top-k, top-p, min-p.
+    `checked=False` skips the checks that read the logits (each a synchronisation on a device):
+    whatever they reject (NaN, +inf, a row of -inf, a temperature that overflows or empties a
+    row) leaves NaN in the result instead (`rule_input` checks for it where the rows are).
 
     >>> probabilities(torch.tensor([[0.0, 0.0, -math.inf]]), SamplingParams()).tolist()
     [[0.5, 0.5, 0.0]]
     """
     if params.greedy:
         raise ValueError("temperature 0 is greedy decoding and has no sampling distribution")
-    check_logits(logits)
+    if checked:
+        check_logits(logits)
+    else:
+        check_shape(logits)
     scaled = logits.double()
     if params.temperature != 1:
         scaled = scaled / params.temperature
-        if bool(torch.isposinf(scaled).any()):
-            raise ValueError(f"temperature {params.temperature} overflows the logits; use a larger one")
-        if bool(torch.isneginf(scaled).all(dim=-1).any()):
-            # Every logit of the row is negative and / temperature rounds to -inf: softmax
-            # would give NaN everywhere.
-            raise ValueError(
-                f"temperature {params.temperature} underflows a whole row of logits to -inf, so no "
-                "token has a probability; use a larger temperature, or 0 for greedy decoding"
-            )
+        if checked:
+            check_scaled(scaled, params.temperature)
     if params.top_k is not None and params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, -math.inf)
@@ -208,6 +210,19 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         floor = params.min_p * probs.max(dim=-1, keepdim=True).values
         probs = _renormalise(probs.masked_fill(probs < floor, 0.0))
     return probs
+
+
+def check_scaled(scaled: torch.Tensor, temperature: float) -> None:
+    """Reject logits that `temperature` scaled out of range."""
+    if bool(torch.isposinf(scaled).any()):
+        raise ValueError(f"temperature {temperature} overflows the logits; use a larger one")
+    if bool(torch.isneginf(scaled).all(dim=-1).any()):
+        # Every logit of the row is negative and / temperature rounds to -inf: softmax
+        # would give NaN everywhere.
+        raise ValueError(
+            f"temperature {temperature} underflows a whole row of logits to -inf, so no "
+            "token has a probability; use a larger temperature, or 0 for greedy decoding"
+        )
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
