@@ -69,11 +69,16 @@ def test_a_greedy_round_synchronises_once(model, on_device, proposer, k):
     assert out.tokens == run(StaticLlama.from_hf(model, rows=4, slots=5, context=64)).tokens  # the CPU's tokens
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.8])
-def test_a_sampled_round_synchronises_once(on_device, temperature):
-    """p is checked where it is made (NaN wherever a check would refuse) and crosses once."""
-    out = generate(on_device, PromptLookup(2), PROMPT, max_new_tokens=12, k=3,
-                   sampling=SamplingParams(temperature=temperature, top_p=0.9))
+SAMPLED = [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.9),
+           SamplingParams(temperature=0.0, repetition_penalty=1.3, min_tokens=4),
+           SamplingParams(temperature=0.7, top_k=5, repetition_penalty=1.2, min_tokens=4)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLED, ids=["T1", "top-p", "greedy-penalties", "sampled-penalties"])
+def test_a_round_with_transforms_synchronises_once(on_device, sampling):
+    """p is checked where it is made (NaN wherever a check would refuse) and crosses once; the
+    penalties' masks go up in one copy the host does not wait for."""
+    out = generate(on_device, PromptLookup(2), PROMPT, max_new_tokens=12, k=3, sampling=sampling, eos_token_id=7)
     assert FakeDevice.syncs == out.stats.rounds, FakeDevice.calls
 
 

@@ -19,7 +19,7 @@ Probabilities are float64. Logits equal to -inf are legal masks and give exact z
 Devices: the transforms run where the logits are, and so does greedy's argmax and its check
 (`rule_input`: nothing is read there); what a rule reads then crosses to the host in one copy
 (`transfers.to_host_all`: a step's every request in one), and `rule_rows_of` finishes it there: greedy
-brings back each row's argmax and whether the row summed to a finite number, never the rows.
+brings back each row's argmax and whether the row's maximum is finite, never the rows.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.checks import is_int, is_number
-from verispec.transfers import to_host_all
+from verispec.transfers import to_device, to_host_all
 
 
 @dataclass(frozen=True)
@@ -121,22 +121,19 @@ def penalised(
     if not params.reads_context:
         return logits
     n, vocab = logits.shape
-    out = logits
+    seen = torch.zeros(n, vocab, dtype=torch.bool)  # [n, V] on the host: the tokens each row's context holds
     if params.repetition_penalty != 1:
-        seen = torch.zeros(n, vocab, dtype=torch.bool, device=logits.device)  # [n, V]
-        seen[:, torch.tensor(sorted(set(context)), dtype=torch.long, device=logits.device)] = True
+        seen[:, sorted(set(context))] = True
         for r, tokens in enumerate(row_tokens):
-            if tokens:
-                seen[r, torch.tensor(list(tokens), dtype=torch.long, device=logits.device)] = True
-        theta = params.repetition_penalty
-        out = torch.where(seen, torch.where(out > 0, out / theta, out * theta), out)
+            seen[r, list(tokens)] = True
+    banned = torch.zeros(n, vocab, dtype=torch.bool)  # [n, V]: the EOS ids before min_tokens
     masked = [r for r, tokens in enumerate(row_tokens) if emitted + len(tokens) < params.min_tokens]
     if masked and eos_ids:
-        out = out.clone() if out is logits else out
-        rows = torch.tensor(masked, dtype=torch.long, device=logits.device)
-        eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=logits.device)
-        out[rows.unsqueeze(1), eos.unsqueeze(0)] = -math.inf
-    return out
+        banned[torch.tensor(masked)[:, None], torch.tensor(sorted(eos_ids))[None]] = True
+    seen, banned = to_device([seen, banned], logits.device)  # one copy the host does not wait for
+    theta = params.repetition_penalty
+    out = torch.where(seen, torch.where(logits > 0, logits / theta, logits * theta), logits)
+    return out.masked_fill(banned, -math.inf)
 
 
 def to_host(rows: torch.Tensor) -> torch.Tensor:
@@ -149,21 +146,22 @@ def to_host(rows: torch.Tensor) -> torch.Tensor:
 def rule_input(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, ...]:
     """What a verification rule reads, computed where `logits` [n, V] are and not read there,
     with what its check needs: when greedy, each row's argmax [n] (the first on ties, as on the
-    host) and whether the row's sum is finite [n]; else p = float64 probabilities[n, V] after
-    the request's transforms and whether p's sum is finite [] (NaN wherever a check of
-    `probabilities` would refuse). `rule_rows_of` finishes the check on the host."""
+    host) and whether the row's maximum is finite [n] (NaN with a NaN, +inf with a +inf, -inf
+    when the whole row is: exactly what `check_logits` refuses, while -inf masks pass); else
+    p = float64 probabilities[n, V] after the request's transforms and whether p's sum is finite
+    [] (NaN wherever a check of `probabilities` would refuse). `rule_rows_of` finishes the check
+    on the host."""
     if params.greedy:
         check_shape(logits)
-        return logits.argmax(dim=-1), torch.isfinite(logits.sum(dim=-1))
+        return logits.argmax(dim=-1), torch.isfinite(logits.amax(dim=-1))
     p = probabilities(logits, params, checked=False)
     return p, torch.isfinite(p.sum())
 
 
 def rule_rows_of(host: Sequence[torch.Tensor], logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The rule's rows from `rule_input(logits, params)` on the host, once the check passes:
-    greedy's argmax ids [n], else p [n, V]. Where it does not (greedy: a row's sum is not finite,
-    from NaN, +inf or legal -inf masks; sampled: p has NaN), the full check reads `logits` again
-    to say what is wrong, or passes: the one case that reads the device a second time."""
+    greedy's argmax ids [n], else p [n, V]. Where it does not, the full check reads `logits`
+    again to say what is wrong (the one case that reads the device a second time)."""
     rows, finite = host
     if bool(finite.all()):
         return rows
