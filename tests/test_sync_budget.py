@@ -142,3 +142,18 @@ def test_legal_masks_pass_the_check():
     masked = torch.tensor([[0.0, float("-inf"), 1.0]])
     assert rule_rows(masked, GREEDY).tolist() == [2]
     assert rule_rows(masked, SamplingParams())[0, 1] == 0
+
+
+def test_a_prefill_is_waited_for_once_so_its_work_is_not_the_first_round_s(on_device, monkeypatch):
+    """On CUDA the engine waits for a prefill (nothing of it comes back): one more
+    synchronisation per request, and in the scheduler per admission of several together."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    out = generate(on_device, PromptLookup(2), PROMPT, max_new_tokens=12, k=3, sampling=GREEDY)
+    assert FakeDevice.syncs == out.stats.rounds + 1 and FakeDevice.calls[0] == "torch.cuda.synchronize"
+    FakeDevice.reset()
+    scheduler = Scheduler(on_device, lambda request, slot: (PromptLookup(2), 3), max_slots=5)
+    for i in range(3):
+        scheduler.submit(Request(tuple(PROMPT[i:]), 8, proposer="lookup", k=3))
+    scheduler.run()
+    assert FakeDevice.syncs == scheduler.steps + 1, FakeDevice.calls  # the three admitted together

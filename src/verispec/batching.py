@@ -51,6 +51,7 @@ from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
 from verispec.stats import Stats
+from verispec.transfers import synchronize
 
 Builder = Callable[[Request, CausalLM], tuple[Proposer | None, int | KPolicy]]
 """Builds a request's proposer and k (an integer or a policy) on its slot (a `CausalLM`)."""
@@ -265,8 +266,11 @@ class Scheduler:
                 continue
             admitted.append(job)
         if self._prefills_together and len(admitted) > 1:
-            _, seconds = timed(self.clock, self.target.prefill_slots, [job.slot.lm for job in admitted],
-                               [job.decoding.prefix for job in admitted])
+            def prefill() -> None:
+                self.target.prefill_slots([job.slot.lm for job in admitted], [job.decoding.prefix for job in admitted])
+                synchronize()  # its work is the prompts', not the step's forward's
+
+            _, seconds = timed(self.clock, prefill)
             for job in admitted:
                 job.decoding.begin(prefilled=seconds)
         else:

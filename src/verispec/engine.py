@@ -46,8 +46,8 @@ the host once, as what the rule reads (`sampling.rule_input`: greedy brings back
 argmax and its check, never the rows), in one copy that the scheduler shares among every
 request of its step (`arrive`); the rules, the random draws and the bookkeeping run on the
 host. Nothing else in a round reads the device (tests/test_sync_budget.py counts), so the
-host waits for the device once a round, and that wait, the device's work on the forward,
-counts in the forward's seconds: on a GPU the forward call returns as soon as its kernels are
+host waits for the device once a round (and once after a prefill, `prefill_and_wait`), and that
+wait, the device's work on the forward, counts in the forward's seconds: on a GPU the forward call returns as soon as its kernels are
 queued, and a clock read then would charge its work to whatever synchronises next.
 """
 
@@ -70,7 +70,7 @@ from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
 from verispec.sampling import SamplingParams, penalised, rule_input, rule_rows_of
 from verispec.stats import Stats
-from verispec.transfers import to_host_all
+from verispec.transfers import synchronize, to_host_all
 
 EosIds = int | Collection[int] | None  # one EOS id, several, or none
 T = TypeVar("T")
@@ -214,7 +214,7 @@ class Decoding:
         other requests' prompts: `BatchedPrefill`)."""
         self._context = list(self.prompt)
         if prefilled is None:
-            _, prefilled = timed(self.clock, self.target.prefill, self.prefix)
+            _, prefilled = timed(self.clock, prefill_and_wait, self.target, self.prefix)
         self.stats.prefill_seconds = prefilled
         if self.proposer is not None:
             self.proposer.begin(self.prompt, self.sampling)
@@ -344,6 +344,13 @@ def generate(target: CausalLM, proposer: Proposer | None, request: Request | Seq
 def stream(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Decoding:
     """A request whose tokens arrive as they are committed: `for token in stream(...)`."""
     return Decoding(target, proposer, request, **options)
+
+
+def prefill_and_wait(target: CausalLM, prefix: Sequence[int]) -> None:
+    """`target.prefill(prefix)`, then wait for the device: nothing of a prefill comes back to
+    the host, so without the wait its work would count in the first round's forward."""
+    target.prefill(prefix)
+    synchronize()
 
 
 def arrive(decodings: Sequence[Decoding], drafts: Sequence[Draft | TreeDraft], logits: Sequence[torch.Tensor]) -> list[torch.Tensor]:

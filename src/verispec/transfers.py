@@ -59,3 +59,10 @@ def to_device(tensors: Sequence[torch.Tensor], device: torch.device) -> list[tor
     if device.type == "cuda":
         buffer = buffer.pin_memory()
     return unpacked(buffer.to(device, non_blocking=True), layout)
+
+
+def synchronize() -> None:
+    """Wait for the work queued on the GPU (none to wait for on the CPU), so a timer that reads
+    no result reads the work and not only its launch (a prefill, a profile's forward)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
