@@ -17,14 +17,18 @@ httpcore truststore idna regex click hf-xet tomlkit`), `pip install --no-index -
 without it that part is skipped. `--prompts`: a JSON-lines file of Spec-Bench style prompts
 (default ../shared/data/specbench_dev.jsonl where it exists, else a few built-in ones).
 
-Parts, per random-weight Llama shape (SmolLM2-135M, Qwen2.5-1.5B-like, Llama-3-8B-like; bf16)
-and then the real model, each skipped when the time budget runs short:
+Parts, per random-weight Llama shape (Llama-3-8B-like first, then the real model, SmolLM2-135M,
+Qwen2.5-1.5B-like; bf16), each skipped when the time budget runs short:
+  graphs     one step captured per runtime; a failed capture is printed (graph_error) and that
+             shape and every later one run eagerly
   forward    t(1) and v(n) = t(n) / t(1) for n up to 65 on the smallest-bucket runtime
-             (--no-deterministic), v(b, n) for b up to 32 slots, and the deterministic runtime's
-             one-token step (every step in its one [slots, 16] shape): what determinism costs
+             (--no-deterministic), v(b, n) for b up to 32 slots, whether a row's bits change
+             with the batch bucket (batch_invariance), and the deterministic runtime's one-token
+             step (every step in its [slots, 9] shape): what determinism costs
   plain      tokens/s of plain decoding (deterministic and not) against HF `generate` on the same
              weights and against the bandwidth bound (weight bytes / a measured device-to-device
-             copy's rate)
+             copy's rate); host synchronisations per plain round, chain round and scheduler step
+             (CUDA's sync debug mode; the budget is 1)
   oracle     controlled acceptance: a proposer that drafts the plain greedy continuation, each
              token wrong with probability 1 - alpha (alpha 0.6 and 0.9; k 4 and auto), against
              the cost model's tau / v(k + 1); its output must be plain's, bit for bit
@@ -58,13 +62,13 @@ import torch
 
 SMOKE = os.environ.get("SMOKE") == "1"
 
-SHAPES = {
+SHAPES = {  # in the order they run: the 8B shape first, where the bound matters most
+    "llama3-8b-like": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                           num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
     "qwen2.5-1.5b-like": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                               num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "llama3-8b-like": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                           num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),
 }
 TINY = {"tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True)}
@@ -89,6 +93,7 @@ class Check:
     def __init__(self, out: Path, budget: float) -> None:
         self.out, self.budget, self.start = out, budget, time.time()
         self.results: dict = {"smoke": SMOKE}
+        self.graph_failure: str | None = None  # the shape whose capture failed: every later one runs eagerly
         out.mkdir(parents=True, exist_ok=True)
 
     def left(self) -> float:
@@ -230,19 +235,100 @@ def hf_generate(model, ids: list[int], new: int, device: torch.device, **options
     return out[0, len(ids):].tolist()
 
 
-def graphs_or_eager(result: dict, *runtimes) -> None:
+def graphs_or_eager(check: Check, name: str, result: dict, *runtimes) -> None:
     """One step on each static runtime; where capturing its CUDA graph fails, the error is
-    recorded and the runtimes run eagerly, so the rest of the check still measures something."""
-    try:
-        for lm in runtimes:
-            lm.prefill([1, 2, 3])
-            lm.extend([4, 5])
-    except Exception as error:
-        result["graph_error"] = {"error": repr(error), "traceback": traceback.format_exc()}
+    printed and recorded and the runtimes run eagerly, so the rest of the check still measures
+    something, and so does every later shape: after one failure, no shape tries to capture."""
+
+    def eager() -> None:
         for lm in runtimes:
             lm.model.graphs.clear()
             lm.model.use_graphs = False
+
+    if check.graph_failure is not None:
+        eager()
+        result["graph_error"] = {"error": f"not tried: capturing failed on {check.graph_failure}"}
+    else:
+        try:
+            for lm in runtimes:
+                lm.prefill([1, 2, 3])
+                lm.extend([4, 5])
+        except Exception as error:
+            result["graph_error"] = {"error": repr(error), "traceback": traceback.format_exc()}
+            check.graph_failure = name
+            check.log(name, "graph capture FAILED, eager from here on:", repr(error))
+            check.log("\n".join(traceback.format_exc().strip().splitlines()[-3:]))
+            eager()
     result["graphs"] = all(lm.model.use_graphs for lm in runtimes)
+    check.log(name, "CUDA graphs" if result["graphs"] else "eager")
+
+
+def sync_counts(lm, prompt: list[int], proposer, device: torch.device) -> dict | None:
+    """Host synchronisations per plain round, per chain round (k 4) and per scheduler step
+    (c 4), counted by CUDA's sync debug mode (a warning at every synchronising call); None off
+    CUDA (tests/test_sync_budget.py counts them on a simulated device there). Budget: 1 each."""
+    import warnings
+
+    import verispec
+    from verispec.batching import Scheduler
+    from verispec.request import Request
+
+    if device.type != "cuda":
+        return None
+
+    def counted(run) -> tuple[object, int]:
+        torch.cuda.synchronize(device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                out = run()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return out, sum("synchroniz" in str(w.message) for w in caught)
+
+    counts = {}
+    for label, k, drafter in (("plain_per_round", 0, None), ("chain_per_round", 4, proposer)):
+        def run():
+            return verispec.generate(lm, drafter, prompt, max_new_tokens=16, k=k, sampling=verispec.GREEDY)
+
+        run()  # a new shape captures its graph first
+        out, syncs = counted(run)
+        counts[label] = syncs / max(out.stats.rounds, 1)
+    batched = lm.variant(context=CONTEXT)  # the scheduler's slots in a cache of its own: lm keeps its shape
+
+    def steps() -> int:
+        scheduler = Scheduler(batched, lambda request, slot: (None, 0), max_slots=4)
+        for i in range(4):
+            scheduler.submit(Request(tuple(prompt[i:]), 16, sampling=verispec.GREEDY, k=0))
+        scheduler.step()  # admission (the prompts' forwards) and a first step
+        _, syncs = counted(scheduler.run)
+        return syncs / max(scheduler.steps - 1, 1)
+
+    steps()
+    counts["scheduler_per_step"] = steps()
+    return counts
+
+
+def batch_invariance(fast, context: list[int]) -> dict:
+    """How many logits of slot 0's row differ when the smallest-bucket runtime batches it with
+    slots up to b - 1 (batch bucket b) against alone (b = 1): 0 everywhere means the batch
+    bucket could come from the slots in use without changing a row's bits."""
+    half, quarter = len(context) // 2, len(context) // 4
+    fast.prefill(context[:half])
+    alone = fast.extend([context[half]])
+    differing = {}
+    for b in BATCH[0][1:]:
+        if b > fast.model.cache.slots:
+            break
+        slots = [fast.new_slot() for _ in range(b - 1)]
+        fast.prefill_slots(slots, [context[:quarter]] * len(slots))
+        fast.rollback(half)
+        rows = fast.extend_slots([fast, *slots], [[context[half]]] + [[context[quarter]]] * len(slots))[0]
+        differing[b] = int((rows != alone).sum())
+        del slots
+    fast.rollback(half)
+    return differing
 
 
 def shape_check(check: Check, name: str, config_options: dict, device: torch.device) -> None:
@@ -271,7 +357,9 @@ def shape_check(check: Check, name: str, config_options: dict, device: torch.dev
     lm = StaticLlama.from_hf(model, device=device, context=CONTEXT)
     fast = lm.variant(deterministic=False, slots=max(BATCH[0]) + 1, context=CONTEXT)
     result["build_s"] = time.time() - start
-    graphs_or_eager(result, lm, fast)
+    graphs_or_eager(check, name, result, lm, fast)
+    result["deterministic_shape"] = {"step": [lm.model.cache.slots, lm.model.rows],
+                                     "prompt": [lm.model.cache.slots, lm.model.prefill_rows]}
     result["weight_bytes"] = lm.weight_bytes()
     vocab = lm.vocab_size
     generator = torch.Generator().manual_seed(0)
@@ -287,6 +375,8 @@ def shape_check(check: Check, name: str, config_options: dict, device: torch.dev
                   "v(n)", {n: round(v, 2) for n, v in result["forward"]["v"].items()})
         result["batch"] = batch_costs(fast, context, device, max(2, repeats // 3))
         check.log(name, "v(b, n)", {k: round(v, 2) for k, v in result["batch"]["v"].items()})
+        result["batch_invariance"] = batch_invariance(fast, context)
+        check.log(name, "logits of a row that differ batched with b - 1 other slots, by b:", result["batch_invariance"])
 
     def plain() -> None:
         def decode(target):
@@ -309,7 +399,10 @@ def shape_check(check: Check, name: str, config_options: dict, device: torch.dev
         result["plain_over_bound"] = result["plain_tok_s"] / result["bandwidth_bound_tok_s"]
         check.log(name, f"plain {result['plain_tok_s']:.0f} tok/s (smallest bucket {result['plain_smallest_bucket_tok_s']:.0f}); "
                   f"HF generate {result['hf_generate_tok_s']:.0f}; bound {result['bandwidth_bound_tok_s']:.0f} "
-                  f"({result['plain_over_bound']:.2f} of it)")
+                  f"({result['plain_over_bound']:.2f} of it); determinism costs "
+                  f"{result['plain_smallest_bucket_tok_s'] / result['plain_tok_s']:.2f}x in plain decoding")
+        result["syncs"] = sync_counts(lm, prompt, Oracle(result["reference"], len(prompt), 0.8, vocab), device)
+        check.log(name, "host synchronisations (budget 1 each):", result["syncs"])
 
     def oracle() -> None:
         reference = result["reference"]
@@ -318,7 +411,7 @@ def shape_check(check: Check, name: str, config_options: dict, device: torch.dev
         for alpha in ALPHAS:
             for k in (4, "auto"):
                 proposer = Oracle(reference, len(prompt), alpha, vocab)
-                policy = measured_autok(lm, proposer, prompt, k_max=15, sampling=verispec.GREEDY) if k == "auto" else k
+                policy = measured_autok(lm, proposer, prompt, k_max=lm.model.rows - 1, sampling=verispec.GREEDY) if k == "auto" else k
 
                 def run():
                     return verispec.generate(lm, proposer, prompt, max_new_tokens=new, k=policy, sampling=verispec.GREEDY)
@@ -431,7 +524,7 @@ def real_check(check: Check, gguf: Path, prompts: list[tuple[str, str]], device:
     loaded = load_model(gguf, dtype="bfloat16", device=str(device))
     result.update(load_s=time.time() - start, runtime=loaded.runtime, device=loaded.device)
     if loaded.runtime == "static":
-        graphs_or_eager(result, loaded.lm)
+        graphs_or_eager(check, "real", result, loaded.lm)
     hf = loaded.transformers_model()
     hf.generation_config.eos_token_id = None
     rows = result["prompts"] = []
@@ -450,7 +543,7 @@ def real_check(check: Check, gguf: Path, prompts: list[tuple[str, str]], device:
         reference = list(plain.tokens)
         row = {"category": category, "prompt_tokens": len(ids), "plain_tok_s": new / seconds}
         for label, k in (("lookup_k4", 4), ("lookup_auto", "auto")):
-            policy = measured_autok(loaded.lm, PromptLookup(), ids, k_max=15, sampling=verispec.GREEDY) if k == "auto" else k
+            policy = measured_autok(loaded.lm, PromptLookup(), ids, k_max=8, sampling=verispec.GREEDY) if k == "auto" else k
             out, seconds = best_seconds(lambda: decode(PromptLookup(), policy), device, 1)
             row[f"{label}_x_plain"] = new / seconds / row["plain_tok_s"]
             row[f"{label}_identical"] = list(out.tokens) == reference
@@ -503,7 +596,7 @@ def head_pass(check: Check, loaded, rows: list[dict], references: list, new: int
 
         decode(4)
         for label, k in (("lookup+eagle_k4", 4), ("lookup+eagle_auto", "auto")):
-            policy = measured_autok(loaded.lm, proposer, ids, k_max=15, sampling=verispec.GREEDY) if k == "auto" else k
+            policy = measured_autok(loaded.lm, proposer, ids, k_max=8, sampling=verispec.GREEDY) if k == "auto" else k
             out, seconds = best_seconds(lambda: decode(policy), device, 1)
             row[f"{label}_x_plain"] = new / seconds / row["plain_tok_s"]
             row[f"{label}_identical"] = list(out.tokens) == reference

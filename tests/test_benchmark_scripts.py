@@ -38,3 +38,36 @@ def test_the_gpu_check_runs_its_smoke_mode_on_the_cpu(tmp_path: Path) -> None:
     assert all(row["identical"] for row in shape["oracle"]) and len(shape["oracle"]) == 4
     assert all(level["batch_equal_alone"] and level["oracle_identical"] for level in shape["scheduler"].values())
     assert shape["head"]["identical"] and shape["head"]["device"] == "cpu"
+
+
+def test_the_gpu_check_prints_a_failed_capture_and_runs_every_later_shape_eagerly(tmp_path: Path, capsys) -> None:
+    """A capture that fails (simulated: the runtime's graphs raise) is printed and recorded, its
+    runtimes run eagerly, and a later shape does not try to capture at all."""
+    from test_hf_adapter import tiny_llama
+
+    from verispec.models.cuda_graphs import ShapeGraphs
+    from verispec.models.static_llama import StaticLlama
+
+    spec = importlib.util.spec_from_file_location("benchmark_gpu_check", SCRIPTS[0].parent / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+
+    class Failing(ShapeGraphs):
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    def runtime():
+        lm = StaticLlama.from_hf(tiny_llama(0), rows=2, context=16)
+        lm.model.use_graphs, lm.model.graphs = True, Failing()  # what a CUDA device would run, failing
+        return lm
+
+    check = gpu_check.Check(tmp_path, budget=60)
+    first, later = {}, {}
+    lm = runtime()
+    gpu_check.graphs_or_eager(check, "8b", first, lm)
+    assert "not permitted" in first["graph_error"]["error"] and first["graphs"] is False
+    assert not lm.model.use_graphs and lm.extend([3, 4]).shape == (2, 64)  # eager now
+    assert "graph capture FAILED" in capsys.readouterr().out
+    untried = runtime()
+    gpu_check.graphs_or_eager(check, "135m", later, untried)
+    assert later["graph_error"]["error"] == "not tried: capturing failed on 8b" and not untried.model.use_graphs

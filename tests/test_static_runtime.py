@@ -95,6 +95,41 @@ def test_deterministic_rows_do_not_depend_on_how_many_rows_or_slots_come_with_th
         assert torch.equal(beside[1], together[:6])
 
 
+def test_deterministic_prompts_and_steps_each_take_one_shape(model) -> None:
+    """Prompts go in their own shape [slots, prefill_rows], every step with logits in
+    [slots, rows] (the row bucket k_max + 1 wide): so a plain step pays for `rows` rows, not for
+    the prompt's, and plain and speculative runs prefill alike."""
+    lm = StaticLlama.from_hf(model, rows=5, prefill_rows=16, slots=2, context=64)
+    shapes = []
+    original = lm.model._forward
+    lm.model._forward = lambda *args: shapes.append(tuple(args[1].shape)) or original(*args)
+    lm.prefill(list(range(1, 21)))  # 20 tokens: two prompt forwards
+    lm.extend([3])
+    lm.extend([4, 5, 6, 7, 8, 9])  # 6 rows: two steps
+    assert shapes == [(2, 16), (2, 16), (2, 5), (2, 5), (2, 5)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_reads_what_the_slots_cached_and_a_row_s_bits_do_not_depend_on_it(dtype) -> None:
+    """A step's attention reads the narrowest width bucket that holds its slots' lengths
+    (256, 512, ...), a graph per bucket; another slot's long context widens the step, and the
+    row's bits stay (masked positions are exact zeros in any width)."""
+    lm = StaticLlama.from_hf(tiny_llama(2).to(dtype), rows=4, prefill_rows=64, slots=2, context=1024)
+    other = lm.new_slot(1024)
+    widths = []
+    original = lm.model._forward
+    lm.model._forward = lambda *args: widths.append(args[6].shape[0]) or original(*args)
+    prompt = [random.Random(3).randrange(VOCAB) for _ in range(40)]
+    lm.prefill(prompt)
+    alone = lm.extend([7, 8, 9])
+    assert widths[-1] == 256  # 43 positions and 4 rows: the narrowest bucket
+    other.prefill([random.Random(4).randrange(VOCAB) for _ in range(600)])
+    lm.rollback(len(prompt))
+    widths.clear()
+    beside = lm.extend([7, 8, 9])
+    assert widths == [1024] and torch.equal(beside, alone)
+
+
 def test_slots_score_their_own_rows_in_one_forward(target: StaticLlama) -> None:
     hf = HFCausalLM(tiny_llama(0)) if target.vocab_size == VOCAB else None
     a, b = target.new_slot(), target.new_slot()

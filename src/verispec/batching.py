@@ -12,7 +12,8 @@ its own over the shared weights, `SlotScoring`), and queues the rest. One `step`
             compute-bound, more where another row costs nothing)
     propose each request drafts with its own proposer state and its own random source
     score   one `extend_slots` forward over every request's [pending, drafts] rows (ragged:
-            request i scores k_i + 1 rows, k_i may be 0); a tree round scores on its own
+            request i scores k_i + 1 rows, k_i may be 0), and what every request's rule reads
+            back to the host in one copy (`engine.arrive`); a tree round scores on its own
     settle  each request observes, verifies with its own rng, commits or rolls back its slot
     retire  finished (EOS, budget) and cancelled requests free their slots
 
@@ -42,7 +43,7 @@ from typing import Literal
 
 from verispec.checks import is_int
 from verispec.cost import BatchCosts
-from verispec.engine import Decoding, Proposal, Scored, check_request, timed
+from verispec.engine import Decoding, Proposal, Scored, arrive, check_request, timed
 from verispec.models.base import BatchedPrefill, CausalLM, SlotScoring
 from verispec.plan import Plan
 from verispec.policies import BatchK, KPolicy, first_plan
@@ -50,6 +51,7 @@ from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
 from verispec.stats import Stats
+from verispec.transfers import synchronize
 
 Builder = Callable[[Request, CausalLM], tuple[Proposer | None, int | KPolicy]]
 """Builds a request's proposer and k (an integer or a policy) on its slot (a `CausalLM`)."""
@@ -264,8 +266,11 @@ class Scheduler:
                 continue
             admitted.append(job)
         if self._prefills_together and len(admitted) > 1:
-            _, seconds = timed(self.clock, self.target.prefill_slots, [job.slot.lm for job in admitted],
-                               [job.decoding.prefix for job in admitted])
+            def prefill() -> None:
+                self.target.prefill_slots([job.slot.lm for job in admitted], [job.decoding.prefix for job in admitted])
+                synchronize()  # its work is the prompts', not the step's forward's
+
+            _, seconds = timed(self.clock, prefill)
             for job in admitted:
                 job.decoding.begin(prefilled=seconds)
         else:
@@ -299,11 +304,17 @@ class Scheduler:
             for i in chains:
                 jobs[i].decoding.check_cache()
                 rows.append(jobs[i].decoding.scored_tokens(proposals[i].draft))
-            logits, seconds = timed(self.clock, self.target.extend_slots, [jobs[i].slot.lm for i in chains], rows)
+            decodings, drafts = [jobs[i].decoding for i in chains], [proposals[i].draft for i in chains]
+
+            def forward() -> tuple[list, list]:
+                logits = self.target.extend_slots([jobs[i].slot.lm for i in chains], rows)
+                return logits, arrive(decodings, drafts, logits)  # the step's one copy to the host
+
+            (logits, rule_rows), seconds = timed(self.clock, forward)
             total = sum(len(r) for r in rows)
             self.step_rows.append(total)
-            for i, rows_i in zip(chains, logits):
-                scored[i] = Scored(rows_i, seconds, total)
+            for i, rows_i, rule_i in zip(chains, logits, rule_rows):
+                scored[i] = Scored(rows_i, seconds, total, rule_i)
         return scored
 
     def _retire_cancelled(self) -> None:

@@ -41,9 +41,14 @@ Requests: a request is data (`Request`, greedy unless its sampling says otherwis
 keyword form (`generate(target, proposer, prompt_ids, max_new_tokens=..., ...)`) builds one,
 so both forms validate and default alike.
 
-Devices: the target and the proposer may run on any torch device. Their logits cross to the
-host once a round, as the rows the rule reads (`sampling.rule_rows`); the rules, the random
-draws and the bookkeeping run on the host.
+Devices: the target and the proposer may run on any torch device. A round's logits cross to
+the host once, as what the rule reads (`sampling.rule_input`: greedy brings back each row's
+argmax and its check, never the rows), in one copy that the scheduler shares among every
+request of its step (`arrive`); the rules, the random draws and the bookkeeping run on the
+host. Nothing else in a round reads the device (tests/test_sync_budget.py counts), so the
+host waits for the device once a round (and once after a prefill, `prefill_and_wait`), and that
+wait, the device's work on the forward, counts in the forward's seconds: on a GPU the forward call returns as soon as its kernels are
+queued, and a clock read then would charge its work to whatever synchronises next.
 """
 
 from __future__ import annotations
@@ -63,8 +68,9 @@ from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
-from verispec.sampling import SamplingParams, penalised, rule_rows
+from verispec.sampling import SamplingParams, penalised, rule_input, rule_rows_of
 from verispec.stats import Stats
+from verispec.transfers import synchronize, to_host_all
 
 EosIds = int | Collection[int] | None  # one EOS id, several, or none
 T = TypeVar("T")
@@ -93,12 +99,14 @@ class Proposal:
 @dataclass(frozen=True)
 class Scored:
     """Stage 2's value: the target's logits[k' + 1, V] over [pending, *draft] (a tree's row
-    i + 1 after node i), on the target's device; the forward's seconds, and the rows it
-    scored in all (k' + 1, more when a batch's requests shared it)."""
+    i + 1 after node i), on the target's device; the forward's seconds (until what the rule
+    reads reached the host: `arrive`), the rows it scored in all (k' + 1, more when a batch's
+    requests shared it), and what the rule reads, on the host (`sampling.rule_rows_of`)."""
 
     logits: torch.Tensor
     seconds: float
     rows: int
+    rule_rows: torch.Tensor
 
 
 class Decoding:
@@ -206,7 +214,7 @@ class Decoding:
         other requests' prompts: `BatchedPrefill`)."""
         self._context = list(self.prompt)
         if prefilled is None:
-            _, prefilled = timed(self.clock, self.target.prefill, self.prefix)
+            _, prefilled = timed(self.clock, prefill_and_wait, self.target, self.prefix)
         self.stats.prefill_seconds = prefilled
         if self.proposer is not None:
             self.proposer.begin(self.prompt, self.sampling)
@@ -248,11 +256,16 @@ class Decoding:
         self.check_cache()
         draft = proposal.draft
         tokens = self.scored_tokens(draft)
-        if draft.is_tree:
-            logits, seconds = timed(self.clock, tree_target(self.target).extend_tree, tokens, scored_parents(draft))
-        else:
-            logits, seconds = timed(self.clock, self.target.extend, tokens)
-        return Scored(logits, seconds, len(tokens))
+
+        def forward() -> tuple[torch.Tensor, torch.Tensor]:
+            if draft.is_tree:
+                logits = tree_target(self.target).extend_tree(tokens, scored_parents(draft))
+            else:
+                logits = self.target.extend(tokens)
+            return logits, arrive([self], [draft], [logits])[0]
+
+        (logits, rule_rows), seconds = timed(self.clock, forward)
+        return Scored(logits, seconds, len(tokens), rule_rows)
 
     def scored_tokens(self, draft: Draft | TreeDraft) -> list[int]:
         """What a round's forward scores after the cached prefix: [pending, *drafts] (a tree's
@@ -270,7 +283,7 @@ class Decoding:
     def settle(self, proposal: Proposal, scored: Scored) -> list[int]:
         """Stage 3 on the round's scored rows: observe, verify, commit; the emitted tokens."""
         observed = self._observe(proposal.draft, scored.logits)
-        verdict, seconds = timed(self.clock, self._verify, proposal.draft, scored.logits)
+        verdict, seconds = timed(self.clock, self.choose_rule(proposal.draft), scored.rule_rows, proposal.draft, self.rng)
         self.stats.verify_seconds += seconds
         emitted, seconds = timed(self.clock, self._commit, proposal, scored, verdict, proposal.seconds + observed)
         self.stats.commit_seconds += seconds
@@ -284,12 +297,12 @@ class Decoding:
             return 0.0
         return timed(self.clock, self.proposer.observe, self._context, draft, logits)[1]
 
-    def _verify(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> Verdict | TreeVerdict:
-        """Build the rule's rows on the host (p with the request's transforms, the penalties that
-        read each row's context first, or the checked logits when greedy) and apply the rule
-        chosen for this draft."""
+    def rule_input(self, draft: Draft | TreeDraft, logits: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The round's rows after the transforms that read each row's context (the penalties),
+        and what the rule chosen for this draft reads of them (`sampling.rule_input`), both
+        where the logits are: nothing is read there."""
         logits = penalised(logits, self.sampling, self._context, draft.row_prefixes(), len(self.tokens), self.eos_ids)
-        return self.choose_rule(draft)(rule_rows(logits, self.sampling), draft, self.rng)
+        return logits, rule_input(logits, self.sampling)
 
     def _commit(self, proposal: Proposal, scored: Scored, verdict: Verdict | TreeVerdict, draft_seconds: float) -> list[int]:
         """Emit accepted + next (cut at EOS), crop the caches to the emitted prefix but the
@@ -331,6 +344,27 @@ def generate(target: CausalLM, proposer: Proposer | None, request: Request | Seq
 def stream(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Decoding:
     """A request whose tokens arrive as they are committed: `for token in stream(...)`."""
     return Decoding(target, proposer, request, **options)
+
+
+def prefill_and_wait(target: CausalLM, prefix: Sequence[int]) -> None:
+    """`target.prefill(prefix)`, then wait for the device: nothing of a prefill comes back to
+    the host, so without the wait its work would count in the first round's forward."""
+    target.prefill(prefix)
+    synchronize()
+
+
+def arrive(decodings: Sequence[Decoding], drafts: Sequence[Draft | TreeDraft], logits: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """What each request's rule reads, on the host, for one forward whose logits[i] score
+    drafts[i]: every request's rule input (`Decoding.rule_input`) crosses in ONE copy
+    (`transfers.to_host_all`), the step's one synchronisation. Time it with the forward: on a
+    device the wait for it is the forward's work."""
+    prepared = [decoding.rule_input(draft, rows) for decoding, draft, rows in zip(decodings, drafts, logits)]
+    host = to_host_all([tensor for _, inputs in prepared for tensor in inputs])
+    out, at = [], 0
+    for decoding, (checked, inputs) in zip(decodings, prepared):
+        out.append(rule_rows_of(host[at : at + len(inputs)], checked, decoding.sampling))
+        at += len(inputs)
+    return out
 
 
 def timed(clock: Callable[[], float], work: Callable[..., T], *args) -> tuple[T, float]:

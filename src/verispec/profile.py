@@ -34,8 +34,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 from verispec.checks import is_int
 from verispec.cost import BatchCosts, check_survival, check_v_curve
 from verispec.drafts import ROOT, TreeDraft
@@ -47,6 +45,7 @@ from verispec.policies import Adjustable, AutoK, BatchK
 from verispec.proposers.base import Proposer
 from verispec.randomness import TorchRandom
 from verispec.sampling import SamplingParams
+from verispec.transfers import synchronize
 
 
 @dataclass(frozen=True)
@@ -405,9 +404,3 @@ def measured_autok(
     `AutoK`. The profile is its prior: AutoK goes on measuring c and v(n) from its rounds."""
     profile = measure_profile(target, proposer, prompt_ids, k_max=k_max, repeats=2, warmup=1, sampling=sampling)
     return AutoK(profile, **options)
-
-
-def synchronize() -> None:
-    """Wait for queued GPU work, so a timer reads the forward and not only its launch."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()

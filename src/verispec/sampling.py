@@ -16,8 +16,10 @@ model penalises its own rows alike), which is all the rules need of q.
 Probabilities are float64. Logits equal to -inf are legal masks and give exact zeros; NaN and
 +inf are rejected, never clipped, and so is a temperature that scales a row to nothing.
 
-Devices: the transforms run where the logits are; `rule_rows` then moves the rows a rule reads
-to the host in one copy, the only place model output crosses over (`to_host`).
+Devices: the transforms run where the logits are, and so does greedy's argmax and its check
+(`rule_input`: nothing is read there); what a rule reads then crosses to the host in one copy
+(`transfers.to_host_all`: a step's every request in one), and `rule_rows_of` finishes it there: greedy
+brings back each row's argmax and whether the row's maximum is finite, never the rows.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.checks import is_int, is_number
+from verispec.transfers import to_device, to_host_all
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,14 @@ class SamplingParams:
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def check_logits(logits: torch.Tensor) -> None:
-    """Reject what no distribution can come from: an empty vocabulary, NaN or +inf."""
+def check_shape(logits: torch.Tensor) -> None:
     if logits.ndim != 2 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have shape [n, V] with V >= 1, got {tuple(logits.shape)}")
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """Reject what no distribution can come from: an empty vocabulary, NaN or +inf."""
+    check_shape(logits)
     if math.isfinite(float(logits.sum())):
         return  # every entry is finite: the common case, one pass instead of four
     if bool(torch.isnan(logits).any()):
@@ -114,22 +121,19 @@ def penalised(
     if not params.reads_context:
         return logits
     n, vocab = logits.shape
-    out = logits
+    seen = torch.zeros(n, vocab, dtype=torch.bool)  # [n, V] on the host: the tokens each row's context holds
     if params.repetition_penalty != 1:
-        seen = torch.zeros(n, vocab, dtype=torch.bool, device=logits.device)  # [n, V]
-        seen[:, torch.tensor(sorted(set(context)), dtype=torch.long, device=logits.device)] = True
+        seen[:, sorted(set(context))] = True
         for r, tokens in enumerate(row_tokens):
-            if tokens:
-                seen[r, torch.tensor(list(tokens), dtype=torch.long, device=logits.device)] = True
-        theta = params.repetition_penalty
-        out = torch.where(seen, torch.where(out > 0, out / theta, out * theta), out)
+            seen[r, list(tokens)] = True
+    banned = torch.zeros(n, vocab, dtype=torch.bool)  # [n, V]: the EOS ids before min_tokens
     masked = [r for r, tokens in enumerate(row_tokens) if emitted + len(tokens) < params.min_tokens]
     if masked and eos_ids:
-        out = out.clone() if out is logits else out
-        rows = torch.tensor(masked, dtype=torch.long, device=logits.device)
-        eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=logits.device)
-        out[rows.unsqueeze(1), eos.unsqueeze(0)] = -math.inf
-    return out
+        banned[torch.tensor(masked)[:, None], torch.tensor(sorted(eos_ids))[None]] = True
+    seen, banned = to_device([seen, banned], logits.device)  # one copy the host does not wait for
+    theta = params.repetition_penalty
+    out = torch.where(seen, torch.where(logits > 0, logits / theta, logits * theta), logits)
+    return out.masked_fill(banned, -math.inf)
 
 
 def to_host(rows: torch.Tensor) -> torch.Tensor:
@@ -139,37 +143,61 @@ def to_host(rows: torch.Tensor) -> torch.Tensor:
     return rows.cpu()
 
 
-def rule_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """What a verification rule reads, on the host: the checked logits[n, V] when greedy
-    (the argmax of a row with NaN or +inf would pass silently), else p = float64
-    probabilities[n, V] after the request's transforms."""
+def rule_input(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, ...]:
+    """What a verification rule reads, computed where `logits` [n, V] are and not read there,
+    with what its check needs: when greedy, each row's argmax [n] (the first on ties, as on the
+    host) and whether the row's maximum is finite [n] (NaN with a NaN, +inf with a +inf, -inf
+    when the whole row is: exactly what `check_logits` refuses, while -inf masks pass); else
+    p = float64 probabilities[n, V] after the request's transforms and whether p's sum is finite
+    [] (NaN wherever a check of `probabilities` would refuse). `rule_rows_of` finishes the check
+    on the host."""
+    if params.greedy:
+        check_shape(logits)
+        return logits.argmax(dim=-1), torch.isfinite(logits.amax(dim=-1))
+    p = probabilities(logits, params, checked=False)
+    return p, torch.isfinite(p.sum())
+
+
+def rule_rows_of(host: Sequence[torch.Tensor], logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The rule's rows from `rule_input(logits, params)` on the host, once the check passes:
+    greedy's argmax ids [n], else p [n, V]. Where it does not, the full check reads `logits`
+    again to say what is wrong (the one case that reads the device a second time)."""
+    rows, finite = host
+    if bool(finite.all()):
+        return rows
     if params.greedy:
         check_logits(logits)
-        return to_host(logits)
+        return rows
     return to_host(probabilities(logits, params))
 
 
-def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def rule_rows(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """What a verification rule reads, on the host, after one copy: the argmax ids [n] of
+    the checked logits when greedy (the argmax of a row with NaN or +inf would pass silently),
+    else p = float64 probabilities[n, V] after the request's transforms."""
+    return rule_rows_of(to_host_all(rule_input(logits, params)), logits, params)
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams, checked: bool = True) -> torch.Tensor:
     """logits[n, V] -> float64 probabilities[n, V] after temperature, top-k, top-p, min-p.
+    `checked=False` skips the checks that read the logits (each a synchronisation on a device):
+    whatever they reject (NaN, +inf, a row of -inf, a temperature that overflows or empties a
+    row) leaves NaN in the result instead (`rule_input` checks for it where the rows are).
 
     >>> probabilities(torch.tensor([[0.0, 0.0, -math.inf]]), SamplingParams()).tolist()
     [[0.5, 0.5, 0.0]]
     """
     if params.greedy:
         raise ValueError("temperature 0 is greedy decoding and has no sampling distribution")
-    check_logits(logits)
+    if checked:
+        check_logits(logits)
+    else:
+        check_shape(logits)
     scaled = logits.double()
     if params.temperature != 1:
         scaled = scaled / params.temperature
-        if bool(torch.isposinf(scaled).any()):
-            raise ValueError(f"temperature {params.temperature} overflows the logits; use a larger one")
-        if bool(torch.isneginf(scaled).all(dim=-1).any()):
-            # Every logit of the row is negative and / temperature rounds to -inf: softmax
-            # would give NaN everywhere.
-            raise ValueError(
-                f"temperature {params.temperature} underflows a whole row of logits to -inf, so no "
-                "token has a probability; use a larger temperature, or 0 for greedy decoding"
-            )
+        if checked:
+            check_scaled(scaled, params.temperature)
     if params.top_k is not None and params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, -math.inf)
@@ -180,6 +208,19 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         floor = params.min_p * probs.max(dim=-1, keepdim=True).values
         probs = _renormalise(probs.masked_fill(probs < floor, 0.0))
     return probs
+
+
+def check_scaled(scaled: torch.Tensor, temperature: float) -> None:
+    """Reject logits that `temperature` scaled out of range."""
+    if bool(torch.isposinf(scaled).any()):
+        raise ValueError(f"temperature {temperature} overflows the logits; use a larger one")
+    if bool(torch.isneginf(scaled).all(dim=-1).any()):
+        # Every logit of the row is negative and / temperature rounds to -inf: softmax
+        # would give NaN everywhere.
+        raise ValueError(
+            f"temperature {temperature} underflows a whole row of logits to -inf, so no "
+            "token has a probability; use a larger temperature, or 0 for greedy decoding"
+        )
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -9,7 +9,8 @@ A round therefore emits `n_accepted + 1` tokens: the accepted prefix, then `next
 Inputs, all on the host (CPU; `verispec.sampling.rule_rows` moves them there once a round):
 `p` float64 [k+1, V], p[i] the target distribution after the context and the first i drafted
 tokens (row k is the bonus position), after the same sampling transforms as q. The greedy
-rule reads raw `logits` [k+1, V] instead. `draft.q` float64 [k, V], or None for chosen (not
+rules read each row's argmax only: `rule_rows` gives the argmax ids [k+1], taken where the
+logits are (only they cross to the host), and raw rows [k+1, V] (logits or p) work too. `draft.q` float64 [k, V], or None for chosen (not
 sampled) drafts, which every sampled rule treats as point masses.
 
 Trees (`TreeDraft`): the rows are p [n + 1, V], row 0 after the pending token and row i + 1
@@ -47,11 +48,20 @@ Verifier = Callable[[torch.Tensor, Draft, Random], Verdict]
 TreeVerifier = Callable[[torch.Tensor, TreeDraft, Random], TreeVerdict]
 
 
+def argmax_ids(rows: torch.Tensor) -> list[int]:
+    """Each row's argmax: `rows` are the ids [n] already taken (where the logits are, by
+    `sampling.rule_rows`), or rows [n, V] on the host (logits or p: the same argmax; the first
+    index on ties, as torch's)."""
+    if rows.ndim == 1:
+        return rows.tolist()
+    return rows.numpy().argmax(axis=-1).tolist()  # ~20x faster than torch's
+
+
 def greedy(logits: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
     """Greedy verification: accept while the drafted token is the target argmax, then emit the
-    target argmax. Reproduces plain greedy decoding token for token. `logits` [k+1, V] on the
-    host (p has the same argmax, so it works too); `rng` is never used."""
-    target_ids = logits.numpy().argmax(axis=-1).tolist()  # first index on ties, as torch; ~20x faster
+    target argmax. Reproduces plain greedy decoding token for token. `logits`: the argmax ids
+    [k+1] or the rows [k+1, V] on the host (`argmax_ids`); `rng` is never used."""
+    target_ids = argmax_ids(logits)
     n = 0
     while n < len(draft) and draft.tokens[n] == target_ids[n]:
         n += 1
@@ -143,9 +153,9 @@ def block(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
 def tree_greedy(logits: torch.Tensor, tree: TreeDraft, rng: Random) -> TreeVerdict:
     """Greedy tree verification (SpecInfer 2305.09781, Medusa 2401.10774): the longest root
     path whose every token is the target's argmax after its ancestors, then that argmax.
-    Reproduces plain greedy decoding token for token, as `greedy` does on a chain. `logits`
-    [n + 1, V] on the host; `rng` is never used."""
-    target_ids = logits.numpy().argmax(axis=-1).tolist()
+    Reproduces plain greedy decoding token for token, as `greedy` does on a chain. `logits`:
+    the argmax ids [n + 1] or the rows [n + 1, V] on the host; `rng` is never used."""
+    target_ids = argmax_ids(logits)
     node, path = ROOT, []
     while True:
         wanted = target_ids[node + 1]

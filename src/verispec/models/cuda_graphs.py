@@ -34,8 +34,8 @@ class Captured:
 
 
 class ShapeGraphs:
-    """Graphs of `run` keyed by (shape, key): `key` names what else fixes the captured work
-    (the feature taps a forward returns)."""
+    """Graphs of `run` keyed by (the inputs' shapes, key): `key` names what else fixes the
+    captured work (the feature taps a forward returns)."""
 
     def __init__(self) -> None:
         self.graphs: dict[tuple, Captured] = {}
@@ -46,8 +46,8 @@ class ShapeGraphs:
         self.graphs.clear()
 
     def __call__(self, run: Run, *inputs: torch.Tensor, key: tuple = ()) -> tuple[torch.Tensor, ...]:
-        """`run(*inputs)` replayed from the graph of the inputs' shapes (tokens [B, R] first)."""
-        index = (tuple(inputs[0].shape), key)
+        """`run(*inputs)` replayed from the graph of the inputs' shapes."""
+        index = (tuple(tuple(given.shape) for given in inputs), key)
         captured = self.graphs.get(index)
         if captured is None:
             captured = self.graphs[index] = self._capture(run, inputs)

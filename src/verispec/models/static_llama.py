@@ -10,10 +10,15 @@ host launching kernels one at a time. This runtime is built for that:
 - every step's forward has one of a few fixed shapes: each slot's rows padded to a row bucket
   R, the slots padded to a batch bucket B (the first B slots of the cache), so the forward is
   tokens [B, R] -> logits [B, R, V], with ONE attention call per layer over all B slots (each
-  row masked to its own slot's positions 0..its position), no per-slot loop inside it;
+  row masked to its own slot's positions 0..its position), no per-slot loop inside it, reading
+  the narrowest width bucket W (256, 512, 1024, ...) that holds the B slots' positions
+  (`width_bucket`), not the whole allocated width;
 - on CUDA each shape's forward is captured once as a CUDA graph and replayed after
   (`cuda_graphs.ShapeGraphs`); on the CPU the same code runs eagerly (graphs off), so the
-  tests run it.
+  tests run it;
+- a step never waits for the device: its inputs go in one packed copy from pinned memory
+  (`transfers.to_device`, non-blocking), and its logits stay on the device for the engine,
+  which reads back only what the rule needs, once a round (`engine.arrive`).
 
 A forward, per layer (N = B R rows):
 
@@ -31,17 +36,22 @@ overwrites; so the cache must hold length + R positions for every slot in the fo
 (`SlotCache.ensure`, before a step: growing drops the graphs). Masked positions get -inf, so
 their weights are exact zeros: what a row reads past its position never changes its bits.
 
-Deterministic scoring (the default): every forward of the runtime has the same shape,
-[slots, rows] (all slots of the cache, the fixed row bucket `rows`; longer inputs run as
-several such forwards in a row), so every kernel (cuBLAS's products, the attention) is chosen
-for the same shape in every step, and a row's bits depend only on its own token, position
-and the cached positions it sees, never on how many rows or slots came with it. Greedy
-speculative output then equals plain greedy output bit for bit, for one request and for each
-request of a batch on the same runtime. The cost: a plain step computes `rows` rows and every
-slot (v(rows) of a one-row step; on a GPU, little), and a prompt is processed `rows` tokens at a
-time. `deterministic=False` takes the smallest row bucket (1, 2, 4, ..., 128) and batch bucket
-(a power of two) that hold the step: cheaper plain steps, but a row's bits then depend on its
-step's shape, so greedy speculative output may part from plain decoding at near ties.
+Deterministic scoring (the default): every step with logits has one shape, [slots, rows]
+(all slots of the cache, the row bucket `rows`, 9 by default: auto's k_max + 1; longer inputs
+run as several such forwards in a row), and every prompt (`prefill`, `prefill_slots`) the shape
+[slots, prefill_rows] (64 by default), so every kernel is chosen for the same shape in every
+step, and a row's bits depend only on its own token, position and the cached positions it sees,
+never on how many rows or slots came with it, nor on the width its step reads (masked positions
+are exact zeros in any width). Greedy speculative output then equals plain greedy output bit for
+bit, for one request and for each request of a batch on the same runtime (plain and speculative
+runs prefill alike). The cost: a plain step computes `rows` rows for every slot (v(rows) of a
+one-row step), and a prompt goes in `prefill_rows` tokens a forward. The batch stays all slots:
+a product's row bits change with how many rows it multiplies (measured on the CPU: float32
+[n, 576] x [576, 1536] rows differ between n = 9 and 18), so a batch bucket from the slots in use
+would make a row depend on the others. `deterministic=False` takes the smallest row bucket
+(1, 2, 4, ..., 128) and batch bucket (a power of two) that hold the step: cheaper plain steps,
+but a row's bits then depend on its step's shape, so greedy speculative output may part from
+plain decoding at near ties.
 
 The cache holds `slots` slots (the runtime itself is slot 0; `new_slot` takes the others and
 grows the cache when all are taken, which in deterministic mode changes the shape of every
@@ -89,13 +99,16 @@ from verispec.models.llama import LlamaShape, config_refusal, rms_norm
 from verispec.models.rope import RopeTables, rope_parameters
 from verispec.models.scored_tree import PendingTree, ScoredTree
 from verispec.models.slot_cache import SlotCache
+from verispec.transfers import to_device
 
 STATIC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # without deterministic scoring: the smallest that holds a step
-DEFAULT_ROWS = 16  # deterministic scoring's one row bucket: k up to 15 in one forward
+DEFAULT_ROWS = 9  # deterministic scoring's row bucket: k up to 8 (auto's k_max) in one forward
+DEFAULT_PREFILL_ROWS = 64  # deterministic scoring's prompt shape: a prompt goes in 64 tokens a forward
 DEFAULT_CONTEXT = 2048  # positions per slot allocated at load (grown when a request needs more)
 TREE_SPAN = 128  # the most nodes of a token tree: the ancestry every step carries [B, R, TREE_SPAN]
 WIDTH_STEP = 64  # the cache's width is a multiple of this (aligned rows for the attention kernels)
+NARROWEST = 256  # attention's narrowest width bucket (then 512, 1024, ...: what the step's slots have cached)
 
 
 @dataclass
@@ -125,6 +138,19 @@ def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
+def width_bucket(need: int, width: int) -> int:
+    """The positions a step's attention reads: the narrowest of 256, 512, 1024, ... that holds
+    `need` (the step's slots' longest length plus its rows), at most the cache's `width`.
+
+    >>> width_bucket(100, 2048), width_bucket(300, 2048), width_bucket(300, 320)
+    (256, 512, 320)
+    """
+    bucket = NARROWEST
+    while bucket < need:
+        bucket *= 2
+    return min(bucket, width)
+
+
 class StaticModel:
     """The weights, the slot cache, the graphs and the forward that every slot shares."""
 
@@ -139,18 +165,21 @@ class StaticModel:
         *,
         deterministic: bool,
         rows: int,
+        prefill_rows: int,
         slots: int,
         context: int,
         graphs: bool | None,
+        device: torch.device,
     ) -> None:
         self.shape, self.embed, self.layers, self.norm, self.head = shape, embed, layers, norm, head
-        self.dtype, self.device = embed.dtype, embed.device
+        self.dtype, self.device = embed.dtype, device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; this model is on {self.device}")
         self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
-        if not 1 <= rows <= ROW_BUCKETS[-1]:
-            raise ValueError(f"rows must lie in 1..{ROW_BUCKETS[-1]}, got {rows}")
-        self.deterministic, self.rows = deterministic, rows
+        for name, value in (("rows", rows), ("prefill_rows", prefill_rows)):
+            if not 1 <= value <= ROW_BUCKETS[-1]:
+                raise ValueError(f"{name} must lie in 1..{ROW_BUCKETS[-1]}, got {value}")
+        self.deterministic, self.rows, self.prefill_rows = deterministic, rows, prefill_rows
         self.inv_freq, self.scaling = rope
         self.cache = SlotCache(
             shape.layers, shape.kv_heads, shape.head_dim, self.dtype, self.device, slots, round_up(context, WIDTH_STEP)
@@ -200,7 +229,8 @@ class StaticModel:
         rows (in its row order), in as many forwards as a chain of as many rows."""
         live = cache is None
         cache = cache or self.cache
-        limit = self.rows if self.deterministic else ROW_BUCKETS[-1]
+        fixed = self.rows if logits else self.prefill_rows  # deterministic: a prompt's shape, or a step's
+        limit = fixed if self.deterministic else ROW_BUCKETS[-1]
         if tree is not None:
             if len(tree.parents) > TREE_SPAN:
                 raise ValueError(
@@ -213,7 +243,7 @@ class StaticModel:
         tapped: list[dict[Tap, list[torch.Tensor]]] = [{tap: [] for tap in taps} for _ in indices]
         while any(d < len(t) for d, t in zip(done, tokens)):
             chunks = [list(t[d : d + limit]) for d, t in zip(done, tokens)]
-            r = self.rows if self.deterministic else next(b for b in ROW_BUCKETS if b >= max(map(len, chunks)))
+            r = fixed if self.deterministic else next(b for b in ROW_BUCKETS if b >= max(map(len, chunks)))
             b = cache.slots if self.deterministic else min(cache.slots, 1 << max(indices).bit_length())
             need = max(cache.lengths[s] for s in range(b)) + r
             if need > cache.width:
@@ -221,6 +251,7 @@ class StaticModel:
                     self._grow(cache.slots, need)
                 else:
                     raise ValueError(f"the scratch cache holds {cache.width} positions, {need} needed")
+            columns = self.columns[: width_bucket(need, cache.width)]  # [W]: the positions attention reads
             ids = torch.zeros(b, r, dtype=torch.long)
             for index, chunk in zip(indices, chunks):
                 ids[index, : len(chunk)] = torch.tensor(chunk, dtype=torch.long)
@@ -234,8 +265,8 @@ class StaticModel:
                 positions[index, :m] = tree_positions[first : first + m]
                 ancestry[index, :m] = False
                 ancestry[index, :m, : len(tree.parents)] = tree_visible[first : first + m]
-            inputs = (ids, positions, written, base, ancestry)
-            out = self._forward(cache, *(tensor.to(self.device) for tensor in inputs), taps, live and self.use_graphs)
+            inputs = to_device((ids, positions, written, base, ancestry), self.device)  # one copy, not waited for
+            out = self._forward(cache, *inputs, columns, taps, live and self.use_graphs)
             for i, (index, chunk) in enumerate(zip(indices, chunks)):
                 n = len(chunk)
                 if n:
@@ -251,34 +282,35 @@ class StaticModel:
 
     def _forward(
         self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, written: torch.Tensor,
-        base: torch.Tensor, ancestry: torch.Tensor, taps: tuple[Tap, ...], graphs: bool,
+        base: torch.Tensor, ancestry: torch.Tensor, columns: torch.Tensor, taps: tuple[Tap, ...], graphs: bool,
     ) -> tuple[torch.Tensor, ...]:
         def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
             return self._layers(cache, *inputs, taps)
 
-        inputs = (tokens, positions, written, base, ancestry)
+        inputs = (tokens, positions, written, base, ancestry, columns)
         if graphs:
             return self.graphs(run, *inputs, key=taps)
         return run(*inputs)
 
     def _layers(
         self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor, written: torch.Tensor,
-        base: torch.Tensor, ancestry: torch.Tensor, taps: tuple[Tap, ...],
+        base: torch.Tensor, ancestry: torch.Tensor, columns: torch.Tensor, taps: tuple[Tap, ...],
     ) -> tuple[torch.Tensor, ...]:
         """tokens [B, R], their rotary positions and the cache positions they are written at
         [B, R], and what each row sees: every position before base [B, 1] and position base + j
         where ancestry [B, R, TREE_SPAN] holds (a chain's row j: base + 0..j; a tree node: its
-        ancestors and itself), all on the device -> (logits [B, R, V] in the model's dtype, then
-        each tap's rows [B R, H]); writes every row's keys and values into slots 0..B-1.
+        ancestors and itself), among the positions 0..W-1 that attention reads (columns [W]),
+        all on the device -> (logits [B, R, V] in the model's dtype, then each tap's rows
+        [B R, H]); writes every row's keys and values into slots 0..B-1.
         Capturable: no host synchronisation, shapes from the inputs' shapes only."""
         s = self.shape
         b, r = tokens.shape
-        n, group, width = b * r, s.heads // s.kv_heads, cache.width
+        n, group, width = b * r, s.heads // s.kv_heads, columns.shape[0]
         x = nn.functional.embedding(tokens.reshape(n), self.embed)  # [N, H]
         flat = positions.reshape(n)
         cos, sin = self.cos[flat][:, None], self.sin[flat][:, None]  # [N, 1, D]
         span = ancestry.shape[-1]
-        offset = self.columns[:width] - base  # [B, W]: each position's place after base (< 0: before it)
+        offset = columns - base  # [B, W]: each position's place after base (< 0: before it)
         seen = ancestry.gather(2, offset.clamp(0, span - 1)[:, None, :].expand(b, r, width))  # [B, R, W]
         visible = (offset < 0)[:, None, :] | (seen & (offset < span)[:, None, :])  # [B, R, W]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
@@ -295,7 +327,7 @@ class StaticModel:
             values[slot, :, written] = qkv[:, k_end:].view(b, r, s.kv_heads, s.head_dim)
             q = qk[:, :q_end].reshape(b, r, s.kv_heads, group, s.head_dim).permute(0, 2, 3, 1, 4)
             q = q.reshape(b, s.kv_heads, group * r, s.head_dim)  # [B, Hkv, G R, D]: a kv head's queries together
-            attended = nn.functional.scaled_dot_product_attention(q, keys[:b], values[:b], attn_mask=mask)
+            attended = nn.functional.scaled_dot_product_attention(q, keys[:b, :, :width], values[:b, :, :width], attn_mask=mask)
             attended = attended.view(b, s.kv_heads, group, r, s.head_dim).permute(0, 3, 1, 2, 4).reshape(n, s.heads * s.head_dim)
             x = x + nn.functional.linear(attended, layer.o)
             gate_up = nn.functional.linear(rms_norm(x, layer.mlp_norm, s.eps), layer.gate_up)  # [N, 2 I]
@@ -460,6 +492,7 @@ class StaticLlama(StaticSlot):
         device: str | torch.device = "cpu",
         deterministic: bool = True,
         rows: int = DEFAULT_ROWS,
+        prefill_rows: int = DEFAULT_PREFILL_ROWS,
         slots: int = 1,
         context: int = DEFAULT_CONTEXT,
         graphs: bool | None = None,
@@ -469,7 +502,8 @@ class StaticLlama(StaticSlot):
         q, k, v and gate, up fused, every weight cast to `dtype` (default: the model's) and
         put on `device`. slots: the cache's slots (the runtime's own and `slots - 1` for
         `new_slot`); context: positions per slot allocated now (both grow when needed);
-        rows: deterministic scoring's row bucket; graphs: CUDA graphs (default: on CUDA).
+        rows: deterministic scoring's row bucket for steps with logits, prefill_rows: for prompts
+        (`prefill`, `prefill_slots`); graphs: CUDA graphs (default: on CUDA).
         consume: release each decoder layer's weights from `model` once copied (they become
         None), so the host holds one layer's copy at a time; `model` cannot run afterwards."""
         output = model.get_output_embeddings()
@@ -526,21 +560,23 @@ class StaticLlama(StaticSlot):
             norm = tensor(base.norm.weight)
         core = StaticModel(
             shape, embed, layers, norm, head, rope_parameters(config),
-            deterministic=deterministic, rows=rows, slots=slots, context=context, graphs=graphs,
+            deterministic=deterministic, rows=rows, prefill_rows=prefill_rows, slots=slots, context=context,
+            graphs=graphs, device=device,
         )
         return cls(core)
 
     def variant(
-        self, *, deterministic: bool | None = None, rows: int | None = None, slots: int = 1,
-        context: int = DEFAULT_CONTEXT, graphs: bool | None = None,
+        self, *, deterministic: bool | None = None, rows: int | None = None, prefill_rows: int | None = None,
+        slots: int = 1, context: int = DEFAULT_CONTEXT, graphs: bool | None = None,
     ) -> StaticLlama:
         """A runtime over the same weights (shared, not copied) with a cache, graphs and
-        settings of its own (default: this one's deterministic and rows)."""
+        settings of its own (default: this one's deterministic, rows and prefill_rows)."""
         m = self.model
         core = StaticModel(
             m.shape, m.embed, m.layers, m.norm, m.head, (m.inv_freq, m.scaling),
             deterministic=m.deterministic if deterministic is None else deterministic,
-            rows=rows or m.rows, slots=slots, context=context, graphs=graphs,
+            rows=rows or m.rows, prefill_rows=prefill_rows or m.prefill_rows, slots=slots, context=context,
+            graphs=graphs, device=m.device,
         )
         return StaticLlama(core)
 

@@ -62,6 +62,7 @@ from verispec.models.base import CausalLM
 from verispec.proposers.head import HeadProposer
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, to_host
+from verispec.transfers import to_device
 from verispec.tree_shape import TreeShape, fill_levels, widest, with_q
 
 # path tokens -> (head logits [N] after the path on the host, predicted feature [H] on the head's
@@ -135,16 +136,19 @@ class EagleProposer(HeadProposer):
         self, cache: DynamicCache, tokens: Sequence[int], features: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append pairs (features[j], tokens[j]) to the cache: the logits [N] and predicted
-        feature [H] after the last (the output layer runs on that pair only)."""
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
+        feature [H] after the last (the output layer runs on that pair only), on the device."""
+        ids = to_device([torch.tensor([list(tokens)], dtype=torch.long)], self.device)[0]  # [1, n], not waited for
         fused = self.head.fuse(features[None].to(self.head.dtype))  # [1, n, H]
         logits, predicted = self.head(ids, fused, cache, logits_to_keep=1)  # [1, 1, N], [1, n, H]
-        return to_host(logits[0, -1]), predicted[0, -1]
+        return logits[0, -1], predicted[0, -1]
 
     def _draft(self, state: tuple[DynamicCache, torch.Tensor, torch.Tensor], k: int, rng: Random) -> Draft:
         """k tokens after the state's cache: draw from its logits [N], then feed (predicted [H],
-        token) back for the next."""
+        token) back for the next (greedy: on the device, `_greedy_chain`)."""
         cache, logits, predicted = state
+        if self.sampling.greedy:
+            return Draft(tuple(self._greedy_chain(cache, logits, predicted, k)))
+        logits = to_host(logits)
         tokens, q_rows = [], []
         for i in range(k):
             token, q = self.vocab.draw(logits, self.sampling, rng)
@@ -156,13 +160,25 @@ class EagleProposer(HeadProposer):
                 logits, predicted = to_host(step_logits[0, -1]), step_predicted[0, -1]
         return self.as_draft(tokens, q_rows)
 
+    def _greedy_chain(self, cache: DynamicCache, logits: torch.Tensor, predicted: torch.Tensor, k: int) -> list[int]:
+        """The head's argmax chain of k tokens after logits [N] and predicted [H], drafted on
+        the device: each token (d2t of the argmax, as `HeadVocab.draw` takes it) is fed back
+        without the host reading it, and the k ids are copied to the host once."""
+        d2t = self.head.d2t  # [N] on the device
+        tokens = [d2t[logits.float().argmax()]]  # each a 0-dim id on the device
+        for _ in range(k - 1):
+            step_logits, step_predicted = self.head(tokens[-1].view(1, 1), predicted[None, None], cache)
+            predicted = step_predicted[0, -1]
+            tokens.append(d2t[step_logits[0, -1].float().argmax()])
+        return torch.stack(tokens).tolist()  # the round's one copy of the drafts
+
     def _tree(self, state: tuple[DynamicCache, torch.Tensor, torch.Tensor], shape: TreeShape, rng: Random) -> TreeDraft:
         """The tree after the true pairs in the state's cache (with the logits [N] and predicted
         [H] after the last of them): `shape` filled by EAGLE-2's top-k expansion, one head forward per level
         (sampled siblings at temperature > 0), or with `dynamic`, EAGLE-2's own choice of
         nodes within the shape's size."""
         cache, logits, predicted = state
-        after: Expanded = {(): (logits, predicted, ())}
+        after: Expanded = {(): (to_host(logits), predicted, ())}
         if self.dynamic:
             return self._confident_tree(cache, after, shape)
         true_pairs, width = cache.get_seq_length(), widest(shape)
