@@ -52,7 +52,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
     """Generate from PROMPT with speculative decoding, streaming the text as tokens are committed."""
-    text = prompt if prompt is not None else sys.stdin.read()
+    text = prompt_text(prompt)
     if not text.strip():
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -128,6 +128,25 @@ def generate(
             same = f"output {explain(report['mismatch'])}"
         line += f"; plain {report['plain_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, {same}"
     print(line, file=sys.stderr)
+
+
+def prompt_text(prompt: str | None) -> str:
+    """The prompt as text: the argument, or standard input read as UTF-8. Bytes that are not
+    UTF-8 (on standard input, or in an argument, where Python keeps them as lone surrogates)
+    are refused with where they are, never passed to the tokenizer."""
+    if prompt is not None:
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"the prompt is not UTF-8 text (an invalid byte at character {error.start + 1}); "
+                             "give it as UTF-8") from None
+        return prompt
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"standard input is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
+                         f"{error.start}); convert it to UTF-8, e.g. with iconv -t UTF-8") from None
 
 
 def warm_up(target: CausalLM, prompt_ids: Sequence[int]) -> None:
