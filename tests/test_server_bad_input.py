@@ -103,8 +103,14 @@ REFUSED = [
      "tool calls are not served"),
     ("image content", CHAT, chat(messages=user([{"type": "image_url", "image_url": {"url": "x"}}])), "messages",
      "only text parts are served, got a part of type 'image_url'"),
-    ("a message's name", CHAT, chat(messages=[{"role": "user", "content": "Hi", "name": "ann"}]), "messages",
-     "messages.0.name: unknown field"),
+    ("reasoning_effort unknown", CHAT, chat(reasoning_effort="extreme"), "reasoning_effort",
+     "Input should be 'none', 'minimal', 'low', 'medium', 'high' or 'xhigh'"),
+    ("continue_final_message with the generation prompt", CHAT, chat(continue_final_message=True),
+     "continue_final_message", "needs add_generation_prompt: false"),
+    ("continue_final_message after a user message", CHAT,
+     chat(continue_final_message=True, add_generation_prompt=False), "continue_final_message",
+     "must be the assistant's"),
+    ("add_special_tokens a string", COMPLETIONS, completion(add_special_tokens="no"), "add_special_tokens", "boolean"),
     # fields that would change the output or ask for more than one text
     ("n 2", CHAT, chat(n=2), "n", "only n = 1"),
     ("n true", CHAT, chat(n=True), "n", "only n = 1"),
@@ -141,8 +147,6 @@ REFUSED = [
     ("function_call", CHAT, chat(function_call="auto"), "function_call", "legacy tools"),
     ("audio modality", CHAT, chat(modalities=["text", "audio"]), "modalities", "only text output"),
     ("audio", CHAT, chat(audio={"voice": "alloy", "format": "wav"}), "audio", "audio"),
-    ("continue_final_message", CHAT, chat(continue_final_message=True), "continue_final_message", "continuing"),
-    ("add_generation_prompt false", CHAT, chat(add_generation_prompt=False), "add_generation_prompt", "header"),
     ("skip_special_tokens false", CHAT, chat(skip_special_tokens=False), "skip_special_tokens", "special tokens"),
     ("stream_options without stream", CHAT, chat(stream_options={"include_usage": True}), "stream_options",
      "only allowed with stream: true"),
@@ -201,6 +205,8 @@ def test_detokenize_names_an_id_outside_the_vocabulary(server):
     assert status == 400 and reply["error"]["param"] == "tokens" and "outside the vocabulary" in reply["error"]["message"]
     status, reply = server.request("POST", "/tokenize", {"prompt": "a", "messages": user("b")})
     assert status == 400 and "either prompt or messages" in reply["error"]["message"]
+    status, reply = server.request("POST", "/tokenize", {"prompt": "a", "return_token_strs": "yes"})
+    assert status == 400 and reply["error"]["param"] == "return_token_strs"
 
 
 def test_an_oversized_body_gets_413_and_the_server_serves_on(server):

@@ -32,6 +32,16 @@ def plain(loaded, ids, eos, **sampling) -> list[int]:
     return generate(loaded.lm, None, ids, max_new_tokens=N, k=0, sampling=params, eos_token_id=eos).tokens
 
 
+def rendered(loaded, messages, **options) -> list[int]:
+    """The ids of `messages` through the chat template with these options."""
+    text = loaded.tokenizer.apply_chat_template(messages, tokenize=False, **options)
+    return loaded.tokenizer(text, add_special_tokens=False).input_ids
+
+
+def plain_tokens(loaded, ids, n) -> list[int]:
+    return generate(loaded.lm, None, ids, max_new_tokens=n, k=0, eos_token_id=set(loaded.eos_token_ids)).tokens
+
+
 @pytest.fixture(scope="module")
 def expected(loaded):
     """The library's tokens, computed before any server shares the model."""
@@ -129,6 +139,40 @@ def test_tokenize_detokenize_and_version(server, loaded):
     status, back = server.request("POST", "/detokenize", {"tokens": reply["tokens"]})
     assert status == 200 and back == {"prompt": loaded.decode(reply["tokens"])}
     assert server.request("GET", "/version") == (200, {"version": verispec.__version__})
+
+
+def test_tokenize_takes_vllms_options(server, loaded):
+    tokenizer = loaded.tokenizer
+    status, reply = server.request("POST", "/tokenize", {"prompt": PROMPT, "add_special_tokens": False,
+                                                         "return_token_strs": True})
+    assert status == 200 and reply["tokens"] == tokenizer(PROMPT, add_special_tokens=False).input_ids
+    assert reply["token_strs"] == tokenizer.convert_ids_to_tokens(reply["tokens"])
+    status, plain = server.request("POST", "/tokenize", {"prompt": PROMPT})
+    assert plain["token_strs"] is None
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Once upon"}]
+    status, bare = server.request("POST", "/tokenize", {"messages": turns[:1], "add_generation_prompt": False})
+    assert status == 200 and bare["tokens"] == rendered(loaded, turns[:1], add_generation_prompt=False)
+    body = {"messages": turns, "add_generation_prompt": False, "continue_final_message": True}
+    status, open_turn = server.request("POST", "/tokenize", body)
+    assert status == 200 and open_turn["tokens"] == rendered(loaded, turns, continue_final_message=True)
+    assert loaded.decode(open_turn["tokens"]).endswith("Once upon")
+
+
+def test_chat_takes_names_reasoning_effort_and_a_final_message_to_continue(server, loaded):
+    """OpenAI's `name` and `reasoning_effort` reach the chat template (this one reads neither,
+    so the reply is the plain one); continue_final_message decodes after the open turn."""
+    user = {"role": "user", "content": PROMPT}
+    ask = {"model": NAME, "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+    status, plain = server.request("POST", "/v1/chat/completions", {**ask, "messages": [user]})
+    status, named = server.request("POST", "/v1/chat/completions", {
+        **ask, "messages": [{**user, "name": "ann"}], "reasoning_effort": "low"})
+    assert status == 200 and named["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"]
+    turns = [user, {"role": "assistant", "content": "Once"}]
+    status, reply = server.request("POST", "/v1/chat/completions", {
+        **ask, "messages": turns, "add_generation_prompt": False, "continue_final_message": True})
+    ids = rendered(loaded, turns, continue_final_message=True)
+    assert status == 200 and reply["usage"]["prompt_tokens"] == len(ids)
+    assert reply["choices"][0]["token_ids"] == plain_tokens(loaded, ids, 6)
 
 
 def test_a_trailing_slash_is_the_same_path(server):

@@ -55,6 +55,7 @@ from verispec.server.metrics import CONTENT_TYPE, Metrics
 from verispec.server.output import Output
 from verispec.server.schemas import (
     ChatBody,
+    ChatPrompt,
     CompletionBody,
     DetokenizeBody,
     SamplingFields,
@@ -67,18 +68,20 @@ log = logging.getLogger("verispec.server")
 
 @dataclass
 class ServedModel:
-    """What the server needs of a model. name: the `model` requests must name. encode: text ->
-    prompt ids (plain, the tokenizer's special tokens added); encode_chat: messages -> prompt ids
-    through the chat template (None: the model has none); decode: ids -> text. vocab_size: the
+    """What the server needs of a model. name: the `model` requests must name. encode: text and
+    whether to add the tokenizer's special tokens -> prompt ids; encode_chat: a `ChatPrompt` ->
+    prompt ids through the chat template (None: the model has none); decode: ids -> text;
+    token_strs: ids -> each one's token as the vocabulary spells it. vocab_size: the
     target's (token ids at or past it are refused). context: the most positions a request may
     use (None: no bound). proposer, k: the parsed specs every request drafts with (None and 0:
     plain decoding; reported in `speculative_decoding`). fingerprint: `system_fingerprint`,
     which changes with the version, the weights and the speculation."""
 
     name: str
-    encode: Callable[[str], list[int]]
-    encode_chat: Callable[[list[dict[str, str]]], list[int]] | None
+    encode: Callable[[str, bool], list[int]]
+    encode_chat: Callable[[ChatPrompt], list[int]] | None
     decode: Callable[[Sequence[int]], str]
+    token_strs: Callable[[Sequence[int]], list[str]]
     eos_token_ids: frozenset[int]
     vocab_size: int
     context: int | None
@@ -102,15 +105,20 @@ class ServedModel:
         k_spec = k if isinstance(k, KSpec) or k == 0 else parse_k(k, option="k")
         identity = f"{__version__} {loaded.source} {getattr(loaded, 'dtype_name', '')} {loaded.runtime} {spec} {k_spec}"
 
-        def encode_chat(messages: list[dict[str, str]]) -> list[int]:
-            formatted = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return list(tokenizer(formatted, add_special_tokens=False).input_ids)  # as `LoadedModel.encode`
+        def encode_chat(chat: ChatPrompt) -> list[int]:
+            effort = {} if chat.reasoning_effort is None else {"reasoning_effort": chat.reasoning_effort}
+            formatted = tokenizer.apply_chat_template(
+                chat.messages, add_generation_prompt=chat.add_generation_prompt,
+                continue_final_message=chat.continue_final_message, tokenize=False, **effort)
+            # the template writes its own special tokens (BOS, turn markers) as text, as `LoadedModel.encode`
+            return list(tokenizer(formatted, add_special_tokens=chat.add_special_tokens).input_ids)
 
         return cls(
             name=name,
-            encode=lambda text: loaded.encode(text, chat=False),
+            encode=lambda text, special=True: list(tokenizer(text, add_special_tokens=special).input_ids),
             encode_chat=encode_chat if loaded.chat_template is not None else None,
             decode=loaded.decode,
+            token_strs=lambda ids: list(tokenizer.convert_ids_to_tokens(list(ids))),
             eos_token_ids=frozenset(loaded.eos_token_ids),
             vocab_size=loaded.lm.vocab_size,
             context=getattr(loaded.config, "max_position_embeddings", None),
@@ -244,13 +252,16 @@ class ServerApp:
 
     async def tokenize(self, request: HTTPRequest) -> Response:
         """vLLM's `/tokenize`: the ids a prompt (as `/v1/completions` reads it) or messages (as
-        `/v1/chat/completions` renders them) become."""
+        `/v1/chat/completions` renders them) become, with their tokens' strings when asked
+        (`token_strs`, null otherwise, as vLLM's)."""
         body = await self._parse(request, TokenizeBody)
         if body.prompt is not None:
-            ids = await run_in_threadpool(self.served.encode, body.prompt)
+            ids = await run_in_threadpool(self.served.encode, body.prompt, body.special_tokens)
         else:
-            ids = await self._chat_ids(body.conversation())
-        return JSONResponse({"count": len(ids), "max_model_len": self.served.context, "tokens": ids})
+            ids = await self._chat_ids(chat_prompt(body))
+        strs = await run_in_threadpool(self.served.token_strs, ids) if body.return_token_strs else None
+        return JSONResponse({"count": len(ids), "max_model_len": self.served.context, "tokens": ids,
+                             "token_strs": strs})
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         """vLLM's `/detokenize`: the text of token ids."""
@@ -270,7 +281,7 @@ class ServerApp:
         arrival = time.perf_counter()
         body = await self._parse(request, CompletionBody)
         if isinstance(body.prompt, str):
-            ids = await run_in_threadpool(self.served.encode, body.prompt)
+            ids = await run_in_threadpool(self.served.encode, body.prompt, body.add_special_tokens)
         else:
             ids = list(body.prompt)
             self._check_ids(ids, "prompt")
@@ -279,14 +290,14 @@ class ServerApp:
     async def chat_completions(self, request: HTTPRequest) -> Response:
         arrival = time.perf_counter()
         body = await self._parse(request, ChatBody)
-        ids = await self._chat_ids(body.conversation())
+        ids = await self._chat_ids(chat_prompt(body))
         return await self._generate(request, body, ids, arrival, chat=True)
 
-    async def _chat_ids(self, conversation: list[dict[str, str]]) -> list[int]:
+    async def _chat_ids(self, chat: ChatPrompt) -> list[int]:
         if self.served.encode_chat is None:
             raise ApiError(400, f"{self.served.name} has no chat template; use /v1/completions", param="messages")
         try:
-            return await run_in_threadpool(self.served.encode_chat, conversation)
+            return await run_in_threadpool(self.served.encode_chat, chat)
         except Exception as error:  # the template refused the conversation (roles out of order, ...)
             raise ApiError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
 
@@ -496,6 +507,14 @@ async def until_done_or_gone(http: HTTPRequest, output: Output) -> Finished | No
 async def disconnected(http: HTTPRequest) -> None:
     while (await http.receive())["type"] != "http.disconnect":
         pass
+
+
+def chat_prompt(body: ChatBody | TokenizeBody) -> ChatPrompt:
+    """The body's messages and template options; a 400 where the options contradict them."""
+    try:
+        return body.chat()
+    except ValueError as error:
+        raise ApiError(400, str(error), param="continue_final_message") from None
 
 
 def fresh_seed() -> int:

@@ -7,7 +7,9 @@ lists which:
 - honoured: the sampling transforms (temperature, top_k, top_p, min_p, and vLLM's
   `repetition_penalty` and `min_tokens`, which the engine applies to the target's rows before
   verification, so the law stays exact), the seed, the stops (`stop`, `stop_token_ids`,
-  `ignore_eos`, `include_stop_str_in_output`), the budget, streaming;
+  `ignore_eos`, `include_stop_str_in_output`), the budget, streaming, and how the prompt is
+  encoded (a message's `name`, `reasoning_effort`, vLLM's `add_generation_prompt`,
+  `continue_final_message` and `add_special_tokens`);
 - refused with a 400 naming the field (`REFUSED`), at any value that would change the reply:
   several outputs, penalties whose law verispec does not keep, logit biases, constrained
   output, tools, logprobs, echo, audio;
@@ -23,7 +25,8 @@ silently.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -91,8 +94,6 @@ REFUSED: dict[str, tuple[str, tuple]] = {
     "function_call": ("functions (the legacy tools) are not served; drop it", ("none",)),
     "modalities": ("only text output is served", (["text"],)),
     "audio": ("audio output is not served", ()),
-    "continue_final_message": ("continuing the last message is not served; drop it", (False,)),
-    "add_generation_prompt": ("the chat template always ends with the assistant's header", (True,)),
     "skip_special_tokens": ("special tokens are always left out of the text", (True,)),
 }
 # Fields clients send that change nothing in the reply: accepted and ignored (as by OpenAI for
@@ -235,6 +236,7 @@ class CompletionBody(SamplingFields):
     """`POST /v1/completions`: one prompt, as text or as token ids."""
 
     prompt: StrictStr | list[StrictInt]
+    add_special_tokens: StrictBool = True  # vLLM's: the tokenizer's special tokens (BOS) before a text prompt
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -258,9 +260,13 @@ class TextPart(BaseModel):
 
 
 class Message(BaseModel):
+    """One chat message: its role, its content and OpenAI's optional `name` of the participant,
+    which the chat template receives (a template that does not read it renders as without)."""
+
     model_config = FINITE
     role: StrictStr
     content: StrictStr | list[TextPart]
+    name: StrictStr | None = None
 
     @field_validator("role", mode="before")
     @classmethod
@@ -289,11 +295,49 @@ class Message(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
-class ChatBody(SamplingFields):
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's values
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """What the chat template renders, and how (vLLM's options): messages as the template reads
+    them; add_generation_prompt: end with the assistant's header; continue_final_message: leave
+    the last (assistant) message open, to be continued; add_special_tokens: the tokenizer adds
+    its special tokens (BOS) to the rendered text, which the template usually writes itself;
+    reasoning_effort: OpenAI's, passed to the template (which a reasoning model's reads)."""
+
+    messages: list[dict[str, str]]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    reasoning_effort: str | None = None
+
+
+class ChatFields(BaseModel):
+    """The chat template's options that vLLM's chat endpoints share (`ChatPrompt`)."""
+
+    model_config = FINITE
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None
+
+    def chat_prompt(self, messages: list[Message], add_special_tokens: bool) -> ChatPrompt:
+        """The prompt to render; ValueError for options that contradict each other or the messages."""
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message continues the last message, so it needs "
+                             "add_generation_prompt: false")
+        if self.continue_final_message and messages[-1].role != "assistant":
+            raise ValueError("continue_final_message continues the last message, which must be the assistant's")
+        return ChatPrompt(conversation(messages), self.add_generation_prompt, self.continue_final_message,
+                          add_special_tokens, self.reasoning_effort)
+
+
+class ChatBody(SamplingFields, ChatFields):
     """`POST /v1/chat/completions`: the messages, rendered by the model's chat template."""
 
     messages: list[Message]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    add_special_tokens: StrictBool = False  # vLLM's, for chat
 
     @field_validator("messages")
     @classmethod
@@ -308,18 +352,21 @@ class ChatBody(SamplingFields):
             self.max_tokens = self.max_completion_tokens
         return self
 
-    def conversation(self) -> list[dict[str, str]]:
-        return conversation(self.messages)
+    def chat(self) -> ChatPrompt:
+        return self.chat_prompt(self.messages, self.add_special_tokens)
 
 
-class TokenizeBody(BaseModel):
+class TokenizeBody(ChatFields):
     """`POST /tokenize` (vLLM's): a prompt's ids as `/v1/completions` reads it, or messages' as
-    `/v1/chat/completions` renders them."""
+    `/v1/chat/completions` renders them, with vLLM's options: add_special_tokens (default true
+    for a prompt, false for messages), return_token_strs (each id's token as the vocabulary
+    spells it) and the chat template's (`ChatFields`)."""
 
-    model_config = FINITE
     model: StrictStr | None = None
     prompt: StrictStr | None = None
     messages: list[Message] | None = None
+    add_special_tokens: StrictBool | None = None
+    return_token_strs: StrictBool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeBody:
@@ -327,15 +374,19 @@ class TokenizeBody(BaseModel):
             raise ValueError("give either prompt or messages")
         return self
 
+    @property
+    def special_tokens(self) -> bool:
+        return self.add_special_tokens if self.add_special_tokens is not None else self.prompt is not None
 
-    def conversation(self) -> list[dict[str, str]]:
-        return conversation(self.messages)
+    def chat(self) -> ChatPrompt:
+        return self.chat_prompt(self.messages, self.special_tokens)
 
 
 def conversation(messages: list[Message]) -> list[dict[str, str]]:
     """The messages as the chat template reads them (`developer` is OpenAI's new name for
-    `system`)."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in messages]
+    `system`; a `name` only where given)."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text,
+             **({"name": m.name} if m.name is not None else {})} for m in messages]
 
 
 class DetokenizeBody(BaseModel):
