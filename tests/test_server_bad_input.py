@@ -110,6 +110,10 @@ REFUSED = [
     ("continue_final_message after a user message", CHAT,
      chat(continue_final_message=True, add_generation_prompt=False), "continue_final_message",
      "must be the assistant's"),
+    ("speculation enabled a string", CHAT, chat(speculation={"enabled": "no"}), "speculation", "boolean"),
+    ("speculation max_k negative", CHAT, chat(speculation={"max_k": -1}), "speculation",
+     "greater than or equal to 0"),
+    ("speculation unknown", CHAT, chat(speculation={"k": 2}), "speculation", "speculation.k: unknown field"),
     ("add_special_tokens a string", COMPLETIONS, completion(add_special_tokens="no"), "add_special_tokens", "boolean"),
     # fields that would change the output or ask for more than one text
     ("n 2", CHAT, chat(n=2), "n", "only n = 1"),

@@ -141,6 +141,23 @@ def test_tokenize_detokenize_and_version(server, loaded):
     assert server.request("GET", "/version") == (200, {"version": verispec.__version__})
 
 
+def test_speculation_per_request_off_or_capped_keeps_the_tokens(server, expected):
+    """`speculation: {"enabled": false}` decodes plainly, `max_k` caps every round's drafts; the
+    greedy tokens are the library's either way, and the counts say what speculation did."""
+    free = complete(server)
+    off = complete(server, speculation={"enabled": False})
+    capped = complete(server, speculation={"max_k": 1})
+    for reply in (free, off, capped):
+        assert reply["choices"][0]["token_ids"] == expected["greedy"]
+    spec, vllm = off["speculative_decoding"], off["metrics"]["speculative_decoding"]
+    assert spec["proposer"] is None and spec["k"] == 0 and spec["num_drafts"] == 0 == vllm["num_draft_tokens"]
+    assert vllm["num_emitted_tokens"] == N and vllm["acceptance_histogram"] == []
+    spec, vllm = capped["speculative_decoding"], capped["metrics"]["speculative_decoding"]
+    assert spec["max_k"] == 1 and spec["num_draft_tokens"] <= spec["num_drafts"] and spec["num_drafts"] > 0
+    assert len(vllm["acceptance_histogram"]) <= 2 and sum(vllm["acceptance_histogram"]) == vllm["num_spec_steps"]
+    assert free["speculative_decoding"]["max_k"] is None
+
+
 def test_tokenize_takes_vllms_options(server, loaded):
     tokenizer = loaded.tokenizer
     status, reply = server.request("POST", "/tokenize", {"prompt": PROMPT, "add_special_tokens": False,

@@ -223,15 +223,15 @@ class Decoding:
         from the context alone) chooses, within the budget. Ask once per round: a policy learns
         from every answer it gives."""
         source = draft_source(self.proposer, self._context)
-        return self.policies.choose(self.stats, source).budgeted(self.remaining)
+        return self.policies.choose(self.stats, source).budgeted(self.request.round_room(len(self.tokens)))
 
     def plan(self, chosen: Plan, adjust: int | None = None) -> Plan:
         """Stage 0, the engine's part: the round's plan. `chosen` (`choose()`'s), or with
         `adjust` the k a batch chose for it (`verispec.policies.BatchK`), which only a plan whose
         policy lets a batch choose takes, up to what that policy allows (`Plan.adjusted`);
-        within the budget."""
+        within the budget and the request's `max_k`."""
         plan = chosen if adjust is None else chosen.adjusted(adjust)
-        return plan.budgeted(self.remaining)
+        return plan.budgeted(self.request.round_room(len(self.tokens)))
 
     def propose(self, plan: Plan) -> Proposal:
         """Stage 1: the proposer drafts at most what `plan` (`plan()`'s) asks, cut after EOS."""

@@ -374,13 +374,16 @@ class ServerApp:
             raise ApiError(400, f"min_tokens ({body.min_tokens}) is more than the budget of {budget} tokens; "
                            "lower min_tokens or raise max_tokens", param="min_tokens")
         sampling = body.sampling()
+        speculates = body.speculation.enabled and served.proposer is not None
         try:
             request = Request(
                 tuple(ids), budget, sampling=sampling,
                 eos_token_ids=(frozenset() if body.ignore_eos else served.eos_token_ids) | stop_ids,
-                seed=fresh_seed() if body.seed is None else body.seed, proposer=served.proposer, k=served.k,
+                seed=fresh_seed() if body.seed is None else body.seed,
+                proposer=served.proposer if speculates else None, k=served.k if speculates else 0,
                 # a seeded draw reproduces: its k must not learn from timings
-                fixed_k=body.seed is not None and not sampling.greedy,
+                fixed_k=speculates and body.seed is not None and not sampling.greedy,
+                max_k=body.speculation.max_k if speculates else None,
                 request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
             )
         except ValueError as error:
@@ -435,11 +438,12 @@ class Reply:
 
     def _extras(self, output: Output) -> dict:
         prompt = len(self.request.prompt_ids)
-        served = self.app.served
+        request, spec = self.request, output.finished.speculation
+        k = self.app.served.k_label if request.speculative else 0
         return {
             "usage": usage(prompt, output.completion_tokens),
-            "speculative_decoding": speculative_decoding(output.finished.speculation, served.proposer,
-                                                         served.k_label),
+            "speculative_decoding": speculative_decoding(spec, request.proposer, k, request.max_k),
+            "metrics": {"speculative_decoding": spec_metrics(spec, k)},
             "timings": timings(prompt, output.completion_tokens, output.finished),
         }
 
@@ -481,7 +485,8 @@ class Reply:
             extras = self._extras(output)
             last = {**self._head(True), "choices": [self._choice(output, "", output.finish_reason, {} if self.chat
                                                                  else None)]}
-            last.update(speculative_decoding=extras["speculative_decoding"], timings=extras["timings"])
+            last.update(speculative_decoding=extras["speculative_decoding"], metrics=extras["metrics"],
+                        timings=extras["timings"])
             yield sse(last)
             if self.body.include_usage:
                 yield sse({**self._head(True), "choices": [], "usage": extras["usage"]})
@@ -532,21 +537,41 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def speculative_decoding(spec: Speculation, proposer: ProposerSpec | None, k: int | str) -> dict:
+def speculative_decoding(spec: Speculation, proposer: ProposerSpec | None, k: int | str, max_k: int | None) -> dict:
     """A request's speculation, in vLLM's `SpecDecodingStats` terms plus the means read from
     them: mean_acceptance_length = 1 + accepted / drafts (vLLM's), tokens_per_round = tokens /
-    rounds (plain steps included), acceptance_rate = accepted / drafted."""
+    rounds (plain steps included), acceptance_rate = accepted / drafted. proposer, k: the
+    request's (None and 0 when it decoded plainly); max_k: its cap (`speculation.max_k`)."""
     return {
         "proposer": None if proposer is None else str(proposer),
         "k": k,
+        "max_k": max_k,
         "num_drafts": spec.num_drafts,
         "num_draft_tokens": spec.num_draft_tokens,
         "num_accepted_tokens": spec.num_accepted_tokens,
         "num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos),
         "rounds": spec.rounds,
-        "mean_acceptance_length": 1 + spec.num_accepted_tokens / spec.num_drafts if spec.num_drafts else 1.0,
+        "mean_acceptance_length": spec.mean_acceptance_length,
         "tokens_per_round": spec.new_tokens / spec.rounds if spec.rounds else 0.0,
-        "acceptance_rate": spec.num_accepted_tokens / spec.num_draft_tokens if spec.num_draft_tokens else 0.0,
+        "acceptance_rate": spec.acceptance_rate,
+    }
+
+
+def spec_metrics(spec: Speculation, k: int | str) -> dict:
+    """vLLM's per-request `metrics.speculative_decoding` (`--per-request-spec-decode-metrics
+    summary`), under its names: num_spec_steps (rounds that drafted), num_draft_tokens,
+    num_accepted_draft_tokens, draft_acceptance_rate, mean_acceptance_length (1 + accepted per
+    step), acceptance_histogram[j] (steps that accepted exactly j drafts), num_spec_tokens (k);
+    and num_emitted_tokens, the tokens every round committed (plain steps included)."""
+    return {
+        "mean_acceptance_length": spec.mean_acceptance_length,
+        "draft_acceptance_rate": spec.acceptance_rate,
+        "acceptance_histogram": list(spec.acceptance_histogram),
+        "num_spec_steps": spec.num_drafts,
+        "num_accepted_draft_tokens": spec.num_accepted_tokens,
+        "num_draft_tokens": spec.num_draft_tokens,
+        "num_emitted_tokens": spec.new_tokens,
+        "num_spec_tokens": k,
     }
 
 

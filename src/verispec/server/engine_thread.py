@@ -49,6 +49,7 @@ class Speculation:
     num_drafts: rounds that drafted at least one token; num_draft_tokens, num_accepted_tokens:
     their drafted and accepted tokens; num_accepted_tokens_per_pos[i]: rounds that accepted the
     draft token at position i (depth i of a tree), so these sum to num_accepted_tokens.
+    acceptance_histogram[j]: drafting rounds that accepted exactly j draft tokens (vLLM's).
     rounds: every round, plain steps included; new_tokens: the tokens they committed (a stop
     string may cut the reply before the last of them); prefill_seconds: the prompt's forward."""
 
@@ -56,9 +57,20 @@ class Speculation:
     num_draft_tokens: int
     num_accepted_tokens: int
     num_accepted_tokens_per_pos: tuple[int, ...]
+    acceptance_histogram: tuple[int, ...]
     rounds: int
     new_tokens: int
     prefill_seconds: float
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's: 1 + accepted per drafting round (1 when none drafted)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / draft tokens (0 when none were drafted)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
     @classmethod
     def of(cls, stats: Stats) -> Speculation:
@@ -69,10 +81,20 @@ class Speculation:
             # rank_accepts[d][r]: rounds that accepted the rank-r child at depth d (a chain's is
             # rank 0), for chains and trees alike.
             num_accepted_tokens_per_pos=tuple(sum(ranks) for ranks in stats.rank_accepts),
+            acceptance_histogram=dense(stats.accepted_histogram),
             rounds=stats.rounds,
             new_tokens=stats.new_tokens,
             prefill_seconds=stats.prefill_seconds,
         )
+
+
+def dense(histogram: dict[int, int]) -> tuple[int, ...]:
+    """{accepted: rounds} as a list indexed by the accepted count.
+
+    >>> dense({0: 3, 2: 1})
+    (3, 0, 1)
+    """
+    return tuple(histogram.get(j, 0) for j in range(max(histogram, default=-1) + 1))
 
 
 @dataclass(frozen=True)

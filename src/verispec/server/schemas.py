@@ -150,6 +150,16 @@ class StreamOptions(BaseModel):
         return value
 
 
+class SpeculationFields(BaseModel):
+    """verispec's extension, in vLLM's style: this request's speculation. enabled: false decodes
+    it plainly (no proposer); max_k: the most tokens a round drafts (`Request.max_k`). Either
+    leaves the output law as it is: only the speed changes."""
+
+    model_config = FINITE
+    enabled: StrictBool = True
+    max_k: Annotated[StrictInt, Field(ge=0)] | None = None
+
+
 class SamplingFields(Refusals):
     """What completions and chat completions share: the budget, the sampling transforms
     (temperature, top_k, top_p, min_p, repetition_penalty, min_tokens, as `SamplingParams`
@@ -174,6 +184,7 @@ class SamplingFields(Refusals):
     stream_options: StreamOptions | None = None
     # verispec's extension (as vLLM's `return_token_ids`): each choice carries its token ids.
     return_token_ids: StrictBool = False
+    speculation: SpeculationFields = SpeculationFields()
 
     @field_validator("temperature")
     @classmethod
