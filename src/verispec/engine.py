@@ -50,12 +50,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
 
 from verispec import verify
+from verispec.logprobs import TokenLogprob, token_logprobs
 from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict, through_first_eos
 from verispec.models.base import CausalLM, TreeScoring
 from verispec.plan import Plan
@@ -74,6 +75,7 @@ T = TypeVar("T")
 class Generation:
     tokens: list[int]
     stats: Stats
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one a token when the request asks
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ class Decoding:
             raise ValueError("block verification is defined for chains; verify trees with auto or token, or give a chain k")
         self.choose_rule = verify.rule_chooser(request.verifier, request.sampling.greedy)
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] = []  # the target's, one a token (`Request.logprobs`)
         self.stats = Stats()
         self._context: list[int] = []  # prompt + emitted; its last token is the pending token
 
@@ -301,6 +304,9 @@ class Decoding:
             tree_target(self.target).keep_path([0, *(node + 1 for node in verdict.path)])
         self.target.rollback(self._processed)
         self.tokens.extend(emitted)
+        if self.request.logprobs is not None:  # token j's row: the j-th along the accepted path
+            rows = [0, *(node + 1 for node in verdict.path)] if draft.is_tree else range(len(emitted))
+            self.logprobs.extend(token_logprobs(scored.logits[list(rows)], emitted, self.request.logprobs))
         if self.proposer is not None:
             self.proposer.commit(self._context)
         self.stats.record_round(
@@ -325,7 +331,7 @@ def generate(target: CausalLM, proposer: Proposer | None, request: Request | Seq
     run = Decoding(target, proposer, request, **options)
     for _ in run:
         pass
-    return Generation(run.tokens, run.stats)
+    return Generation(run.tokens, run.stats, run.logprobs)
 
 
 def stream(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Decoding:

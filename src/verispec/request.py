@@ -22,6 +22,7 @@ from itertools import count
 
 from verispec.checks import is_int
 from verispec.k_spec import KSpec, parse_k
+from verispec.logprobs import MAX_TOP
 from verispec.sampling import GREEDY, SamplingParams
 
 _ids = count()
@@ -48,6 +49,9 @@ class Request:
     max_k: the most tokens a round drafts (a chain's k, a tree's depth), whatever the k policy
     chooses (None: no cap; 0: every round a plain step). Any k keeps the output law, so a cap
     changes the speed, never the tokens of a greedy request.
+    logprobs: report each emitted token's log probability under the target with this many of
+    the most likely tokens at its position (0 to `verispec.logprobs.MAX_TOP`; None: none), as
+    plain decoding would (`verispec.logprobs`).
     request_id: a name for logs, metrics and cancellation (unique by default)."""
 
     prompt_ids: tuple[int, ...]
@@ -60,6 +64,7 @@ class Request:
     verifier: str | Callable = "auto"
     fixed_k: bool = False
     max_k: int | None = None
+    logprobs: int | None = None
     request_id: str = field(default_factory=_next_id)
     k_spec: KSpec | None = field(init=False, default=None, repr=False, compare=False)
 
@@ -90,6 +95,8 @@ class Request:
             raise ValueError("without a proposer, k must be 0 (plain decoding)")
         if self.max_k is not None and not is_int(self.max_k, least=0):
             raise ValueError(f"max_k must be an integer >= 0 or None, got {self.max_k!r}")
+        if self.logprobs is not None and not is_int(self.logprobs, least=0, most=MAX_TOP):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP}] or None, got {self.logprobs!r}")
         if not isinstance(self.fixed_k, bool):
             raise ValueError(f"fixed_k must be True or False, got {self.fixed_k!r}")
         # read once, here: a constant k >= 1 or a policy (k = 0: plain decoding, no policy)
