@@ -6,6 +6,7 @@ other traffic; /tokenize, /detokenize and /version; system_fingerprint; trailing
 
 from __future__ import annotations
 
+import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,6 +15,8 @@ import pytest
 import verispec
 from serving import NAME, running, save_tiny_model
 from verispec.engine import generate
+from verispec.logprobs import token_logprobs
+from verispec.request import Request
 from verispec.models.load import load_model
 from verispec.sampling import SamplingParams
 
@@ -156,6 +159,48 @@ def test_speculation_per_request_off_or_capped_keeps_the_tokens(server, expected
     assert spec["max_k"] == 1 and spec["num_draft_tokens"] <= spec["num_drafts"] and spec["num_drafts"] > 0
     assert len(vllm["acceptance_histogram"]) <= 2 and sum(vllm["acceptance_histogram"]) == vllm["num_spec_steps"]
     assert free["speculative_decoding"]["max_k"] is None
+
+
+def test_logprobs_under_speculation_are_plain_decodings(server, loaded):
+    """Greedy under `--k auto`: each token's logprob and top alternatives are the library's
+    plain decoding's, bit for bit (the runtime is deterministic: a row's logits do not depend on
+    how many rows its forward scored); whole and streamed alike, chat and completions."""
+    ids = loaded.encode(PROMPT, chat=False)
+    plain = generate(loaded.lm, None, Request(tuple(ids), N, eos_token_ids=loaded.eos_token_ids, logprobs=3))
+    text = loaded.tokenizer.decode
+    reply = complete(server, logprobs=3)
+    got = reply["choices"][0]["logprobs"]
+    assert reply["choices"][0]["token_ids"] == plain.tokens and reply["speculative_decoding"]["num_drafts"] > 0
+    assert got["token_logprobs"] == [t.logprob for t in plain.logprobs]
+    assert got["tokens"] == [text([t]) for t in plain.tokens]
+    assert got["top_logprobs"] == [{text([i]): v for i, v in t.top} for t in plain.logprobs]
+    assert "".join(got["tokens"]) == reply["choices"][0]["text"] and got["text_offset"][1] == len(got["tokens"][0])
+    status, streamed = server.request("POST", "/v1/completions", {
+        "model": NAME, "prompt": PROMPT, "max_tokens": N, "temperature": 0, "logprobs": 3, "stream": True})
+    chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
+    assert [v for c in chunks for v in c["choices"][0]["logprobs"]["token_logprobs"]] == got["token_logprobs"]
+    status, chat = server.request("POST", "/v1/chat/completions", {
+        "model": NAME, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": N, "temperature": 0,
+        "logprobs": True, "top_logprobs": 2, "return_token_ids": True})
+    chat_ids = loaded.encode(PROMPT, chat=True)
+    plain = generate(loaded.lm, None, Request(tuple(chat_ids), N, eos_token_ids=loaded.eos_token_ids, logprobs=2))
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert chat["choices"][0]["token_ids"] == plain.tokens
+    assert [(c["logprob"], [t["logprob"] for t in c["top_logprobs"]]) for c in content] == [
+        (t.logprob, [v for _, v in t.top]) for t in plain.logprobs]
+    assert content[0]["bytes"] == list(content[0]["token"].encode())
+
+
+def test_sampled_logprobs_are_the_targets_rows(server, loaded):
+    """Sampled under `--k auto`: each token's logprob is the full recompute's at its position,
+    within float rounding (rows scored together and alone may differ in the last bit)."""
+    reply = complete(server, temperature=1.0, seed=7, logprobs=0)
+    tokens, got = reply["choices"][0]["token_ids"], reply["choices"][0]["logprobs"]["token_logprobs"]
+    ids = loaded.encode(PROMPT, chat=False)
+    loaded.lm.prefill(ids[:-1])
+    rows = loaded.lm.extend([ids[-1], *tokens[:-1]])  # [N, V]: one forward over the reply
+    expected = token_logprobs(rows, tokens, 0)
+    assert got == pytest.approx([t.logprob for t in expected], abs=1e-4)
 
 
 def test_tokenize_takes_vllms_options(server, loaded):

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import itertools
 import json
 import logging
 import secrets
@@ -48,6 +49,7 @@ from starlette.routing import Route
 from verispec import __version__
 from verispec.batching import QueueFull, Scheduler
 from verispec.k_spec import KSpec, parse_k
+from verispec.logprobs import TokenLogprob
 from verispec.registry import ProposerSpec, parse_spec
 from verispec.request import Request
 from verispec.server.engine_thread import Closed, EngineThread, Finished, Speculation
@@ -71,7 +73,8 @@ class ServedModel:
     """What the server needs of a model. name: the `model` requests must name. encode: text and
     whether to add the tokenizer's special tokens -> prompt ids; encode_chat: a `ChatPrompt` ->
     prompt ids through the chat template (None: the model has none); decode: ids -> text;
-    token_strs: ids -> each one's token as the vocabulary spells it. vocab_size: the
+    token_strs: ids -> each one's token as the vocabulary spells it; token_text: one id -> its
+    text (special tokens spelled out), as logprobs name tokens. vocab_size: the
     target's (token ids at or past it are refused). context: the most positions a request may
     use (None: no bound). proposer, k: the parsed specs every request drafts with (None and 0:
     plain decoding; reported in `speculative_decoding`). fingerprint: `system_fingerprint`,
@@ -82,6 +85,7 @@ class ServedModel:
     encode_chat: Callable[[ChatPrompt], list[int]] | None
     decode: Callable[[Sequence[int]], str]
     token_strs: Callable[[Sequence[int]], list[str]]
+    token_text: Callable[[int], str]
     eos_token_ids: frozenset[int]
     vocab_size: int
     context: int | None
@@ -119,6 +123,7 @@ class ServedModel:
             encode_chat=encode_chat if loaded.chat_template is not None else None,
             decode=loaded.decode,
             token_strs=lambda ids: list(tokenizer.convert_ids_to_tokens(list(ids))),
+            token_text=lambda token: tokenizer.decode([token]),
             eos_token_ids=frozenset(loaded.eos_token_ids),
             vocab_size=loaded.lm.vocab_size,
             context=getattr(loaded.config, "max_position_embeddings", None),
@@ -384,6 +389,7 @@ class ServerApp:
                 # a seeded draw reproduces: its k must not learn from timings
                 fixed_k=speculates and body.seed is not None and not sampling.greedy,
                 max_k=body.speculation.max_k if speculates else None,
+                logprobs=body.top_logprobs_count(),
                 request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
             )
         except ValueError as error:
@@ -447,7 +453,9 @@ class Reply:
             "timings": timings(prompt, output.completion_tokens, output.finished),
         }
 
-    def _choice(self, output: Output, text: str, finish_reason: str | None, delta: dict | None = None) -> dict:
+    def _choice(self, output: Output, text: str, finish_reason: str | None, delta: dict | None = None,
+                logprobs: list[TokenLogprob] | None = None) -> dict:
+        """One choice; logprobs: those it carries (default: the whole reply's, when asked)."""
         choice: dict = {"index": 0}
         if self.chat:
             if delta is not None:
@@ -457,6 +465,10 @@ class Reply:
         else:
             choice["text"] = text
         choice["logprobs"] = None
+        if self.request.logprobs is not None:
+            entries = output.logprobs if logprobs is None else logprobs
+            text_of = self.app.served.token_text
+            choice["logprobs"] = chat_logprobs(entries, text_of) if self.chat else completion_logprobs(entries, text_of)
         choice["finish_reason"] = finish_reason
         if finish_reason is not None:
             choice["stop_reason"] = output.stop_reason
@@ -481,10 +493,11 @@ class Reply:
                 if isinstance(item, Finished):
                     break
                 delta = {"content": item} if self.chat else None
-                yield sse({**self._head(True), "choices": [self._choice(output, item, None, delta)]})
+                yield sse({**self._head(True), "choices": [self._choice(output, item, None, delta,
+                                                                        output.unsent_logprobs())]})
             extras = self._extras(output)
             last = {**self._head(True), "choices": [self._choice(output, "", output.finish_reason, {} if self.chat
-                                                                 else None)]}
+                                                                 else None, output.unsent_logprobs())]}
             last.update(speculative_decoding=extras["speculative_decoding"], metrics=extras["metrics"],
                         timings=extras["timings"])
             yield sse(last)
@@ -555,6 +568,27 @@ def speculative_decoding(spec: Speculation, proposer: ProposerSpec | None, k: in
         "tokens_per_round": spec.new_tokens / spec.rounds if spec.rounds else 0.0,
         "acceptance_rate": spec.acceptance_rate,
     }
+
+
+def chat_logprobs(entries: list[TokenLogprob], text_of: Callable[[int], str]) -> dict:
+    """OpenAI's chat `logprobs`: each token's text, logprob, UTF-8 bytes and top alternatives."""
+
+    def one(token: int, logprob: float) -> dict:
+        text = text_of(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]}
+                        for e in entries]}
+
+
+def completion_logprobs(entries: list[TokenLogprob], text_of: Callable[[int], str]) -> dict:
+    """OpenAI's legacy completions `logprobs`: tokens, token_logprobs, top_logprobs (text ->
+    logprob) and text_offset (where each token's text begins in the reply's, counted from the
+    tokens' texts)."""
+    texts = [text_of(e.token) for e in entries]
+    offsets = [0, *itertools.accumulate(len(t) for t in texts)][: len(texts)]
+    return {"tokens": texts, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{text_of(t): v for t, v in e.top} for e in entries], "text_offset": offsets}
 
 
 def spec_metrics(spec: Speculation, k: int | str) -> dict:

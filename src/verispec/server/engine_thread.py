@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from verispec.batching import Job, Scheduler
+from verispec.logprobs import TokenLogprob
 from verispec.request import Request
 from verispec.stats import Stats
 
@@ -126,8 +127,9 @@ class Finished:
 class Sink(Protocol):
     """Where a request's tokens go, called on the event loop."""
 
-    def tokens(self, tokens: list[int]) -> bool:
-        """Take tokens the job committed; True asks to cancel the job (a stop string appeared)."""
+    def tokens(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
+        """Take tokens the job committed (and their logprobs, one a token, when the request asked);
+        True asks to cancel the job (a stop string appeared)."""
         ...
 
     def finish(self, finished: Finished) -> None: ...
@@ -266,7 +268,8 @@ class EngineThread:
         self._call(_accept, answer, job, self)
 
     def _publish(self, committed: list[tuple[Job, list[int]]]) -> None:
-        tokens = [(job, self.sinks[job], list(new)) for job, new in committed if new and job in self.sinks]
+        tokens = [(job, self.sinks[job], list(new), new_logprobs(job, len(new)))
+                  for job, new in committed if new and job in self.sinks]
         ended = []
         for job in [job for job in self.sinks if job.done or self._lost(job)]:
             reason = "error" if job in self.failed else None
@@ -291,6 +294,13 @@ class EngineThread:
             pass
 
 
+def new_logprobs(job: Job, n: int) -> list[TokenLogprob] | None:
+    """The logprobs of the `n` tokens `job` just committed (None: the request asked for none)."""
+    if job.request.logprobs is None:
+        return None
+    return job.decoding.logprobs[len(job.decoding.logprobs) - n:]
+
+
 def _accept(answer: asyncio.Future, job: Job, engine: EngineThread) -> None:
     if answer.cancelled():  # the client left while its request was being queued
         engine.cancel(job)
@@ -304,10 +314,11 @@ def _reject(answer: asyncio.Future, error: Exception) -> None:
 
 
 def _deliver(
-    engine: EngineThread, tokens: list[tuple[Job, Sink, list[int]]], ended: list[tuple[Sink, Finished]]
+    engine: EngineThread, tokens: list[tuple[Job, Sink, list[int], list[TokenLogprob] | None]],
+    ended: list[tuple[Sink, Finished]],
 ) -> None:
-    for job, sink, new in tokens:
-        if sink.tokens(new):
+    for job, sink, new, logprobs in tokens:
+        if sink.tokens(new, logprobs):
             engine.cancel(job)
     for sink, finished in ended:
         sink.finish(finished)

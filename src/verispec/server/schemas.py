@@ -9,10 +9,11 @@ lists which:
   verification, so the law stays exact), the seed, the stops (`stop`, `stop_token_ids`,
   `ignore_eos`, `include_stop_str_in_output`), the budget, streaming, and how the prompt is
   encoded (a message's `name`, `reasoning_effort`, vLLM's `add_generation_prompt`,
-  `continue_final_message` and `add_special_tokens`);
+  `continue_final_message` and `add_special_tokens`), the reply's logprobs (the target's own,
+  `verispec.logprobs`: plain decoding's under speculation too);
 - refused with a 400 naming the field (`REFUSED`), at any value that would change the reply:
   several outputs, penalties whose law verispec does not keep, logit biases, constrained
-  output, tools, logprobs, echo, audio;
+  output, tools, the prompt's logprobs, echo, audio;
 - ignored, because they change nothing in the reply (`IGNORED`: `user`, `metadata`, ...).
 
 Any other field is refused as unknown: a field the server does not know is never dropped
@@ -42,6 +43,7 @@ from pydantic import (
     model_validator,
 )
 
+from verispec.logprobs import MAX_TOP
 from verispec.sampling import SamplingParams
 
 MAX_STOPS = 4  # OpenAI's bound on stop strings
@@ -83,9 +85,7 @@ REFUSED: dict[str, tuple[str, tuple]] = {
     "grammar": (CONSTRAINED, ()),
     "json_schema": (CONSTRAINED, ()),
     "response_format": (CONSTRAINED + " (only {'type': 'text'} is served)", ({"type": "text"},)),
-    "logprobs": ("logprobs are not served", (False,)),
-    "top_logprobs": ("logprobs are not served", ()),
-    "prompt_logprobs": ("logprobs are not served", ()),
+    "prompt_logprobs": ("the prompt's logprobs are not served; the reply's are (logprobs)", ()),
     "echo": ("echo is not served", (False,)),
     "suffix": ("suffix is not served", ()),
     "tools": (TOOLS, ([],)),
@@ -226,6 +226,11 @@ class SamplingFields(Refusals):
             raise ValueError("stream_options is only allowed with stream: true")
         return options
 
+    def top_logprobs_count(self) -> int | None:
+        """How many of the most likely tokens each position reports (`Request.logprobs`);
+        None: no logprobs."""
+        raise NotImplementedError
+
     def sampling(self) -> SamplingParams:
         """The transforms shared by p and q (greedy when temperature is 0; default 1, as OpenAI's)."""
         temperature = 1.0 if self.temperature is None else float(self.temperature)
@@ -248,6 +253,12 @@ class CompletionBody(SamplingFields):
 
     prompt: StrictStr | list[StrictInt]
     add_special_tokens: StrictBool = True  # vLLM's: the tokenizer's special tokens (BOS) before a text prompt
+    # OpenAI's legacy form: the emitted tokens' logprobs with this many alternatives (OpenAI's
+    # bound is 5; vLLM's and verispec's, 20)
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP)] | None = None
+
+    def top_logprobs_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -349,6 +360,18 @@ class ChatBody(SamplingFields, ChatFields):
     messages: list[Message]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     add_special_tokens: StrictBool = False  # vLLM's, for chat
+    logprobs: StrictBool = False
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP)] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top is not None and not info.data.get("logprobs", False):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return top
+
+    def top_logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("messages")
     @classmethod
