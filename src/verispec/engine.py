@@ -56,6 +56,7 @@ from typing import TypeVar
 import torch
 
 from verispec import verify
+from verispec.grammar import within_grammar
 from verispec.logprobs import TokenLogprob, token_logprobs
 from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict, through_first_eos
 from verispec.models.base import CausalLM, TreeScoring
@@ -243,7 +244,10 @@ class Decoding:
             return Proposal(plan, EMPTY_DRAFT, 0.0)
         draft, seconds = timed(self.clock, drafted, self.proposer, plan, self._context, self.rng)
         check_draft(draft, plan, self.target.vocab_size)
-        return Proposal(plan, draft.cut_after(self.eos_ids), seconds)
+        draft = draft.cut_after(self.eos_ids)
+        if self.sampling.grammar is not None:
+            draft = within_grammar(draft, self.sampling.grammar, self.tokens, self.sampling.greedy)
+        return Proposal(plan, draft, seconds)
 
     def score(self, proposal: Proposal) -> Scored:
         """Stage 2: one target forward over [pending, *drafts] (a tree's nodes each after its

@@ -5,7 +5,8 @@ compares the distributions that were actually sampled from (the seed's transform
 Temperature 0 is greedy decoding and never builds a distribution: the greedy verifier reads
 only the argmax of each row.
 
-Two transforms read the context, not only the row: the repetition penalty (HF's and vLLM's:
+Three transforms read the context, not only the row: a grammar (`verispec.grammar`: the tokens
+it does not allow after the row's output prefix get logit -inf), the repetition penalty (HF's and vLLM's:
 a token already in the prompt or the output has its logit divided by the penalty when
 positive, multiplied when negative) and min_tokens (vLLM's: the EOS ids are masked until that
 many tokens have been emitted). `penalised` applies them to a round's rows, each row with its
@@ -24,11 +25,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from verispec.checks import is_int, is_number
+from verispec.grammar import Grammar
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,10 @@ class SamplingParams:
     repetition_penalty: > 0; 1 is none. A token already in the context has its logit divided
         by it when positive and multiplied by it when negative (HF's and vLLM's rule).
     min_tokens: the EOS ids are masked until this many tokens have been emitted (vLLM's).
-    The penalties read the context (`penalised`); then the filters apply in the order
-    temperature, top-k, top-p, min-p (HF's order).
+    grammar: constrained output (`verispec.grammar.Grammar`): a token it does not allow after
+        the output so far is masked; None: none.
+    The penalties and the grammar read the context (`penalised`); then the filters apply in
+    the order temperature, top-k, top-p, min-p (HF's order).
     """
 
     temperature: float = 1.0
@@ -52,6 +56,7 @@ class SamplingParams:
     min_p: float | None = None
     repetition_penalty: float = 1.0
     min_tokens: int = 0
+    grammar: Grammar | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -75,7 +80,7 @@ class SamplingParams:
     @property
     def reads_context(self) -> bool:
         """Whether a row's transform depends on its context (`penalised`)."""
-        return self.repetition_penalty != 1 or self.min_tokens > 0
+        return self.repetition_penalty != 1 or self.min_tokens > 0 or self.grammar is not None
 
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -129,7 +134,23 @@ def penalised(
         rows = torch.tensor(masked, dtype=torch.long, device=logits.device)
         eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=logits.device)
         out[rows.unsqueeze(1), eos.unsqueeze(0)] = -math.inf
+    if params.grammar is not None:
+        out = grammar_masked(out, params.grammar, list(context[len(context) - emitted :]), row_tokens)
     return out
+
+
+def grammar_masked(logits: torch.Tensor, grammar: Grammar, output: list[int],
+                   row_tokens: Sequence[Sequence[int]]) -> torch.Tensor:
+    """logits[n, V] with the tokens `grammar` does not allow after `output` and each row's
+    drafts set to -inf. A row whose drafts left the grammar (or ended at EOS) is left as it is:
+    the token that left it has p = 0 there, so no rule reads the rows after it."""
+    masks = [grammar.allowed([*output, *tokens]) for tokens in row_tokens]
+    if any(mask is not None and not bool(mask.any()) for mask in masks):
+        raise ValueError(f"the grammar allows no token after the {len(output)} tokens generated (with "
+                         "min_tokens, not even EOS): it cannot be completed from here")
+    full = torch.ones(logits.shape[-1], dtype=torch.bool)
+    allowed = torch.stack([full if mask is None else mask for mask in masks]).to(logits.device)  # [n, V]
+    return logits.masked_fill(~allowed, -math.inf)
 
 
 def to_host(rows: torch.Tensor) -> torch.Tensor:
