@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -201,6 +202,36 @@ def test_sampled_logprobs_are_the_targets_rows(server, loaded):
     rows = loaded.lm.extend([ids[-1], *tokens[:-1]])  # [N, V]: one forward over the reply
     expected = token_logprobs(rows, tokens, 0)
     assert got == pytest.approx([t.logprob for t in expected], abs=1e-4)
+
+
+SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}, "n": {"type": "integer"}},
+          "required": ["story", "n"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("fields, make", [
+    ({"guided_choice": ["a story", "tell me", "Hello"]}, lambda g: g.choice(["a story", "tell me", "Hello"])),
+    ({"guided_regex": "(Hello|there)[a-z ]{3,12}!"}, lambda g: g.regex("(Hello|there)[a-z ]{3,12}!")),
+    ({"guided_json": SCHEMA}, lambda g: g.json_schema(SCHEMA)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}},
+     lambda g: g.json_schema(SCHEMA)),
+    ({"response_format": {"type": "json_object"}}, lambda g: g.json_object()),
+], ids=["guided_choice", "guided_regex", "guided_json", "response_format json_schema", "response_format json_object"])
+def test_structured_output_is_plain_constrained_decoding(server, loaded, fields, make):
+    """Greedy under `--k auto` with a grammar: the library's plain decoding under the same
+    grammar, token for token, and the text keeps to the grammar."""
+    reply = complete(server, prompt=PROMPT * 3, max_tokens=40, **fields)
+    ids = loaded.encode(PROMPT * 3, chat=False)
+    grammar = make(server.app.served.grammars)
+    plain = generate(loaded.lm, None, Request(tuple(ids), 40, sampling=SamplingParams(temperature=0, grammar=grammar),
+                                              eos_token_ids=loaded.eos_token_ids))
+    assert reply["choices"][0]["token_ids"] == plain.tokens
+    text = reply["choices"][0]["text"]
+    if "guided_choice" in fields:
+        assert text in fields["guided_choice"]
+    elif "guided_regex" in fields:
+        assert reply["choices"][0]["finish_reason"] == "length" or re.fullmatch(fields["guided_regex"], text)
+    elif reply["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(text), dict)
 
 
 def test_tokenize_takes_vllms_options(server, loaded):

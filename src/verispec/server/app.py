@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import itertools
@@ -49,9 +50,11 @@ from starlette.routing import Route
 from verispec import __version__
 from verispec.batching import QueueFull, Scheduler
 from verispec.k_spec import KSpec, parse_k
+from verispec.grammar import GrammarCompiler
 from verispec.logprobs import TokenLogprob
 from verispec.registry import ProposerSpec, parse_spec
 from verispec.request import Request
+from verispec.sampling import SamplingParams
 from verispec.server.engine_thread import Closed, EngineThread, Finished, Speculation
 from verispec.server.metrics import CONTENT_TYPE, Metrics
 from verispec.server.output import Output
@@ -77,8 +80,9 @@ class ServedModel:
     text (special tokens spelled out), as logprobs name tokens. vocab_size: the
     target's (token ids at or past it are refused). context: the most positions a request may
     use (None: no bound). proposer, k: the parsed specs every request drafts with (None and 0:
-    plain decoding; reported in `speculative_decoding`). fingerprint: `system_fingerprint`,
-    which changes with the version, the weights and the speculation."""
+    plain decoding; reported in `speculative_decoding`). grammars: compiles structured-output
+    constraints for the tokenizer (None: not served). fingerprint: `system_fingerprint`, which
+    changes with the version, the weights and the speculation."""
 
     name: str
     encode: Callable[[str, bool], list[int]]
@@ -91,6 +95,7 @@ class ServedModel:
     context: int | None
     proposer: ProposerSpec | None
     k: KSpec | int
+    grammars: GrammarCompiler | None = None
     fingerprint: str = ""
 
     @property
@@ -129,6 +134,7 @@ class ServedModel:
             context=getattr(loaded.config, "max_position_embeddings", None),
             proposer=spec,
             k=k_spec,
+            grammars=GrammarCompiler(tokenizer, loaded.lm.vocab_size),
             fingerprint="fp_" + hashlib.sha256(identity.encode()).hexdigest()[:12],
         )
 
@@ -369,6 +375,32 @@ class ServerApp:
                            param="max_tokens", code="context_length_exceeded")
         return requested
 
+    async def _constrained(self, body: SamplingFields, sampling: SamplingParams) -> SamplingParams:
+        """`sampling` with the request's grammar, compiled (a 400 with the reason when it cannot
+        be, or goes with a field that could leave it without a way to end)."""
+        try:
+            constraint = body.constraint()
+        except ValueError as error:
+            raise ApiError(400, str(error), param="response_format") from None
+        if constraint is None:
+            return sampling
+        if self.served.grammars is None:
+            raise ApiError(400, "structured output is not served for this model", param=constraint.param)
+        for field, on in (("min_tokens", body.min_tokens > 0), ("ignore_eos", body.ignore_eos)):
+            if on:  # the grammar ends the reply with EOS: masking or ignoring it could leave no token
+                raise ApiError(400, f"{field} with structured output is not served: the grammar ends the reply "
+                               "with EOS; drop one of them", param=field)
+        compile_one = {"json_schema": self.served.grammars.json_schema, "regex": self.served.grammars.regex,
+                       "choice": self.served.grammars.choice}
+        try:
+            if constraint.kind == "json_object":
+                grammar = await run_in_threadpool(self.served.grammars.json_object)
+            else:
+                grammar = await run_in_threadpool(compile_one[constraint.kind], constraint.value)
+        except ValueError as error:
+            raise ApiError(400, f"{constraint.param}: {error}", param=constraint.param) from None
+        return dataclasses.replace(sampling, grammar=grammar)
+
     async def _generate(self, http: HTTPRequest, body: SamplingFields, ids: list[int], arrival: float,
                         chat: bool) -> Response:
         served = self.served
@@ -378,7 +410,7 @@ class ServerApp:
         if body.min_tokens > budget:
             raise ApiError(400, f"min_tokens ({body.min_tokens}) is more than the budget of {budget} tokens; "
                            "lower min_tokens or raise max_tokens", param="min_tokens")
-        sampling = body.sampling()
+        sampling = await self._constrained(body, body.sampling())
         speculates = body.speculation.enabled and served.proposer is not None
         try:
             request = Request(

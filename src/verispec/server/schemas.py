@@ -56,7 +56,8 @@ MAX_SEED = 2**63 - 1  # the random source's seed is a signed 64-bit integer
 
 FINITE = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 
-CONSTRAINED = "constrained output changes the output distribution, which verispec keeps exact; drop it"
+CONSTRAINED = ("this form of constrained output is not served; send response_format (json_schema or json_object), "
+               "guided_json, guided_regex or guided_choice")
 PENALTY = "this penalty changes the output distribution in a way verispec does not verify; drop it or send 0"
 TOOLS = "tools are not served; drop it"
 REFUSED: dict[str, tuple[str, tuple]] = {
@@ -77,14 +78,10 @@ REFUSED: dict[str, tuple[str, tuple]] = {
     "mirostat_tau": ("mirostat sampling is not served; drop it", ()),
     "mirostat_eta": ("mirostat sampling is not served; drop it", ()),
     "tfs_z": ("tail-free sampling is not served; drop it or send 1", (1,)),
-    "guided_json": (CONSTRAINED, ()),
-    "guided_regex": (CONSTRAINED, ()),
-    "guided_choice": (CONSTRAINED, ()),
     "guided_grammar": (CONSTRAINED, ()),
     "structured_outputs": (CONSTRAINED, ()),
     "grammar": (CONSTRAINED, ()),
     "json_schema": (CONSTRAINED, ()),
-    "response_format": (CONSTRAINED + " (only {'type': 'text'} is served)", ({"type": "text"},)),
     "prompt_logprobs": ("the prompt's logprobs are not served; the reply's are (logprobs)", ()),
     "echo": ("echo is not served", (False,)),
     "suffix": ("suffix is not served", ()),
@@ -160,6 +157,37 @@ class SpeculationFields(BaseModel):
     max_k: Annotated[StrictInt, Field(ge=0)] | None = None
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = FINITE
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | StrictBool = Field(True, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: text, any JSON object, or JSON following a schema."""
+
+    model_config = FINITE
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema goes with type 'json_schema', and only with it")
+        return self
+
+
+class Constraint(BaseModel):
+    """A request's structured output, once validated: its kind (json_schema, json_object, regex,
+    choice), the value, and the field that named it."""
+
+    kind: Literal["json_schema", "json_object", "regex", "choice"]
+    value: Any = None
+    param: str
+
+
 class SamplingFields(Refusals):
     """What completions and chat completions share: the budget, the sampling transforms
     (temperature, top_k, top_p, min_p, repetition_penalty, min_tokens, as `SamplingParams`
@@ -185,6 +213,29 @@ class SamplingFields(Refusals):
     # verispec's extension (as vLLM's `return_token_ids`): each choice carries its token ids.
     return_token_ids: StrictBool = False
     speculation: SpeculationFields = SpeculationFields()
+    # structured output: OpenAI's response_format, vLLM's guided_* fields (at most one of them)
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+
+    def constraint(self) -> Constraint | None:
+        """The one structured-output constraint asked for (ValueError for several), or None."""
+        given = []
+        form = self.response_format
+        if form is not None and form.type == "json_object":
+            given.append(Constraint(kind="json_object", param="response_format"))
+        if form is not None and form.type == "json_schema":
+            given.append(Constraint(kind="json_schema", value=form.json_schema.schema_, param="response_format"))
+        if self.guided_json is not None:
+            given.append(Constraint(kind="json_schema", value=self.guided_json, param="guided_json"))
+        if self.guided_regex is not None:
+            given.append(Constraint(kind="regex", value=self.guided_regex, param="guided_regex"))
+        if self.guided_choice is not None:
+            given.append(Constraint(kind="choice", value=self.guided_choice, param="guided_choice"))
+        if len(given) > 1:
+            raise ValueError(f"give one structured-output constraint, got {', '.join(c.param for c in given)}")
+        return given[0] if given else None
 
     @field_validator("temperature")
     @classmethod
