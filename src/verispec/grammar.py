@@ -129,8 +129,7 @@ class GrammarCompiler:
         self._converted = None
 
     def json_schema(self, schema: Mapping | str | bool) -> GuidanceGrammar:
-        import llguidance
-
+        llguidance = guidance()
         text = schema if isinstance(schema, str) else json.dumps(schema)
         try:
             return self._compile(llguidance.LLMatcher.grammar_from_json_schema(text), f"json_schema {text}")
@@ -143,8 +142,7 @@ class GrammarCompiler:
         return self.json_schema({"type": "object"})
 
     def regex(self, pattern: str) -> GuidanceGrammar:
-        import llguidance
-
+        llguidance = guidance()
         try:
             re.compile(pattern)
         except re.error as error:
@@ -157,8 +155,7 @@ class GrammarCompiler:
         return self.regex("|".join(f"(?:{re.escape(c)})" for c in choices))
 
     def _compile(self, grammar: str, text: str) -> GuidanceGrammar:
-        import llguidance
-
+        llguidance = guidance()
         tokenizer = self._tokenizer()
         error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
@@ -174,10 +171,20 @@ class GrammarCompiler:
 
     def _tokenizer(self) -> object:
         if self._converted is None:
+            guidance()
             import llguidance.hf
 
             self._converted = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size)
         return self._converted
+
+
+def guidance() -> object:
+    """The llguidance module (the `serve` extra); ValueError saying how to install it."""
+    try:
+        import llguidance
+    except ImportError:
+        raise ValueError("structured output needs llguidance: pip install 'verispec[serve]'") from None
+    return llguidance
 
 
 def within_grammar(draft: Draft | TreeDraft, grammar: Grammar, output: Sequence[int], greedy: bool) -> Draft | TreeDraft:
