@@ -72,6 +72,8 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1: none), got {self.repetition_penalty!r}")
         if not is_int(self.min_tokens, least=0):
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ValueError(f"grammar must be a verispec.grammar.Grammar (with allowed()), got {self.grammar!r}")
 
     @property
     def greedy(self) -> bool:

@@ -174,6 +174,8 @@ def prompt_text(prompt: str | None) -> str:
             raise ValueError(f"the prompt is not UTF-8 text (an invalid byte at character {error.start + 1}); "
                              "give it as UTF-8") from None
         return prompt
+    if not hasattr(sys.stdin, "buffer"):  # a text stream with no bytes below it: already decoded
+        return sys.stdin.read()
     data = sys.stdin.buffer.read()
     try:
         return data.decode("utf-8")

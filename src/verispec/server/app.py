@@ -6,8 +6,11 @@ server-sent events), `GET /v1/models`, vLLM's `POST /tokenize` and `POST /detoke
 carries `usage`, a `system_fingerprint` (the version, model and speculation it was decoded
 with), each choice's `stop_reason` (vLLM's: the stop string or stop token id that ended it),
 the request's `speculative_decoding` (vLLM's counts: drafts, drafted and accepted tokens,
-accepted by position) and llama-server's `timings`; a streamed reply carries them on its last
-chunk (and `usage` on a chunk of its own with `stream_options.include_usage`).
+accepted by position), vLLM's per-request `metrics.speculative_decoding` (its acceptance
+histogram) and llama-server's `timings`; a streamed reply carries them on its last chunk (and
+`usage` on a chunk of its own with `stream_options.include_usage`). A request may turn its
+speculation off or cap it (`speculation`), ask for logprobs (the target's own, plain
+decoding's) and constrain its output to a grammar (`response_format`, `guided_*`).
 
 Seeded requests: a sampled request with a seed decodes at a k that depends on nothing but its
 tokens (`Request.fixed_k`: a measured `auto` or `tree` policy held at its profile's first
