@@ -56,9 +56,9 @@ from typing import TypeVar
 import torch
 
 from verispec import verify
+from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict, through_first_eos
 from verispec.grammar import within_grammar
 from verispec.logprobs import TokenLogprob, token_logprobs
-from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict, through_first_eos
 from verispec.models.base import CausalLM, TreeScoring
 from verispec.plan import Plan
 from verispec.policies import KPolicy, PerSource, as_policy

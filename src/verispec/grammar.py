@@ -187,7 +187,9 @@ def guidance() -> object:
     return llguidance
 
 
-def within_grammar(draft: Draft | TreeDraft, grammar: Grammar, output: Sequence[int], greedy: bool) -> Draft | TreeDraft:
+def within_grammar(
+    draft: Draft | TreeDraft, grammar: Grammar, output: Sequence[int], greedy: bool
+) -> Draft | TreeDraft:
     """`draft` cut where it leaves `grammar` after `output`: a chain at its first disallowed
     token, a tree without the nodes below one. Only chosen drafts (q None) are cut, and any
     draft when greedy: whether a sampled draft continues must not depend on the token drawn

@@ -41,7 +41,8 @@ def generate(
     min_p: Annotated[Optional[float], typer.Option("--min-p")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 128,
     json_schema: Annotated[Optional[str], typer.Option(
-        "--json-schema", help="Constrain the output to JSON following this schema (its text, or a .json file).")] = None,
+        "--json-schema", help="Constrain the output to JSON following this schema (its text, or a .json file)."),
+    ] = None,
     regex: Annotated[Optional[str], typer.Option(help="Constrain the output to this regular expression.")] = None,
     choice: Annotated[Optional[list[str]], typer.Option(
         help="Constrain the output to one of these strings (repeat the option for each).")] = None,
