@@ -83,6 +83,7 @@ def batches(draw):
                 proposer=kind,
                 k=k,
                 verifier=verifier if verifier in ("auto", "greedy", "token", "block", "point-mass") else "auto",
+                max_k=None if kind is None else draw(st.none() | st.integers(0, 2)),
             ),
             draw(st.none() | st.integers(1, 4)),  # cancelled after this many of its steps
         ))
@@ -117,6 +118,19 @@ def test_each_request_of_a_batch_emits_the_reference_tokens(batch):
             assert job.tokens == expected[: len(job.tokens)]
         else:
             assert job.tokens == expected and job.finish_reason == ("stop" if expected and expected[-1] in r.eos_token_ids else "length")
+
+
+def test_max_k_caps_every_round_and_keeps_the_greedy_tokens():
+    target = random_table(4, 2, 11)
+    prompt = (0, 1, 2, 0, 1, 2, 0, 1)
+    plain = generate(target, None, Request(prompt, 12)).tokens
+    for max_k in (0, 1, 2):
+        request = Request(prompt, 12, proposer="lookup", k=4, max_k=max_k)
+        run = generate(target, PromptLookup(), request)
+        assert run.tokens == plain and max(run.stats.drafted) <= max_k
+    assert max(generate(target, PromptLookup(), Request(prompt, 12, proposer="lookup", k=4)).stats.drafted) > 2
+    with pytest.raises(ValueError, match="max_k must be an integer >= 0"):
+        Request(prompt, 12, proposer="lookup", k=4, max_k=-1)
 
 
 # --- the exhaustive audit of batched steps --------------------------------------------------------

@@ -128,6 +128,27 @@ def test_bench_prompts_is_a_directory(tmp_path, capsys):
     assert f"prompt file {tmp_path} is a directory; give a Spec-Bench or HumanEval .jsonl file" in line
 
 
+def test_bench_prompts_that_are_not_utf8_name_the_file_and_line(tmp_path, capsys):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'{"task_id": "t/1", "prompt": "fine"}\n{"task_id": "t/2", "prompt": "caf\xe9"}\n')
+    line = error_line(capsys, ["bench", "--out", str(tmp_path / "b"), "--prompts", str(path)])
+    assert line == f"error: {path}:2: not UTF-8 text (byte 0xe9 at column 34); save the file as UTF-8"
+
+
+def test_generate_refuses_stdin_that_is_not_utf8(capsys, no_model, monkeypatch):
+    class Stdin:
+        buffer = __import__("io").BytesIO(b"caf\xe9 au lait")
+
+    monkeypatch.setattr("sys.stdin", Stdin)
+    line = error_line(capsys, ["generate", "--k", "2"])
+    assert line.startswith("error: standard input is not UTF-8 text (byte 0xe9 at offset 3)")
+
+
+def test_generate_refuses_an_argument_that_is_not_utf8(capsys, no_model):
+    line = error_line(capsys, ["generate", "--k", "2", "caf\udce9"])  # how Python keeps the byte 0xe9 of argv
+    assert line.startswith("error: the prompt is not UTF-8 text (an invalid byte at character 4)")
+
+
 @pytest.mark.parametrize(
     "option, name, says",
     [

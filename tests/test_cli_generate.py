@@ -167,6 +167,30 @@ def test_the_tiny_model_generates_and_compares(capsys, models):
     assert report["new_tokens"] == 12 and report["identical"] is True and report["mismatch"] is None
 
 
+def test_generate_keeps_to_a_grammar_and_equals_plain_constrained_decoding(capsys, models, tmp_path):
+    target = str(models / "target")
+    choices = ["the cat sat", "on the mat"]
+    assert main(["generate", "--model", target, "--k", "4", "--max-new-tokens", "20", "--compare", "--json",
+                 "--choice", choices[0], "--choice", choices[1], "Summarize: the cat sat on the mat."]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["text"] in choices and report["identical"] is True
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+    assert main(["generate", "--model", target, "--k", "4", "--max-new-tokens", "16", "--compare", "--json",
+                 "--json-schema", str(schema), "Summarize: the cat sat on the mat."]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["identical"] is True and report["text"].lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--regex", "a("], "error: --regex: invalid regular expression"),
+    (["--json-schema", '{"type": "frob"}'], "error: --json-schema: invalid grammar: Invalid type"),
+    (["--regex", "a+", "--choice", "a"], "error: give one of --json-schema, --regex and --choice"),
+])
+def test_a_bad_grammar_is_one_error_line(capsys, models, options, says):
+    assert one_line_error(capsys, ["generate", "--model", str(models / "target"), *options, "hi"]).startswith(says)
+
+
 def test_the_static_runtime_generates_on_the_device_asked_for(capsys, models):
     assert main(["generate", "--model", str(models / "target"), "--runtime", "static", "--device", "cpu", "--k", "4",
                  "--max-new-tokens", "12", "--compare", "--json", "Summarize: the cat sat on the mat."]) == 0

@@ -67,6 +67,12 @@ def check_speculation(reply: dict, completion_tokens: int) -> None:
     assert spec["num_draft_tokens"] <= K * spec["num_drafts"] and spec["num_drafts"] <= spec["rounds"]
     assert timings["predicted_n"] == completion_tokens and timings["draft_n"] == spec["num_draft_tokens"]
     assert timings["draft_n_accepted"] == spec["num_accepted_tokens"] and timings["prompt_ms"] > 0
+    vllm = reply["metrics"]["speculative_decoding"]  # vLLM's per-request block, the same counts
+    histogram = vllm["acceptance_histogram"]
+    assert vllm["num_spec_steps"] == spec["num_drafts"] == sum(histogram) and vllm["num_spec_tokens"] == K
+    assert vllm["num_accepted_draft_tokens"] == spec["num_accepted_tokens"] == sum(j * n for j, n in enumerate(histogram))
+    assert vllm["num_draft_tokens"] == spec["num_draft_tokens"] and vllm["num_emitted_tokens"] >= completion_tokens
+    assert vllm["mean_acceptance_length"] == spec["mean_acceptance_length"]
 
 
 # --- the openai client ------------------------------------------------------------------------

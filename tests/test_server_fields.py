@@ -6,7 +6,9 @@ other traffic; /tokenize, /detokenize and /version; system_fingerprint; trailing
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -14,6 +16,8 @@ import pytest
 import verispec
 from serving import NAME, running, save_tiny_model
 from verispec.engine import generate
+from verispec.logprobs import token_logprobs
+from verispec.request import Request
 from verispec.models.load import load_model
 from verispec.sampling import SamplingParams
 
@@ -30,6 +34,16 @@ def plain(loaded, ids, eos, **sampling) -> list[int]:
     """The library's plain decoding of N tokens (greedy unless told) with these transforms."""
     params = SamplingParams(**{"temperature": 0.0, **sampling})
     return generate(loaded.lm, None, ids, max_new_tokens=N, k=0, sampling=params, eos_token_id=eos).tokens
+
+
+def rendered(loaded, messages, **options) -> list[int]:
+    """The ids of `messages` through the chat template with these options."""
+    text = loaded.tokenizer.apply_chat_template(messages, tokenize=False, **options)
+    return loaded.tokenizer(text, add_special_tokens=False).input_ids
+
+
+def plain_tokens(loaded, ids, n) -> list[int]:
+    return generate(loaded.lm, None, ids, max_new_tokens=n, k=0, eos_token_id=set(loaded.eos_token_ids)).tokens
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +143,129 @@ def test_tokenize_detokenize_and_version(server, loaded):
     status, back = server.request("POST", "/detokenize", {"tokens": reply["tokens"]})
     assert status == 200 and back == {"prompt": loaded.decode(reply["tokens"])}
     assert server.request("GET", "/version") == (200, {"version": verispec.__version__})
+
+
+def test_speculation_per_request_off_or_capped_keeps_the_tokens(server, expected):
+    """`speculation: {"enabled": false}` decodes plainly, `max_k` caps every round's drafts; the
+    greedy tokens are the library's either way, and the counts say what speculation did."""
+    free = complete(server)
+    off = complete(server, speculation={"enabled": False})
+    capped = complete(server, speculation={"max_k": 1})
+    for reply in (free, off, capped):
+        assert reply["choices"][0]["token_ids"] == expected["greedy"]
+    spec, vllm = off["speculative_decoding"], off["metrics"]["speculative_decoding"]
+    assert spec["proposer"] is None and spec["k"] == 0 and spec["num_drafts"] == 0 == vllm["num_draft_tokens"]
+    assert vllm["num_emitted_tokens"] == N and vllm["acceptance_histogram"] == []
+    spec, vllm = capped["speculative_decoding"], capped["metrics"]["speculative_decoding"]
+    assert spec["max_k"] == 1 and spec["num_draft_tokens"] <= spec["num_drafts"] and spec["num_drafts"] > 0
+    assert len(vllm["acceptance_histogram"]) <= 2 and sum(vllm["acceptance_histogram"]) == vllm["num_spec_steps"]
+    assert free["speculative_decoding"]["max_k"] is None
+
+
+def test_logprobs_under_speculation_are_plain_decodings(server, loaded):
+    """Greedy under `--k auto`: each token's logprob and top alternatives are the library's
+    plain decoding's, bit for bit (the runtime is deterministic: a row's logits do not depend on
+    how many rows its forward scored); whole and streamed alike, chat and completions."""
+    ids = loaded.encode(PROMPT, chat=False)
+    plain = generate(loaded.lm, None, Request(tuple(ids), N, eos_token_ids=loaded.eos_token_ids, logprobs=3))
+    text = loaded.tokenizer.decode
+    reply = complete(server, logprobs=3)
+    got = reply["choices"][0]["logprobs"]
+    assert reply["choices"][0]["token_ids"] == plain.tokens and reply["speculative_decoding"]["num_drafts"] > 0
+    assert got["token_logprobs"] == [t.logprob for t in plain.logprobs]
+    assert got["tokens"] == [text([t]) for t in plain.tokens]
+    assert got["top_logprobs"] == [{text([i]): v for i, v in t.top} for t in plain.logprobs]
+    assert "".join(got["tokens"]) == reply["choices"][0]["text"] and got["text_offset"][1] == len(got["tokens"][0])
+    status, streamed = server.request("POST", "/v1/completions", {
+        "model": NAME, "prompt": PROMPT, "max_tokens": N, "temperature": 0, "logprobs": 3, "stream": True})
+    chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
+    assert [v for c in chunks for v in c["choices"][0]["logprobs"]["token_logprobs"]] == got["token_logprobs"]
+    status, chat = server.request("POST", "/v1/chat/completions", {
+        "model": NAME, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": N, "temperature": 0,
+        "logprobs": True, "top_logprobs": 2, "return_token_ids": True})
+    chat_ids = loaded.encode(PROMPT, chat=True)
+    plain = generate(loaded.lm, None, Request(tuple(chat_ids), N, eos_token_ids=loaded.eos_token_ids, logprobs=2))
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert chat["choices"][0]["token_ids"] == plain.tokens
+    assert [(c["logprob"], [t["logprob"] for t in c["top_logprobs"]]) for c in content] == [
+        (t.logprob, [v for _, v in t.top]) for t in plain.logprobs]
+    assert content[0]["bytes"] == list(content[0]["token"].encode())
+
+
+def test_sampled_logprobs_are_the_targets_rows(server, loaded):
+    """Sampled under `--k auto`: each token's logprob is the full recompute's at its position,
+    within float rounding (rows scored together and alone may differ in the last bit)."""
+    reply = complete(server, temperature=1.0, seed=7, logprobs=0)
+    tokens, got = reply["choices"][0]["token_ids"], reply["choices"][0]["logprobs"]["token_logprobs"]
+    ids = loaded.encode(PROMPT, chat=False)
+    loaded.lm.prefill(ids[:-1])
+    rows = loaded.lm.extend([ids[-1], *tokens[:-1]])  # [N, V]: one forward over the reply
+    expected = token_logprobs(rows, tokens, 0)
+    assert got == pytest.approx([t.logprob for t in expected], abs=1e-4)
+
+
+SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}, "n": {"type": "integer"}},
+          "required": ["story", "n"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("fields, make", [
+    ({"guided_choice": ["a story", "tell me", "Hello"]}, lambda g: g.choice(["a story", "tell me", "Hello"])),
+    ({"guided_regex": "(Hello|there)[a-z ]{3,12}!"}, lambda g: g.regex("(Hello|there)[a-z ]{3,12}!")),
+    ({"guided_json": SCHEMA}, lambda g: g.json_schema(SCHEMA)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}},
+     lambda g: g.json_schema(SCHEMA)),
+    ({"response_format": {"type": "json_object"}}, lambda g: g.json_object()),
+], ids=["guided_choice", "guided_regex", "guided_json", "response_format json_schema", "response_format json_object"])
+def test_structured_output_is_plain_constrained_decoding(server, loaded, fields, make):
+    """Greedy under `--k auto` with a grammar: the library's plain decoding under the same
+    grammar, token for token, and the text keeps to the grammar."""
+    reply = complete(server, prompt=PROMPT * 3, max_tokens=40, **fields)
+    ids = loaded.encode(PROMPT * 3, chat=False)
+    grammar = make(server.app.served.grammars)
+    plain = generate(loaded.lm, None, Request(tuple(ids), 40, sampling=SamplingParams(temperature=0, grammar=grammar),
+                                              eos_token_ids=loaded.eos_token_ids))
+    assert reply["choices"][0]["token_ids"] == plain.tokens
+    text = reply["choices"][0]["text"]
+    if "guided_choice" in fields:
+        assert text in fields["guided_choice"]
+    elif "guided_regex" in fields:
+        assert reply["choices"][0]["finish_reason"] == "length" or re.fullmatch(fields["guided_regex"], text)
+    elif reply["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(text), dict)
+
+
+def test_tokenize_takes_vllms_options(server, loaded):
+    tokenizer = loaded.tokenizer
+    status, reply = server.request("POST", "/tokenize", {"prompt": PROMPT, "add_special_tokens": False,
+                                                         "return_token_strs": True})
+    assert status == 200 and reply["tokens"] == tokenizer(PROMPT, add_special_tokens=False).input_ids
+    assert reply["token_strs"] == tokenizer.convert_ids_to_tokens(reply["tokens"])
+    status, plain = server.request("POST", "/tokenize", {"prompt": PROMPT})
+    assert plain["token_strs"] is None
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Once upon"}]
+    status, bare = server.request("POST", "/tokenize", {"messages": turns[:1], "add_generation_prompt": False})
+    assert status == 200 and bare["tokens"] == rendered(loaded, turns[:1], add_generation_prompt=False)
+    body = {"messages": turns, "add_generation_prompt": False, "continue_final_message": True}
+    status, open_turn = server.request("POST", "/tokenize", body)
+    assert status == 200 and open_turn["tokens"] == rendered(loaded, turns, continue_final_message=True)
+    assert loaded.decode(open_turn["tokens"]).endswith("Once upon")
+
+
+def test_chat_takes_names_reasoning_effort_and_a_final_message_to_continue(server, loaded):
+    """OpenAI's `name` and `reasoning_effort` reach the chat template (this one reads neither,
+    so the reply is the plain one); continue_final_message decodes after the open turn."""
+    user = {"role": "user", "content": PROMPT}
+    ask = {"model": NAME, "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+    status, plain = server.request("POST", "/v1/chat/completions", {**ask, "messages": [user]})
+    status, named = server.request("POST", "/v1/chat/completions", {
+        **ask, "messages": [{**user, "name": "ann"}], "reasoning_effort": "low"})
+    assert status == 200 and named["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"]
+    turns = [user, {"role": "assistant", "content": "Once"}]
+    status, reply = server.request("POST", "/v1/chat/completions", {
+        **ask, "messages": turns, "add_generation_prompt": False, "continue_final_message": True})
+    ids = rendered(loaded, turns, continue_final_message=True)
+    assert status == 200 and reply["usage"]["prompt_tokens"] == len(ids)
+    assert reply["choices"][0]["token_ids"] == plain_tokens(loaded, ids, 6)
 
 
 def test_a_trailing_slash_is_the_same_path(server):

@@ -18,9 +18,13 @@ Penalties: the draft proposer under a repetition penalty of 1.5 (not an integer,
 exhaustive audit's rational arithmetic) with min_tokens 1 masking an EOS id, against marginals
 penalised independently here.
 
-False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 42 of
-them on a correct engine (3 per proposer and rule, trees and penalties included), so a correct
-engine fails this module with probability at most 4.2e-6 (union bound, asymptotic chi-square tail) for a
+Grammars: the draft proposer (which masks its q) and EAGLE (whose sampled drafts may leave the
+grammar, to meet p = 0) under a grammar given as an automaton, against the target's marginals
+masked to it and renormalised.
+
+False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 48 of
+them on a correct engine (3 per proposer and rule, trees, penalties and grammars included), so a
+correct engine fails this module with probability at most 4.8e-6 (union bound, asymptotic chi-square tail) for a
 fresh seed list. The seed list is fixed, so the outcome is deterministic. The negative controls show the same test and sample
 size reject an engine that repairs from p instead of the residual, and one whose sampled tree
 siblings are tested against p instead of the residual the rejected ones leave.
@@ -40,6 +44,7 @@ from verispec import SamplingParams, TorchRandom, generate
 from verispec.audit.controls import stale_residual_siblings
 from verispec.audit.trees import TopRankedDraft
 from verispec.drafts import Verdict
+from verispec.grammar import Automaton
 from verispec.heads.untrained import tiny_head
 from verispec.models.tables import random_table
 from verispec.proposers import DraftModel, PromptLookup
@@ -173,6 +178,41 @@ def test_penalised_first_two_tokens_follow_the_penalised_target(verifier, first_
     for seed in range(first_seed, first_seed + RUNS):
         tokens = generate(TARGET, proposer, PROMPT, max_new_tokens=3, k=2, rng=TorchRandom(seed), verifier=verifier,
                           sampling=sampling, eos_token_id=PENALTY_EOS).tokens
+        counts["first"][tokens[0]] += 1
+        counts["second"][tokens[1]] += 1
+        counts["pair"][tokens[0], tokens[1]] += 1
+    exact = {"first": first, "second": dict(second), "pair": pair}
+    assert min(g_test_p_value(counts[name], exact[name], RUNS) for name in exact) > ALPHA
+
+
+# A grammar over the 64 tokens: an even token first, then one not divisible by 3, then any.
+GRAMMAR = Automaton(VOCAB, {0: {t: 1 for t in range(0, VOCAB, 2)}, 1: {t: 2 for t in range(VOCAB) if t % 3},
+                            2: dict.fromkeys(range(VOCAB), 2)}, accepting=set(), eos_token_id=0)
+
+
+def masked_row(context: list[int], output: list[int]) -> dict[int, float]:
+    """The target's next-token distribution after context, masked to GRAMMAR after output and
+    renormalised (plain constrained decoding's)."""
+    allowed = GRAMMAR.allowed(output)
+    weights = [float(p) if allowed[token] else 0.0 for token, p in enumerate(TARGET.distribution(context[-1:]))]
+    total = sum(weights)
+    return {token: w / total for token, w in enumerate(weights) if w}
+
+
+@pytest.mark.parametrize(("proposer_name", "first_seed"), [("draft", 11 * 10**6), ("eagle", 12 * 10**6)])
+def test_constrained_first_two_tokens_follow_the_masked_target(proposer_name, first_seed):
+    """A grammar: the draft model masks its q, EAGLE's head does not (its drafts outside the
+    grammar meet p = 0); either way the tokens follow the target masked to the grammar."""
+    first = masked_row(PROMPT, [])
+    pair = {(a, b): first[a] * p_b for a in first for b, p_b in masked_row([*PROMPT, a], [a]).items()}
+    second = Counter()
+    for (_, b), prob in pair.items():
+        second[b] += prob
+    counts = {"first": Counter(), "second": Counter(), "pair": Counter()}
+    proposer = PROPOSERS[proposer_name]()
+    for seed in range(first_seed, first_seed + RUNS):
+        tokens = generate(TARGET, proposer, PROMPT, max_new_tokens=3, k=2, rng=TorchRandom(seed),
+                          sampling=SamplingParams(grammar=GRAMMAR)).tokens
         counts["first"][tokens[0]] += 1
         counts["second"][tokens[1]] += 1
         counts["pair"][tokens[0], tokens[1]] += 1

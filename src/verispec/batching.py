@@ -125,7 +125,8 @@ class RegistryBuilder:
             return proposer, request.k_for_decoding()
         key = (str(request.proposer), spec)
         if key not in self._policies:
-            self._policies[key] = build_policy(spec, slot, proposer, request.prompt_ids, request.sampling)
+            unconstrained = replace(request.sampling, grammar=None)  # a profile decodes other text
+            self._policies[key] = build_policy(spec, slot, proposer, request.prompt_ids, unconstrained)
         policy = copy.deepcopy(self._policies[key])
         measured = spec.kind in ("auto", "tree") and spec.widths is None
         return proposer, first_plan(policy) if request.fixed_k and measured else policy

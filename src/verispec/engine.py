@@ -55,13 +55,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
 
 from verispec import verify
 from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict, through_first_eos
+from verispec.grammar import within_grammar
+from verispec.logprobs import TokenLogprob, token_logprobs
 from verispec.models.base import CausalLM, TreeScoring
 from verispec.plan import Plan
 from verispec.policies import KPolicy, PerSource, as_policy
@@ -80,6 +82,7 @@ T = TypeVar("T")
 class Generation:
     tokens: list[int]
     stats: Stats
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one a token when the request asks
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ class Decoding:
             raise ValueError("block verification is defined for chains; verify trees with auto or token, or give a chain k")
         self.choose_rule = verify.rule_chooser(request.verifier, request.sampling.greedy)
         self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] = []  # the target's, one a token (`Request.logprobs`)
         self.stats = Stats()
         self._context: list[int] = []  # prompt + emitted; its last token is the pending token
 
@@ -231,15 +235,15 @@ class Decoding:
         from the context alone) chooses, within the budget. Ask once per round: a policy learns
         from every answer it gives."""
         source = draft_source(self.proposer, self._context)
-        return self.policies.choose(self.stats, source).budgeted(self.remaining)
+        return self.policies.choose(self.stats, source).budgeted(self.request.round_room(len(self.tokens)))
 
     def plan(self, chosen: Plan, adjust: int | None = None) -> Plan:
         """Stage 0, the engine's part: the round's plan. `chosen` (`choose()`'s), or with
         `adjust` the k a batch chose for it (`verispec.policies.BatchK`), which only a plan whose
         policy lets a batch choose takes, up to what that policy allows (`Plan.adjusted`);
-        within the budget."""
+        within the budget and the request's `max_k`."""
         plan = chosen if adjust is None else chosen.adjusted(adjust)
-        return plan.budgeted(self.remaining)
+        return plan.budgeted(self.request.round_room(len(self.tokens)))
 
     def propose(self, plan: Plan) -> Proposal:
         """Stage 1: the proposer drafts at most what `plan` (`plan()`'s) asks, cut after EOS."""
@@ -248,7 +252,10 @@ class Decoding:
             return Proposal(plan, EMPTY_DRAFT, 0.0)
         draft, seconds = timed(self.clock, drafted, self.proposer, plan, self._context, self.rng)
         check_draft(draft, plan, self.target.vocab_size)
-        return Proposal(plan, draft.cut_after(self.eos_ids), seconds)
+        draft = draft.cut_after(self.eos_ids)
+        if self.sampling.grammar is not None:
+            draft = within_grammar(draft, self.sampling.grammar, self.tokens, self.sampling.greedy)
+        return Proposal(plan, draft, seconds)
 
     def score(self, proposal: Proposal) -> Scored:
         """Stage 2: one target forward over [pending, *drafts] (a tree's nodes each after its
@@ -314,6 +321,9 @@ class Decoding:
             tree_target(self.target).keep_path([0, *(node + 1 for node in verdict.path)])
         self.target.rollback(self._processed)
         self.tokens.extend(emitted)
+        if self.request.logprobs is not None:  # token j's row: the j-th along the accepted path
+            rows = [0, *(node + 1 for node in verdict.path)] if draft.is_tree else range(len(emitted))
+            self.logprobs.extend(token_logprobs(scored.logits[list(rows)], emitted, self.request.logprobs))
         if self.proposer is not None:
             self.proposer.commit(self._context)
         self.stats.record_round(
@@ -338,7 +348,7 @@ def generate(target: CausalLM, proposer: Proposer | None, request: Request | Seq
     run = Decoding(target, proposer, request, **options)
     for _ in run:
         pass
-    return Generation(run.tokens, run.stats)
+    return Generation(run.tokens, run.stats, run.logprobs)
 
 
 def stream(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Decoding:

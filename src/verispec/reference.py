@@ -78,7 +78,7 @@ def reference_request(
     out: list[int] = []
     while len(out) < budget and (not out or out[-1] not in eos_ids):
         source = draft_source(proposer, context, stateless=True)
-        plan = policies.choose(stats, source).budgeted(budget - len(out))
+        plan = policies.choose(stats, source).budgeted(request.round_room(len(out)))
         draft, draft_seconds = EMPTY_DRAFT, 0.0
         if plan.nodes:
             draft, draft_seconds = timed(clock, drafted, proposer, plan, context, rng, True)

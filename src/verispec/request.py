@@ -22,6 +22,7 @@ from itertools import count
 
 from verispec.checks import is_int
 from verispec.k_spec import KSpec, parse_k
+from verispec.logprobs import MAX_TOP
 from verispec.sampling import GREEDY, SamplingParams
 
 _ids = count()
@@ -45,6 +46,12 @@ class Request:
     (`auto`, `tree`, `auto:FILE`, `tree:FILE`) chooses from its profile before any round, so a
     sampled request's tokens depend on its seed alone (such a policy goes on to learn from the
     rounds' timings, which differ from run to run); other k are left as they are.
+    max_k: the most tokens a round drafts (a chain's k, a tree's depth), whatever the k policy
+    chooses (None: no cap; 0: every round a plain step). Any k keeps the output law, so a cap
+    changes the speed, never the tokens of a greedy request.
+    logprobs: report each emitted token's log probability under the target with this many of
+    the most likely tokens at its position (0 to `verispec.logprobs.MAX_TOP`; None: none), as
+    plain decoding would (`verispec.logprobs`).
     request_id: a name for logs, metrics and cancellation (unique by default)."""
 
     prompt_ids: tuple[int, ...]
@@ -56,6 +63,8 @@ class Request:
     k: int | str | KSpec = 0
     verifier: str | Callable = "auto"
     fixed_k: bool = False
+    max_k: int | None = None
+    logprobs: int | None = None
     request_id: str = field(default_factory=_next_id)
     k_spec: KSpec | None = field(init=False, default=None, repr=False, compare=False)
 
@@ -84,6 +93,10 @@ class Request:
             raise ValueError(f"k must be an integer >= 0 or a k spec such as 'auto', got {k!r}")
         if proposer is None and k != 0:
             raise ValueError("without a proposer, k must be 0 (plain decoding)")
+        if self.max_k is not None and not is_int(self.max_k, least=0):
+            raise ValueError(f"max_k must be an integer >= 0 or None, got {self.max_k!r}")
+        if self.logprobs is not None and not is_int(self.logprobs, least=0, most=MAX_TOP):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP}] or None, got {self.logprobs!r}")
         if not isinstance(self.fixed_k, bool):
             raise ValueError(f"fixed_k must be True or False, got {self.fixed_k!r}")
         # read once, here: a constant k >= 1 or a policy (k = 0: plain decoding, no policy)
@@ -93,6 +106,12 @@ class Request:
     @property
     def speculative(self) -> bool:
         return self.proposer is not None
+
+    def round_room(self, emitted: int) -> int:
+        """The most tokens a round may emit once `emitted` have been: the rest of the budget, and
+        at most max_k + 1 (the drafts and the repair or bonus token); `Plan.budgeted` takes it."""
+        rest = self.max_new_tokens - emitted
+        return rest if self.max_k is None else min(rest, self.max_k + 1)
 
     def k_for_decoding(self, policy: object | None = None) -> object:
         """What a decoder of this request takes as k: `policy` when given (a k spec such as

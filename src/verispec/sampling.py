@@ -5,7 +5,8 @@ compares the distributions that were actually sampled from (the seed's transform
 Temperature 0 is greedy decoding and never builds a distribution: the greedy verifier reads
 only the argmax of each row.
 
-Two transforms read the context, not only the row: the repetition penalty (HF's and vLLM's:
+Three transforms read the context, not only the row: a grammar (`verispec.grammar`: the tokens
+it does not allow after the row's output prefix get logit -inf), the repetition penalty (HF's and vLLM's:
 a token already in the prompt or the output has its logit divided by the penalty when
 positive, multiplied when negative) and min_tokens (vLLM's: the EOS ids are masked until that
 many tokens have been emitted). `penalised` applies them to a round's rows, each row with its
@@ -26,11 +27,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from verispec.checks import is_int, is_number
+from verispec.grammar import Grammar
 from verispec.transfers import to_device, to_host_all
 
 
@@ -45,8 +47,10 @@ class SamplingParams:
     repetition_penalty: > 0; 1 is none. A token already in the context has its logit divided
         by it when positive and multiplied by it when negative (HF's and vLLM's rule).
     min_tokens: the EOS ids are masked until this many tokens have been emitted (vLLM's).
-    The penalties read the context (`penalised`); then the filters apply in the order
-    temperature, top-k, top-p, min-p (HF's order).
+    grammar: constrained output (`verispec.grammar.Grammar`): a token it does not allow after
+        the output so far is masked; None: none.
+    The penalties and the grammar read the context (`penalised`); then the filters apply in
+    the order temperature, top-k, top-p, min-p (HF's order).
     """
 
     temperature: float = 1.0
@@ -55,6 +59,7 @@ class SamplingParams:
     min_p: float | None = None
     repetition_penalty: float = 1.0
     min_tokens: int = 0
+    grammar: Grammar | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -70,6 +75,8 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1: none), got {self.repetition_penalty!r}")
         if not is_int(self.min_tokens, least=0):
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ValueError(f"grammar must be a verispec.grammar.Grammar (with allowed()), got {self.grammar!r}")
 
     @property
     def greedy(self) -> bool:
@@ -78,7 +85,7 @@ class SamplingParams:
     @property
     def reads_context(self) -> bool:
         """Whether a row's transform depends on its context (`penalised`)."""
-        return self.repetition_penalty != 1 or self.min_tokens > 0
+        return self.repetition_penalty != 1 or self.min_tokens > 0 or self.grammar is not None
 
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -126,14 +133,28 @@ def penalised(
         seen[:, sorted(set(context))] = True
         for r, tokens in enumerate(row_tokens):
             seen[r, list(tokens)] = True
-    banned = torch.zeros(n, vocab, dtype=torch.bool)  # [n, V]: the EOS ids before min_tokens
+    banned = torch.zeros(n, vocab, dtype=torch.bool)  # [n, V]: the EOS ids before min_tokens, what the grammar forbids
     masked = [r for r, tokens in enumerate(row_tokens) if emitted + len(tokens) < params.min_tokens]
     if masked and eos_ids:
         banned[torch.tensor(masked)[:, None], torch.tensor(sorted(eos_ids))[None]] = True
+    if params.grammar is not None:
+        banned |= ~grammar_allowed(params.grammar, list(context[len(context) - emitted :]), row_tokens, vocab)
     seen, banned = to_device([seen, banned], logits.device)  # one copy the host does not wait for
     theta = params.repetition_penalty
     out = torch.where(seen, torch.where(logits > 0, logits / theta, logits * theta), logits)
     return out.masked_fill(banned, -math.inf)
+
+
+def grammar_allowed(grammar: Grammar, output: list[int], row_tokens: Sequence[Sequence[int]], vocab: int) -> torch.Tensor:
+    """bool[n, V] on the host: the tokens `grammar` allows after `output` and each row's drafts.
+    A row whose drafts left the grammar (or ended at EOS) allows everything: the token that left
+    it has p = 0 there, so no rule reads the rows after it."""
+    masks = [grammar.allowed([*output, *tokens]) for tokens in row_tokens]
+    if any(mask is not None and not bool(mask.any()) for mask in masks):
+        raise ValueError(f"the grammar allows no token after the {len(output)} tokens generated (with "
+                         "min_tokens, not even EOS): it cannot be completed from here")
+    full = torch.ones(vocab, dtype=torch.bool)
+    return torch.stack([full if mask is None else mask for mask in masks])  # [n, V]
 
 
 def to_host(rows: torch.Tensor) -> torch.Tensor:

@@ -62,7 +62,8 @@ def exact_penalised(
     """A table's rational row (its logits are log p) after the penalties that read the context,
     as weights: a token in the context has log p multiplied by the repetition penalty theta
     (log p <= 0), so its weight is p^theta, rational for an integer theta; while fewer than
-    min_tokens tokens have been emitted the EOS ids weigh 0."""
+    min_tokens tokens have been emitted the EOS ids weigh 0; a token the grammar does not allow
+    after the emitted tokens weighs 0."""
     theta = sampling.repetition_penalty
     if theta != 1:
         power = round(theta)
@@ -72,6 +73,9 @@ def exact_penalised(
         row = [x**power if i in seen else x for i, x in enumerate(row)]
     if emitted < sampling.min_tokens:
         row = [Fraction(0) if i in eos_ids else x for i, x in enumerate(row)]
+    if sampling.grammar is not None:
+        allowed = sampling.grammar.allowed(list(context[len(context) - emitted :]))
+        row = [x if allowed is not None and allowed[i] else Fraction(0) for i, x in enumerate(row)]
     return tuple(row)
 
 

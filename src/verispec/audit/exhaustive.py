@@ -99,6 +99,7 @@ class Scenario:
         s = self.sampling
         penalties = [f"repetition penalty {s.repetition_penalty:g}"] if s.repetition_penalty != 1 else []
         penalties += [f"min tokens {s.min_tokens}"] if s.min_tokens else []
+        penalties += [f"grammar {s.grammar!r}"] if s.grammar is not None else []
         if s.greedy:
             return ", ".join(["greedy", *penalties])
         filters = (("top-k", s.top_k), ("top-p", s.top_p), ("min-p", s.min_p))

@@ -80,8 +80,13 @@ def read_workloads(path: str | Path) -> list[Workload]:
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} does not exist; give a Spec-Bench or HumanEval .jsonl")
     workloads = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[error.start]:02x} at column "
+                                 f"{error.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:

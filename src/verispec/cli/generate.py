@@ -6,6 +6,8 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -38,6 +40,12 @@ def generate(
     top_p: Annotated[Optional[float], typer.Option("--top-p")] = None,
     min_p: Annotated[Optional[float], typer.Option("--min-p")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 128,
+    json_schema: Annotated[Optional[str], typer.Option(
+        "--json-schema", help="Constrain the output to JSON following this schema (its text, or a .json file)."),
+    ] = None,
+    regex: Annotated[Optional[str], typer.Option(help="Constrain the output to this regular expression.")] = None,
+    choice: Annotated[Optional[list[str]], typer.Option(
+        help="Constrain the output to one of these strings (repeat the option for each).")] = None,
     seed: int = 0,
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="Wrap the prompt in the chat template.")] = True,
     dtype: Annotated[
@@ -52,7 +60,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
     """Generate from PROMPT with speculative decoding, streaming the text as tokens are committed."""
-    text = prompt if prompt is not None else sys.stdin.read()
+    text = prompt_text(prompt)
     if not text.strip():
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -69,10 +77,11 @@ def generate(
                         rows=step_rows(1, k_spec))
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
+    sampling = constrained(sampling, loaded, json_schema, regex, choice)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
     check_context(loaded, len(prompt_ids), max_new_tokens)
     drafter = build_proposer(proposer_spec, loaded)
-    policy = build_policy(k_spec, loaded.lm, drafter, prompt_ids, sampling)
+    policy = build_policy(k_spec, loaded.lm, drafter, prompt_ids, replace(sampling, grammar=None))
     options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "eos_token_id": loaded.eos_token_ids, "seed": seed}
     warm_up(loaded.lm, prompt_ids)
     text_stream = TextStream(loaded.decode)
@@ -128,6 +137,52 @@ def generate(
             same = f"output {explain(report['mismatch'])}"
         line += f"; plain {report['plain_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, {same}"
     print(line, file=sys.stderr)
+
+
+def constrained(sampling: SamplingParams, loaded: LoadedModel, json_schema: str | None, regex: str | None,
+                choice: list[str] | None) -> SamplingParams:
+    """`sampling` with the grammar of at most one of --json-schema, --regex, --choice
+    (`verispec.grammar`); ValueError with the reason for one that cannot compile."""
+    given = [(name, value) for name, value in (("--json-schema", json_schema), ("--regex", regex),
+                                                ("--choice", choice)) if value]
+    if not given:
+        return sampling
+    if len(given) > 1:
+        raise ValueError(f"give one of --json-schema, --regex and --choice, got {' and '.join(n for n, _ in given)}")
+    from verispec.grammar import GrammarCompiler
+
+    compiler = GrammarCompiler(loaded.tokenizer, loaded.lm.vocab_size)
+    name, value = given[0]
+    try:
+        if name == "--json-schema":
+            path = Path(value)
+            grammar = compiler.json_schema(path.read_text(encoding="utf-8") if path.suffix == ".json" else value)
+        else:
+            grammar = compiler.regex(value) if name == "--regex" else compiler.choice(value)
+    except (ValueError, OSError) as error:
+        raise ValueError(f"{name}: {error}") from None
+    return replace(sampling, grammar=grammar)
+
+
+def prompt_text(prompt: str | None) -> str:
+    """The prompt as text: the argument, or standard input read as UTF-8. Bytes that are not
+    UTF-8 (on standard input, or in an argument, where Python keeps them as lone surrogates)
+    are refused with where they are, never passed to the tokenizer."""
+    if prompt is not None:
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"the prompt is not UTF-8 text (an invalid byte at character {error.start + 1}); "
+                             "give it as UTF-8") from None
+        return prompt
+    if not hasattr(sys.stdin, "buffer"):  # a text stream with no bytes below it: already decoded
+        return sys.stdin.read()
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"standard input is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
+                         f"{error.start}); convert it to UTF-8, e.g. with iconv -t UTF-8") from None
 
 
 def warm_up(target: CausalLM, prompt_ids: Sequence[int]) -> None:

@@ -4,7 +4,7 @@ At temperature > 0 each drafted token is sampled from q, the draft's distributio
 same sampling transforms as the target, and q is returned for the verifier. At temperature 0
 the draft takes its argmax (a chosen draft, q = None). A repetition penalty applies to the
 draft's rows as to the target's, each after its own context and drafted prefix
-(`sampling.penalised`); min_tokens does not (a proposer is not told the EOS ids), which the
+(`sampling.penalised`), and so does a grammar, so a sampled draft never leaves it; min_tokens does not (a proposer is not told the EOS ids), which the
 rules allow: q need only be what the draft was drawn from.
 
 Trees (`propose_tree`, a `TreeProposer`): at temperature 0 a node's children are the draft's
@@ -59,6 +59,7 @@ class DraftModel:
 
     def begin(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         self.sampling = sampling
+        self._prompt_length = len(prompt_ids)
         self.model.reset()
         self._processed = []
         self._synced = 0
@@ -152,8 +153,8 @@ class DraftModel:
         return self._draft(tokens, q_rows)
 
     def _penalised(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
-        """logits[1, V] after `context` with the request's repetition penalty."""
-        return penalised(logits, self.sampling, context, [()], 0, ())
+        """logits[1, V] after `context` with the request's repetition penalty and grammar."""
+        return penalised(logits, self.sampling, context, [()], len(context) - self._prompt_length, ())
 
     def _next(self, logits: torch.Tensor, rng: Random, context: Sequence[int]) -> tuple[int, torch.Tensor | None]:
         """One drafted token from logits[1, V] after `context` (on the model's device): argmax

@@ -6,8 +6,11 @@ server-sent events), `GET /v1/models`, vLLM's `POST /tokenize` and `POST /detoke
 carries `usage`, a `system_fingerprint` (the version, model and speculation it was decoded
 with), each choice's `stop_reason` (vLLM's: the stop string or stop token id that ended it),
 the request's `speculative_decoding` (vLLM's counts: drafts, drafted and accepted tokens,
-accepted by position) and llama-server's `timings`; a streamed reply carries them on its last
-chunk (and `usage` on a chunk of its own with `stream_options.include_usage`).
+accepted by position), vLLM's per-request `metrics.speculative_decoding` (its acceptance
+histogram) and llama-server's `timings`; a streamed reply carries them on its last chunk (and
+`usage` on a chunk of its own with `stream_options.include_usage`). A request may turn its
+speculation off or cap it (`speculation`), ask for logprobs (the target's own, plain
+decoding's) and constrain its output to a grammar (`response_format`, `guided_*`).
 
 Seeded requests: a sampled request with a seed decodes at a k that depends on nothing but its
 tokens (`Request.fixed_k`: a measured `auto` or `tree` policy held at its profile's first
@@ -27,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
+import itertools
 import json
 import logging
 import secrets
@@ -48,13 +53,17 @@ from starlette.routing import Route
 from verispec import __version__
 from verispec.batching import QueueFull, Scheduler
 from verispec.k_spec import KSpec, parse_k
+from verispec.grammar import GrammarCompiler
+from verispec.logprobs import TokenLogprob
 from verispec.registry import ProposerSpec, parse_spec
 from verispec.request import Request
+from verispec.sampling import SamplingParams
 from verispec.server.engine_thread import Closed, EngineThread, Finished, Speculation
 from verispec.server.metrics import CONTENT_TYPE, Metrics
 from verispec.server.output import Output
 from verispec.server.schemas import (
     ChatBody,
+    ChatPrompt,
     CompletionBody,
     DetokenizeBody,
     SamplingFields,
@@ -67,23 +76,29 @@ log = logging.getLogger("verispec.server")
 
 @dataclass
 class ServedModel:
-    """What the server needs of a model. name: the `model` requests must name. encode: text ->
-    prompt ids (plain, the tokenizer's special tokens added); encode_chat: messages -> prompt ids
-    through the chat template (None: the model has none); decode: ids -> text. vocab_size: the
+    """What the server needs of a model. name: the `model` requests must name. encode: text and
+    whether to add the tokenizer's special tokens -> prompt ids; encode_chat: a `ChatPrompt` ->
+    prompt ids through the chat template (None: the model has none); decode: ids -> text;
+    token_strs: ids -> each one's token as the vocabulary spells it; token_text: one id -> its
+    text (special tokens spelled out), as logprobs name tokens. vocab_size: the
     target's (token ids at or past it are refused). context: the most positions a request may
     use (None: no bound). proposer, k: the parsed specs every request drafts with (None and 0:
-    plain decoding; reported in `speculative_decoding`). fingerprint: `system_fingerprint`,
-    which changes with the version, the weights and the speculation."""
+    plain decoding; reported in `speculative_decoding`). grammars: compiles structured-output
+    constraints for the tokenizer (None: not served). fingerprint: `system_fingerprint`, which
+    changes with the version, the weights and the speculation."""
 
     name: str
-    encode: Callable[[str], list[int]]
-    encode_chat: Callable[[list[dict[str, str]]], list[int]] | None
+    encode: Callable[[str, bool], list[int]]
+    encode_chat: Callable[[ChatPrompt], list[int]] | None
     decode: Callable[[Sequence[int]], str]
+    token_strs: Callable[[Sequence[int]], list[str]]
+    token_text: Callable[[int], str]
     eos_token_ids: frozenset[int]
     vocab_size: int
     context: int | None
     proposer: ProposerSpec | None
     k: KSpec | int
+    grammars: GrammarCompiler | None = None
     fingerprint: str = ""
 
     @property
@@ -102,20 +117,27 @@ class ServedModel:
         k_spec = k if isinstance(k, KSpec) or k == 0 else parse_k(k, option="k")
         identity = f"{__version__} {loaded.source} {getattr(loaded, 'dtype_name', '')} {loaded.runtime} {spec} {k_spec}"
 
-        def encode_chat(messages: list[dict[str, str]]) -> list[int]:
-            formatted = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return list(tokenizer(formatted, add_special_tokens=False).input_ids)  # as `LoadedModel.encode`
+        def encode_chat(chat: ChatPrompt) -> list[int]:
+            effort = {} if chat.reasoning_effort is None else {"reasoning_effort": chat.reasoning_effort}
+            formatted = tokenizer.apply_chat_template(
+                chat.messages, add_generation_prompt=chat.add_generation_prompt,
+                continue_final_message=chat.continue_final_message, tokenize=False, **effort)
+            # the template writes its own special tokens (BOS, turn markers) as text, as `LoadedModel.encode`
+            return list(tokenizer(formatted, add_special_tokens=chat.add_special_tokens).input_ids)
 
         return cls(
             name=name,
-            encode=lambda text: loaded.encode(text, chat=False),
+            encode=lambda text, special=True: list(tokenizer(text, add_special_tokens=special).input_ids),
             encode_chat=encode_chat if loaded.chat_template is not None else None,
             decode=loaded.decode,
+            token_strs=lambda ids: list(tokenizer.convert_ids_to_tokens(list(ids))),
+            token_text=lambda token: tokenizer.decode([token]),
             eos_token_ids=frozenset(loaded.eos_token_ids),
             vocab_size=loaded.lm.vocab_size,
             context=getattr(loaded.config, "max_position_embeddings", None),
             proposer=spec,
             k=k_spec,
+            grammars=GrammarCompiler(tokenizer, loaded.lm.vocab_size),
             fingerprint="fp_" + hashlib.sha256(identity.encode()).hexdigest()[:12],
         )
 
@@ -244,13 +266,16 @@ class ServerApp:
 
     async def tokenize(self, request: HTTPRequest) -> Response:
         """vLLM's `/tokenize`: the ids a prompt (as `/v1/completions` reads it) or messages (as
-        `/v1/chat/completions` renders them) become."""
+        `/v1/chat/completions` renders them) become, with their tokens' strings when asked
+        (`token_strs`, null otherwise, as vLLM's)."""
         body = await self._parse(request, TokenizeBody)
         if body.prompt is not None:
-            ids = await run_in_threadpool(self.served.encode, body.prompt)
+            ids = await run_in_threadpool(self.served.encode, body.prompt, body.special_tokens)
         else:
-            ids = await self._chat_ids(body.conversation())
-        return JSONResponse({"count": len(ids), "max_model_len": self.served.context, "tokens": ids})
+            ids = await self._chat_ids(chat_prompt(body))
+        strs = await run_in_threadpool(self.served.token_strs, ids) if body.return_token_strs else None
+        return JSONResponse({"count": len(ids), "max_model_len": self.served.context, "tokens": ids,
+                             "token_strs": strs})
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         """vLLM's `/detokenize`: the text of token ids."""
@@ -270,7 +295,7 @@ class ServerApp:
         arrival = time.perf_counter()
         body = await self._parse(request, CompletionBody)
         if isinstance(body.prompt, str):
-            ids = await run_in_threadpool(self.served.encode, body.prompt)
+            ids = await run_in_threadpool(self.served.encode, body.prompt, body.add_special_tokens)
         else:
             ids = list(body.prompt)
             self._check_ids(ids, "prompt")
@@ -279,14 +304,14 @@ class ServerApp:
     async def chat_completions(self, request: HTTPRequest) -> Response:
         arrival = time.perf_counter()
         body = await self._parse(request, ChatBody)
-        ids = await self._chat_ids(body.conversation())
+        ids = await self._chat_ids(chat_prompt(body))
         return await self._generate(request, body, ids, arrival, chat=True)
 
-    async def _chat_ids(self, conversation: list[dict[str, str]]) -> list[int]:
+    async def _chat_ids(self, chat: ChatPrompt) -> list[int]:
         if self.served.encode_chat is None:
             raise ApiError(400, f"{self.served.name} has no chat template; use /v1/completions", param="messages")
         try:
-            return await run_in_threadpool(self.served.encode_chat, conversation)
+            return await run_in_threadpool(self.served.encode_chat, chat)
         except Exception as error:  # the template refused the conversation (roles out of order, ...)
             raise ApiError(400, f"the chat template cannot render these messages: {error}", param="messages") from None
 
@@ -353,6 +378,32 @@ class ServerApp:
                            param="max_tokens", code="context_length_exceeded")
         return requested
 
+    async def _constrained(self, body: SamplingFields, sampling: SamplingParams) -> SamplingParams:
+        """`sampling` with the request's grammar, compiled (a 400 with the reason when it cannot
+        be, or goes with a field that could leave it without a way to end)."""
+        try:
+            constraint = body.constraint()
+        except ValueError as error:
+            raise ApiError(400, str(error), param="response_format") from None
+        if constraint is None:
+            return sampling
+        if self.served.grammars is None:
+            raise ApiError(400, "structured output is not served for this model", param=constraint.param)
+        for field, on in (("min_tokens", body.min_tokens > 0), ("ignore_eos", body.ignore_eos)):
+            if on:  # the grammar ends the reply with EOS: masking or ignoring it could leave no token
+                raise ApiError(400, f"{field} with structured output is not served: the grammar ends the reply "
+                               "with EOS; drop one of them", param=field)
+        compile_one = {"json_schema": self.served.grammars.json_schema, "regex": self.served.grammars.regex,
+                       "choice": self.served.grammars.choice}
+        try:
+            if constraint.kind == "json_object":
+                grammar = await run_in_threadpool(self.served.grammars.json_object)
+            else:
+                grammar = await run_in_threadpool(compile_one[constraint.kind], constraint.value)
+        except ValueError as error:
+            raise ApiError(400, f"{constraint.param}: {error}", param=constraint.param) from None
+        return dataclasses.replace(sampling, grammar=grammar)
+
     async def _generate(self, http: HTTPRequest, body: SamplingFields, ids: list[int], arrival: float,
                         chat: bool) -> Response:
         served = self.served
@@ -362,14 +413,18 @@ class ServerApp:
         if body.min_tokens > budget:
             raise ApiError(400, f"min_tokens ({body.min_tokens}) is more than the budget of {budget} tokens; "
                            "lower min_tokens or raise max_tokens", param="min_tokens")
-        sampling = body.sampling()
+        sampling = await self._constrained(body, body.sampling())
+        speculates = body.speculation.enabled and served.proposer is not None
         try:
             request = Request(
                 tuple(ids), budget, sampling=sampling,
                 eos_token_ids=(frozenset() if body.ignore_eos else served.eos_token_ids) | stop_ids,
-                seed=fresh_seed() if body.seed is None else body.seed, proposer=served.proposer, k=served.k,
+                seed=fresh_seed() if body.seed is None else body.seed,
+                proposer=served.proposer if speculates else None, k=served.k if speculates else 0,
                 # a seeded draw reproduces: its k must not learn from timings
-                fixed_k=body.seed is not None and not sampling.greedy,
+                fixed_k=speculates and body.seed is not None and not sampling.greedy,
+                max_k=body.speculation.max_k if speculates else None,
+                logprobs=body.top_logprobs_count(),
                 request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
             )
         except ValueError as error:
@@ -424,15 +479,18 @@ class Reply:
 
     def _extras(self, output: Output) -> dict:
         prompt = len(self.request.prompt_ids)
-        served = self.app.served
+        request, spec = self.request, output.finished.speculation
+        k = self.app.served.k_label if request.speculative else 0
         return {
             "usage": usage(prompt, output.completion_tokens),
-            "speculative_decoding": speculative_decoding(output.finished.speculation, served.proposer,
-                                                         served.k_label),
+            "speculative_decoding": speculative_decoding(spec, request.proposer, k, request.max_k),
+            "metrics": {"speculative_decoding": spec_metrics(spec, k)},
             "timings": timings(prompt, output.completion_tokens, output.finished),
         }
 
-    def _choice(self, output: Output, text: str, finish_reason: str | None, delta: dict | None = None) -> dict:
+    def _choice(self, output: Output, text: str, finish_reason: str | None, delta: dict | None = None,
+                logprobs: list[TokenLogprob] | None = None) -> dict:
+        """One choice; logprobs: those it carries (default: the whole reply's, when asked)."""
         choice: dict = {"index": 0}
         if self.chat:
             if delta is not None:
@@ -442,6 +500,10 @@ class Reply:
         else:
             choice["text"] = text
         choice["logprobs"] = None
+        if self.request.logprobs is not None:
+            entries = output.logprobs if logprobs is None else logprobs
+            text_of = self.app.served.token_text
+            choice["logprobs"] = chat_logprobs(entries, text_of) if self.chat else completion_logprobs(entries, text_of)
         choice["finish_reason"] = finish_reason
         if finish_reason is not None:
             choice["stop_reason"] = output.stop_reason
@@ -466,11 +528,13 @@ class Reply:
                 if isinstance(item, Finished):
                     break
                 delta = {"content": item} if self.chat else None
-                yield sse({**self._head(True), "choices": [self._choice(output, item, None, delta)]})
+                yield sse({**self._head(True), "choices": [self._choice(output, item, None, delta,
+                                                                        output.unsent_logprobs())]})
             extras = self._extras(output)
             last = {**self._head(True), "choices": [self._choice(output, "", output.finish_reason, {} if self.chat
-                                                                 else None)]}
-            last.update(speculative_decoding=extras["speculative_decoding"], timings=extras["timings"])
+                                                                 else None, output.unsent_logprobs())]}
+            last.update(speculative_decoding=extras["speculative_decoding"], metrics=extras["metrics"],
+                        timings=extras["timings"])
             yield sse(last)
             if self.body.include_usage:
                 yield sse({**self._head(True), "choices": [], "usage": extras["usage"]})
@@ -498,6 +562,14 @@ async def disconnected(http: HTTPRequest) -> None:
         pass
 
 
+def chat_prompt(body: ChatBody | TokenizeBody) -> ChatPrompt:
+    """The body's messages and template options; a 400 where the options contradict them."""
+    try:
+        return body.chat()
+    except ValueError as error:
+        raise ApiError(400, str(error), param="continue_final_message") from None
+
+
 def fresh_seed() -> int:
     """A request without a seed samples from a seed of its own (as OpenAI's API does), so two
     such requests are independent draws; with a seed, the reply is reproducible."""
@@ -513,21 +585,62 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def speculative_decoding(spec: Speculation, proposer: ProposerSpec | None, k: int | str) -> dict:
+def speculative_decoding(spec: Speculation, proposer: ProposerSpec | None, k: int | str, max_k: int | None) -> dict:
     """A request's speculation, in vLLM's `SpecDecodingStats` terms plus the means read from
     them: mean_acceptance_length = 1 + accepted / drafts (vLLM's), tokens_per_round = tokens /
-    rounds (plain steps included), acceptance_rate = accepted / drafted."""
+    rounds (plain steps included), acceptance_rate = accepted / drafted. proposer, k: the
+    request's (None and 0 when it decoded plainly); max_k: its cap (`speculation.max_k`)."""
     return {
         "proposer": None if proposer is None else str(proposer),
         "k": k,
+        "max_k": max_k,
         "num_drafts": spec.num_drafts,
         "num_draft_tokens": spec.num_draft_tokens,
         "num_accepted_tokens": spec.num_accepted_tokens,
         "num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos),
         "rounds": spec.rounds,
-        "mean_acceptance_length": 1 + spec.num_accepted_tokens / spec.num_drafts if spec.num_drafts else 1.0,
+        "mean_acceptance_length": spec.mean_acceptance_length,
         "tokens_per_round": spec.new_tokens / spec.rounds if spec.rounds else 0.0,
-        "acceptance_rate": spec.num_accepted_tokens / spec.num_draft_tokens if spec.num_draft_tokens else 0.0,
+        "acceptance_rate": spec.acceptance_rate,
+    }
+
+
+def chat_logprobs(entries: list[TokenLogprob], text_of: Callable[[int], str]) -> dict:
+    """OpenAI's chat `logprobs`: each token's text, logprob, UTF-8 bytes and top alternatives."""
+
+    def one(token: int, logprob: float) -> dict:
+        text = text_of(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, v) for t, v in e.top]}
+                        for e in entries]}
+
+
+def completion_logprobs(entries: list[TokenLogprob], text_of: Callable[[int], str]) -> dict:
+    """OpenAI's legacy completions `logprobs`: tokens, token_logprobs, top_logprobs (text ->
+    logprob) and text_offset (where each token's text begins in the reply's, counted from the
+    tokens' texts)."""
+    texts = [text_of(e.token) for e in entries]
+    offsets = [0, *itertools.accumulate(len(t) for t in texts)][: len(texts)]
+    return {"tokens": texts, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{text_of(t): v for t, v in e.top} for e in entries], "text_offset": offsets}
+
+
+def spec_metrics(spec: Speculation, k: int | str) -> dict:
+    """vLLM's per-request `metrics.speculative_decoding` (`--per-request-spec-decode-metrics
+    summary`), under its names: num_spec_steps (rounds that drafted), num_draft_tokens,
+    num_accepted_draft_tokens, draft_acceptance_rate, mean_acceptance_length (1 + accepted per
+    step), acceptance_histogram[j] (steps that accepted exactly j drafts), num_spec_tokens (k);
+    and num_emitted_tokens, the tokens every round committed (plain steps included)."""
+    return {
+        "mean_acceptance_length": spec.mean_acceptance_length,
+        "draft_acceptance_rate": spec.acceptance_rate,
+        "acceptance_histogram": list(spec.acceptance_histogram),
+        "num_spec_steps": spec.num_drafts,
+        "num_accepted_draft_tokens": spec.num_accepted_tokens,
+        "num_draft_tokens": spec.num_draft_tokens,
+        "num_emitted_tokens": spec.new_tokens,
+        "num_spec_tokens": k,
     }
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from verispec.batching import Job, Scheduler
+from verispec.logprobs import TokenLogprob
 from verispec.request import Request
 from verispec.stats import Stats
 
@@ -49,6 +50,7 @@ class Speculation:
     num_drafts: rounds that drafted at least one token; num_draft_tokens, num_accepted_tokens:
     their drafted and accepted tokens; num_accepted_tokens_per_pos[i]: rounds that accepted the
     draft token at position i (depth i of a tree), so these sum to num_accepted_tokens.
+    acceptance_histogram[j]: drafting rounds that accepted exactly j draft tokens (vLLM's).
     rounds: every round, plain steps included; new_tokens: the tokens they committed (a stop
     string may cut the reply before the last of them); prefill_seconds: the prompt's forward."""
 
@@ -56,9 +58,20 @@ class Speculation:
     num_draft_tokens: int
     num_accepted_tokens: int
     num_accepted_tokens_per_pos: tuple[int, ...]
+    acceptance_histogram: tuple[int, ...]
     rounds: int
     new_tokens: int
     prefill_seconds: float
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's: 1 + accepted per drafting round (1 when none drafted)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / draft tokens (0 when none were drafted)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
     @classmethod
     def of(cls, stats: Stats) -> Speculation:
@@ -69,10 +82,20 @@ class Speculation:
             # rank_accepts[d][r]: rounds that accepted the rank-r child at depth d (a chain's is
             # rank 0), for chains and trees alike.
             num_accepted_tokens_per_pos=tuple(sum(ranks) for ranks in stats.rank_accepts),
+            acceptance_histogram=dense(stats.accepted_histogram),
             rounds=stats.rounds,
             new_tokens=stats.new_tokens,
             prefill_seconds=stats.prefill_seconds,
         )
+
+
+def dense(histogram: dict[int, int]) -> tuple[int, ...]:
+    """{accepted: rounds} as a list indexed by the accepted count.
+
+    >>> dense({0: 3, 2: 1})
+    (3, 0, 1)
+    """
+    return tuple(histogram.get(j, 0) for j in range(max(histogram, default=-1) + 1))
 
 
 @dataclass(frozen=True)
@@ -104,8 +127,9 @@ class Finished:
 class Sink(Protocol):
     """Where a request's tokens go, called on the event loop."""
 
-    def tokens(self, tokens: list[int]) -> bool:
-        """Take tokens the job committed; True asks to cancel the job (a stop string appeared)."""
+    def tokens(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
+        """Take tokens the job committed (and their logprobs, one a token, when the request asked);
+        True asks to cancel the job (a stop string appeared)."""
         ...
 
     def finish(self, finished: Finished) -> None: ...
@@ -244,7 +268,8 @@ class EngineThread:
         self._call(_accept, answer, job, self)
 
     def _publish(self, committed: list[tuple[Job, list[int]]]) -> None:
-        tokens = [(job, self.sinks[job], list(new)) for job, new in committed if new and job in self.sinks]
+        tokens = [(job, self.sinks[job], list(new), new_logprobs(job, len(new)))
+                  for job, new in committed if new and job in self.sinks]
         ended = []
         for job in [job for job in self.sinks if job.done or self._lost(job)]:
             reason = "error" if job in self.failed else None
@@ -269,6 +294,13 @@ class EngineThread:
             pass
 
 
+def new_logprobs(job: Job, n: int) -> list[TokenLogprob] | None:
+    """The logprobs of the `n` tokens `job` just committed (None: the request asked for none)."""
+    if job.request.logprobs is None:
+        return None
+    return job.decoding.logprobs[len(job.decoding.logprobs) - n:]
+
+
 def _accept(answer: asyncio.Future, job: Job, engine: EngineThread) -> None:
     if answer.cancelled():  # the client left while its request was being queued
         engine.cancel(job)
@@ -282,10 +314,11 @@ def _reject(answer: asyncio.Future, error: Exception) -> None:
 
 
 def _deliver(
-    engine: EngineThread, tokens: list[tuple[Job, Sink, list[int]]], ended: list[tuple[Sink, Finished]]
+    engine: EngineThread, tokens: list[tuple[Job, Sink, list[int], list[TokenLogprob] | None]],
+    ended: list[tuple[Sink, Finished]],
 ) -> None:
-    for job, sink, new in tokens:
-        if sink.tokens(new):
+    for job, sink, new, logprobs in tokens:
+        if sink.tokens(new, logprobs):
             engine.cancel(job)
     for sink, finished in ended:
         sink.finish(finished)

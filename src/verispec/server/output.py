@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection, Sequence
 
+from verispec.logprobs import TokenLogprob
 from verispec.server.engine_thread import Finished
 from verispec.textstream import TextStream
 
@@ -56,6 +57,8 @@ class Output:
         self.text = ""  # the reply so far, cut at a stop string
         self.sent = 0  # characters of `text` handed to the handler
         self.token_ids: list[int] = []  # the reply's tokens (through the one completing a stop string)
+        self.logprobs: list[TokenLogprob] = []  # theirs, one a token, when the request asked
+        self.logprobs_sent = 0  # of `logprobs`, those a streamed chunk has carried
         self.stopped = False
         self.finished: Finished | None = None
         self.deltas: asyncio.Queue[str | Finished] | None = None  # made on first use, on the loop
@@ -81,12 +84,15 @@ class Output:
             return "stop"
         return FINISH_REASONS.get(self.finished.reason, self.finished.reason) if self.finished else "abort"
 
-    def tokens(self, tokens: list[int]) -> bool:
-        """Take the tokens of a step; True when they completed a stop string (cancel the job)."""
+    def tokens(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
+        """Take the tokens of a step (and their logprobs); True when they completed a stop string
+        (cancel the job)."""
         if self.stopped:
             return False  # committed in a step before the cancel took
-        for token in tokens:
+        for i, token in enumerate(tokens):
             self.token_ids.append(token)
+            if logprobs is not None:
+                self.logprobs.append(logprobs[i])
             if self._add(self.stream.push(token), check=len(self.token_ids) >= self.min_tokens):
                 break
         self._release(self.releasable())
@@ -101,6 +107,12 @@ class Output:
         if self._done is not None and not self._done.done():
             self._done.set_result(finished)
         self.on_finish(self)
+
+    def unsent_logprobs(self) -> list[TokenLogprob]:
+        """The logprobs no streamed chunk has carried yet (marked sent)."""
+        unsent = self.logprobs[self.logprobs_sent :]
+        self.logprobs_sent = len(self.logprobs)
+        return unsent
 
     def releasable(self) -> str:
         """The text not yet handed out that can no longer become part of a stop string."""

@@ -7,10 +7,13 @@ lists which:
 - honoured: the sampling transforms (temperature, top_k, top_p, min_p, and vLLM's
   `repetition_penalty` and `min_tokens`, which the engine applies to the target's rows before
   verification, so the law stays exact), the seed, the stops (`stop`, `stop_token_ids`,
-  `ignore_eos`, `include_stop_str_in_output`), the budget, streaming;
+  `ignore_eos`, `include_stop_str_in_output`), the budget, streaming, and how the prompt is
+  encoded (a message's `name`, `reasoning_effort`, vLLM's `add_generation_prompt`,
+  `continue_final_message` and `add_special_tokens`), the reply's logprobs (the target's own,
+  `verispec.logprobs`: plain decoding's under speculation too);
 - refused with a 400 naming the field (`REFUSED`), at any value that would change the reply:
   several outputs, penalties whose law verispec does not keep, logit biases, constrained
-  output, tools, logprobs, echo, audio;
+  output, tools, the prompt's logprobs, echo, audio;
 - ignored, because they change nothing in the reply (`IGNORED`: `user`, `metadata`, ...).
 
 Any other field is refused as unknown: a field the server does not know is never dropped
@@ -23,7 +26,8 @@ silently.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -39,6 +43,7 @@ from pydantic import (
     model_validator,
 )
 
+from verispec.logprobs import MAX_TOP
 from verispec.sampling import SamplingParams
 
 MAX_STOPS = 4  # OpenAI's bound on stop strings
@@ -51,7 +56,8 @@ MAX_SEED = 2**63 - 1  # the random source's seed is a signed 64-bit integer
 
 FINITE = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 
-CONSTRAINED = "constrained output changes the output distribution, which verispec keeps exact; drop it"
+CONSTRAINED = ("this form of constrained output is not served; send response_format (json_schema or json_object), "
+               "guided_json, guided_regex or guided_choice")
 PENALTY = "this penalty changes the output distribution in a way verispec does not verify; drop it or send 0"
 TOOLS = "tools are not served; drop it"
 REFUSED: dict[str, tuple[str, tuple]] = {
@@ -72,17 +78,11 @@ REFUSED: dict[str, tuple[str, tuple]] = {
     "mirostat_tau": ("mirostat sampling is not served; drop it", ()),
     "mirostat_eta": ("mirostat sampling is not served; drop it", ()),
     "tfs_z": ("tail-free sampling is not served; drop it or send 1", (1,)),
-    "guided_json": (CONSTRAINED, ()),
-    "guided_regex": (CONSTRAINED, ()),
-    "guided_choice": (CONSTRAINED, ()),
     "guided_grammar": (CONSTRAINED, ()),
     "structured_outputs": (CONSTRAINED, ()),
     "grammar": (CONSTRAINED, ()),
     "json_schema": (CONSTRAINED, ()),
-    "response_format": (CONSTRAINED + " (only {'type': 'text'} is served)", ({"type": "text"},)),
-    "logprobs": ("logprobs are not served", (False,)),
-    "top_logprobs": ("logprobs are not served", ()),
-    "prompt_logprobs": ("logprobs are not served", ()),
+    "prompt_logprobs": ("the prompt's logprobs are not served; the reply's are (logprobs)", ()),
     "echo": ("echo is not served", (False,)),
     "suffix": ("suffix is not served", ()),
     "tools": (TOOLS, ([],)),
@@ -91,8 +91,6 @@ REFUSED: dict[str, tuple[str, tuple]] = {
     "function_call": ("functions (the legacy tools) are not served; drop it", ("none",)),
     "modalities": ("only text output is served", (["text"],)),
     "audio": ("audio output is not served", ()),
-    "continue_final_message": ("continuing the last message is not served; drop it", (False,)),
-    "add_generation_prompt": ("the chat template always ends with the assistant's header", (True,)),
     "skip_special_tokens": ("special tokens are always left out of the text", (True,)),
 }
 # Fields clients send that change nothing in the reply: accepted and ignored (as by OpenAI for
@@ -149,6 +147,47 @@ class StreamOptions(BaseModel):
         return value
 
 
+class SpeculationFields(BaseModel):
+    """verispec's extension, in vLLM's style: this request's speculation. enabled: false decodes
+    it plainly (no proposer); max_k: the most tokens a round drafts (`Request.max_k`). Either
+    leaves the output law as it is: only the speed changes."""
+
+    model_config = FINITE
+    enabled: StrictBool = True
+    max_k: Annotated[StrictInt, Field(ge=0)] | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = FINITE
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | StrictBool = Field(True, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: text, any JSON object, or JSON following a schema."""
+
+    model_config = FINITE
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema goes with type 'json_schema', and only with it")
+        return self
+
+
+class Constraint(BaseModel):
+    """A request's structured output, once validated: its kind (json_schema, json_object, regex,
+    choice), the value, and the field that named it."""
+
+    kind: Literal["json_schema", "json_object", "regex", "choice"]
+    value: Any = None
+    param: str
+
+
 class SamplingFields(Refusals):
     """What completions and chat completions share: the budget, the sampling transforms
     (temperature, top_k, top_p, min_p, repetition_penalty, min_tokens, as `SamplingParams`
@@ -173,6 +212,30 @@ class SamplingFields(Refusals):
     stream_options: StreamOptions | None = None
     # verispec's extension (as vLLM's `return_token_ids`): each choice carries its token ids.
     return_token_ids: StrictBool = False
+    speculation: SpeculationFields = SpeculationFields()
+    # structured output: OpenAI's response_format, vLLM's guided_* fields (at most one of them)
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+
+    def constraint(self) -> Constraint | None:
+        """The one structured-output constraint asked for (ValueError for several), or None."""
+        given = []
+        form = self.response_format
+        if form is not None and form.type == "json_object":
+            given.append(Constraint(kind="json_object", param="response_format"))
+        if form is not None and form.type == "json_schema":
+            given.append(Constraint(kind="json_schema", value=form.json_schema.schema_, param="response_format"))
+        if self.guided_json is not None:
+            given.append(Constraint(kind="json_schema", value=self.guided_json, param="guided_json"))
+        if self.guided_regex is not None:
+            given.append(Constraint(kind="regex", value=self.guided_regex, param="guided_regex"))
+        if self.guided_choice is not None:
+            given.append(Constraint(kind="choice", value=self.guided_choice, param="guided_choice"))
+        if len(given) > 1:
+            raise ValueError(f"give one structured-output constraint, got {', '.join(c.param for c in given)}")
+        return given[0] if given else None
 
     @field_validator("temperature")
     @classmethod
@@ -214,6 +277,11 @@ class SamplingFields(Refusals):
             raise ValueError("stream_options is only allowed with stream: true")
         return options
 
+    def top_logprobs_count(self) -> int | None:
+        """How many of the most likely tokens each position reports (`Request.logprobs`);
+        None: no logprobs."""
+        raise NotImplementedError
+
     def sampling(self) -> SamplingParams:
         """The transforms shared by p and q (greedy when temperature is 0; default 1, as OpenAI's)."""
         temperature = 1.0 if self.temperature is None else float(self.temperature)
@@ -235,6 +303,13 @@ class CompletionBody(SamplingFields):
     """`POST /v1/completions`: one prompt, as text or as token ids."""
 
     prompt: StrictStr | list[StrictInt]
+    add_special_tokens: StrictBool = True  # vLLM's: the tokenizer's special tokens (BOS) before a text prompt
+    # OpenAI's legacy form: the emitted tokens' logprobs with this many alternatives (OpenAI's
+    # bound is 5; vLLM's and verispec's, 20)
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP)] | None = None
+
+    def top_logprobs_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -258,9 +333,13 @@ class TextPart(BaseModel):
 
 
 class Message(BaseModel):
+    """One chat message: its role, its content and OpenAI's optional `name` of the participant,
+    which the chat template receives (a template that does not read it renders as without)."""
+
     model_config = FINITE
     role: StrictStr
     content: StrictStr | list[TextPart]
+    name: StrictStr | None = None
 
     @field_validator("role", mode="before")
     @classmethod
@@ -289,11 +368,61 @@ class Message(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
-class ChatBody(SamplingFields):
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's values
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """What the chat template renders, and how (vLLM's options): messages as the template reads
+    them; add_generation_prompt: end with the assistant's header; continue_final_message: leave
+    the last (assistant) message open, to be continued; add_special_tokens: the tokenizer adds
+    its special tokens (BOS) to the rendered text, which the template usually writes itself;
+    reasoning_effort: OpenAI's, passed to the template (which a reasoning model's reads)."""
+
+    messages: list[dict[str, str]]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    reasoning_effort: str | None = None
+
+
+class ChatFields(BaseModel):
+    """The chat template's options that vLLM's chat endpoints share (`ChatPrompt`)."""
+
+    model_config = FINITE
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None
+
+    def chat_prompt(self, messages: list[Message], add_special_tokens: bool) -> ChatPrompt:
+        """The prompt to render; ValueError for options that contradict each other or the messages."""
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message continues the last message, so it needs "
+                             "add_generation_prompt: false")
+        if self.continue_final_message and messages[-1].role != "assistant":
+            raise ValueError("continue_final_message continues the last message, which must be the assistant's")
+        return ChatPrompt(conversation(messages), self.add_generation_prompt, self.continue_final_message,
+                          add_special_tokens, self.reasoning_effort)
+
+
+class ChatBody(SamplingFields, ChatFields):
     """`POST /v1/chat/completions`: the messages, rendered by the model's chat template."""
 
     messages: list[Message]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    add_special_tokens: StrictBool = False  # vLLM's, for chat
+    logprobs: StrictBool = False
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP)] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top is not None and not info.data.get("logprobs", False):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return top
+
+    def top_logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("messages")
     @classmethod
@@ -308,18 +437,21 @@ class ChatBody(SamplingFields):
             self.max_tokens = self.max_completion_tokens
         return self
 
-    def conversation(self) -> list[dict[str, str]]:
-        return conversation(self.messages)
+    def chat(self) -> ChatPrompt:
+        return self.chat_prompt(self.messages, self.add_special_tokens)
 
 
-class TokenizeBody(BaseModel):
+class TokenizeBody(ChatFields):
     """`POST /tokenize` (vLLM's): a prompt's ids as `/v1/completions` reads it, or messages' as
-    `/v1/chat/completions` renders them."""
+    `/v1/chat/completions` renders them, with vLLM's options: add_special_tokens (default true
+    for a prompt, false for messages), return_token_strs (each id's token as the vocabulary
+    spells it) and the chat template's (`ChatFields`)."""
 
-    model_config = FINITE
     model: StrictStr | None = None
     prompt: StrictStr | None = None
     messages: list[Message] | None = None
+    add_special_tokens: StrictBool | None = None
+    return_token_strs: StrictBool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeBody:
@@ -327,15 +459,19 @@ class TokenizeBody(BaseModel):
             raise ValueError("give either prompt or messages")
         return self
 
+    @property
+    def special_tokens(self) -> bool:
+        return self.add_special_tokens if self.add_special_tokens is not None else self.prompt is not None
 
-    def conversation(self) -> list[dict[str, str]]:
-        return conversation(self.messages)
+    def chat(self) -> ChatPrompt:
+        return self.chat_prompt(self.messages, self.special_tokens)
 
 
 def conversation(messages: list[Message]) -> list[dict[str, str]]:
     """The messages as the chat template reads them (`developer` is OpenAI's new name for
-    `system`)."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in messages]
+    `system`; a `name` only where given)."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text,
+             **({"name": m.name} if m.name is not None else {})} for m in messages]
 
 
 class DetokenizeBody(BaseModel):

@@ -1,0 +1,68 @@
+"""Log probabilities under speculation are plain decoding's: each emitted token's is the
+target's own distribution at its position whatever the round accepted, bit for bit on exact
+tables (chains and trees, greedy and sampled), and on the tiny real model within float rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec import SamplingParams, generate
+from verispec.audit.trees import TopRankedDraft
+from verispec.logprobs import token_logprobs
+from verispec.models.tables import random_table
+from verispec.policies import ConstantTree
+from verispec.proposers import DraftModel
+from verispec.proposers.prompt_lookup import PromptLookup
+from verispec.request import Request
+from verispec.tree_shape import TreeShape
+
+PROMPT = (0, 1, 2, 3, 0, 1, 2)
+
+
+def recomputed(target, prompt, tokens, top):
+    """Each token's log probabilities from a full recompute: the target's row after the
+    prompt and the tokens before it, one forward each."""
+    rows = []
+    for j in range(len(tokens)):
+        context = [*prompt, *tokens[:j]]
+        target.prefill(context[:-1])
+        rows.append(target.extend([context[-1]])[-1])
+    return token_logprobs(torch.stack(rows), tokens, top)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_speculative_logprobs_are_plain_decodings_bit_for_bit(seed):
+    target = random_table(5, 2, seed)
+    plain = generate(target, None, Request(PROMPT, 16, logprobs=3))
+    for proposer, k in [(PromptLookup(), 3), (DraftModel(random_table(5, 2, seed + 9)), 2),
+                        (TopRankedDraft(random_table(5, 2, seed + 9)), ConstantTree(TreeShape.of([(0,), (0, 0), (0, 1), (1,)])))]:
+        spec = generate(target, proposer, Request(PROMPT, 16, logprobs=3), policy=k)
+        assert spec.tokens == plain.tokens and spec.stats.speculative_rounds > 0
+        assert spec.logprobs == plain.logprobs  # floats compared exactly
+    assert len(plain.logprobs) == 16 and all(len(t.top) == 3 for t in plain.logprobs)
+    assert [t.token for t in plain.logprobs] == plain.tokens
+    for t in plain.logprobs:  # greedy: the emitted token is the most likely, listed first
+        assert t.top[0] == (t.token, t.logprob) and [v for _, v in t.top] == sorted((v for _, v in t.top), reverse=True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sampled_speculative_logprobs_are_the_targets_rows(seed):
+    """Sampled, drafts rejected and repaired: every token's log probabilities are the full
+    recompute's at its position, exactly."""
+    target, draft = random_table(5, 2, seed), random_table(5, 2, seed + 17)
+    sampling = SamplingParams(temperature=1.0)
+    for proposer, k in [(DraftModel(draft), 3), (TopRankedDraft(draft), ConstantTree(TreeShape.of([(0,), (0, 0), (1,), (2,)])))]:
+        run = generate(target, proposer, Request(PROMPT, 12, sampling=sampling, seed=seed, logprobs=2), policy=k)
+        assert run.stats.speculative_rounds > 0
+        assert run.logprobs == recomputed(target.new_slot(), PROMPT, run.tokens, 2)
+
+
+def test_no_logprobs_unless_asked_and_bounds():
+    target = random_table(5, 2, 0)
+    assert generate(target, PromptLookup(), Request(PROMPT, 4), policy=2).logprobs == []
+    only = generate(target, PromptLookup(), Request(PROMPT, 4, logprobs=0), policy=2).logprobs
+    assert len(only) == 4 and all(t.top == () for t in only)
+    for bad in (-1, 21, 1.5):
+        with pytest.raises(ValueError, match=r"logprobs must be an integer in \[0, 20\]"):
+            Request(PROMPT, 4, logprobs=bad)
