@@ -146,3 +146,43 @@ def test_slots_are_sequences_of_one_cache_scored_in_one_forward():
     held = len(lm._shared.members)
     del a, b, c, slot  # the loops' last slot too
     assert len(lm._shared.members) == held - 3
+
+
+def test_a_context_remade_for_new_taps_decodes_what_its_sequences_hold_again():
+    """A head's proposer made after the model decoded (a benchmark's plain run first): the
+    context is remade with the layer outputs, and the cached tokens are decoded into it again
+    as a prompt is; under 64 rows a prompt's forward computes every row as the history did."""
+    late, early = new_lm(), new_lm([15])
+    ids = torch.randint(0, late.vocab_size, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    for model in (late, early):
+        model.prefill(ids[:12])
+        model.extend(ids[12:20])
+        model.rollback(17)
+    late.record_features([15])
+    assert torch.equal(late.extend(ids[17:25]), early.extend(ids[17:25]))
+    assert torch.equal(late.features([15], 17, 25), early.features([15], 17, 25))
+    with pytest.raises(ValueError, match="recorded from position 17"):
+        late.features([15], 0, 25)
+
+
+def test_serve_runs_requests_as_llama_cpp_sequences(loaded, plain):
+    """The server on llama.cpp with the EAGLE head: requests in flight together are slots of
+    one cache; one alone answers plain decoding's greedy tokens."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serving import running
+
+    with running(loaded, proposer="eagle", k=3, max_slots=3) as server:
+        body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 32, "temperature": 0, "return_token_ids": True}
+        status, alone = server.request("POST", "/v1/chat/completions", {
+            "model": "tiny", "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 32, "temperature": 0,
+            "return_token_ids": True})
+        assert status == 200 and alone["choices"][0]["token_ids"] == plain[0]
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            replies = list(pool.map(lambda _: server.request("POST", "/v1/completions", body), range(3)))
+        assert [status for status, _ in replies] == [200] * 3
+        assert all(reply["usage"]["completion_tokens"] == 32 for _, reply in replies)
+        assert max(server.app.engine.scheduler.step_rows) > 4  # several requests' rows in one forward

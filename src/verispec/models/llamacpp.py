@@ -7,35 +7,59 @@ logits differ from the float32 target's (`LlamaRuntime`, `HFCausalLM`) by that r
 greedy output may part from theirs at a close choice. verispec's verification is exact for
 whichever target it is given: here, llama.cpp's numbers.
 
-Cache: one llama.cpp context holding one sequence (id 0). `extend` writes the tokens at
-positions length..length+n-1 and asks for logits of the last `keep` rows only (llama.cpp then
-runs the output head on those rows alone); `rollback(length)` removes the cache cells of
-positions length.. (`llama_memory_seq_rm`, what `Llama.eval` does before it decodes), and the
-next `extend` fills them again. `score` decodes in a second context of its own (made on first
-use), cleared before each call, so the live cache is never touched.
+Cache: one llama.cpp context whose unified cache holds several sequences: the model itself is
+one, and `new_slot` makes others, one per request of a batch (`SlotScoring`). `extend` writes a
+sequence's tokens at positions length..length+n-1 and asks for logits of the last `keep` rows
+only (llama.cpp then runs the output head on those rows alone); `rollback(length)` removes the
+sequence's cells of positions length.. (`llama_memory_seq_rm`, what `Llama.eval` does before it
+decodes), and the next `extend` fills them again. `extend_slots` decodes every slot's rows in
+one `llama_decode`, each row under its own sequence id, so it attends to its own sequence's
+cells only (flash attention skips the cells its mask hides). `score` decodes in a second context
+of its own (made on first use), cleared before each call, so the live cache is never touched.
+A slot no longer referenced gives its cells and its sequence id back.
+
+Features (`FeatureChannel`), from the forward that scores the rows: the final norm's output
+(`FINAL`) is llama.cpp's embeddings output, switched on (`llama_set_embeddings`) for a forward
+where a sequence records it (llama.cpp then writes the logits and the embedding of every row);
+a decoder layer's output (layer tap i) is the graph tensor `l_out-(i-1)`, copied as the graph
+computes it by an eval callback (`cb_eval`, which llama.cpp calls for every graph node, so a
+context has it only where some sequence records a layer tap: a context is remade for new taps,
+the tokens its sequences hold decoded into it again as a prompt is). The last layer's output
+exists for output rows only, so a sequence recording it (or FINAL) makes every row an output.
+The heads' frozen embedding is the file's converted float32 copy: the dequantized blocks, the
+rows llama.cpp's embedding lookup gives.
 
 Row-count dependence: llama.cpp computes a row through other kernels depending on how many rows
 one forward decodes, and a row's difference then reaches every later row through its keys and
-values. Measured here (2-core x86-64 with AVX-512, llama-cpp-python 0.3.36):
-- one row: a forward of a single token takes another attention path than a forward of 2 or 3
-  (without flash attention at any context; with it, from a few hundred cached positions on,
-  where its one-query path splits the cache). Max |diff| 0.4-0.6 on the Qwen pair's 1.5B.
+values. Measured here (2-core x86-64 with AVX-512, llama-cpp-python 0.3.36), and read in ggml's
+CPU kernels:
+- one row: a forward of a single token takes another attention path than a forward of 2 or 3:
+  without flash attention at any context; with it, where the one-query path splits the cache
+  across threads, which it does for a KV view of 512 cells or more (llama.cpp pads the view to
+  multiples of 256, so from `LONE_ROW_CELLS` cached positions on) on more than one thread. Max
+  |diff| 0.4-0.6 on the Qwen pair's 1.5B.
 - four or more rows: a K-quant matrix (the 1.5B's Q4_K) is repacked on load for a kernel that
   takes 4 or more rows at once, which rounds otherwise than the vector kernel of 1-3 rows, in
-  every row (max |diff| about 0.6).
+  every row (max |diff| about 0.6). Q4_0/Q4_1/Q8_0 products compute every row alone.
+- 64 or more rows: flash attention's tiled kernel (a prompt's forward).
 - forwards of 2 and of 3 rows give every row the same bits, at every context length measured
   (60 to 1500 cached positions), with and without flash attention, on both the default model
   and the 1.5B.
 So `deterministic` (the default) decodes every forward after the prompt (`extend`, and `score`'s
-rows) in pieces of 2 or 3 tokens (`pieces`): a lone token is decoded with a second, padding row
-(its cache cell removed right after), a longer input is cut into threes and twos. Every
-position's logits are then a function of the prompt and the tokens before it alone, however
-verification batched them, so greedy speculative output equals plain greedy output. The prompt
-itself is decoded as llama.cpp decodes a prompt (`prefill`, up to `n_batch` tokens a forward),
-the same way for every method. extend/rollback histories equal `score` bit for bit where the
-prefill was at most 3 tokens (`score` has no prompt to batch; after a longer prefill they differ
-by the prompt's rounding). The price: plain decoding's one-token step costs a two-row forward
+rows) in pieces of 2 or 3 tokens (`pieces`), and a lone token alone where its forward takes the
+per-row attention anyway (`_Shared.pads_a_lone_row`: one thread, or below `LONE_ROW_CELLS`
+positions of a cache no other sequence shares), else with a second, padding row (its cache
+cell removed right after). Every position's logits are then a function of the prompt and the
+tokens before it alone, however verification batched them, so greedy speculative output equals
+plain greedy output. The prompt itself is decoded as llama.cpp decodes a prompt (`prefill`, up
+to `n_batch` tokens a forward), the same way for every method. extend/rollback histories equal
+`score` bit for bit where the prefill was at most 3 tokens (`score` has no prompt to batch;
+after a longer prefill they differ by the prompt's rounding). The price: from `LONE_ROW_CELLS`
+positions on (on 2 or more threads), plain decoding's one-token step costs a two-row forward
 (on the 1.5B about 50 ms against 33 ms), and a verification of 4 or more rows two forwards.
+Slots share the cache, whose cells a sequence holds in the order they were free: a slot's rows
+equal its rows alone up to flash attention's summation order (bit for bit in the tests here,
+not promised), so batched requests are not batch-invariant as on the fast runtime.
 `deterministic=False` decodes as llama.cpp itself does (a lone token alone, up to `n_batch` a
 forward): plain decoding at llama.cpp's own speed, but a row's logits then depend on how it
 was batched, so the output is not one fixed target's: greedy speculative output may part from
@@ -45,7 +69,7 @@ contexts).
 
 Returned logits are float32 [rows, V], one copy of the kept rows out of llama.cpp's output
 buffer (read through a numpy view). The token, position and output-flag arrays of the batch
-are written through numpy views too, so a forward costs no Python loop over its tokens.
+are written through numpy views too.
 
 llama-cpp-python is an optional extra, built from source for this CPU by `make llamacpp`
 (`cmake_args`: llama.cpp's native build is off and this CPU's instruction sets named one by one,
@@ -216,11 +240,11 @@ class LlamaCppLM:
         self.deterministic = self._shared.deterministic
         self.seq = self._shared.join(self)
         self._features = FeatureStore(self.hidden_size)
-        self._length = 0
+        self._tokens: list[int] = []  # what the cache holds (a remade context decodes them again)
 
     @property
     def length(self) -> int:
-        return self._length
+        return len(self._tokens)
 
     @property
     def llama(self):
@@ -238,9 +262,9 @@ class LlamaCppLM:
         return int(api.llama_model_n_layer(model) * 2 * api.llama_model_n_head_kv(model) * head_dim * 2)
 
     def reset(self) -> None:
-        if self._length:
+        if self._tokens:
             self._shared.forget(self.seq, 0)
-        self._length = 0
+        self._tokens.clear()
         self._features.reset()
 
     def prefill(self, ids: Sequence[int]) -> None:
@@ -249,18 +273,18 @@ class LlamaCppLM:
             check_score_ids(ids, self.vocab_size, "prefill")
             self._shared.check_room(len(ids))
             sizes = pieces(len(ids), self._shared.n_batch, deterministic=False)
-            self._shared.run([[self._rows(ids[b : b + n], self._length + b, keep=0, size=n)] for b, n in _starts(sizes)])
+            self._shared.run([[self._rows(ids[b : b + n], b, keep=0, size=n)] for b, n in _starts(sizes)])
 
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
         return self._shared.extend_slots([self], [tokens], [keep or len(tokens)])[0]  # [keep or n, V]
 
     def rollback(self, length: int) -> None:
-        if not 0 <= length <= self._length:
-            raise ValueError(f"cannot roll back to {length}; {self._length} tokens processed")
-        if length < self._length:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length}; {self.length} tokens processed")
+        if length < self.length:
             self._shared.forget(self.seq, length)
-            self._length = length
+            del self._tokens[length:]
             self._features.truncate(length)
 
     def score(self, ids: Sequence[int]) -> torch.Tensor:
@@ -272,9 +296,9 @@ class LlamaCppLM:
         last `keep`, in a forward of `size` rows (one more than the tokens: a padding row)."""
         return _Rows(self, self.seq, np.asarray(tokens, dtype=np.int32), start, keep, size > len(tokens), self._features.taps)
 
-    def _advance(self, n: int, features: dict[Tap, torch.Tensor]) -> None:
-        """n rows of this sequence were decoded; their recorded features."""
-        self._length += n
+    def _advance(self, tokens: list[int], features: dict[Tap, torch.Tensor]) -> None:
+        """These tokens of this sequence were decoded; their recorded features."""
+        self._tokens += tokens
         if self._features.taps:
             self._features.append(features)
 
@@ -382,7 +406,7 @@ class _Shared:
         self.vocab_size = int(self.llama.n_vocab())
         self.hidden_size = int(llama_cpp.llama_model_n_embd(model))
         self.num_layers = int(llama_cpp.llama_model_n_layer(model))
-        self.n_ctx, self.n_batch, self.sequences = n_ctx, n_batch, sequences
+        self.n_ctx, self.n_batch, self.sequences, self.threads = n_ctx, n_batch, sequences, threads
         self.deterministic = deterministic
         self.free = list(range(sequences))[::-1]  # sequence ids not taken
         self.members: weakref.WeakValueDictionary[int, LlamaCppLM] = weakref.WeakValueDictionary()
@@ -408,8 +432,18 @@ class _Shared:
             self.free.append(seq)
 
     def live(self) -> _Context:
-        if self._live is None:
+        """The live context, made for the recorded layer taps and the sequences reserved:
+        remade where it lacks them, and then every sequence's cached tokens decoded into it again as a prompt is (no logits;
+        their kept features stay: the same numbers up to the prompt's rounding)."""
+        live = self._live
+        if live is None or not self.layers <= live.layers or live.sequences < self.sequences:
+            self._live = live = None  # freed before its successor is made
             self._live = _Context(self, self.n_ctx, self.sequences, frozenset(self.layers))
+            for member in self.members.values():
+                sizes = pieces(member.length, self.n_batch, deterministic=False)
+                for begin, size in _starts(sizes):
+                    tokens = np.asarray(member._tokens[begin : begin + size], dtype=np.int32)
+                    self._live.decode([_Rows(member, member.seq, tokens, begin, 0, False, ())])
         return self._live
 
     def forget(self, seq: int, position: int) -> None:
@@ -417,25 +451,14 @@ class _Shared:
             self._live.forget(seq, position)
 
     def observe(self, layers: Sequence[int]) -> None:
-        """Keep layer outputs at these taps from now on: the live context is remade for them
-        (only while no sequence holds tokens)."""
-        wanted = self.layers | set(layers)
-        if self._live is not None and not wanted <= self._live.layers:
-            if any(member.length for member in self.members.values()):
-                raise ValueError(
-                    f"llama.cpp reads layer outputs {sorted(wanted)} only in a context made for them, and sequences of "
-                    "this one hold tokens; make the head's proposer before decoding"
-                )
-            self._live = None
-        self.layers = wanted
+        """Keep layer outputs at these taps from now on (`live` remakes the context for them)."""
+        self.layers |= set(layers)
 
     def reserve(self, sequences: int) -> None:
-        if sequences <= self.sequences:
-            return
-        if any(member.length for member in self.members.values()):
-            raise ValueError(f"the llama.cpp cache holds {self.sequences} sequences and some hold tokens; reserve slots before decoding")
-        self.free = list(range(sequences - 1, self.sequences - 1, -1)) + self.free
-        self.sequences, self._live = sequences, None
+        """Hold at least this many sequences at once (`live` remakes the context for them)."""
+        if sequences > self.sequences:
+            self.free = list(range(sequences - 1, self.sequences - 1, -1)) + self.free
+            self.sequences = sequences
 
     def check_room(self, n: int) -> None:
         used = sum(member.length for member in self.members.values())
@@ -447,9 +470,10 @@ class _Shared:
 
     def pads_a_lone_row(self, start: int) -> bool:
         """Whether a forward of one row at position `start` needs a padding row to take the
-        many-row attention: deterministic, and its KV view may reach 512 cells (past
-        `LONE_ROW_CELLS` positions, or once other sequences share the cache)."""
-        return self.deterministic and (self.slotted or start >= LONE_ROW_CELLS)
+        many-row attention: deterministic, on more than one thread (one thread's split of the
+        cache is one piece, the many-row arithmetic), where its KV view may reach 512 cells
+        (past `LONE_ROW_CELLS` positions, or once other sequences share the cache)."""
+        return self.deterministic and self.threads > 1 and (self.slotted or start >= LONE_ROW_CELLS)
 
     def extend_slots(self, members: Sequence[LlamaCppLM], tokens: Sequence[Sequence[int]], keeps: Sequence[int]) -> list[torch.Tensor]:
         """Each member's tokens after its cache, cut into pieces (`pieces`), the members' j-th
@@ -476,20 +500,20 @@ class _Shared:
         members = {id(part.owner): part.owner for parts in forwards for part in parts}
         logits: dict[int, list[torch.Tensor]] = {key: [] for key in members}
         features: dict[int, list[dict[Tap, torch.Tensor]]] = {key: [] for key in members}
-        counts = dict.fromkeys(members, 0)
+        decoded: dict[int, list[int]] = {key: [] for key in members}
         try:
             for parts in forwards:
                 for part, rows, captured in zip(parts, *context.decode(parts)):
                     logits[id(part.owner)].append(rows)
                     features[id(part.owner)].append(captured)
-                    counts[id(part.owner)] += len(part.tokens)
+                    decoded[id(part.owner)] += part.tokens.tolist()
         except BaseException:
             for member in members.values():
                 context.forget(member.seq, member.length)
             raise
         for key, member in members.items():
             taps = member._features.taps
-            member._advance(counts[key], {tap: torch.cat([f[tap] for f in features[key]]) for tap in taps})
+            member._advance(decoded[key], {tap: torch.cat([f[tap] for f in features[key]]) for tap in taps})
         return logits
 
     def score(self, ids: Sequence[int], taps: tuple[Tap, ...]) -> tuple[torch.Tensor, dict[Tap, torch.Tensor]]:
@@ -559,7 +583,7 @@ class _Context:
         api = shared.api
         self.api = api
         self.shared = shared
-        self.layers = layers
+        self.layers, self.sequences = layers, sequences
         self.vocab_size, self.hidden_size = shared.vocab_size, shared.hidden_size
         params = type(shared.llama.context_params).from_buffer_copy(shared.llama.context_params)
         params.n_ctx = n_ctx
