@@ -26,8 +26,8 @@ computes it by an eval callback (`cb_eval`, which llama.cpp calls for every grap
 context has it only where some sequence records a layer tap: a context is remade for new taps,
 the tokens its sequences hold decoded into it again as a prompt is). The last layer's output
 exists for output rows only, so a sequence recording it (or FINAL) makes every row an output.
-The heads' frozen embedding is the file's converted float32 copy: the dequantized blocks, the
-rows llama.cpp's embedding lookup gives.
+The heads' frozen embedding is the file's token embedding dequantized (`gguf_embeddings`): the
+rows llama.cpp's embedding lookup gives, bit for bit the fast runtime's.
 
 Row-count dependence: llama.cpp computes a row through other kernels depending on how many rows
 one forward decodes, and a row's difference then reaches every later row through its keys and
@@ -46,7 +46,8 @@ CPU kernels:
   (60 to 1500 cached positions), with and without flash attention, on both the default model
   and the 1.5B.
 So `deterministic` (the default) decodes every forward after the prompt (`extend`, and `score`'s
-rows) in pieces of 2 or 3 tokens (`pieces`), and a lone token alone where its forward takes the
+rows) in pieces of 2 to `widest_piece` tokens (`pieces`: up to 63 for a file of Q4_1/Q8_0
+matrices, else 3), and a lone token alone where its forward takes the
 per-row attention anyway (`_Shared.pads_a_lone_row`: one thread, or below `LONE_ROW_CELLS`
 positions of a cache no other sequence shares), else with a second, padding row (its cache
 cell removed right after). Every position's logits are then a function of the prompt and the
@@ -56,7 +57,8 @@ to `n_batch` tokens a forward), the same way for every method. extend/rollback h
 `score` bit for bit where the prefill was at most 3 tokens (`score` has no prompt to batch;
 after a longer prefill they differ by the prompt's rounding). The price: from `LONE_ROW_CELLS`
 positions on (on 2 or more threads), plain decoding's one-token step costs a two-row forward
-(on the 1.5B about 50 ms against 33 ms), and a verification of 4 or more rows two forwards.
+(on the 1.5B about 50 ms against 33 ms), and on a K-quant file a verification of 4 or more rows
+two forwards.
 Slots share the cache, whose cells a sequence holds in the order they were free: a slot's rows
 equal its rows alone up to flash attention's summation order (bit for bit in the tests here,
 not promised), so batched requests are not batch-invariant as on the fast runtime.
@@ -106,6 +108,11 @@ from verispec.models.features import FeatureStore
 # A lone row's forward takes the many-row attention while the cache's KV view stays 256 cells:
 # llama.cpp pads the view to 256 and splits a one-query flash attention over 512 or more.
 LONE_ROW_CELLS = 256
+# Block types whose llama.cpp CPU product computes every row alone, whatever the forward's row
+# count (measured: no repacked kernel for them on x86-64 with AVX-512); a K-quant (Q4_K) has one.
+ROWS_ALONE = frozenset({"Q4_1", "Q8_0", "F32"})
+# Flash attention computes each query row alone up to this many rows a forward; 64 or more tile.
+FLASH_ROWS = 63
 INSTALL = "make llamacpp"  # the documented install: llama-cpp-python built with `cmake_args`
 PROBE_SECONDS = 300  # a probe's load and decode of a small file take a few seconds
 
@@ -213,7 +220,7 @@ class LlamaCppLM:
     n_ctx: positions the cache holds, every sequence's together. n_threads: llama.cpp's
     threads, for one-token and many-token forwards alike (default: torch's count). n_batch: the
     most tokens one `llama_decode` takes; longer inputs are decoded in pieces of that size.
-    deterministic: decode every forward after the prompt in pieces of 2 or 3 tokens (`pieces`),
+    deterministic: decode every forward after the prompt in pieces of 2 to `widest_piece` tokens (`pieces`),
     a lone token alone only where its forward takes the many-row attention too (`LONE_ROW_CELLS`),
     so that a row's logits do not depend on how many rows are scored with it. sequences: the
     most sequences (this one and its slots) the cache holds at once.
@@ -336,8 +343,8 @@ class LlamaCppLM:
         return slot
 
     def extend_slots(self, slots: Sequence[LlamaCppLM], tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """Every slot's new rows in one `llama_decode` (deterministic: one per piece of 2 or 3
-        rows), each slot a sequence attending to its own cells only; per slot its logits
+        """Every slot's new rows in one `llama_decode` (deterministic: one per piece, `pieces`),
+        each slot a sequence attending to its own cells only; per slot its logits
         float32 [n_i, V], equal to its own `extend` up to rounding (module docstring)."""
         check_slots(slots, tokens, LlamaCppLM)
         for slot, rows in zip(slots, tokens):
@@ -407,6 +414,7 @@ class _Shared:
         self.hidden_size = int(llama_cpp.llama_model_n_embd(model))
         self.num_layers = int(llama_cpp.llama_model_n_layer(model))
         self.n_ctx, self.n_batch, self.sequences, self.threads = n_ctx, n_batch, sequences, threads
+        self.widest = widest_piece(path)
         self.deterministic = deterministic
         self.free = list(range(sequences))[::-1]  # sequence ids not taken
         self.members: weakref.WeakValueDictionary[int, LlamaCppLM] = weakref.WeakValueDictionary()
@@ -479,7 +487,7 @@ class _Shared:
         """Each member's tokens after its cache, cut into pieces (`pieces`), the members' j-th
         pieces in one forward; per member the logits of its last keep rows, float32 [keep, V]."""
         self.check_room(sum(map(len, tokens)))
-        cut = [pieces(len(rows), self.n_batch, self.deterministic, lone=not self.pads_a_lone_row(member.length))
+        cut = [pieces(len(rows), self.n_batch, self.deterministic, not self.pads_a_lone_row(member.length), self.widest)
                for member, rows in zip(members, tokens)]
         forwards: list[list[_Rows]] = []
         for member, rows, keep, sizes in zip(members, tokens, keeps, cut):
@@ -529,7 +537,7 @@ class _Shared:
         context.forget(0, 0)
         owner = _Scorer(self.num_layers, taps)
         logits, features = [], {tap: [] for tap in taps}
-        sizes = pieces(len(ids), self.n_batch, self.deterministic, lone=True)  # position 0: one sequence's first cell
+        sizes = pieces(len(ids), self.n_batch, self.deterministic, True, self.widest)  # position 0: lone is safe
         for begin, size in _starts(sizes):
             piece = np.asarray(ids[begin : begin + size], dtype=np.int32)
             part = _Rows(owner, 0, piece, begin, len(piece), size > len(piece), taps)
@@ -540,27 +548,31 @@ class _Shared:
         return torch.cat(logits), {tap: torch.cat(rows) for tap, rows in features.items()}
 
     def embeddings(self) -> torch.Tensor:
-        """The token embedding [V, H] float32, as llama.cpp dequantizes its rows (the file's
-        blocks, exactly): read from the file's converted float32 copy, once."""
+        """The token embedding [V, H] float32, the file's blocks dequantized (the rows llama.cpp's
+        lookup gives, and the fast runtime's embedding of the same file, bit for bit), read once."""
         if self._embeddings is None:
-            from safetensors import safe_open
-
-            from verispec.models.sources import converted_dir, is_converted
-
-            if not is_converted(self.path):
-                raise ValueError(
-                    f"the features' heads need {self.path}'s token embedding, read from its converted copy, which is not "
-                    "written yet; load the file once on the fast runtime (verispec load-plan or generate), then retry"
-                )
-            with safe_open(converted_dir(self.path) / "model.safetensors", framework="pt") as stored:
-                self._embeddings = stored.get_tensor("model.embed_tokens.weight").float()  # [V, H]
-                self._output = (stored.get_tensor("lm_head.weight").float() if "lm_head.weight" in stored.keys()
-                                else self._embeddings)  # [V, H]
+            self._embeddings, self._output = gguf_embeddings(self.path)
         return self._embeddings
 
     def output_embeddings(self) -> torch.Tensor:
         self.embeddings()
         return self._output
+
+
+def gguf_embeddings(gguf: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF file's token embedding and output head, float32 [V, H] each (the same tensor
+    where the file ties them: no `output.weight`)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    tensors = {tensor.name: tensor for tensor in GGUFReader(gguf).tensors}
+
+    def read(name: str) -> torch.Tensor:
+        tensor = tensors[name]
+        return torch.from_numpy(np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+
+    embedding = read("token_embd.weight")  # [V, H]
+    return embedding, read("output.weight") if "output.weight" in tensors else embedding
 
 
 class _Scorer:
@@ -683,22 +695,34 @@ class _Context:
         return scored, features
 
 
-def pieces(n: int, n_batch: int, deterministic: bool, lone: bool = False) -> list[int]:
-    """The forward sizes that decode n tokens: up to `n_batch` each, or, deterministic, only 2
-    or 3 (threes, then twos for a remainder: 4 -> 2 + 2, 7 -> 3 + 2 + 2; a lone token -> 2,
-    its second row a padding row, or 1 where `lone` says its forward takes the many-row path).
+def pieces(n: int, n_batch: int, deterministic: bool, lone: bool = False, widest: int = 3) -> list[int]:
+    """The forward sizes that decode n tokens: up to `n_batch` each, or, deterministic, between 2
+    and `widest` (`widest`s, then the remainder, or two pieces for a remainder of one: with
+    widest 3, 4 -> 2 + 2, 7 -> 3 + 2 + 2; a lone token -> 2, its second row a padding row, or 1
+    where `lone` says its forward takes the many-row path).
 
     >>> pieces(1, 512, True), pieces(4, 512, True), pieces(7, 512, True), pieces(7, 512, False)
     ([2], [2, 2], [3, 2, 2], [7])
-    >>> pieces(1, 512, True, lone=True)
-    [1]
+    >>> pieces(1, 512, True, lone=True), pieces(5, 512, True, widest=63), pieces(64, 512, True, widest=63)
+    ([1], [5], [62, 2])
     """
     if not deterministic:
         return [min(n_batch, n - begin) for begin in range(0, n, n_batch)]
     if n <= 1:
         return [1 if lone else 2] * n
-    threes, rest = divmod(n, 3)
-    return {0: [3] * threes, 1: [3] * (threes - 1) + [2, 2], 2: [3] * threes + [2]}[rest]
+    whole, rest = divmod(n, widest)
+    if rest == 1:
+        return [widest] * (whole - 1) + [widest - 1, 2]
+    return [widest] * whole + [rest] * (rest > 0)
+
+
+def widest_piece(gguf: Path) -> int:
+    """The most rows a deterministic forward decodes: `FLASH_ROWS` where every matrix of the
+    file is of a block type whose product computes each row alone (`ROWS_ALONE`), else 3 (a
+    K-quant's repacked kernel takes 4 rows and more otherwise)."""
+    from verispec.models.load_plan import matrix_types  # load_plan imports this module
+
+    return FLASH_ROWS if matrix_types(gguf) <= ROWS_ALONE else 3
 
 
 def _starts(sizes: Sequence[int]) -> list[tuple[int, int]]:
