@@ -110,7 +110,7 @@ from verispec.models.features import FeatureStore
 LONE_ROW_CELLS = 256
 # Block types whose llama.cpp CPU product computes every row alone, whatever the forward's row
 # count (measured: no repacked kernel for them on x86-64 with AVX-512); a K-quant (Q4_K) has one.
-ROWS_ALONE = frozenset({"Q4_1", "Q8_0", "F32"})
+ROWS_ALONE = frozenset({"Q4_1", "Q8_0"})
 # Flash attention computes each query row alone up to this many rows a forward; 64 or more tile.
 FLASH_ROWS = 63
 INSTALL = "make llamacpp"  # the documented install: llama-cpp-python built with `cmake_args`
@@ -141,20 +141,33 @@ def require(what: str) -> None:
             f"llama-cpp-python, needed by {what}, is not installed; install it with `{INSTALL}` in a verispec "
             "checkout (it builds llama.cpp for this CPU from source, about 5 minutes; docs/runtime.md)"
         )
+    error = import_failure()
+    if error is None:
+        return
+    why = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    missing = getattr(error, "name", None)
+    if isinstance(error, ModuleNotFoundError) and missing and not missing.startswith("llama_cpp"):
+        raise LlamaCppUnavailable(
+            f"llama-cpp-python, needed by {what}, is installed but cannot be imported: it needs {missing}, which is "
+            f"not installed; install it (`pip install {missing}`; `{INSTALL}` installs every dependency)"
+        )
+    raise LlamaCppUnavailable(
+        f"llama-cpp-python, needed by {what}, is installed but cannot be imported ({why}); rebuild it with "
+        f"`{INSTALL}` in a verispec checkout (docs/runtime.md)"
+    )
+
+
+def import_failure() -> Exception | None:
+    """Why an installed llama-cpp-python fails to import (its shared library missing or built
+    for another machine, a dependency missing); None where it imports, or is not there at all
+    (`installed` says that)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
     try:
         importlib.import_module("llama_cpp")
     except (ImportError, OSError, RuntimeError) as error:
-        why = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        missing = getattr(error, "name", None)
-        if isinstance(error, ModuleNotFoundError) and missing and not missing.startswith("llama_cpp"):
-            raise LlamaCppUnavailable(
-                f"llama-cpp-python, needed by {what}, is installed but cannot be imported: it needs {missing}, which is "
-                f"not installed; install it (`pip install {missing}`; `{INSTALL}` installs every dependency)"
-            ) from None
-        raise LlamaCppUnavailable(
-            f"llama-cpp-python, needed by {what}, is installed but cannot be imported ({why}); rebuild it with "
-            f"`{INSTALL}` in a verispec checkout (docs/runtime.md)"
-        ) from None
+        return error
+    return None
 
 
 def cmake_args(flags: set[str] | None = None) -> str:
