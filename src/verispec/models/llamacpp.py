@@ -460,7 +460,7 @@ class _Shared:
         if live is None or not self.layers <= live.layers or live.sequences < self.sequences:
             self._live = live = None  # freed before its successor is made
             self._live = _Context(self, self.n_ctx, self.sequences, frozenset(self.layers))
-            for member in self.members.values():
+            for member in list(self.members.values()):
                 sizes = pieces(member.length, self.n_batch, deterministic=False)
                 for begin, size in _starts(sizes):
                     tokens = np.asarray(member._tokens[begin : begin + size], dtype=np.int32)
@@ -482,7 +482,7 @@ class _Shared:
             self.sequences = sequences
 
     def check_room(self, n: int) -> None:
-        used = sum(member.length for member in self.members.values())
+        used = sum(member.length for member in list(self.members.values()))
         if used + n + self.deterministic > self.n_ctx:  # room for a padding row
             raise ValueError(
                 f"{used} cached and {n} new tokens exceed the llama.cpp context of {self.n_ctx} positions; build the "
