@@ -5,6 +5,7 @@ benchmark with it (slow, skipped without llama-cpp-python)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,28 @@ def test_bench_without_llama_cpp_python_says_how_to_install_it(monkeypatch, tmp_
         "from source, about 5 minutes; docs/runtime.md)"
     ]
     assert not (tmp_path / "runs.jsonl").exists()
+
+
+@pytest.mark.parametrize(("raises", "says"), [
+    ("RuntimeError('Failed to load shared library libllama.so: undefined symbol')",
+     "is installed but cannot be imported (Failed to load shared library libllama.so: undefined symbol); rebuild it "
+     f"with `{runtime.INSTALL}` in a verispec checkout (docs/runtime.md)"),
+    ("ModuleNotFoundError(\"No module named 'diskcache'\", name='diskcache')",
+     "is installed but cannot be imported: it needs diskcache, which is not installed; install it (`pip install "
+     f"diskcache`; `{runtime.INSTALL}` installs every dependency)"),
+])
+def test_bench_with_a_llama_cpp_python_that_cannot_be_imported_says_so(monkeypatch, tmp_path, capsys, raises, says):
+    """An installed llama-cpp-python whose shared library fails to load, or whose dependency is
+    missing: one error line, no traceback, before any model loads."""
+    package = tmp_path / "fake" / "llama_cpp"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"raise {raises}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "fake"))
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    status = main(["bench", "--quick", "--methods", "llamacpp-plain", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.splitlines() == [f"error: llama-cpp-python, needed by the llamacpp methods (llamacpp-plain), {says}"]
 
 
 def test_bench_refuses_llama_cpp_under_sampling(monkeypatch, tmp_path, capsys):

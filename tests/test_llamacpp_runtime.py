@@ -88,6 +88,24 @@ def test_a_lone_token_is_scored_differently_at_a_long_context_unless_determinist
     assert all(torch.equal(exact[1], exact[size]) for size in (2, 4, 6)) and torch.equal(exact[2], loose[2])
 
 
+def test_q4_1_and_q8_0_products_give_a_row_the_same_bits_in_any_forward_up_to_63_rows():
+    """Measured on the default model (Q4_1 and Q8_0 matrices): forwards of 2 to 12 rows, and of
+    one row below 256 cached positions, agree bit for bit; so deterministic decodes a
+    verification of up to 63 rows in one forward (`widest_piece`), and a lone token alone where
+    it may (`pads_a_lone_row`)."""
+    from verispec.models.llamacpp import FLASH_ROWS, LONE_ROW_CELLS
+
+    lm = _model(deterministic=False)
+    short = rows_by_forward_size(lm, 100, (1, 2, 4, 12), seed=5)
+    long = rows_by_forward_size(lm, 300, (2, 3, 4, 6, 12), seed=5)
+    assert all(torch.equal(short[2], short[size]) for size in (1, 4, 12))
+    assert all(torch.equal(long[2], long[size]) for size in (3, 4, 6, 12))
+    exact = _model()
+    shared = exact._shared
+    assert shared.widest == FLASH_ROWS and shared.pads_a_lone_row(LONE_ROW_CELLS) == (shared.threads > 1)
+    assert not shared.pads_a_lone_row(LONE_ROW_CELLS - 1)
+
+
 QWEN = "qwen2.5-coder-1.5b-instruct"
 
 
@@ -118,6 +136,9 @@ def test_pieces_are_twos_and_threes_when_deterministic():
     for n in range(1, 40):
         sizes = pieces(n, 512, True)
         assert set(sizes) <= {2, 3} and sum(sizes) == n + (n == 1)
+    for n in range(2, 200):
+        sizes = pieces(n, 512, True, widest=63)
+        assert min(sizes) >= 2 and max(sizes) <= 63 and sum(sizes) == n and len(sizes) == -(-n // 63)
     assert pieces(1030, 512, False) == [512, 512, 6] and pieces(0, 512, True) == []
 
 

@@ -7,35 +7,61 @@ logits differ from the float32 target's (`LlamaRuntime`, `HFCausalLM`) by that r
 greedy output may part from theirs at a close choice. verispec's verification is exact for
 whichever target it is given: here, llama.cpp's numbers.
 
-Cache: one llama.cpp context holding one sequence (id 0). `extend` writes the tokens at
-positions length..length+n-1 and asks for logits of the last `keep` rows only (llama.cpp then
-runs the output head on those rows alone); `rollback(length)` removes the cache cells of
-positions length.. (`llama_memory_seq_rm`, what `Llama.eval` does before it decodes), and the
-next `extend` fills them again. `score` decodes in a second context of its own (made on first
-use), cleared before each call, so the live cache is never touched.
+Cache: one llama.cpp context whose unified cache holds several sequences: the model itself is
+one, and `new_slot` makes others, one per request of a batch (`SlotScoring`). `extend` writes a
+sequence's tokens at positions length..length+n-1 and asks for logits of the last `keep` rows
+only (llama.cpp then runs the output head on those rows alone); `rollback(length)` removes the
+sequence's cells of positions length.. (`llama_memory_seq_rm`, what `Llama.eval` does before it
+decodes), and the next `extend` fills them again. `extend_slots` decodes every slot's rows in
+one `llama_decode`, each row under its own sequence id, so it attends to its own sequence's
+cells only (flash attention skips the cells its mask hides). `score` decodes in a second context
+of its own (made on first use), cleared before each call, so the live cache is never touched.
+A slot no longer referenced gives its cells and its sequence id back.
+
+Features (`FeatureChannel`), from the forward that scores the rows: the final norm's output
+(`FINAL`) is llama.cpp's embeddings output, switched on (`llama_set_embeddings`) for a forward
+where a sequence records it (llama.cpp then writes the logits and the embedding of every row);
+a decoder layer's output (layer tap i) is the graph tensor `l_out-(i-1)`, copied as the graph
+computes it by an eval callback (`cb_eval`, which llama.cpp calls for every graph node, so a
+context has it only where some sequence records a layer tap: a context is remade for new taps,
+the tokens its sequences hold decoded into it again as a prompt is). The last layer's output
+exists for output rows only, so a sequence recording it (or FINAL) makes every row an output.
+The heads' frozen embedding is the file's token embedding dequantized (`gguf_embeddings`): the
+rows llama.cpp's embedding lookup gives, bit for bit the fast runtime's.
 
 Row-count dependence: llama.cpp computes a row through other kernels depending on how many rows
 one forward decodes, and a row's difference then reaches every later row through its keys and
-values. Measured here (2-core x86-64 with AVX-512, llama-cpp-python 0.3.36):
-- one row: a forward of a single token takes another attention path than a forward of 2 or 3
-  (without flash attention at any context; with it, from a few hundred cached positions on,
-  where its one-query path splits the cache). Max |diff| 0.4-0.6 on the Qwen pair's 1.5B.
+values. Measured here (2-core x86-64 with AVX-512, llama-cpp-python 0.3.36), and read in ggml's
+CPU kernels:
+- one row: a forward of a single token takes another attention path than a forward of 2 or 3:
+  without flash attention at any context; with it, where the one-query path splits the cache
+  across threads, which it does for a KV view of 512 cells or more (llama.cpp pads the view to
+  multiples of 256, so from `LONE_ROW_CELLS` cached positions on) on more than one thread. Max
+  |diff| 0.4-0.6 on the Qwen pair's 1.5B.
 - four or more rows: a K-quant matrix (the 1.5B's Q4_K) is repacked on load for a kernel that
   takes 4 or more rows at once, which rounds otherwise than the vector kernel of 1-3 rows, in
-  every row (max |diff| about 0.6).
+  every row (max |diff| about 0.6). Q4_0/Q4_1/Q8_0 products compute every row alone.
+- 64 or more rows: flash attention's tiled kernel (a prompt's forward).
 - forwards of 2 and of 3 rows give every row the same bits, at every context length measured
   (60 to 1500 cached positions), with and without flash attention, on both the default model
   and the 1.5B.
 So `deterministic` (the default) decodes every forward after the prompt (`extend`, and `score`'s
-rows) in pieces of 2 or 3 tokens (`pieces`): a lone token is decoded with a second, padding row
-(its cache cell removed right after), a longer input is cut into threes and twos. Every
-position's logits are then a function of the prompt and the tokens before it alone, however
-verification batched them, so greedy speculative output equals plain greedy output. The prompt
-itself is decoded as llama.cpp decodes a prompt (`prefill`, up to `n_batch` tokens a forward),
-the same way for every method. extend/rollback histories equal `score` bit for bit where the
-prefill was at most 3 tokens (`score` has no prompt to batch; after a longer prefill they differ
-by the prompt's rounding). The price: plain decoding's one-token step costs a two-row forward
-(on the 1.5B about 50 ms against 33 ms), and a verification of 4 or more rows two forwards.
+rows) in pieces of 2 to `widest_piece` tokens (`pieces`: up to 63 for a file of Q4_1/Q8_0
+matrices, else 3), and a lone token alone where its forward takes the
+per-row attention anyway (`_Shared.pads_a_lone_row`: one thread, or below `LONE_ROW_CELLS`
+positions of a cache no other sequence shares), else with a second, padding row (its cache
+cell removed right after). Every position's logits are then a function of the prompt and the
+tokens before it alone, however verification batched them, so greedy speculative output equals
+plain greedy output. The prompt itself is decoded as llama.cpp decodes a prompt (`prefill`, up
+to `n_batch` tokens a forward), the same way for every method. extend/rollback histories equal
+`score` bit for bit where the prefill was at most 3 tokens (`score` has no prompt to batch;
+after a longer prefill they differ by the prompt's rounding). The price: from `LONE_ROW_CELLS`
+positions on (on 2 or more threads), plain decoding's one-token step costs a two-row forward
+(on the 1.5B about 50 ms against 33 ms), and on a K-quant file a verification of 4 or more rows
+two forwards.
+Slots share the cache, whose cells a sequence holds in the order they were free: a slot's rows
+equal its rows alone up to flash attention's summation order (bit for bit in the tests here,
+not promised), so batched requests are not batch-invariant as on the fast runtime.
 `deterministic=False` decodes as llama.cpp itself does (a lone token alone, up to `n_batch` a
 forward): plain decoding at llama.cpp's own speed, but a row's logits then depend on how it
 was batched, so the output is not one fixed target's: greedy speculative output may part from
@@ -45,7 +71,7 @@ contexts).
 
 Returned logits are float32 [rows, V], one copy of the kept rows out of llama.cpp's output
 buffer (read through a numpy view). The token, position and output-flag arrays of the batch
-are written through numpy views too, so a forward costs no Python loop over its tokens.
+are written through numpy views too.
 
 llama-cpp-python is an optional extra, built from source for this CPU by `make llamacpp`
 (`cmake_args`: llama.cpp's native build is off and this CPU's instruction sets named one by one,
@@ -59,12 +85,16 @@ here, so a build that crashes costs one line (`LlamaCppUnavailable`), not the pr
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import functools
+import importlib
 import importlib.util
 import os
 import signal
 import subprocess
 import sys
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,8 +102,17 @@ import numpy as np
 import torch
 
 from verispec.machine import cpu_flags, cpuinfo
-from verispec.models.base import check_extend, check_score_ids
+from verispec.models.base import FINAL, Tap, check_extend, check_score_ids, check_slots, check_taps
+from verispec.models.features import FeatureStore
 
+# A lone row's forward takes the many-row attention while the cache's KV view stays 256 cells:
+# llama.cpp pads the view to 256 and splits a one-query flash attention over 512 or more.
+LONE_ROW_CELLS = 256
+# Block types whose llama.cpp CPU product computes every row alone, whatever the forward's row
+# count (measured: no repacked kernel for them on x86-64 with AVX-512); a K-quant (Q4_K) has one.
+ROWS_ALONE = frozenset({"Q4_1", "Q8_0"})
+# Flash attention computes each query row alone up to this many rows a forward; 64 or more tile.
+FLASH_ROWS = 63
 INSTALL = "make llamacpp"  # the documented install: llama-cpp-python built with `cmake_args`
 PROBE_SECONDS = 300  # a probe's load and decode of a small file take a few seconds
 
@@ -94,12 +133,41 @@ def installed() -> bool:
 
 
 def require(what: str) -> None:
-    """Refuse `what` (e.g. "--runtime llamacpp") when llama-cpp-python is not installed."""
+    """Refuse `what` (e.g. "--runtime llamacpp") when llama-cpp-python is not installed, or is
+    installed but cannot be imported (its shared library missing or built for another machine:
+    llama-cpp-python raises RuntimeError, OSError or ImportError then)."""
     if not installed():
         raise LlamaCppUnavailable(
             f"llama-cpp-python, needed by {what}, is not installed; install it with `{INSTALL}` in a verispec "
             "checkout (it builds llama.cpp for this CPU from source, about 5 minutes; docs/runtime.md)"
         )
+    error = import_failure()
+    if error is None:
+        return
+    why = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    missing = getattr(error, "name", None)
+    if isinstance(error, ModuleNotFoundError) and missing and not missing.startswith("llama_cpp"):
+        raise LlamaCppUnavailable(
+            f"llama-cpp-python, needed by {what}, is installed but cannot be imported: it needs {missing}, which is "
+            f"not installed; install it (`pip install {missing}`; `{INSTALL}` installs every dependency)"
+        )
+    raise LlamaCppUnavailable(
+        f"llama-cpp-python, needed by {what}, is installed but cannot be imported ({why}); rebuild it with "
+        f"`{INSTALL}` in a verispec checkout (docs/runtime.md)"
+    )
+
+
+def import_failure() -> Exception | None:
+    """Why an installed llama-cpp-python fails to import (its shared library missing or built
+    for another machine, a dependency missing); None where it imports, or is not there at all
+    (`installed` says that)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    try:
+        importlib.import_module("llama_cpp")
+    except (ImportError, OSError, RuntimeError) as error:
+        return error
+    return None
 
 
 def cmake_args(flags: set[str] | None = None) -> str:
@@ -152,19 +220,23 @@ def probe(gguf: Path) -> None:
 
 
 class LlamaCppLM:
-    """A GGUF file decoded by llama.cpp, with a rollback-able cache.
+    """A GGUF file decoded by llama.cpp: one sequence of a shared llama.cpp context, with a
+    rollback-able cache, the features a head reads (`FeatureChannel`) and slots (`SlotScoring`).
 
     >>> lm = LlamaCppLM("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=4096, n_threads=2)
     >>> lm.prefill(prompt[:-1])
     >>> logits = lm.extend([prompt[-1], *drafted])   # float32 [1 + k, V]
     >>> lm.rollback(lm.length - 2)
+    >>> a, b = lm.new_slot(), lm.new_slot()           # sequences of the same cache
+    >>> rows_a, rows_b = lm.extend_slots([a, b], [[x], [y, z]])
 
-    n_ctx: positions the cache holds (prompt and new tokens together). n_threads: llama.cpp's
+    n_ctx: positions the cache holds, every sequence's together. n_threads: llama.cpp's
     threads, for one-token and many-token forwards alike (default: torch's count). n_batch: the
     most tokens one `llama_decode` takes; longer inputs are decoded in pieces of that size.
-    deterministic: decode every forward after the prompt in pieces of 2 or 3 tokens (`pieces`),
-    so that every row takes the same kernels and its logits do not depend on how many rows are
-    scored with it.
+    deterministic: decode every forward after the prompt in pieces of 2 to `widest_piece` tokens (`pieces`),
+    a lone token alone only where its forward takes the many-row attention too (`LONE_ROW_CELLS`),
+    so that a row's logits do not depend on how many rows are scored with it. sequences: the
+    most sequences (this one and its slots) the cache holds at once.
     """
 
     def __init__(
@@ -174,175 +246,501 @@ class LlamaCppLM:
         n_threads: int | None = None,
         n_batch: int = 512,
         deterministic: bool = True,
+        sequences: int = 16,
     ) -> None:
         require("the llama.cpp runtime")
-        import llama_cpp
+        self._shared = _Shared(Path(model_path), n_ctx, n_threads or torch.get_num_threads(), n_batch, deterministic, sequences)
+        self._join()
 
-        threads = n_threads or torch.get_num_threads()
-        self.api = llama_cpp
-        self.llama = llama_cpp.Llama(
-            model_path=str(model_path),
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            n_batch=n_batch,
-            logits_all=True,
-            flash_attn=True,  # the same attention for a forward of any size (module docstring)
-            verbose=False,
-        )
-        self.vocab_size = int(self.llama.n_vocab())
-        self.n_ctx = int(self.llama.n_ctx())
-        self.deterministic = deterministic
-        self.n_batch = int(self.llama.n_batch)
-        self._live = _Sequence(self.llama, self.llama._ctx, self.llama._batch, self.vocab_size)
-        self._scratch: _Sequence | None = None  # score's own context, made on first use
-        self._length = 0
+    def _join(self) -> None:
+        self.vocab_size = self._shared.vocab_size
+        self.hidden_size = self._shared.hidden_size
+        self.num_layers = self._shared.num_layers
+        self.n_ctx = self._shared.n_ctx
+        self.deterministic = self._shared.deterministic
+        self.seq = self._shared.join(self)
+        self._features = FeatureStore(self.hidden_size)
+        self._tokens: list[int] = []  # what the cache holds (a remade context decodes them again)
 
     @property
     def length(self) -> int:
-        return self._length
+        return len(self._tokens)
+
+    @property
+    def llama(self):
+        """The `llama_cpp.Llama` that loaded the file (its model is every context's)."""
+        return self._shared.llama
 
     def weight_bytes(self) -> int:
         """Bytes of the model's tensors as llama.cpp holds them (the file's blocks, mapped)."""
-        return int(self.api.llama_model_size(self.llama.model))
+        return int(self._shared.api.llama_model_size(self.llama.model))
 
     def kv_bytes_per_token(self) -> int:
         """Cache bytes one position takes: keys and values of every layer in float16."""
-        model = self.llama.model
-        head_dim = self.api.llama_model_n_embd(model) // self.api.llama_model_n_head(model)
-        return int(self.api.llama_model_n_layer(model) * 2 * self.api.llama_model_n_head_kv(model) * head_dim * 2)
+        api, model = self._shared.api, self.llama.model
+        head_dim = api.llama_model_n_embd(model) // api.llama_model_n_head(model)
+        return int(api.llama_model_n_layer(model) * 2 * api.llama_model_n_head_kv(model) * head_dim * 2)
 
     def reset(self) -> None:
-        self._live.clear()
-        self._length = 0
+        if self._tokens:
+            self._shared.forget(self.seq, 0)
+        self._tokens.clear()
+        self._features.reset()
 
     def prefill(self, ids: Sequence[int]) -> None:
         self.reset()
         if len(ids):
-            self._check_room(len(ids))
             check_score_ids(ids, self.vocab_size, "prefill")
-            self._decode(ids, rows=0, sizes=pieces(len(ids), self.n_batch, deterministic=False))
+            self._shared.check_room(len(ids))
+            sizes = pieces(len(ids), self._shared.n_batch, deterministic=False)
+            self._shared.run([[self._rows(ids[b : b + n], b, keep=0, size=n)] for b, n in _starts(sizes)])
 
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
-        self._check_room(len(tokens))
-        sizes = pieces(len(tokens), self.n_batch, self.deterministic)
-        return self._decode(tokens, rows=keep or len(tokens), sizes=sizes)  # [keep or n, V]
+        return self._shared.extend_slots([self], [tokens], [keep or len(tokens)])[0]  # [keep or n, V]
 
     def rollback(self, length: int) -> None:
-        if not 0 <= length <= self._length:
-            raise ValueError(f"cannot roll back to {length}; {self._length} tokens processed")
-        if length < self._length:
-            self._live.forget_from(length)
-            self._length = length
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length}; {self.length} tokens processed")
+        if length < self.length:
+            self._shared.forget(self.seq, length)
+            del self._tokens[length:]
+            self._features.truncate(length)
 
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         check_score_ids(ids, self.vocab_size)
-        if len(ids) > self.n_ctx:
-            raise ValueError(f"score got {len(ids)} tokens; the llama.cpp context holds {self.n_ctx}")
-        if self._scratch is None:
-            self._scratch = _Sequence.fresh(self.llama, self.vocab_size)
-        self._scratch.clear()
-        sizes = pieces(len(ids), self.n_batch, self.deterministic)
-        return self._scratch.decode(ids, 0, rows=len(ids), sizes=sizes)  # [T, V]
+        return self._shared.score(ids, ())[0]  # [T, V]
 
-    def _decode(self, tokens: Sequence[int], rows: int, sizes: list[int]) -> torch.Tensor:
-        try:
-            logits = self._live.decode(tokens, self._length, rows, sizes)
-        except BaseException:
-            self._live.forget_from(self._length)  # a piece may have been written before the failure
-            raise
-        self._length += len(tokens)
-        return logits
+    def _rows(self, tokens: Sequence[int], start: int, keep: int, size: int) -> _Rows:
+        """This sequence's piece of a forward: `tokens` at positions start.., the logits of the
+        last `keep`, in a forward of `size` rows (one more than the tokens: a padding row)."""
+        return _Rows(self, self.seq, np.asarray(tokens, dtype=np.int32), start, keep, size > len(tokens), self._features.taps)
 
-    def _check_room(self, n: int) -> None:
-        if self._length + n + self.deterministic > self.n_ctx:  # room for a padding row
-            raise ValueError(
-                f"{self._length} cached and {n} new tokens exceed the llama.cpp context of {self.n_ctx} "
-                "positions; build the model with a larger n_ctx"
-            )
+    def _advance(self, tokens: list[int], features: dict[Tap, torch.Tensor]) -> None:
+        """These tokens of this sequence were decoded; their recorded features."""
+        self._tokens += tokens
+        if self._features.taps:
+            self._features.append(features)
+
+    # --- FeatureChannel -------------------------------------------------------------------
+
+    def record_features(self, taps: Sequence[Tap]) -> None:
+        taps = check_taps(taps, self.num_layers)
+        self._shared.observe([tap for tap in taps if tap != FINAL])
+        for tap in taps:
+            self._features.add(tap, self.length)
+
+    def features(self, taps: Sequence[Tap], start: int, end: int) -> torch.Tensor:
+        return self._features.read(taps, start, end)
+
+    def score_features(self, ids: Sequence[int], taps: Sequence[Tap]) -> torch.Tensor:
+        check_score_ids(ids, self.vocab_size, "score_features")
+        self._features.check_recorded(taps)
+        captured = self._shared.score(ids, tuple(taps))[1]
+        return torch.cat([captured[tap] for tap in taps], dim=-1)  # [T, len(taps) H]
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self._shared.embeddings()
+
+    def output_embeddings(self) -> torch.Tensor:
+        return self._shared.output_embeddings()
+
+    # --- SlotScoring ----------------------------------------------------------------------
+
+    def new_slot(self, capacity: int = 256) -> LlamaCppLM:
+        """Another sequence of the same llama.cpp cache (empty), for one request of a batch; the
+        cache's n_ctx positions are shared by every sequence (capacity is not reserved)."""
+        slot = object.__new__(LlamaCppLM)
+        slot._shared = self._shared
+        slot._join()
+        return slot
+
+    def extend_slots(self, slots: Sequence[LlamaCppLM], tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Every slot's new rows in one `llama_decode` (deterministic: one per piece, `pieces`),
+        each slot a sequence attending to its own cells only; per slot its logits
+        float32 [n_i, V], equal to its own `extend` up to rounding (module docstring)."""
+        check_slots(slots, tokens, LlamaCppLM)
+        for slot, rows in zip(slots, tokens):
+            if slot._shared is not self._shared:
+                raise ValueError("extend_slots takes slots made by this model's new_slot")
+            check_extend(rows, None, self.vocab_size)
+        return self._shared.extend_slots(slots, tokens, [len(rows) for rows in tokens])
+
+    def reserve_slots(self, slots: int) -> None:
+        """Make room for `slots` sequences besides this one (the scheduler's slots): the cache
+        is remade for more sequences while none holds tokens."""
+        self._shared.reserve(slots + 1)
+
+    def __del__(self) -> None:
+        """A slot no longer referenced gives its sequence id and cache cells back."""
+        shared = getattr(self, "_shared", None)
+        if shared is not None and hasattr(self, "seq"):
+            shared.leave(self.seq)
 
 
-class _Sequence:
-    """Sequence 0 of one llama.cpp context, decoded through one batch whose token, position
-    and output-flag arrays are numpy views (written without a Python loop per token)."""
+@dataclasses.dataclass
+class _Rows:
+    """One sequence's part of a forward: tokens [n] at positions start..start+n-1, the logits
+    of the last `keep`, a padding row after them (decoded, then forgotten) where `pad`, and
+    the taps whose features the sequence records."""
 
-    def __init__(self, llama, context, batch, vocab_size: int) -> None:
+    owner: LlamaCppLM
+    seq: int
+    tokens: np.ndarray  # [n] int32
+    start: int
+    keep: int
+    pad: bool
+    taps: tuple[Tap, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens) + self.pad
+
+    @property
+    def outputs(self) -> int:
+        """Rows whose logits (and final-norm features) llama.cpp writes: every real row where
+        the final norm's features, or the last layer's (computed for output rows only), are kept."""
+        return len(self.tokens) if self.every_row else self.keep
+
+    @property
+    def every_row(self) -> bool:
+        return FINAL in self.taps or self.owner.num_layers in self.taps
+
+
+class _Shared:
+    """What the sequences of one loaded file share: the model, the live context whose cache
+    holds every sequence, score's context, the token embedding; and how forwards are cut."""
+
+    def __init__(self, path: Path, n_ctx: int, threads: int, n_batch: int, deterministic: bool, sequences: int) -> None:
         import llama_cpp
 
         self.api = llama_cpp
-        self.llama = llama  # keeps the model alive as long as this context
-        self.context, self.batch = context, batch
-        self.memory = llama_cpp.llama_get_memory(context.ctx)
-        self.vocab_size = vocab_size
-        raw = batch.batch
-        self.capacity = llama.n_batch
-        self.token = np.ctypeslib.as_array(raw.token, shape=(self.capacity,))
-        self.pos = np.ctypeslib.as_array(raw.pos, shape=(self.capacity,))
-        self.wanted = np.ctypeslib.as_array(raw.logits, shape=(self.capacity,))
-        np.ctypeslib.as_array(raw.n_seq_id, shape=(self.capacity,))[:] = 1
-        for i in range(self.capacity):
-            raw.seq_id[i][0] = 0
+        self.path = path
+        # The model, and the context settings every context copies; its own context is small and unused.
+        self.llama = llama_cpp.Llama(
+            model_path=str(path), n_ctx=256, n_threads=threads, n_threads_batch=threads, n_batch=256,
+            logits_all=True, flash_attn=True,  # the same attention for a forward of any size (module docstring)
+            verbose=False,
+        )
+        model = self.llama.model
+        self.vocab_size = int(self.llama.n_vocab())
+        self.hidden_size = int(llama_cpp.llama_model_n_embd(model))
+        self.num_layers = int(llama_cpp.llama_model_n_layer(model))
+        self.n_ctx, self.n_batch, self.sequences, self.threads = n_ctx, n_batch, sequences, threads
+        self.widest = widest_piece(path)
+        self.deterministic = deterministic
+        self.free = list(range(sequences))[::-1]  # sequence ids not taken
+        self.members: weakref.WeakValueDictionary[int, LlamaCppLM] = weakref.WeakValueDictionary()
+        self.layers: set[int] = set()  # layer taps some sequence records
+        self._live: _Context | None = None
+        self._scratch: _Context | None = None
+        self._embeddings: torch.Tensor | None = None
+        self.slotted = False  # a second sequence was made: cells are no longer one sequence's in order
 
-    @classmethod
-    def fresh(cls, llama, vocab_size: int) -> _Sequence:
-        """A second context over the same loaded model, with the same settings, and its batch."""
-        from llama_cpp import _internals
+    def join(self, member: LlamaCppLM) -> int:
+        if not self.free:
+            raise ValueError(f"the llama.cpp context holds {self.sequences} sequences at once, all taken; close a slot first")
+        seq = self.free.pop()
+        self.members[seq] = member
+        self.slotted = len(self.members) > 1 or self.slotted
+        return seq
 
-        context = _internals.LlamaContext(model=llama._model, params=llama.context_params, verbose=False)
-        batch = _internals.LlamaBatch(n_tokens=llama.n_batch, embd=0, n_seq_max=1, verbose=False)
-        return cls(llama, context, batch, vocab_size)
+    def leave(self, seq: int) -> None:
+        """Sequence `seq` is no longer used: its cells removed, its id free for another."""
+        self.forget(seq, 0)
+        self.members.pop(seq, None)
+        if seq not in self.free:
+            self.free.append(seq)
 
-    def clear(self) -> None:
-        self.api.llama_memory_clear(self.memory, True)
+    def live(self) -> _Context:
+        """The live context, made for the recorded layer taps and the sequences reserved:
+        remade where it lacks them, and then every sequence's cached tokens decoded into it again as a prompt is (no logits;
+        their kept features stay: the same numbers up to the prompt's rounding)."""
+        live = self._live
+        if live is None or not self.layers <= live.layers or live.sequences < self.sequences:
+            self._live = live = None  # freed before its successor is made
+            self._live = _Context(self, self.n_ctx, self.sequences, frozenset(self.layers))
+            for member in list(self.members.values()):
+                sizes = pieces(member.length, self.n_batch, deterministic=False)
+                for begin, size in _starts(sizes):
+                    tokens = np.asarray(member._tokens[begin : begin + size], dtype=np.int32)
+                    self._live.decode([_Rows(member, member.seq, tokens, begin, 0, False, ())])
+        return self._live
 
-    def forget_from(self, position: int) -> None:
-        """Remove the cache cells of positions >= `position`."""
-        self.api.llama_memory_seq_rm(self.memory, 0, position, -1)
+    def forget(self, seq: int, position: int) -> None:
+        if self._live is not None:
+            self._live.forget(seq, position)
 
-    def decode(self, tokens: Sequence[int], start: int, rows: int, sizes: list[int]) -> torch.Tensor:
-        """Decode `tokens` at positions start.. in forwards of `sizes` tokens (`pieces`; a size
-        one more than the tokens left pads them with a row that is decoded and then forgotten);
-        the logits of the last `rows` tokens, float32 [rows, V]."""
-        n = len(tokens)
-        ids = np.asarray(tokens, dtype=np.int32)  # [n]
-        logits = torch.empty(rows, self.vocab_size, dtype=torch.float32)  # [rows, V]
-        written, begin = 0, 0
-        for size in sizes:
-            end = min(n, begin + size)
-            real = end - begin
-            self.token[:real] = ids[begin:end]
-            self.pos[:real] = np.arange(start + begin, start + end, dtype=np.int32)
-            self.wanted[:real] = np.arange(begin, end) >= n - rows
-            if size > real:  # a padding row, never read, so that a lone token takes the two-row kernels
-                self.token[real], self.pos[real], self.wanted[real] = ids[end - 1], start + end, 0
-            self.batch.batch.n_tokens = size
-            self.context.decode(self.batch)
-            if size > real:
-                self.forget_from(start + end)
-            outputs = int(self.wanted[:real].sum())
-            if outputs:
-                buffer = np.ctypeslib.as_array(self.context.get_logits(), shape=(outputs, self.vocab_size))
-                logits[written : written + outputs] = torch.from_numpy(buffer)
-                written += outputs
-            begin = end
+    def observe(self, layers: Sequence[int]) -> None:
+        """Keep layer outputs at these taps from now on (`live` remakes the context for them)."""
+        self.layers |= set(layers)
+
+    def reserve(self, sequences: int) -> None:
+        """Hold at least this many sequences at once (`live` remakes the context for them)."""
+        if sequences > self.sequences:
+            self.free = list(range(sequences - 1, self.sequences - 1, -1)) + self.free
+            self.sequences = sequences
+
+    def check_room(self, n: int) -> None:
+        used = sum(member.length for member in list(self.members.values()))
+        if used + n + self.deterministic > self.n_ctx:  # room for a padding row
+            raise ValueError(
+                f"{used} cached and {n} new tokens exceed the llama.cpp context of {self.n_ctx} positions; build the "
+                "model with a larger n_ctx"
+            )
+
+    def pads_a_lone_row(self, start: int) -> bool:
+        """Whether a forward of one row at position `start` needs a padding row to take the
+        many-row attention: deterministic, on more than one thread (one thread's split of the
+        cache is one piece, the many-row arithmetic), where its KV view may reach 512 cells
+        (past `LONE_ROW_CELLS` positions, or once other sequences share the cache)."""
+        return self.deterministic and self.threads > 1 and (self.slotted or start >= LONE_ROW_CELLS)
+
+    def extend_slots(self, members: Sequence[LlamaCppLM], tokens: Sequence[Sequence[int]], keeps: Sequence[int]) -> list[torch.Tensor]:
+        """Each member's tokens after its cache, cut into pieces (`pieces`), the members' j-th
+        pieces in one forward; per member the logits of its last keep rows, float32 [keep, V]."""
+        self.check_room(sum(map(len, tokens)))
+        cut = [pieces(len(rows), self.n_batch, self.deterministic, not self.pads_a_lone_row(member.length), self.widest)
+               for member, rows in zip(members, tokens)]
+        forwards: list[list[_Rows]] = []
+        for member, rows, keep, sizes in zip(members, tokens, keeps, cut):
+            for j, (begin, size) in enumerate(_starts(sizes)):
+                piece = rows[begin : begin + size]
+                kept = max(0, keep - (len(rows) - begin - len(piece)))  # its rows among the last `keep`
+                if j == len(forwards):
+                    forwards.append([])
+                forwards[j].append(member._rows(piece, member.length + begin, min(kept, len(piece)), size))
+        logits = self.run(forwards)
+        return [rows[0] if len(rows) == 1 else torch.cat(rows) for rows in (logits[id(member)] for member in members)]
+
+    def run(self, forwards: list[list[_Rows]]) -> dict[int, list[torch.Tensor]]:
+        """Decode the forwards in order on the live context, then advance each member by its
+        rows (a failure forgets every cell the call wrote and re-raises, nothing advanced); per
+        member (by id) the logits rows of every forward it took part in."""
+        context = self.live()
+        members = {id(part.owner): part.owner for parts in forwards for part in parts}
+        logits: dict[int, list[torch.Tensor]] = {key: [] for key in members}
+        features: dict[int, list[dict[Tap, torch.Tensor]]] = {key: [] for key in members}
+        decoded: dict[int, list[int]] = {key: [] for key in members}
+        try:
+            for parts in forwards:
+                for part, rows, captured in zip(parts, *context.decode(parts)):
+                    logits[id(part.owner)].append(rows)
+                    features[id(part.owner)].append(captured)
+                    decoded[id(part.owner)] += part.tokens.tolist()
+        except BaseException:
+            for member in members.values():
+                context.forget(member.seq, member.length)
+            raise
+        for key, member in members.items():
+            taps = member._features.taps
+            member._advance(decoded[key], {tap: torch.cat([f[tap] for f in features[key]]) for tap in taps})
         return logits
 
+    def score(self, ids: Sequence[int], taps: tuple[Tap, ...]) -> tuple[torch.Tensor, dict[Tap, torch.Tensor]]:
+        """A fresh recomputation in score's own context (its cache cleared first): the logits
+        [T, V] and the features {tap: [T, H]} of every position of `ids`, the same pieces as
+        `extend` of them after an empty cache."""
+        if len(ids) > self.n_ctx:
+            raise ValueError(f"score got {len(ids)} tokens; the llama.cpp context holds {self.n_ctx}")
+        layers = frozenset(tap for tap in taps if tap != FINAL)
+        if self._scratch is None or not layers <= self._scratch.layers:
+            self._scratch = _Context(self, self.n_ctx, 1, layers | (self._scratch.layers if self._scratch else frozenset()))
+        context = self._scratch
+        context.forget(0, 0)
+        owner = _Scorer(self.num_layers, taps)
+        logits, features = [], {tap: [] for tap in taps}
+        sizes = pieces(len(ids), self.n_batch, self.deterministic, True, self.widest)  # position 0: lone is safe
+        for begin, size in _starts(sizes):
+            piece = np.asarray(ids[begin : begin + size], dtype=np.int32)
+            part = _Rows(owner, 0, piece, begin, len(piece), size > len(piece), taps)
+            rows, captured = context.decode([part])
+            logits.append(rows[0])
+            for tap in taps:
+                features[tap].append(captured[0][tap])
+        return torch.cat(logits), {tap: torch.cat(rows) for tap, rows in features.items()}
 
-def pieces(n: int, n_batch: int, deterministic: bool) -> list[int]:
-    """The forward sizes that decode n tokens: up to `n_batch` each, or, deterministic, only 2
-    or 3 (threes, then twos for a remainder: 4 -> 2 + 2, 7 -> 3 + 2 + 2; a lone token -> 2,
-    its second row a padding row).
+    def embeddings(self) -> torch.Tensor:
+        """The token embedding [V, H] float32, the file's blocks dequantized (the rows llama.cpp's
+        lookup gives, and the fast runtime's embedding of the same file, bit for bit), read once."""
+        if self._embeddings is None:
+            self._embeddings, self._output = gguf_embeddings(self.path)
+        return self._embeddings
+
+    def output_embeddings(self) -> torch.Tensor:
+        self.embeddings()
+        return self._output
+
+
+def gguf_embeddings(gguf: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF file's token embedding and output head, float32 [V, H] each (the same tensor
+    where the file ties them: no `output.weight`)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    tensors = {tensor.name: tensor for tensor in GGUFReader(gguf).tensors}
+
+    def read(name: str) -> torch.Tensor:
+        tensor = tensors[name]
+        return torch.from_numpy(np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+
+    embedding = read("token_embd.weight")  # [V, H]
+    return embedding, read("output.weight") if "output.weight" in tensors else embedding
+
+
+class _Scorer:
+    """The owner of score's rows: what `_Rows` reads of a sequence (its layer count)."""
+
+    def __init__(self, num_layers: int, taps: tuple[Tap, ...]) -> None:
+        self.num_layers = num_layers
+        self.taps = taps
+
+
+class _Context:
+    """One llama.cpp context over the shared model: `sequences` sequences in one unified cache,
+    one batch written through numpy views, and the features of a forward: the final norm's
+    output through llama.cpp's embeddings output, decoder-layer outputs through an eval
+    callback that copies the tensors `l_out-i` as the graph computes them (`layers`)."""
+
+    def __init__(self, shared: _Shared, n_ctx: int, sequences: int, layers: frozenset[int]) -> None:
+        from llama_cpp import _ggml, _internals
+
+        api = shared.api
+        self.api = api
+        self.shared = shared
+        self.layers, self.sequences = layers, sequences
+        self.vocab_size, self.hidden_size = shared.vocab_size, shared.hidden_size
+        params = type(shared.llama.context_params).from_buffer_copy(shared.llama.context_params)
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = shared.n_batch
+        params.n_seq_max = sequences
+        params.kv_unified = True  # one cache: a forward of several sequences is one ubatch, as one sequence's is
+        self.names = {f"l_out-{layer - 1}".encode(): layer for layer in layers}
+        self.captured: dict[int, list[np.ndarray]] = {layer: [] for layer in layers}
+        if layers:
+            ggml = _ggml.libggml
+            ggml.ggml_get_name.restype, ggml.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+            ggml.ggml_get_data_f32.restype = ctypes.POINTER(ctypes.c_float)
+            ggml.ggml_get_data_f32.argtypes = [ctypes.c_void_p]
+            ggml.ggml_nelements.restype, ggml.ggml_nelements.argtypes = ctypes.c_int64, [ctypes.c_void_p]
+            self.ggml = ggml
+            self.callback = api.ggml_backend_sched_eval_callback(self._observe)  # kept: llama.cpp holds a pointer
+            params.cb_eval = self.callback
+        self.context = _internals.LlamaContext(model=shared.llama._model, params=params, verbose=False)
+        self.memory = api.llama_get_memory(self.context.ctx)
+        self.embedding = False
+        self.batch = _internals.LlamaBatch(n_tokens=shared.n_batch, embd=0, n_seq_max=1, verbose=False)
+        raw = self.batch.batch
+        capacity = shared.n_batch
+        self.token = np.ctypeslib.as_array(raw.token, shape=(capacity,))
+        self.pos = np.ctypeslib.as_array(raw.pos, shape=(capacity,))
+        self.wanted = np.ctypeslib.as_array(raw.logits, shape=(capacity,))
+        np.ctypeslib.as_array(raw.n_seq_id, shape=(capacity,))[:] = 1
+        self.seq_ids = [raw.seq_id[i] for i in range(capacity)]
+
+    def _observe(self, tensor: int, ask: bool, user_data) -> bool:
+        layer = self.names.get(self.ggml.ggml_get_name(tensor))
+        if layer is None:
+            return False
+        if not ask:  # computed: its rows [n_tokens, H], float32, in the batch's order
+            data = np.ctypeslib.as_array(self.ggml.ggml_get_data_f32(tensor), shape=(self.ggml.ggml_nelements(tensor),))
+            self.captured[layer].append(data.reshape(-1, self.hidden_size).copy())
+        return True
+
+    def forget(self, seq: int, position: int) -> None:
+        """Remove sequence `seq`'s cache cells of positions >= `position`."""
+        self.api.llama_memory_seq_rm(self.memory, seq, position, -1)
+
+    def decode(self, parts: Sequence[_Rows]) -> tuple[list[torch.Tensor], list[dict[Tap, torch.Tensor]]]:
+        """One `llama_decode` of every part's rows; per part its logits float32 [keep, V] and
+        its recorded taps' features {tap: [n, H]} (padding rows dropped, their cells forgotten)."""
+        row = 0
+        for part in parts:
+            n = len(part.tokens)
+            rows = slice(row, row + part.size)
+            self.token[row : row + n] = part.tokens
+            self.pos[rows] = np.arange(part.start, part.start + part.size, dtype=np.int32)
+            self.wanted[row : row + n] = np.arange(n) >= n - part.outputs
+            if part.pad:  # never read: a lone token then takes the many-row kernels
+                self.token[row + n], self.wanted[row + n] = part.tokens[-1], 0
+            for i in range(rows.start, rows.stop):
+                self.seq_ids[i][0] = part.seq
+            row += part.size
+        embedding = any(FINAL in part.taps for part in parts)
+        if embedding:  # llama.cpp writes the embeddings of every row then, padding rows too
+            self.wanted[:row] = 1
+        if embedding != self.embedding:
+            self.api.llama_set_embeddings(self.context.ctx, embedding)
+            self.embedding = embedding
+        self.batch.batch.n_tokens = row
+        for kept in self.captured.values():
+            kept.clear()
+        try:
+            self.context.decode(self.batch)
+        except RuntimeError as error:
+            raise ValueError(f"llama.cpp could not decode {row} rows ({error}); its context may be full") from None
+        finally:
+            for part in parts:
+                if part.pad:
+                    self.forget(part.seq, part.start + len(part.tokens))
+        wanted = self.wanted[:row].astype(np.int64)  # [rows]
+        index = np.cumsum(wanted) - wanted  # [rows]: each output row's place among the outputs
+        outputs = int(wanted.sum())
+        logits = np.ctypeslib.as_array(self.context.get_logits(), shape=(outputs, self.vocab_size)) if outputs else None
+        normed = (np.ctypeslib.as_array(self.api.llama_get_embeddings(self.context.ctx), shape=(outputs, self.hidden_size))
+                  if embedding else None)
+        layers = {layer: np.concatenate(kept) for layer, kept in self.captured.items() if kept}
+        scored, features, row = [], [], 0
+        for part in parts:
+            n = len(part.tokens)
+            real = index[row : row + n]  # the outputs of its rows (where they are outputs)
+            scored.append(torch.from_numpy(logits[real[n - part.keep :]]) if part.keep else torch.empty(0, self.vocab_size))
+            captured = {}
+            for tap in part.taps:
+                if tap == FINAL:
+                    captured[tap] = torch.from_numpy(normed[real])
+                elif tap == self.shared.num_layers:  # computed for the output rows only, which its rows all are
+                    captured[tap] = torch.from_numpy(layers[tap][real])
+                else:
+                    captured[tap] = torch.from_numpy(layers[tap][row : row + n])
+            features.append(captured)
+            row += part.size
+        return scored, features
+
+
+def pieces(n: int, n_batch: int, deterministic: bool, lone: bool = False, widest: int = 3) -> list[int]:
+    """The forward sizes that decode n tokens: up to `n_batch` each, or, deterministic, between 2
+    and `widest` (`widest`s, then the remainder, or two pieces for a remainder of one: with
+    widest 3, 4 -> 2 + 2, 7 -> 3 + 2 + 2; a lone token -> 2, its second row a padding row, or 1
+    where `lone` says its forward takes the many-row path).
 
     >>> pieces(1, 512, True), pieces(4, 512, True), pieces(7, 512, True), pieces(7, 512, False)
     ([2], [2, 2], [3, 2, 2], [7])
+    >>> pieces(1, 512, True, lone=True), pieces(5, 512, True, widest=63), pieces(64, 512, True, widest=63)
+    ([1], [5], [62, 2])
     """
     if not deterministic:
         return [min(n_batch, n - begin) for begin in range(0, n, n_batch)]
     if n <= 1:
-        return [2] * n
-    threes, rest = divmod(n, 3)
-    return {0: [3] * threes, 1: [3] * (threes - 1) + [2, 2], 2: [3] * threes + [2]}[rest]
+        return [1 if lone else 2] * n
+    whole, rest = divmod(n, widest)
+    if rest == 1:
+        return [widest] * (whole - 1) + [widest - 1, 2]
+    return [widest] * whole + [rest] * (rest > 0)
+
+
+def widest_piece(gguf: Path) -> int:
+    """The most rows a deterministic forward decodes: `FLASH_ROWS` where every matrix of the
+    file is of a block type whose product computes each row alone (`ROWS_ALONE`), else 3 (a
+    K-quant's repacked kernel takes 4 rows and more otherwise)."""
+    from verispec.models.load_plan import matrix_types  # load_plan imports this module
+
+    return FLASH_ROWS if matrix_types(gguf) <= ROWS_ALONE else 3
+
+
+def _starts(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """(first token, forward size) of each piece `pieces` cut."""
+    return [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]
 
 
 if __name__ == "__main__":

@@ -133,8 +133,9 @@ class LoadedModel:
         """What a quantized format did to the model, for wherever it is chosen; None for float."""
         if self.weight_format == WeightFormat.GGUF:
             pieces = (
-                "; every forward after the prompt decodes 2 or 3 tokens (a lone token with a padding row), so a "
-                "row's logits do not depend on how many rows are scored with it"
+                "; every forward after the prompt decodes a number of rows that gives a row the same bits (a lone "
+                "token with a padding row where llama.cpp would score it otherwise), so a row's logits do not depend "
+                "on how many rows are scored with it"
                 if getattr(self.lm, "deterministic", False) else
                 "; --no-deterministic: a row's logits depend on how many rows are scored with it, so the output "
                 "follows no one fixed target and greedy speculative output may part from plain decoding"
