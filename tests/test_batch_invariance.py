@@ -16,11 +16,16 @@ import random
 
 import pytest
 import torch
+from test_hf_adapter import tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from verispec import GREEDY, SamplingParams, generate
+from verispec.batching import Scheduler
 from verispec.models.linear import MAX_BLOCK, PackedLinear, row_blocks
 from verispec.models.llama import LlamaRuntime
 from verispec.models.quant import linear_for
+from verispec.proposers import DraftModel
+from verispec.request import Request
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
@@ -126,3 +131,31 @@ def test_a_slot_scores_the_same_bits_whatever_slots_share_its_steps(model, dtype
             assert torch.equal(logits, alone[i][done[i]]), (dtype, i, done[i], [len(r) for r in rows])
             done[i] += 1
     assert largest > 129 and sum(done) >= 20  # steps crossed every block size, most rows were scored
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_each_request_of_a_mixed_batch_decodes_as_alone(model, dtype) -> None:
+    """The Scheduler over the same model: seven requests (greedy and seeded, plain and drafted
+    by a small draft model at k up to 15, so steps score up to ~50 rows), five at once then two
+    joining as others leave; each request's tokens equal the same request decoded alone."""
+    lm = RUNTIMES[dtype](model)
+    draft = LlamaRuntime.from_hf(tiny_llama(1, layers=1, vocab=VOCAB))
+    rng = random.Random(1)
+    requests = []
+    for i in range(7):
+        prompt = tuple(rng.randrange(VOCAB) for _ in range(rng.randint(1, 40)))
+        sampling = GREEDY if i % 3 else SamplingParams(temperature=0.9)
+        k = (0, 15, 8, 12, 3, 15, 10)[i]
+        requests.append(Request(prompt, rng.randint(6, 20), sampling=sampling, seed=i, proposer="draft" if k else None, k=k))
+
+    def proposer(request: Request) -> DraftModel | None:
+        return DraftModel(draft.new_slot()) if request.k else None
+
+    scheduler = Scheduler(lm, lambda request, slot: (proposer(request), request.k), max_slots=5)
+    jobs = [scheduler.submit(request) for request in requests]
+    scheduler.run()
+    assert max(scheduler.step_rows) > 32
+    for job, request in zip(jobs, requests):
+        alone = generate(lm, proposer(request), list(request.prompt_ids),
+                         max_new_tokens=request.max_new_tokens, sampling=request.sampling, k=request.k, seed=request.seed)
+        assert job.tokens == alone.tokens, (dtype, request.k, request.sampling)
