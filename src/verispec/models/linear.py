@@ -81,7 +81,8 @@ class PackedLinear(RowProjection):
     whatever the other rows, bit for bit. The product runs in blocks of at most
     `blocks.size` rows, each through the kernel that every block size up to it shares, and a
     lone row is padded to two where the one-row kernel sums differently (`row_blocks`,
-    probed at construction).
+    probed at construction, at the torch thread count then set: the blocks of a shape whose
+    kernel oneDNN splits by threads hold for that count).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
