@@ -7,23 +7,36 @@ module here and a new branch in `projection`, and nothing else changes.
 Float weights go to oneDNN prepacked once (`PackedLinear`). Measured on a 2-core AMD EPYC
 (torch 2.13, one thread, the 30 layers' projections of SmolLM2-135M, machine loaded): float32
 61 ms at M = 1 against 85-96 ms for `F.linear` (MKL), bfloat16 36 against 58 ms (`F.linear`
-reorders the weight on every call). Packed with a batch hint of 2, a row's output is also the
-same bits whatever the number of rows M, except at M = 1 for some shapes (K = 1536, float32
-and bfloat16: another kernel); `PackedLinear` probes that once per shape and then scores a
-single row as two.
+reorders the weight on every call).
+
+Row invariance: a row's output must be the same bits whatever other rows are computed with it
+(the fast runtime's batch-invariant scoring). oneDNN chooses its kernel, and with it the order
+in which a row's sum is taken, by the number of rows M: on some shapes a single row takes
+another kernel (K = 1536, float32 and bfloat16), and on a CPU with AMX bfloat16 products of
+more than 32 rows take the AMX tiles, whose sums come out in other orders (several, by M, for
+K = 1536 and 8,960), unless the weight is packed for one row. `row_blocks` probes each shape
+once for the packing and the largest block of rows over which every row keeps its bits, and
+`PackedLinear` computes a product in such blocks (a lone row padded to two where it must be).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from verispec.models.weight_format import PROJECTION, WeightFormat, parse
 
-# oneDNN picks its kernel by this expected row count; 2 keeps single rows on the gemm path.
-PACK_ROWS = 2
+# oneDNN packs a weight for the kernel it would choose at an expected row count: these are
+# tried, in order of preference (`row_blocks`); 2 keeps single rows on the gemm path.
+PACK_ROWS = (2, 1)
+# Row counts `row_blocks` compares, ascending (thresholds sit at and around powers of two), and
+# the block sizes it may choose: the largest power of two up to which every probed count agrees.
+PROBE_ROWS = (2, 3, 5, 8, 9, 16, 17, 24, 31, 32, 33, 48, 63, 64, 65, 96, 127, 128)
+PROBE_OUT = 2048  # output columns the probe computes at most
+MAX_BLOCK = PROBE_ROWS[-1]
 INT8_K_MULTIPLE = 16  # `Int8Linear`'s kernel needs the input width K a multiple of this
 
 
@@ -64,22 +77,32 @@ class RowProjection(nn.Module):
 class PackedLinear(RowProjection):
     """y = x W^T (+ b) through oneDNN with W[out, in] prepacked (float32 or bfloat16).
 
-    Rows are shape-invariant: row i of the output depends only on row i of x, whatever M,
-    bit for bit (checked at construction; a single row is padded to two where the kernel for
-    one row rounds differently).
+    Rows are batch-invariant: row i of the output depends only on row i of x, whatever M and
+    whatever the other rows, bit for bit. The product runs in blocks of at most
+    `blocks.size` rows, each through the kernel that every block size up to it shares, and a
+    lone row is padded to two where the one-row kernel sums differently (`row_blocks`,
+    probed at construction, at the torch thread count then set: the blocks of a shape whose
+    kernel oneDNN splits by threads hold for that count).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.in_features = weight.shape[1]
         self.exact = True  # the weight as given, packed: no rounding (`DenseLinear.exact`)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)  # opaque oneDNN layout
+        self.blocks = row_blocks(*weight.shape, weight.dtype)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.blocks.pack_rows)  # opaque oneDNN layout
         self.bias = bias  # [out] or None
-        self.pad_single_row = not single_row_matches(*weight.shape, weight.dtype)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """x[M, in] -> y[M, out]."""
-        if self.pad_single_row and x.shape[0] == 1:
+        size = self.blocks.size
+        if x.shape[0] <= size:
+            return self._block(x)
+        return torch.cat([self._block(block) for block in x.split(size)])
+
+    def _block(self, x: torch.Tensor) -> torch.Tensor:
+        """x[m, in] -> y[m, out] for m <= blocks.size: one kernel call."""
+        if self.blocks.pad_single and x.shape[0] == 1:
             return self._linear(x.expand(2, -1).contiguous())[:1]
         return self._linear(x)
 
@@ -128,25 +151,77 @@ def prepacks(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+@dataclass(frozen=True)
+class RowBlocks:
+    """How a prepacked product of one shape keeps each row's bits whatever rows come with it:
+    the weight packed for `pack_rows` rows, at most `size` rows per kernel call, and a lone
+    row padded to two (`pad_single`) where the one-row kernel sums in another order."""
+
+    pack_rows: int
+    size: int
+    pad_single: bool
+
+
+def row_blocks(out_features: int, in_features: int, dtype: torch.dtype) -> RowBlocks:
+    """The row blocks of a prepacked linear of this shape: for each packing in `PACK_ROWS`,
+    the largest power of two up to which every probed row count sums a row alike
+    (`probe_blocks`); the packing with the larger blocks, the first on a tie. Probed once
+    per shape, dtype and torch thread count (oneDNN splits the work by threads).
+
+    Measured on a 2-core Intel Xeon with AMX (torch 2.13): bfloat16 weights packed for 2 rows
+    take one kernel up to 32 rows and the AMX tiles past them, which sum each row in another
+    order; packed for 1 row, every product from 1 to 128 rows sums a row alike for K = 576 and
+    1,536 at the same speed (the default model's shapes), but K = 8,960 switches at 16 rows
+    (8 on two threads), where packing for 2 keeps 32. On an AMD EPYC without AMX, packing for
+    2 rows kept one kernel for every row count but a single row at K = 1536."""
+    return _row_blocks(out_features, in_features, dtype, torch.get_num_threads())
+
+
 @functools.cache
-def single_row_matches(out_features: int, in_features: int, dtype: torch.dtype) -> bool:
-    """Whether a prepacked linear of this shape gives one row the same bits alone as among
-    seven others. Probed once per shape (the kernel depends on the shape, not the values)
-    on rows whose exact products cancel to zero (x = (a, a permuted), w = (b, -b permuted)):
-    the output is then pure rounding residue, which differs under any other summation
-    order, even after a bfloat16 output rounding that hides the differences of random data.
+def _row_blocks(out_features: int, in_features: int, dtype: torch.dtype, threads: int) -> RowBlocks:
+    del threads  # part of the cache key
+    best = None
+    for pack in PACK_ROWS:
+        blocks = probe_blocks(out_features, in_features, dtype, pack)
+        if best is None or blocks.size > best.size:
+            best = blocks
+        if best.size == MAX_BLOCK:
+            break
+    return best
+
+
+def probe_blocks(out_features: int, in_features: int, dtype: torch.dtype, pack: int) -> RowBlocks:
+    """The row blocks of a weight of this shape packed for `pack` rows (the kernel depends
+    on the shape, not the values): products of the first m of 128 rows, m in `PROBE_ROWS`,
+    each compared with the previous one on the rows they share, over at most `PROBE_OUT`
+    output columns; the block size is the largest power of two up to which all agree (at
+    least 2: two rows, or one padded to two, are always the same call). The rows are chosen
+    so that their exact products cancel to zero (x = (a, a permuted), w = (b, -b permuted)):
+    the output is then pure rounding residue, which differs under any other summation order,
+    even after a bfloat16 output rounding that hides the differences of random data.
     """
     generator = torch.Generator().manual_seed(0)
     half = in_features // 2
-    a = torch.randn(8, half, generator=generator)
-    b = torch.randn(out_features, half, generator=generator)
+    a = torch.randn(MAX_BLOCK, half, generator=generator)
+    columns = min(out_features, PROBE_OUT)
+    b = torch.randn(columns, half, generator=generator)
     order = torch.randperm(half, generator=generator)
     tail = in_features - 2 * half  # an odd width: one zero column
-    x = torch.cat((a, a[:, order], a.new_zeros(8, tail)), 1).to(dtype)  # [8, in]
-    weight = torch.cat((b, -b[:, order], b.new_zeros(out_features, tail)), 1).to(dtype)  # [out, in]
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
-    rows = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    return torch.equal(torch.ops.mkldnn._linear_pointwise(x[:1], packed, None, "none", [], ""), rows[:1])
+    x = torch.cat((a, a[:, order], a.new_zeros(MAX_BLOCK, tail)), 1).to(dtype)  # [128, in]
+    weight = torch.cat((b, -b[:, order], b.new_zeros(columns, tail)), 1).to(dtype)  # [columns, in]
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, pack)
+
+    def product(m: int) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x[:m], packed, None, "none", [], "")  # [m, columns]
+
+    previous, agreed = product(PROBE_ROWS[0]), PROBE_ROWS[0]
+    pad_single = not torch.equal(product(1), previous[:1])
+    for m in PROBE_ROWS[1:]:
+        rows = product(m)
+        if not torch.equal(rows[:agreed], previous):
+            break
+        previous, agreed = rows, m
+    return RowBlocks(pack, 1 << (agreed.bit_length() - 1), pad_single)
 
 
 def projection(

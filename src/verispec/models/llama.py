@@ -212,7 +212,7 @@ class LlamaRuntime:
 
         layers = []
         with torch.no_grad():
-            # The head first: packing it (and probing its shape, `linear.single_row_matches`)
+            # The head first: packing it (and probing its shape, `linear.row_blocks`)
             # takes several times its weight for a moment, best spent before the layers exist.
             # Read apart from the embedding even where tied: a file's page is resident once read,
             # and the embedding's are read only as tokens are looked up.
