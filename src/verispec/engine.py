@@ -61,7 +61,7 @@ from verispec.models.base import CausalLM, TreeScoring
 from verispec.plan import Plan
 from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
-from verispec.randomness import Random, TorchRandom
+from verispec.randomness import Random, Round, TorchRandom
 from verispec.request import Request
 from verispec.sampling import SamplingParams, penalised, rule_rows
 from verispec.stats import Stats
@@ -72,8 +72,12 @@ T = TypeVar("T")
 
 @dataclass
 class Generation:
+    """The tokens, the statistics and the seed they were drawn with (the request's, drawn when
+    it named none: `Request.seed`)."""
+
     tokens: list[int]
     stats: Stats
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,7 @@ class Decoding:
         if getattr(self.policy, "trees", False) and request.verifier == "block":
             raise ValueError("block verification is defined for chains; verify trees with auto or token, or give a chain k")
         self.choose_rule = verify.rule_chooser(request.verifier, request.sampling.greedy)
+        self.keyed = verify.keyed_rounds(request.verifier, request.sampling.greedy)
         self.tokens: list[int] = []
         self.stats = Stats()
         self._context: list[int] = []  # prompt + emitted; its last token is the pending token
@@ -238,7 +243,7 @@ class Decoding:
         self.stats.record_plan(plan.describe(), plan.source)
         if not plan.nodes:
             return Proposal(plan, EMPTY_DRAFT, 0.0)
-        draft, seconds = timed(self.clock, drafted, self.proposer, plan, self._context, self.rng)
+        draft, seconds = timed(self.clock, drafted, self.proposer, plan, self._context, self._round_random())
         check_draft(draft, plan, self.target.vocab_size)
         return Proposal(plan, draft.cut_after(self.eos_ids), seconds)
 
@@ -289,7 +294,12 @@ class Decoding:
         read each row's context first, or the checked logits when greedy) and apply the rule
         chosen for this draft."""
         logits = penalised(logits, self.sampling, self._context, draft.row_prefixes(), len(self.tokens), self.eos_ids)
-        return self.choose_rule(draft)(rule_rows(logits, self.sampling), draft, self.rng)
+        return self.choose_rule(draft)(rule_rows(logits, self.sampling), draft, self._round_random())
+
+    def _round_random(self) -> Round:
+        """The request's `Random` as this round's proposer and rule see it: positions from the
+        round's first new token, keyed drafts under the coupled rule."""
+        return Round(self.rng, len(self._context), self.keyed)
 
     def _commit(self, proposal: Proposal, scored: Scored, verdict: Verdict | TreeVerdict, draft_seconds: float) -> list[int]:
         """Emit accepted + next (cut at EOS), crop the caches to the emitted prefix but the
@@ -325,7 +335,7 @@ def generate(target: CausalLM, proposer: Proposer | None, request: Request | Seq
     run = Decoding(target, proposer, request, **options)
     for _ in run:
         pass
-    return Generation(run.tokens, run.stats)
+    return Generation(run.tokens, run.stats, run.request.seed)
 
 
 def stream(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Decoding:

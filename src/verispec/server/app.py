@@ -9,10 +9,10 @@ the request's `speculative_decoding` (vLLM's counts: drafts, drafted and accepte
 accepted by position) and llama-server's `timings`; a streamed reply carries them on its last
 chunk (and `usage` on a chunk of its own with `stream_options.include_usage`).
 
-Seeded requests: a sampled request with a seed decodes at a k that depends on nothing but its
-tokens (`Request.fixed_k`: a measured `auto` or `tree` policy held at its profile's first
-plan), so it reproduces whatever the k policy; one without a seed gets a fresh seed and the
-policy as it is.
+Seeds: a sampled reply's tokens are plain decoding's for its seed whatever the speculation
+(the coupled rule), so a seeded request reproduces with the k policy adapting freely; one
+without a seed gets a fresh seed, and every reply reports its `seed` (as vLLM's sampling
+parameters name it), so any reply can be replayed.
 
 Every refusal is one OpenAI-style JSON error, `{"error": {"message", "type", "param", "code"}}`:
 400 a bad field or too long a prompt, 401 a missing or wrong key (`api_key`), 404 an unknown
@@ -368,8 +368,6 @@ class ServerApp:
                 tuple(ids), budget, sampling=sampling,
                 eos_token_ids=(frozenset() if body.ignore_eos else served.eos_token_ids) | stop_ids,
                 seed=fresh_seed() if body.seed is None else body.seed, proposer=served.proposer, k=served.k,
-                # a seeded draw reproduces: its k must not learn from timings
-                fixed_k=body.seed is not None and not sampling.greedy,
                 request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
             )
         except ValueError as error:
@@ -427,6 +425,7 @@ class Reply:
         served = self.app.served
         return {
             "usage": usage(prompt, output.completion_tokens),
+            "seed": self.request.seed,
             "speculative_decoding": speculative_decoding(output.finished.speculation, served.proposer,
                                                          served.k_label),
             "timings": timings(prompt, output.completion_tokens, output.finished),
@@ -470,7 +469,8 @@ class Reply:
             extras = self._extras(output)
             last = {**self._head(True), "choices": [self._choice(output, "", output.finish_reason, {} if self.chat
                                                                  else None)]}
-            last.update(speculative_decoding=extras["speculative_decoding"], timings=extras["timings"])
+            last.update(seed=extras["seed"], speculative_decoding=extras["speculative_decoding"],
+                        timings=extras["timings"])
             yield sse(last)
             if self.body.include_usage:
                 yield sse({**self._head(True), "choices": [], "usage": extras["usage"]})
