@@ -41,6 +41,12 @@ Requests: a request is data (`Request`, greedy unless its sampling says otherwis
 keyword form (`generate(target, proposer, prompt_ids, max_new_tokens=..., ...)`) builds one,
 so both forms validate and default alike.
 
+Randomness: each round's proposer and rule see the request's `Random` as a `Round` (positions
+counted from the round's first new token). Under the coupled rule (the default at temperature
+> 0) every token is the target's sample keyed by (seed, position) and sampled drafts race on the
+same noise, so the tokens are plain decoding's for the seed whatever the plan
+(`verispec.verify.coupled`).
+
 Devices: the target and the proposer may run on any torch device. Their logits cross to the
 host once a round, as the rows the rule reads (`sampling.rule_rows`); the rules, the random
 draws and the bookkeeping run on the host.

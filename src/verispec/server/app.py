@@ -31,7 +31,6 @@ import hashlib
 import hmac
 import json
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -367,7 +366,7 @@ class ServerApp:
             request = Request(
                 tuple(ids), budget, sampling=sampling,
                 eos_token_ids=(frozenset() if body.ignore_eos else served.eos_token_ids) | stop_ids,
-                seed=fresh_seed() if body.seed is None else body.seed, proposer=served.proposer, k=served.k,
+                seed=body.seed, proposer=served.proposer, k=served.k,  # None: the Request draws one
                 request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
             )
         except ValueError as error:
@@ -496,12 +495,6 @@ async def until_done_or_gone(http: HTTPRequest, output: Output) -> Finished | No
 async def disconnected(http: HTTPRequest) -> None:
     while (await http.receive())["type"] != "http.disconnect":
         pass
-
-
-def fresh_seed() -> int:
-    """A request without a seed samples from a seed of its own (as OpenAI's API does), so two
-    such requests are independent draws; with a seed, the reply is reproducible."""
-    return secrets.randbits(63)
 
 
 def sse(payload: dict) -> str:
