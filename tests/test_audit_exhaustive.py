@@ -15,6 +15,7 @@ import torch
 from verispec.audit.controls import (
     NEGATIVE_CONTROLS,
     UncroppedCacheTableLM,
+    ratio_shortcut,
     resampling_p_verifier,
 )
 from verispec.audit.exact_target import exact_penalised, exact_probabilities, greedy_token, target_sequences
@@ -140,8 +141,8 @@ def test_scenarios_cover_the_required_ranges():
 
 def test_every_proposer_meets_every_valid_rule():
     assert DRAFT.rules_for(GREEDY) == LOOKUP.rules_for(GREEDY) == ("greedy",)
-    assert DRAFT.rules_for(SamplingParams()) == ("token", "block")
-    assert LOOKUP.rules_for(SamplingParams()) == ("point-mass", "token", "block")
+    assert DRAFT.rules_for(SamplingParams()) == ("coupled", "token", "block")
+    assert LOOKUP.rules_for(SamplingParams()) == ("coupled", "point-mass", "token", "block")
     audited = [kind.name for kind in audited_proposers()]
     assert {"lookup", "suffix", "draft", "random"} <= set(audited) and "layerskip" not in audited
     for kind in audited_proposers():
@@ -187,6 +188,23 @@ def test_negative_controls_are_caught(name):
     assert not broken.passed and broken.max_abs_diff > 1e-3
     repaired = Configuration(control.scenario, DRAFT, "token")
     assert audit_configuration(repaired).passed  # the broken part, not the scenario, is at fault
+
+
+KEYED_CONTROLS = [name for name, control in NEGATIVE_CONTROLS.items() if getattr(control.verifier, "keyed", False)]
+
+
+@pytest.mark.parametrize("name", KEYED_CONTROLS)
+def test_keyed_controls_also_break_the_identity_with_plain_decoding(name):
+    """The coupled rule's controls are caught path by path too: some path's tokens are not
+    plain decoding's with the same noise."""
+    assert audit_configuration(NEGATIVE_CONTROLS[name]).unlike_plain > 0
+
+
+def test_the_ratio_shortcut_is_exact_when_the_draft_races_on_the_targets_noise():
+    control = NEGATIVE_CONTROLS["draft noise not the target's where the rule assumes it"]
+    shared = audit_configuration(Configuration(control.scenario, DRAFT, ratio_shortcut))
+    assert shared.passed and shared.drafted > 0  # only the draft's independent noise breaks it
+    assert audit_configuration(Configuration(control.scenario, control.proposer, "coupled")).passed
 
 
 def test_resampling_verifier_is_the_only_change_in_its_control():

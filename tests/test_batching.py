@@ -144,7 +144,7 @@ def joint_law(target: TableLM, draft: TableLM, requests: list[tuple[int, Request
 
     def run(rng):
         scheduler = Scheduler(target, audit_builder(draft, policies), max_slots=slots, batch_costs=batch_costs,
-                              random=lambda request: rng, clock=TickClock())
+                              random=lambda request: rng.seeded(request.seed), clock=TickClock())
         jobs, step = {}, 0
         while len(jobs) < len(requests) or not scheduler.idle:
             for i, (when, request) in enumerate(requests):
@@ -187,9 +187,9 @@ BATCHED_AUDIT = {
         (1, Request((1, 2, 1, 2), 2, sampling=TOP_P, proposer="lookup", k=2, verifier="point-mass", seed=5)),
         (0, Request((2, 0), 2, sampling=T1, proposer="medusa", k=1, verifier="token", seed=6)),
     ], {"auto": lambda: auto_policy(2)}, BatchCosts((1, 2, 4, 8), (1.0, 1.3, 1.9, 3.5))),
-    "two draft models side by side": (1, [
+    "two draft models side by side": (1, [  # distinct seeds: one seed would give one sample
         (0, Request((0,), 2, sampling=T1, proposer="draft", k=1, seed=0)),
-        (0, Request((0,), 2, sampling=T1, proposer="draft", k=1, seed=0)),
+        (0, Request((0,), 2, sampling=T1, proposer="draft", k=1, seed=10)),
     ], None, None),
     "suffix, lookahead, random with EOS": (1, [
         (0, Request((0, 2, 0, 2), 3, sampling=T1, proposer="suffix", k=2, eos_token_ids={1}, seed=7)),
@@ -511,25 +511,11 @@ def test_four_concurrent_requests_follow_the_target_at_temperature_1():
             assert g_test_p_value(counts[marginal], exact[marginal], runs) > ALPHA, (name, marginal)
 
 
-def test_first_plan_holds_a_measured_policy_at_its_profiles_choice():
-    """`Request.fixed_k`'s policy: the plan the policy picks before any round, every round."""
-    from verispec.policies import ConstantK, first_plan
-    from verispec.stats import Stats
-
-    cheap, costly = auto_policy(3), AutoK(FixedCosts(c=0.9, v=[1.0, 1.5, 2.0, 2.5]))
-    for policy, k in ((cheap, auto_policy(3).choose(Stats()).k), (costly, 0)):
-        fixed = first_plan(policy)
-        assert isinstance(fixed, ConstantK) and fixed.k == k
-    assert first_plan(cheap).k >= 1
-
-
 def test_a_request_keeps_the_parsed_specs():
     from verispec.registry import parse_k, parse_spec
 
-    request = Request((1, 2), 4, proposer=parse_spec("lookup"), k=parse_k("auto"), fixed_k=True)
+    request = Request((1, 2), 4, proposer=parse_spec("lookup"), k=parse_k("auto"))
     assert request.k_spec.kind == "auto" and str(request.proposer) == "lookup"
     with pytest.raises(ValueError, match="build its policy"):
         request.k_for_decoding()
     assert Request((1, 2), 4, proposer=parse_spec("lookup"), k=parse_k("3")).k_for_decoding() == 3
-    with pytest.raises(ValueError, match="fixed_k"):
-        Request((1, 2), 4, proposer="lookup", k=3, fixed_k=1)

@@ -229,11 +229,16 @@ def test_compare_explains_a_mismatch(capsys, models, monkeypatch):
     assert "output differs from plain decoding at new token 3: FAILURE, not a near tie (top-2 logit margin" in line
 
 
-def test_compare_at_temperature_above_zero_does_not_diagnose(capsys, models):
-    argv = ["generate", "--model", str(models / "target"), "--k", "4", "--max-new-tokens", "8", "--compare",
-            "--temperature", "0.8", "--json", "the cat sat on the mat"]
+def test_compare_at_temperature_above_zero_reports_identity_for_the_seed(capsys, models):
+    """A seed gives plain decoding's tokens with speculation too (the coupled rule), so
+    --compare reports identity at T > 0; the logits diagnosis is greedy's only."""
+    argv = ["generate", "--model", str(models / "target"), "--k", "4", "--max-new-tokens", "12", "--compare",
+            "--temperature", "0.8", "--seed", "5", "--dtype", "float32", "the cat sat on the mat"]
     assert main(argv) == 0
-    assert json.loads(capsys.readouterr().out)["mismatch"] is None
+    assert "output identical to plain decoding with seed 5" in capsys.readouterr().err
+    assert main([*argv[:-1], "--json", argv[-1]]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["identical"] is True and report["first_difference"] is None and report["mismatch"] is None
 
 
 def test_without_a_proposer_the_best_measured_one_for_the_model_drafts(capsys, models):

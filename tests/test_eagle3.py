@@ -190,7 +190,7 @@ def test_greedy_drafting_reproduces_plain_decoding_on_a_tiny_llama():
 def test_the_registry_audits_eagle3_on_table_models_with_the_sampled_rules():
     kind = PROPOSERS["eagle3"]
     assert kind.audit is not None and kind.drafts == "sampled" and kind.trees and kind.example is None
-    assert kind.rules == ("greedy", "token", "block")
+    assert kind.rules == ("greedy", "coupled", "token", "block")
 
 
 @pytest.mark.slow

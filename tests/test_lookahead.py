@@ -260,9 +260,10 @@ def test_engine_equals_the_full_recompute_reference(request):
 
 def test_a_drifting_window_is_caught_by_the_reference(monkeypatch):
     """Negative control: a commit that shifts the window one position too far makes the
-    engine's drafts differ from the recomputed ones, and the outputs part."""
+    engine's drafts differ from the recomputed ones, and the outputs part (under point-mass
+    verification: under the coupled rule the drafts move the acceptance, never a token)."""
     target, prompt = random_table(4, 2, 7, zeros=False), [1, 2, 3, 1, 2]
-    options = dict(max_new_tokens=20, sampling=SamplingParams(temperature=1.0), k=3)
+    options = dict(max_new_tokens=20, sampling=SamplingParams(temperature=1.0), k=3, verifier="point-mass")
     shifted = LookaheadProposer.commit
 
     def drifting(self, context):

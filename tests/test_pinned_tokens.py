@@ -8,7 +8,9 @@ scheduler with and without per-batch k. The values were recorded with the engine
 before the round's stages became values (per-batch k: after BatchK pooled the batch's
 acceptance counts with its prior counted once, which changes its plans, and so the draws of
 the sampled auto request); a change that is meant to move a draw must say why and re-record
-them.
+them. The sampled runs without a named verifier run the coupled rule (the default at
+temperature > 0 since keyed sampling; recorded then); those that name token, block or
+point-mass keep the values recorded before it, under the rule the default was then.
 """
 
 from __future__ import annotations
@@ -54,11 +56,15 @@ def head() -> EagleProposer:
 
 
 RUNS = {
-    "draft-chain-sampled": lambda: generate(TARGET, DraftModel(DRAFT), PROMPT, max_new_tokens=16, k=3, sampling=T1, seed=7),
+    "draft-chain-sampled": lambda: generate(TARGET, DraftModel(DRAFT), PROMPT, max_new_tokens=16, k=3, sampling=T1, seed=7,
+                                            verifier="block"),
+    "draft-chain-coupled": lambda: generate(TARGET, DraftModel(DRAFT), PROMPT, max_new_tokens=16, k=3, sampling=T1, seed=7),
     "draft-chain-warm-block": lambda: generate(TARGET, DraftModel(DRAFT), PROMPT, max_new_tokens=16, k=4, sampling=WARM,
                                                seed=8, verifier="block"),
     "draft-chain-greedy": lambda: generate(TARGET, DraftModel(DRAFT), PROMPT, max_new_tokens=16, k=3, sampling=GREEDY),
     "lookup-chain-sampled": lambda: generate(TARGET, PromptLookup(), PROMPT, max_new_tokens=16, k=4, sampling=T1,
+                                             seed=23, eos_token_id=5, verifier="point-mass"),
+    "lookup-chain-coupled": lambda: generate(TARGET, PromptLookup(), PROMPT, max_new_tokens=16, k=4, sampling=T1,
                                              seed=23, eos_token_id=5),
     "lookup-heuristic-greedy": lambda: generate(TARGET, PromptLookup(), PROMPT, max_new_tokens=16, k=HeuristicK(2),
                                                 sampling=GREEDY),
@@ -67,23 +73,28 @@ RUNS = {
     "copy-or-head-auto-sampled": lambda: generate(TARGET, CopyOrHead(PromptLookup(), head()), PROMPT, max_new_tokens=20,
                                                   k=auto(), sampling=T1, seed=11, clock=TickClock()),
     "draft-tree-sampled": lambda: generate(TARGET, DraftModel(DRAFT), PROMPT, max_new_tokens=16, k=ConstantTree(SHAPE),
+                                           sampling=T1, seed=12, verifier="token"),
+    "draft-tree-coupled": lambda: generate(TARGET, DraftModel(DRAFT), PROMPT, max_new_tokens=16, k=ConstantTree(SHAPE),
                                            sampling=T1, seed=12),
     "ranked-tree-greedy": lambda: generate(TARGET, TopRankedDraft(DRAFT), PROMPT, max_new_tokens=16,
                                            k=ConstantTree(SHAPE), sampling=GREEDY),
     "lookup-tree-sampled": lambda: generate(TARGET, PromptLookup(), PROMPT, max_new_tokens=16, k=ConstantTree(SHAPE),
-                                            sampling=T1, seed=13),
+                                            sampling=T1, seed=13, verifier="token"),
     "draft-tree-auto-sampled": lambda: generate(TARGET, DraftModel(DRAFT), PROMPT, max_new_tokens=20, k=tree_auto(),
                                                 sampling=T1, seed=14, clock=TickClock()),
 }
 
 PINNED: dict[str, tuple[list[int], list[int]]] = {  # name -> (tokens, drafted per round)
-    "copy-or-head-auto-sampled": ([5, 4, 0, 1, 5, 4, 2, 5, 3, 4, 0, 1, 5, 4, 5, 3, 4, 4, 5, 5], [1, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]),
-    "draft-auto-sampled": ([5, 4, 2, 4, 4, 2, 1, 3, 5, 5, 1, 0, 3, 2, 1, 3, 5, 5, 0, 5], [1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0]),
+    "copy-or-head-auto-sampled": ([4, 4, 2, 5, 1, 3, 0, 3, 1, 5, 4, 1, 0, 5, 2, 0, 3, 5, 5, 0], [1, 1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]),
+    "draft-auto-sampled": ([5, 5, 5, 3, 5, 5, 3, 4, 2, 3, 3, 4, 1, 5, 4, 5, 4, 1, 5, 2], [1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1]),
+    "draft-chain-coupled": ([5, 2, 1, 3, 3, 4, 5, 2, 1, 5, 1, 4, 2, 3, 5, 2], [3, 3, 3, 3, 3, 3, 3, 3, 1, 0]),
     "draft-chain-greedy": ([4, 4, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 1, 0]),
     "draft-chain-sampled": ([4, 2, 3, 4, 0, 3, 5, 5, 5, 0, 3, 1, 0, 3, 0, 1], [3, 3, 3, 3, 3, 3, 2, 0]),
     "draft-chain-warm-block": ([5, 4, 0, 4, 0, 1, 4, 4, 2, 4, 3, 3, 5, 4, 3, 0], [4, 4, 4, 4, 4, 3, 2, 0]),
-    "draft-tree-auto-sampled": ([5, 4, 2, 1, 5, 4, 3, 0, 4, 2, 4, 4, 3, 0, 3, 5, 5, 0, 3, 4], [3, 0, 3, 3, 3, 3, 0, 3, 0, 3, 0, 3]),
+    "draft-tree-auto-sampled": ([4, 4, 5, 5, 0, 4, 0, 1, 4, 4, 5, 2, 2, 2, 2, 5, 5, 5, 1, 4], [3, 0, 3, 3, 0, 3, 3, 0, 3, 0, 3, 0, 0, 3, 0, 0]),
+    "draft-tree-coupled": ([4, 4, 0, 2, 4, 4, 5, 5, 1, 2, 5, 2, 1, 0, 5, 2], [5, 5, 5, 5, 5, 5, 5, 5, 2]),
     "draft-tree-sampled": ([5, 1, 2, 3, 3, 3, 3, 1, 2, 4, 4, 2, 1, 2, 5, 0], [5, 5, 5, 5, 5, 5, 5, 0]),
+    "lookup-chain-coupled": ([4, 2, 3, 3, 3, 5], [3, 0, 4, 4, 1]),
     "lookup-chain-sampled": ([4, 4, 3, 0, 3, 4, 1, 3, 5], [3, 0, 1, 4, 2, 4, 4, 4]),
     "lookup-heuristic-greedy": ([4, 4, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3], [2, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0]),
     "lookup-tree-sampled": ([4, 5, 5, 0, 0, 3, 2, 2, 4, 4, 5, 2, 1, 2, 3, 5], [4, 0, 0, 1, 3, 3, 2, 2, 3, 2, 3, 4, 4, 1, 0]),
@@ -124,18 +135,18 @@ def scheduled(batch_costs: BatchCosts | None) -> list[tuple[list[int], list[int]
 
 PINNED_SCHEDULER: dict[str, list[tuple[list[int], list[int]]]] = {
     "own-k": [
-        ([3, 2, 1, 0, 4, 2, 3, 3, 1, 4, 4, 3], [1, 2, 1, 1, 0, 1, 1, 1, 1, 1, 0]),
-        ([4, 3, 5, 4, 1, 5, 4, 0, 3, 5], [3, 3, 3, 2]),
+        ([4, 5, 4, 2, 3, 2, 5, 3, 4, 4, 3, 0], [1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0]),
+        ([4, 3, 5, 4, 3, 5, 5, 4, 2, 3], [3, 3, 3, 2]),
         ([4, 4, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]),
-        ([3, 4, 1, 5], [5, 4]),
-        ([3, 2, 3, 3, 2, 5], [0, 0, 0, 0, 0, 0]),
+        ([2, 3, 5], [5, 3]),
+        ([4, 3, 5, 4, 0, 3], [0, 0, 0, 0, 0, 0]),
     ],
     "batch-k": [
-        ([3, 2, 1, 3, 5, 2, 4, 4, 2, 3, 3, 1], [1, 0, 1, 0, 1, 0, 1, 1, 0, 0]),
-        ([4, 3, 5, 4, 1, 5, 4, 0, 3, 5], [3, 3, 3, 2]),
+        ([4, 5, 4, 2, 3, 2, 5, 3, 4, 4, 3, 0], [1, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0]),
+        ([4, 3, 5, 4, 3, 5, 5, 4, 2, 3], [3, 3, 3, 2]),
         ([4, 4, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3], [1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0]),
-        ([3, 4, 1, 5], [5, 4]),
-        ([3, 2, 3, 3, 2, 5], [0, 0, 0, 0, 0, 0]),
+        ([2, 3, 5], [5, 3]),
+        ([4, 3, 5, 4, 0, 3], [0, 0, 0, 0, 0, 0]),
     ],
 }
 

@@ -197,7 +197,7 @@ def test_a_registered_proposer_is_listed(repeat_registered, capsys):
     assert set(listed) == {"lookup", "suffix", "lookahead", "draft", "layerskip", "selfdraft", "random", "eagle", "eagle3",
                            "medusa", "lookup+eagle", "lookup+medusa", "repeat"}
     assert listed["repeat"] == {
-        "name": "repeat", "grammar": "repeat", "drafts": "chosen", "rules": ["greedy", "point-mass", "token", "block"],
+        "name": "repeat", "grammar": "repeat", "drafts": "chosen", "rules": ["greedy", "coupled", "point-mass", "token", "block"],
         "audited": True, "not_audited": None, "description": "repeats the last token", "trees": False,
     }
     assert main(["proposers"]) == 0
@@ -232,7 +232,7 @@ def test_a_registered_proposer_is_a_bench_method(repeat_registered, quick):
 def test_a_registered_proposer_is_audited(repeat_registered, capsys):
     assert [kind.name for kind in audited_proposers()][-1] == "repeat"
     configurations = default_configurations([REPEAT])
-    assert {c.rule for c in configurations} == {"greedy", "point-mass", "token", "block"}
+    assert {c.rule for c in configurations} == {"greedy", "coupled", "point-mass", "token", "block"}
     assert main(["audit", "--json", "--proposer", "repeat"]) == 0
     report = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in report["results"]]

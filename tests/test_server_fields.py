@@ -131,7 +131,14 @@ def test_a_seeded_sampled_request_reproduces_under_auto_k_beside_other_traffic(s
     assert replies[0] == replies[1] == replies[2]
     again = complete(server, **seeded)
     assert again["choices"][0]["token_ids"] == replies[0]
-    assert again["speculative_decoding"]["k"] == "auto"
+    assert again["speculative_decoding"]["k"] == "auto" and again["seed"] == 7
+
+
+def test_a_reply_reports_the_seed_it_drew_and_that_seed_replays_it(server):
+    first = complete(server, temperature=0.9)
+    assert isinstance(first["seed"], int)
+    again = complete(server, temperature=0.9, seed=first["seed"])
+    assert again["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
 
 
 def test_tokenize_detokenize_and_version(server, loaded):

@@ -7,12 +7,15 @@ new tokens the exact budget would allow one draft, where block and token-level c
 The proposers: a draft table, and the EAGLE and Medusa head proposers (tiny float64 heads on
 the table's deterministic features, vocabulary pruned to 63 of the 64 tokens, so q has an
 exact zero where p does not); and lookup+eagle, lookup+medusa after a prompt that quotes
-itself (`COPY_PROMPT`): the first round copies (chosen, point mass under auto), a round after
-a rejection asks the head (sampled, block under auto), so one request mixes both.
+itself (`COPY_PROMPT`): the first round copies (chosen), a round after a rejection asks the
+head (sampled), so one request mixes both (under auto, the coupled rule, and under token).
+The coupled rule (keyed races, `verispec.verify.coupled`) is tested on the draft table's chains
+and trees too.
 
 Trees: the draft model's sampled tree (three siblings drawn from q at the root, SpecInfer's
 recursive rule) and a chosen tree of the draft's top-ranked tokens (point-mass siblings), both
-under `ConstantTree` with the same 3-token budget, so the first round's tree is two deep.
+under `ConstantTree` with the same 3-token budget, so the first round's tree is two deep; and
+the draft model's tree under the coupled rule.
 
 Penalties: the draft proposer under a repetition penalty of 1.5 (not an integer, so outside the
 exhaustive audit's rational arithmetic) with min_tokens 1 masking an EOS id, against marginals
@@ -22,9 +25,9 @@ Grammars: the draft proposer (which masks its q) and EAGLE (whose sampled drafts
 grammar, to meet p = 0) under a grammar given as an automaton, against the target's marginals
 masked to it and renormalised.
 
-False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 48 of
-them on a correct engine (3 per proposer and rule, trees, penalties and grammars included), so a
-correct engine fails this module with probability at most 4.8e-6 (union bound, asymptotic chi-square tail) for a
+False-failure probability: every G-test below uses alpha = 1e-7 and a module run makes 54 of
+them on a correct engine (3 per proposer and rule, the coupled rule, trees, penalties and grammars included), so a
+correct engine fails this module with probability at most 5.4e-6 (union bound, asymptotic chi-square tail) for a
 fresh seed list. The seed list is fixed, so the outcome is deterministic. The negative controls show the same test and sample
 size reject an engine that repairs from p instead of the residual, and one whose sampled tree
 siblings are tested against p instead of the residual the rejected ones leave.
@@ -137,16 +140,21 @@ def test_first_two_tokens_follow_the_target(verifier, first_seed, proposer_name)
     assert min(p_values(verifier, range(first_seed, first_seed + RUNS), proposer_name).values()) > ALPHA
 
 
+def test_coupled_first_two_tokens_follow_the_target():
+    assert min(p_values("coupled", range(10 * 10**6, 10 * 10**6 + RUNS)).values()) > ALPHA
+
+
 @pytest.mark.parametrize("proposer_name", ["lookup+eagle", "lookup+medusa"])
 @pytest.mark.parametrize(("verifier", "first_seed"), [("auto", 3 * 10**6), ("token", 4 * 10**6)])
 def test_copy_or_head_first_two_tokens_follow_the_target(verifier, first_seed, proposer_name):
     assert min(p_values(verifier, range(first_seed, first_seed + RUNS), proposer_name).values()) > ALPHA
 
 
-@pytest.mark.parametrize(("proposer_name", "first_seed"), [("draft", 5 * 10**6), ("ranked", 6 * 10**6)])
-def test_tree_first_two_tokens_follow_the_target(proposer_name, first_seed):
+@pytest.mark.parametrize(("proposer_name", "verifier", "first_seed"),
+                         [("draft", "token", 5 * 10**6), ("ranked", "token", 6 * 10**6), ("draft", "coupled", 11 * 10**6)])
+def test_tree_first_two_tokens_follow_the_target(proposer_name, verifier, first_seed):
     seeds = range(first_seed, first_seed + RUNS)
-    assert min(p_values("auto", seeds, proposer_name, ConstantTree(TREE)).values()) > ALPHA
+    assert min(p_values(verifier, seeds, proposer_name, ConstantTree(TREE)).values()) > ALPHA
 
 
 PENALTY = 1.5

@@ -41,7 +41,8 @@ def test_tree_configuration_matches_the_target(config):
 def test_tree_configurations_cover_every_tree_rule():
     assert all("tree" in c.name for c in CONFIGURATIONS)
     kinds = {(c.proposer.name, c.rule) for c in CONFIGURATIONS}
-    assert {("draft", "tree-greedy"), ("draft", "tree-recursive"), ("ranked", "tree-recursive")} <= kinds
+    assert {("draft", "tree-greedy"), ("draft", "tree-recursive"), ("ranked", "tree-recursive"),
+            ("draft", "tree-coupled"), ("ranked", "tree-coupled")} <= kinds
     assert all(kind.trees for kind in {c.proposer for c in CONFIGURATIONS})
     # at temperature > 0 the draft model samples its children and ranked chooses them
     tables = TREE_SCENARIOS[2].tables()
@@ -63,6 +64,9 @@ class _FirstBranch:
 
     def categorical(self, probs: torch.Tensor) -> int:
         return int((probs > 0).nonzero()[0])
+
+    def draw(self, position: int, probs: torch.Tensor, choice: int = 0) -> int:
+        return self.categorical(probs)
 
 
 def test_the_audit_lists_tree_configurations_per_proposer():
@@ -105,7 +109,7 @@ def test_tree_negative_controls_are_caught(name):
     assert control.verifier is TREE_CONTROLS[name] and control.scenario.tree is not None
     broken = audit_configuration(control)
     assert broken.error is None and not broken.passed and broken.max_abs_diff > 1e-3
-    correct = audit_configuration(Configuration(control.scenario, control.proposer, "auto"))
+    correct = audit_configuration(Configuration(control.scenario, control.proposer, "token"))
     assert correct.passed and correct.rule == "tree-recursive"  # the rule, not the scenario, is at fault
 
 

@@ -21,7 +21,9 @@ from verispec.drafts import ROOT, Draft, TreeDraft, TreeVerdict, tree_depths
 from verispec.models.tables import TableLM, random_row, random_table
 from verispec.randomness import TorchRandom
 from verispec.tree_shape import TreeShape, fill, ranked_top, sample
-from verispec.verify import greedy, point_mass, rule_chooser, token_level, tree_greedy, tree_recursive
+from verispec.verify import (
+    greedy, point_mass, rule_chooser, token_level, tree_coupled, tree_greedy, tree_recursive,
+)
 
 F64 = torch.float64
 SHAPES = [
@@ -173,8 +175,10 @@ def test_tree_greedy_follows_the_argmax_path():
 def test_rule_chooser_sends_trees_to_the_tree_rules():
     tree = TreeDraft((0,), (ROOT,))
     assert rule_chooser("auto", greedy_sampling=True)(tree) is tree_greedy
-    for verifier in ("auto", "token", "point-mass"):
+    for verifier in ("token", "point-mass"):
         assert rule_chooser(verifier, greedy_sampling=False)(tree) is tree_recursive
+    for verifier in ("auto", "coupled"):
+        assert rule_chooser(verifier, greedy_sampling=False)(tree) is tree_coupled
     with pytest.raises(ValueError, match="block verification is defined for chains"):
         rule_chooser("block", greedy_sampling=False)(tree)
 

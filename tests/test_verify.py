@@ -16,7 +16,7 @@ from enumerated import EXACT, distribution, row
 from verispec.audit.enumerate import outcomes
 from verispec.drafts import Draft, Verdict
 from verispec.models.tables import random_row, random_table
-from verispec.verify import RULES, block, greedy, point_mass, rule_chooser, token_level
+from verispec.verify import RULES, block, coupled, greedy, keyed_rounds, point_mass, rule_chooser, token_level
 
 F64 = torch.float64
 
@@ -363,8 +363,13 @@ def test_token_level_verifies_chosen_drafts_as_point_masses():
 def test_rule_chooser_and_rule_names():
     sampled, chosen = Draft((1,), SEED_Q.unsqueeze(0)), Draft((1,))
     assert rule_chooser("auto", greedy_sampling=True)(sampled) is greedy
-    assert rule_chooser("auto", greedy_sampling=False)(chosen) is point_mass
-    assert rule_chooser("auto", greedy_sampling=False)(sampled) is block
+    assert rule_chooser("auto", greedy_sampling=False)(chosen) is coupled
+    assert rule_chooser("auto", greedy_sampling=False)(sampled) is coupled
+    assert rule_chooser("point-mass", greedy_sampling=False)(chosen) is point_mass
+    assert rule_chooser("block", greedy_sampling=False)(sampled) is block
     assert rule_chooser("token", greedy_sampling=False)(chosen) is token_level
     assert rule_chooser(block, greedy_sampling=True)(chosen) is block  # a function is used as given
-    assert RULES == {"greedy": greedy, "token": token_level, "point-mass": point_mass, "block": block}
+    assert RULES == {"greedy": greedy, "token": token_level, "point-mass": point_mass, "block": block,
+                     "coupled": coupled}
+    assert keyed_rounds("auto", greedy_sampling=False) and keyed_rounds(coupled, greedy_sampling=True)
+    assert not keyed_rounds("auto", greedy_sampling=True) and not keyed_rounds("block", greedy_sampling=False)

@@ -19,12 +19,12 @@ its own over the shared weights, `SlotScoring`), and queues the rest. One `step`
 
 Each request runs the very stages of `verispec.engine.Decoding` (its `choose`, `plan`,
 `propose` and `settle`), only the forward is shared, and a slot's rows attend to that slot's cache only, so a request's
-output law is its target's whatever shares its steps. Its tokens are too, for a given seed,
-as long as its k depends on nothing but its own tokens: greedy decoding always, and sampling
-with a constant k, a heuristic k, or a measured policy held at its first plan
-(`Request.fixed_k`). An auto k learns from the rounds' timings (and, with `batch_costs`, plans
-for the batch), so a seeded sampled request under it draws differently from run to run (with
-the same law).
+output law is its target's whatever shares its steps. Its tokens are too, for a given seed:
+greedy decoding always, and sampling under the coupled rule (the default at temperature > 0),
+whose tokens are plain decoding's for the seed whatever k each round takes, so an auto k may
+learn from the rounds' timings and plan for the batch. Under the token or block rule a
+request's draws follow its rounds, so its tokens are fixed only where its k depends on nothing
+but its own tokens (a constant or heuristic k).
 
     >>> scheduler = Scheduler(model.lm, RegistryBuilder(model), max_slots=8)
     >>> jobs = [scheduler.submit(Request(ids, 64, proposer="lookup", k=4)) for ids in prompts]
@@ -46,7 +46,7 @@ from verispec.cost import BatchCosts
 from verispec.engine import Decoding, Proposal, Scored, arrive, check_request, timed
 from verispec.models.base import BatchedPrefill, CausalLM, SlotScoring
 from verispec.plan import Plan
-from verispec.policies import BatchK, KPolicy, first_plan
+from verispec.policies import BatchK, KPolicy
 from verispec.proposers.base import Proposer
 from verispec.randomness import Random, TorchRandom
 from verispec.request import Request
@@ -101,7 +101,7 @@ class Slot:
     spec, reused by the requests that take this slot after each other (`begin` resets them)."""
 
     lm: CausalLM
-    built: dict[tuple[str, object, bool], tuple[Proposer | None, int | KPolicy]] = field(default_factory=dict)
+    built: dict[tuple[str, object], tuple[Proposer | None, int | KPolicy]] = field(default_factory=dict)
 
 
 class RegistryBuilder:
@@ -127,9 +127,7 @@ class RegistryBuilder:
         if key not in self._policies:
             unconstrained = replace(request.sampling, grammar=None)  # a profile decodes other text
             self._policies[key] = build_policy(spec, slot, proposer, request.prompt_ids, unconstrained)
-        policy = copy.deepcopy(self._policies[key])
-        measured = spec.kind in ("auto", "tree") and spec.widths is None
-        return proposer, first_plan(policy) if request.fixed_k and measured else policy
+        return proposer, copy.deepcopy(self._policies[key])
 
 
 class Scheduler:
@@ -254,7 +252,7 @@ class Scheduler:
             job = self.waiting.popleft()
             slot = self._take_slot()
             job.slot, job.state, job.admitted = slot, "running", self.clock()
-            key = (str(job.request.proposer), job.request.k_spec, job.request.fixed_k)
+            key = (str(job.request.proposer), job.request.k_spec)
             if key not in slot.built:
                 slot.built[key] = self.build(job.request, slot.lm)
             proposer, policy = slot.built[key]

@@ -41,6 +41,12 @@ Requests: a request is data (`Request`, greedy unless its sampling says otherwis
 keyword form (`generate(target, proposer, prompt_ids, max_new_tokens=..., ...)`) builds one,
 so both forms validate and default alike.
 
+Randomness: each round's proposer and rule see the request's `Random` as a `Round` (positions
+counted from the round's first new token). Under the coupled rule (the default at temperature
+> 0) every token is the target's sample keyed by (seed, position) and sampled drafts race on the
+same noise, so the tokens are plain decoding's for the seed whatever the plan
+(`verispec.verify.coupled`).
+
 Devices: the target and the proposer may run on any torch device. A round's logits cross to
 the host once, as what the rule reads (`sampling.rule_input`: greedy brings back each row's
 argmax and its check, never the rows), in one copy that the scheduler shares among every
@@ -68,7 +74,7 @@ from verispec.models.base import CausalLM, TreeScoring
 from verispec.plan import Plan
 from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
-from verispec.randomness import Random, TorchRandom
+from verispec.randomness import Random, Round, TorchRandom
 from verispec.request import Request
 from verispec.sampling import SamplingParams, penalised, rule_input, rule_rows_of
 from verispec.stats import Stats
@@ -80,9 +86,13 @@ T = TypeVar("T")
 
 @dataclass
 class Generation:
+    """The tokens, the statistics and the seed they were drawn with (the request's, drawn when
+    it named none: `Request.seed`)."""
+
     tokens: list[int]
     stats: Stats
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one a token when the request asks
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,7 @@ class Decoding:
         if getattr(self.policy, "trees", False) and request.verifier == "block":
             raise ValueError("block verification is defined for chains; verify trees with auto or token, or give a chain k")
         self.choose_rule = verify.rule_chooser(request.verifier, request.sampling.greedy)
+        self.keyed = verify.keyed_rounds(request.verifier, request.sampling.greedy)
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []  # the target's, one a token (`Request.logprobs`)
         self.stats = Stats()
@@ -250,7 +261,7 @@ class Decoding:
         self.stats.record_plan(plan.describe(), plan.source)
         if not plan.nodes:
             return Proposal(plan, EMPTY_DRAFT, 0.0)
-        draft, seconds = timed(self.clock, drafted, self.proposer, plan, self._context, self.rng)
+        draft, seconds = timed(self.clock, drafted, self.proposer, plan, self._context, self._round_random())
         check_draft(draft, plan, self.target.vocab_size)
         draft = draft.cut_after(self.eos_ids)
         if self.sampling.grammar is not None:
@@ -290,7 +301,7 @@ class Decoding:
     def settle(self, proposal: Proposal, scored: Scored) -> list[int]:
         """Stage 3 on the round's scored rows: observe, verify, commit; the emitted tokens."""
         observed = self._observe(proposal.draft, scored.logits)
-        verdict, seconds = timed(self.clock, self.choose_rule(proposal.draft), scored.rule_rows, proposal.draft, self.rng)
+        verdict, seconds = timed(self.clock, self.choose_rule(proposal.draft), scored.rule_rows, proposal.draft, self._round_random())
         self.stats.verify_seconds += seconds
         emitted, seconds = timed(self.clock, self._commit, proposal, scored, verdict, proposal.seconds + observed)
         self.stats.commit_seconds += seconds
@@ -310,6 +321,11 @@ class Decoding:
         where the logits are: nothing is read there."""
         logits = penalised(logits, self.sampling, self._context, draft.row_prefixes(), len(self.tokens), self.eos_ids)
         return logits, rule_input(logits, self.sampling)
+
+    def _round_random(self) -> Round:
+        """The request's `Random` as this round's proposer and rule see it: positions from the
+        round's first new token, keyed drafts under the coupled rule."""
+        return Round(self.rng, len(self._context), self.keyed)
 
     def _commit(self, proposal: Proposal, scored: Scored, verdict: Verdict | TreeVerdict, draft_seconds: float) -> list[int]:
         """Emit accepted + next (cut at EOS), crop the caches to the emitted prefix but the
@@ -348,7 +364,7 @@ def generate(target: CausalLM, proposer: Proposer | None, request: Request | Seq
     run = Decoding(target, proposer, request, **options)
     for _ in run:
         pass
-    return Generation(run.tokens, run.stats, run.logprobs)
+    return Generation(run.tokens, run.stats, run.logprobs, run.request.seed)
 
 
 def stream(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Decoding:

@@ -387,14 +387,6 @@ def as_policy(k: int | KPolicy) -> KPolicy:
     return ConstantK(k) if isinstance(k, int) else k
 
 
-def first_plan(policy: KPolicy) -> KPolicy:
-    """A constant policy at the plan `policy` chooses before any round, from its profile alone
-    (`Request.fixed_k`): the same k or tree every round, whatever the rounds' timings."""
-    policy.begin()
-    plan = policy.choose(Stats())
-    return ConstantTree(plan.shape) if plan.is_tree and plan.nodes else ConstantK(plan.k)
-
-
 def pooled(adjustable: Sequence[Adjustable]) -> list[Adjustable]:
     """Each request's survival from its own counts and the batch's (empirical Bayes): per
     position i, the batch's rate R_i = (A_i + w M_i) / (N_i + w) from every request's counts

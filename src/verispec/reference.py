@@ -27,7 +27,7 @@ from verispec.engine import EosIds, check_request, drafted, emitted_tokens, keyw
 from verispec.models.base import CausalLM
 from verispec.policies import KPolicy, PerSource, as_policy
 from verispec.proposers.base import ObservingProposer, Proposer, draft_source
-from verispec.randomness import Random, TorchRandom
+from verispec.randomness import Random, Round, TorchRandom
 from verispec.request import Request
 from verispec.sampling import SamplingParams, penalised, rule_rows
 from verispec.stats import Stats
@@ -68,6 +68,7 @@ def reference_request(
     rng = rng if rng is not None else TorchRandom(request.seed)
     sampling, eos_ids, budget = request.sampling, request.eos_token_ids, request.max_new_tokens
     choose_rule = verify.rule_chooser(request.verifier, sampling.greedy)
+    keyed = verify.keyed_rounds(request.verifier, sampling.greedy)
     policies = PerSource(as_policy(request.k_for_decoding(policy)))
     policies.begin()
     context = list(request.prompt_ids)
@@ -81,13 +82,13 @@ def reference_request(
         plan = policies.choose(stats, source).budgeted(request.round_room(len(out)))
         draft, draft_seconds = EMPTY_DRAFT, 0.0
         if plan.nodes:
-            draft, draft_seconds = timed(clock, drafted, proposer, plan, context, rng, True)
+            draft, draft_seconds = timed(clock, drafted, proposer, plan, context, Round(rng, len(context), keyed), True)
         draft = draft.cut_after(eos_ids)
         logits, target_seconds = timed(clock, _recomputed_rows, target, context, draft)
         if isinstance(proposer, ObservingProposer):
             draft_seconds += timed(clock, proposer.observe, context, draft, logits)[1]
         logits = _penalised_rows(logits, sampling, context, draft, len(out), eos_ids)
-        verdict = choose_rule(draft)(rule_rows(logits, sampling), draft, rng)
+        verdict = choose_rule(draft)(rule_rows(logits, sampling), draft, Round(rng, len(context), keyed))
         emitted = emitted_tokens(draft, verdict, eos_ids)
         stats.record_round(
             len(draft),

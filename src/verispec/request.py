@@ -2,7 +2,7 @@
 
 A request names what to decode and how, and nothing about where it runs: the prompt's token
 ids, the budget, the sampling transforms (greedy unless given, as on the command line), the
-EOS ids, the seed of its own random stream, the proposer (a registry spec such as `lookup` or
+EOS ids, the seed of its own randomness (drawn when not given), the proposer (a registry spec such as `lookup` or
 `eagle:weights=int8`, as text or as the `ProposerSpec` parsed from it; None for plain decoding)
 and the k policy (an integer, a k spec such as `auto`, or the `KSpec` parsed from it). The single-request engine (`verispec.engine.Decoding`), the reference
 decoder and the batch scheduler (`verispec.batching.Scheduler`) all take it; a proposer object
@@ -16,6 +16,7 @@ and a policy object are built from its specs by whoever holds the model
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from itertools import count
@@ -36,16 +37,15 @@ def _next_id() -> str:
 class Request:
     """prompt_ids: the prompt's token ids (at least one). max_new_tokens: the exact budget
     (>= 0). sampling: the transforms shared by p and q (default greedy). eos_token_ids: the
-    output ends at the first of any. seed: the request's own random stream (`TorchRandom`), so
-    its tokens depend on nothing else in a batch. proposer: a registry spec (its text, or a
+    output ends at the first of any. seed: the request's own randomness (`TorchRandom`), so
+    its tokens depend on nothing else in a batch; at temperature > 0 under the coupled rule
+    (the default) they are plain decoding's for this seed whatever the speculation. None: a
+    fresh seed is drawn here, and `seed` holds it, so the result can be replayed. proposer: a registry spec (its text, or a
     parsed `verispec.registry.ProposerSpec`), or None (plain decoding, then k must be 0). k: an
     integer >= 0, a k spec (`auto`, `heuristic`, ...; `verispec.k_spec.K_GRAMMAR`) or a parsed
     `KSpec`, read once into `k_spec` (None for k = 0). verifier: "auto", a rule name
     (`verispec.verify.RULES`) or a rule function (checked where it is chosen,
-    `verispec.verify.rule_chooser`). fixed_k: decode every round at the plan a measured policy
-    (`auto`, `tree`, `auto:FILE`, `tree:FILE`) chooses from its profile before any round, so a
-    sampled request's tokens depend on its seed alone (such a policy goes on to learn from the
-    rounds' timings, which differ from run to run); other k are left as they are.
+    `verispec.verify.rule_chooser`).
     max_k: the most tokens a round drafts (a chain's k, a tree's depth), whatever the k policy
     chooses (None: no cap; 0: every round a plain step). Any k keeps the output law, so a cap
     changes the speed, never the tokens of a greedy request.
@@ -58,11 +58,10 @@ class Request:
     max_new_tokens: int
     sampling: SamplingParams = GREEDY
     eos_token_ids: frozenset[int] = frozenset()
-    seed: int = 0
+    seed: int | None = None
     proposer: str | object | None = None
     k: int | str | KSpec = 0
     verifier: str | Callable = "auto"
-    fixed_k: bool = False
     max_k: int | None = None
     logprobs: int | None = None
     request_id: str = field(default_factory=_next_id)
@@ -82,8 +81,10 @@ class Request:
         if not isinstance(self.sampling, SamplingParams):
             raise ValueError(f"sampling must be a SamplingParams, got {self.sampling!r}")
         object.__setattr__(self, "eos_token_ids", eos_ids(self.eos_token_ids))
+        if self.seed is None:
+            object.__setattr__(self, "seed", secrets.randbits(63))
         if not is_int(self.seed):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+            raise ValueError(f"seed must be an integer or None (drawn), got {self.seed!r}")
         proposer = self.proposer
         parsed_proposer = hasattr(proposer, "kind") and str(proposer).strip()  # a ProposerSpec
         if proposer is not None and not parsed_proposer and (not isinstance(proposer, str) or not proposer.strip()):
@@ -97,8 +98,6 @@ class Request:
             raise ValueError(f"max_k must be an integer >= 0 or None, got {self.max_k!r}")
         if self.logprobs is not None and not is_int(self.logprobs, least=0, most=MAX_TOP):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP}] or None, got {self.logprobs!r}")
-        if not isinstance(self.fixed_k, bool):
-            raise ValueError(f"fixed_k must be True or False, got {self.fixed_k!r}")
         # read once, here: a constant k >= 1 or a policy (k = 0: plain decoding, no policy)
         spec = k if isinstance(k, KSpec) else None if k == 0 else parse_k(k, option="k")
         object.__setattr__(self, "k_spec", spec)

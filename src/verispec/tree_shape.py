@@ -168,9 +168,10 @@ def sample(shape: TreeShape, proposal: Proposal, rng: Random) -> TreeDraft:
     """A sampled tree (SpecInfer 2305.09781): every node of `shape` is an independent draw,
     with replacement, from the proposal after its ancestors' tokens, and q[node] records that
     row, so `verify.tree_recursive` applies its residual rule. A rank is only a draw's number
-    among its siblings here. Randomness: one `rng.categorical` per node, in the shape's order
-    (by depth, then rank path); `proposal` is called once per parent, when its first child
-    is drawn.
+    among its siblings here. Randomness: one `rng.draw` per node, in the shape's order (by
+    depth, then rank path), at the node's depth - 1 with its rank as the choice (in a keyed
+    round the first child races with the target's noise, its siblings with noise of their own);
+    `proposal` is called once per parent, when its first child is drawn.
 
     >>> from verispec.randomness import TorchRandom
     >>> tree = sample(TreeShape.of([(0,), (1,), (0, 0)]), lambda path: torch.tensor([0.0, 1.0]), TorchRandom(0))
@@ -185,7 +186,7 @@ def sample(shape: TreeShape, proposal: Proposal, rng: Random) -> TreeDraft:
         parent = path[:-1]
         if parent not in q_after:
             q_after[parent] = proposal(prefix_tokens[parent])
-        token = rng.categorical(q_after[parent])
+        token = rng.draw(len(parent), q_after[parent], path[-1])
         prefix_tokens[path] = (*prefix_tokens[parent], token)
         tokens.append(token)
         rows.append(q_after[parent])

@@ -18,7 +18,19 @@ after node i; `tree_greedy` and `tree_recursive` walk them from the root and ret
 `TreeVerdict` (the accepted root path). A chain is the tree whose nodes each have one child,
 and on it these rules reduce to `greedy`, `point_mass` and `token_level`.
 
-All randomness comes from the injected `rng`, and no rule divides by a zero residual.
+All randomness comes from the injected `rng`, and no rule divides by a zero residual. The
+engine hands a rule the round's view of it (`verispec.randomness.Round`): `rng.race(i, p[i])`
+is the keyed sample of row i, at absolute position start + i.
+
+The coupled rule (`coupled`, `tree_coupled`): every emitted token is the target's keyed sample
+at its position, argmin_x E_x / p_i(x) with the noise E keyed by (seed, position) alone; a
+drafted token is accepted iff it equals that sample. The tokens are therefore those of plain
+decoding with the same seed whatever was drafted (k, proposer, tree, batch), and each has the
+law p_i given its prefix (the noise of a position is independent of every other position's, so
+of the prefix). Drafts sampled from q with the same keyed noise (`Random.draw` in a keyed
+round) agree with the target's sample with probability sum_x 1 / sum_y max(p(y)/p(x), q(y)/q(x))
+>= (1 - TV) / (1 + TV); a chosen draft x is the sample with probability p(x), as under
+point-mass verification.
 
 Zero residual. In exact arithmetic a rejection never meets a residual without mass. In floating
 point it can: when p and q agree up to the last ulp with q >= p everywhere (a draft that is the
@@ -150,6 +162,26 @@ def block(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
     return _repair(tau, residuals[tau], p[tau], rng)
 
 
+def coupled(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
+    """Coupled verification: walk the rows p [k+1, V], accept x_i while it equals the target's
+    keyed sample `rng.race(i, p[i])`; the first mismatch (or the bonus row) emits that sample.
+    Exact for chosen and sampled drafts alike (module docstring); no residual, no fallback.
+
+    >>> from verispec.randomness import Round, TorchRandom
+    >>> p = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    >>> coupled(p, Draft((1,)), Round(TorchRandom(0), 5, keyed=True))
+    Verdict(n_accepted=1, next_token=0, fallback=False)
+    """
+    for i, x in enumerate(draft.tokens):
+        sample = rng.race(i, p[i])
+        if sample != x:
+            return Verdict(i, sample)
+    return Verdict(len(draft), rng.race(len(draft), p[len(draft)]))
+
+
+coupled.keyed = True  # its rounds draw sampled drafts with the keyed noise (`keyed_rounds`)
+
+
 def tree_greedy(logits: torch.Tensor, tree: TreeDraft, rng: Random) -> TreeVerdict:
     """Greedy tree verification (SpecInfer 2305.09781, Medusa 2401.10774): the longest root
     path whose every token is the target's argmax after its ancestors, then that argmax.
@@ -220,12 +252,35 @@ def tree_recursive(p: torch.Tensor, tree: TreeDraft, rng: Random) -> TreeVerdict
         node = accepted
 
 
+def tree_coupled(p: torch.Tensor, tree: TreeDraft, rng: Random) -> TreeVerdict:
+    """Coupled verification of a tree: at each accepted node (row u + 1 of p [n + 1, V], at
+    depth d from the pending token) follow the child equal to the target's keyed sample
+    `rng.race(d, p[u + 1])`; when no child is, emit that sample. The emitted tokens are plain
+    decoding's for the seed, as on a chain."""
+    node, path = ROOT, []
+    while True:
+        sample = rng.race(len(path), p[node + 1])
+        child = next((c for c in tree.children(node) if tree.tokens[c] == sample), None)
+        if child is None:
+            return TreeVerdict(tuple(path), sample)
+        path.append(child)
+        node = child
+
+
+tree_coupled.keyed = True
+
+
 RULES: dict[str, Verifier] = {
     "greedy": greedy,
     "token": token_level,
     "point-mass": point_mass,
     "block": block,
+    "coupled": coupled,
 }
+
+SAMPLED_DEFAULT = "coupled"
+"""The rule `auto` picks at temperature > 0, for chosen and sampled drafts, chains and trees
+(docs/exactness.md, "Which rule by default")."""
 
 
 RuleChoice = Callable[[Draft | TreeDraft], Verifier | TreeVerifier]
@@ -236,12 +291,14 @@ def rule_chooser(verifier: str | Verifier, greedy_sampling: bool) -> RuleChoice:
     a rule that is not exact at this temperature raises ValueError), and return draft -> rule.
 
     verifier: "auto", a name in `RULES`, or a rule function (used as given, for chains and
-    trees alike). "auto": greedy at temperature 0; else point-mass for chosen drafts (q is
-    None) and block for sampled ones. Trees take `tree_greedy` at temperature 0 and
-    `tree_recursive` otherwise, which is the token and point-mass rules on a tree; block
+    trees alike). "auto": greedy at temperature 0; else the coupled rule (`SAMPLED_DEFAULT`).
+    Trees take `tree_greedy` at temperature 0, `tree_coupled` under the coupled rule and
+    `tree_recursive` under the token and point-mass rules (their tree form); block
     verification is defined for chains only.
 
-    >>> rule_chooser("auto", greedy_sampling=False)(Draft((3,))) is point_mass
+    >>> rule_chooser("auto", greedy_sampling=False)(Draft((3,))) is coupled
+    True
+    >>> rule_chooser("point-mass", greedy_sampling=False)(Draft((3,))) is point_mass
     True
     """
     if callable(verifier):
@@ -253,20 +310,30 @@ def rule_chooser(verifier: str | Verifier, greedy_sampling: bool) -> RuleChoice:
             raise ValueError(f"temperature 0 verifies greedily; {verifier!r} needs temperature > 0")
         return lambda draft: tree_greedy if draft.is_tree else greedy
     if verifier == "greedy":
-        raise ValueError("the greedy rule is exact only at temperature 0; use auto, token or block")
-    if verifier == "auto":
-        return lambda draft: _tree_rule(draft) or (point_mass if draft.q is None else block)
+        raise ValueError("the greedy rule is exact only at temperature 0; use auto, coupled, token or block")
+    verifier = SAMPLED_DEFAULT if verifier == "auto" else verifier
     rule = RULES[verifier]
     return lambda draft: _tree_rule(draft, verifier) or rule
 
 
-def _tree_rule(draft: Draft | TreeDraft, verifier: str = "auto") -> TreeVerifier | None:
+def _tree_rule(draft: Draft | TreeDraft, verifier: str) -> TreeVerifier | None:
     """The rule for a tree at temperature > 0 (None for a chain)."""
     if not draft.is_tree:
         return None
     if verifier == "block":
-        raise ValueError("block verification is defined for chains; verify trees with auto or token")
-    return tree_recursive
+        raise ValueError("block verification is defined for chains; verify trees with auto, coupled or token")
+    return tree_coupled if verifier == "coupled" else tree_recursive
+
+
+def keyed_rounds(verifier: str | Verifier, greedy_sampling: bool) -> bool:
+    """Whether a request's rounds are keyed (`verispec.randomness.Round`): its rule at this
+    temperature is the coupled one (a rule function says so with `keyed = True`), so its
+    proposers draw sampled drafts with the keyed noise of the positions they draft."""
+    if callable(verifier):
+        return getattr(verifier, "keyed", False)
+    if greedy_sampling:
+        return False
+    return (SAMPLED_DEFAULT if verifier == "auto" else verifier) == "coupled"
 
 
 def _repair(position: int, residual: torch.Tensor, p_row: torch.Tensor, rng: Random) -> Verdict:

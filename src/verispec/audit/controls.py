@@ -15,7 +15,13 @@ Each is a known way to lose exactness while every token still "looks" plausible:
   as if every sibling were a fresh single draft, instead of r(x_s) with the rejected siblings
   removed and r renormalised (p = (.5, .3, .2), siblings (1, 0): token 0 gets .35, not .5);
 - `stale_residual_siblings`: sampled tree siblings each tested against the node's p instead of
-  the residual norm(max(r - q_s, 0)) left by the siblings rejected before them.
+  the residual norm(max(r - q_s, 0)) left by the siblings rejected before them;
+- keyed noise on the wrong key, under the coupled rule: `keyed_within_round` (row i keyed by
+  i, so every round reuses the first round's noise), `keyed_by_round` (every row of a round on
+  the noise of its first position) and `one_noise` (every position on one key's noise);
+- `ratio_shortcut` with `IndependentNoiseDraftModel`: a coupled rule that accepts a sampled
+  draft without the target's race where p(x)/q(x) is the largest ratio (then, on shared noise,
+  the target's race picks x too), with drafts whose noise is not the target's.
 
 None of these may be used outside the audit; `NEGATIVE_CONTROLS` pairs each with a scenario
 where the damage shows.
@@ -36,10 +42,10 @@ from verispec.heads.vocab import HeadVocab
 from verispec.models.tables import TableLM
 from verispec.proposers import DraftModel
 from verispec.proposers.eagle import EagleProposer
-from verispec.randomness import Random
+from verispec.randomness import Random, Round
 from verispec.registry import PROPOSERS
 from verispec.sampling import SamplingParams, probabilities
-from verispec.verify import token_level
+from verispec.verify import coupled, token_level
 
 
 def resampling_p_verifier(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
@@ -106,10 +112,12 @@ def _walk(p: torch.Tensor, tree: TreeDraft, rng: Random, siblings) -> TreeVerdic
 class UntransformedQDraftModel(DraftModel):
     """BROKEN: draws each token from q after top-k, but reports q[V] before top-k."""
 
-    def _next(self, logits: torch.Tensor, rng: Random, context: Sequence[int]) -> tuple[int, torch.Tensor | None]:
+    def _next(
+        self, logits: torch.Tensor, rng: Random, context: Sequence[int], position: int
+    ) -> tuple[int, torch.Tensor | None]:
         if self.sampling.greedy:
-            return super()._next(logits, rng, context)
-        token = rng.categorical(probabilities(logits, self.sampling)[0])
+            return super()._next(logits, rng, context, position)
+        token = rng.draw(position, probabilities(logits, self.sampling)[0])
         return token, probabilities(logits, replace(self.sampling, top_k=None))[0]
 
 
@@ -146,9 +154,11 @@ class UncroppedCacheTableLM(TableLM):
 class ArgmaxHeadVocab(HeadVocab):
     """BROKEN: at temperature > 0 drafts the head's argmax, yet reports q [V] as if sampled."""
 
-    def draw(self, logits: torch.Tensor, sampling: SamplingParams, rng: Random) -> tuple[int, torch.Tensor | None]:
+    def draw(
+        self, logits: torch.Tensor, sampling: SamplingParams, rng: Random, position: int = 0
+    ) -> tuple[int, torch.Tensor | None]:
         if sampling.greedy:
-            return super().draw(logits, sampling, rng)
+            return super().draw(logits, sampling, rng, position)
         return int(self.d2t[int(logits.argmax())]), self.q(logits, sampling)
 
 
@@ -156,6 +166,70 @@ def _argmax_eagle(tables) -> EagleProposer:
     proposer = EagleProposer(tiny_head("eagle", tables.target), tables.target)
     proposer.vocab = ArgmaxHeadVocab(proposer.vocab.d2t, proposer.vocab.vocab_size)
     return proposer
+
+
+def keyed_within_round(p: torch.Tensor, draft: Draft, rng: Round) -> Verdict:
+    """BROKEN: the coupled rule with row i's noise keyed by i, its position within the round."""
+    return coupled(p, draft, Round(rng.base, 0, rng.keyed))
+
+
+def keyed_by_round(p: torch.Tensor, draft: Draft, rng: Round) -> Verdict:
+    """BROKEN: the coupled rule with every row of a round on the noise of the round's first
+    position."""
+    return coupled(p, draft, _OneKey(rng, rng.start))
+
+
+def one_noise(p: torch.Tensor, draft: Draft, rng: Round) -> Verdict:
+    """BROKEN: the coupled rule with every position of the request on one key's noise."""
+    return coupled(p, draft, _OneKey(rng, 0))
+
+
+for _rule in (keyed_within_round, keyed_by_round, one_noise):
+    _rule.keyed = True
+
+
+class _OneKey(Round):
+    """A round whose races all run on the noise of absolute position `key`."""
+
+    def __init__(self, rng: Round, key: int) -> None:
+        super().__init__(rng.base, rng.start, rng.keyed)
+        self.key = key
+
+    def race(self, position: int, probs: torch.Tensor, choice: int = 0) -> int:
+        return self.base.race(self.key, probs, choice)
+
+
+def ratio_shortcut(p: torch.Tensor, draft: Draft, rng: Random) -> Verdict:
+    """The coupled rule, but a sampled draft x_i with the largest ratio p_i(x)/q_i(x) is
+    accepted without the target's race: exact only when the draft raced on the target's noise
+    (then E_x/p_i(x) = (E_x/q_i(x)) q_i(x)/p_i(x) <= E_y/p_i(y) for every y)."""
+    if draft.q is None:
+        return coupled(p, draft, rng)
+    for i, x in enumerate(draft.tokens):
+        ratios = p[i] / draft.q[i]  # [V]: inf where only p has mass, NaN where neither has
+        ratios = torch.where(p[i] > 0, ratios, torch.zeros_like(ratios))
+        if float(ratios[x]) >= float(ratios.max()):
+            continue
+        sample = rng.race(i, p[i])
+        if sample != x:
+            return Verdict(i, sample)
+    return Verdict(len(draft), rng.race(len(draft), p[len(draft)]))
+
+
+ratio_shortcut.keyed = True
+
+
+class IndependentNoiseDraftModel(DraftModel):
+    """BROKEN with `ratio_shortcut`: draws its drafts with noise of their own (choice 1), not
+    the target's, in keyed rounds."""
+
+    def _next(
+        self, logits: torch.Tensor, rng: Random, context: Sequence[int], position: int
+    ) -> tuple[int, torch.Tensor | None]:
+        if self.sampling.greedy:
+            return super()._next(logits, rng, context, position)
+        q = probabilities(self._penalised(logits, context), self.sampling)[0]
+        return rng.draw(position, q, 1), q
 
 
 DRAFT = PROPOSERS["draft"]
@@ -182,6 +256,21 @@ NEGATIVE_CONTROLS: dict[str, Configuration] = {
     ),
     "tree residual not updated between siblings": Configuration(
         Scenario(3, 2, 0, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22, tree=TWO_ONE), DRAFT, stale_residual_siblings
+    ),
+    "coupled noise keyed by position within the round": Configuration(
+        Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT, keyed_within_round
+    ),
+    "coupled noise keyed by round": Configuration(
+        Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT, keyed_by_round
+    ),
+    "coupled noise reused across positions": Configuration(
+        Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT, one_noise
+    ),
+    "draft noise not the target's where the rule assumes it": Configuration(
+        Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22),
+        replace(DRAFT, description="a draft model racing on noise of its own",
+                audit=lambda tables: IndependentNoiseDraftModel(tables.draft)),
+        ratio_shortcut,
     ),
     "target cache not cropped": Configuration(
         Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22),

@@ -10,8 +10,13 @@ Exactness means the two agree to float64 rounding: max |difference| <= TOLERANCE
 Configurations are every audited proposer kind of `verispec.registry` (those with an `audit`
 builder on rational tables) crossed with the scenarios (`SCENARIOS`) and every verification
 rule that is exact for the kind's drafts (`ProposerKind.rules_for`): greedy at temperature 0;
-token and block for sampled drafts (q given); point-mass, token and block for chosen drafts
-(q None). A proposer joins the audit through its registry entry.
+coupled, token and block for sampled drafts (q given); coupled, point-mass, token and block for
+chosen drafts (q None). A proposer joins the audit through its registry entry.
+
+Keyed rounds (the coupled rule): a race's outcomes are enumerated with the exact joint law of
+races on one key (`verispec.audit.enumerate`), and on every path the tokens must also be plain
+decoding's with the same noise (the same enumerating source, k = 0): the coupled rule's
+identity, path by path, besides the law.
 
 Tree rounds: a scenario with a `tree` shape asks for it every round (`ConstantTree`); its
 configurations (the tree proposers, the tree rules) are listed in `verispec.audit.trees`.
@@ -179,7 +184,9 @@ class Configuration:
 @dataclass(frozen=True)
 class Result:
     """paths: engine runs (random branches) walked; sequences: distinct outputs compared;
-    drafted: drafted tokens summed over the paths (0 would mean speculation was never tried)."""
+    drafted: drafted tokens summed over the paths (0 would mean speculation was never tried);
+    unlike_plain: paths of keyed rounds whose tokens are not plain decoding's with the same
+    noise (the coupled rule's identity; 0 to pass)."""
 
     proposer: str
     rule: str
@@ -190,6 +197,7 @@ class Result:
     max_abs_diff: float
     seconds: float
     error: str | None = None
+    unlike_plain: int = 0
 
     @property
     def name(self) -> str:
@@ -197,7 +205,7 @@ class Result:
 
     @property
     def passed(self) -> bool:
-        return self.error is None and self.max_abs_diff <= TOLERANCE
+        return self.error is None and self.max_abs_diff <= TOLERANCE and self.unlike_plain == 0
 
 
 def select_proposers(names: list[str]) -> list[ProposerKind]:
@@ -224,31 +232,35 @@ def default_configurations(
     ]
 
 
-def engine_sequences(config: Configuration, tables: Tables) -> tuple[dict[tuple[int, ...], float], int, int]:
+def engine_sequences(config: Configuration, tables: Tables) -> tuple[dict[tuple[int, ...], float], int, int, int]:
     """The engine's output distribution summed over every random branch, the number of
-    branches, and the drafted tokens summed over them."""
+    branches, the drafted tokens summed over them, and the branches (keyed rounds only) whose
+    tokens are not plain decoding's with the same noise."""
     s = config.scenario
     target = config.target_model(tables.target)
     proposer = config.proposer.audit(tables)
     policy = s.policy()
 
+    keyed = verify.keyed_rounds(config.verifier, s.sampling.greedy)
+
     def run(rng) -> tuple[tuple[int, ...], int]:
         # Every replay must choose the same k's: AutoK learns from round timings, so they
         # come from a tick clock, not the machine's.
-        generation = generate(
-            target, proposer, s.prompt, max_new_tokens=s.max_new_tokens, sampling=s.sampling,
-            eos_token_id=s.eos_token_id, rng=rng, k=policy, verifier=config.verifier, clock=TickClock(),
-        )
-        return tuple(generation.tokens), sum(generation.stats.drafted)
+        options = dict(max_new_tokens=s.max_new_tokens, sampling=s.sampling, eos_token_id=s.eos_token_id, rng=rng,
+                       verifier=config.verifier, clock=TickClock())
+        generation = generate(target, proposer, s.prompt, k=policy, **options)
+        plain = generate(target, None, s.prompt, k=0, **options).tokens if keyed else generation.tokens
+        return tuple(generation.tokens), sum(generation.stats.drafted), plain != generation.tokens
 
     dist: dict[tuple[int, ...], float] = {}
-    paths = drafted = 0
+    paths = drafted = unlike_plain = 0
     with single_threaded_torch():
-        for probability, (tokens, n_drafted) in outcomes(run):
+        for probability, (tokens, n_drafted, differs) in outcomes(run):
             dist[tokens] = dist.get(tokens, 0.0) + probability
             paths += 1
             drafted += n_drafted
-    return dist, paths, drafted
+            unlike_plain += differs
+    return dist, paths, drafted, unlike_plain
 
 
 @contextmanager
@@ -272,12 +284,12 @@ def audit_configuration(config: Configuration) -> Result:
         tables = s.tables()
         exact = target_sequences(tables.target, s.prompt, sampling=s.sampling,
                                  max_new_tokens=s.max_new_tokens, eos_token_id=s.eos_token_id)
-        observed, paths, drafted = engine_sequences(config, tables)
+        observed, paths, drafted, unlike_plain = engine_sequences(config, tables)
     except Exception as error:  # the audit reports every failure instead of stopping at one
         return Result(*labels, 0, 0, 0, float("inf"), time.perf_counter() - start,
                       f"{type(error).__name__}: {error}")
     return Result(*labels, paths, len(exact.keys() | observed.keys()), drafted,
-                  max_abs_difference(exact, observed), time.perf_counter() - start)
+                  max_abs_difference(exact, observed), time.perf_counter() - start, unlike_plain=unlike_plain)
 
 
 def max_abs_difference(exact: dict[tuple[int, ...], Fraction], observed: dict[tuple[int, ...], float]) -> float:

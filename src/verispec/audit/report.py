@@ -74,7 +74,7 @@ class AuditReport:
             "oracle": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in self.oracle],
             "results": [
                 {"name": r.name, "passed": r.passed, "paths": r.paths, "sequences": r.sequences,
-                 "drafted": r.drafted, "max_abs_diff": _finite(r.max_abs_diff), "error": r.error,
+                 "drafted": r.drafted, "max_abs_diff": _finite(r.max_abs_diff), "error": r.error, "unlike_plain": r.unlike_plain,
                  "seconds": round(r.seconds, 4)}
                 for r in self.results
             ],

@@ -6,13 +6,13 @@ cross the scenarios with every audited proposer whose registry entry fills trees
 (`ProposerKind.trees`) and with `ranked`, a chosen-tree proposer that exists for the audit:
 
 - temperature 0: `tree_greedy` (the draft's top-ranked children);
-- temperature > 0, sampled children (the draft model, random tokens): `tree_recursive` with
-  SpecInfer's residual r <- norm(max(r - q_s, 0)) between siblings;
-- temperature > 0, chosen children (`ranked`: the draft table's top-ranked tokens, as lookup
-  continuations or EAGLE-2's top-k are chosen): `tree_recursive` with point-mass siblings
-  without replacement, r(x_s) <- 0 and renormalise.
+- temperature > 0: `tree_coupled` (auto: the child equal to the target's keyed sample), and
+  `tree_recursive` (token): for sampled children (the draft model, random tokens) SpecInfer's
+  residual r <- norm(max(r - q_s, 0)) between siblings; for chosen children (`ranked`: the
+  draft table's top-ranked tokens, as lookup continuations or EAGLE-2's top-k are chosen)
+  point-mass siblings without replacement, r(x_s) <- 0 and renormalise.
 
-The rule is the one `auto` (or `greedy`) sends a tree to; the audit's rule column names it.
+The rule is the one `auto`, `token` (or `greedy`) sends a tree to; the audit's rule column names it.
 """
 
 from __future__ import annotations
@@ -81,10 +81,12 @@ def tree_configurations(
     proposers: list[ProposerKind] | None = None, scenarios: list[Scenario] | None = None
 ) -> list[Configuration]:
     """Every tree proposer on every tree scenario, with `greedy` at temperature 0 and `auto`
-    otherwise (`ranked` only at temperature > 0: at 0 it is the draft model)."""
+    (coupled) and `token` (recursive rejection) otherwise (`ranked` only at temperature > 0:
+    at 0 it is the draft model)."""
     return [
-        Configuration(scenario, kind, "greedy" if scenario.sampling.greedy else "auto")
+        Configuration(scenario, kind, rule)
         for kind in tree_proposers(proposers)
         for scenario in (TREE_SCENARIOS if scenarios is None else scenarios)
         if not (kind is RANKED and scenario.sampling.greedy)
+        for rule in (("greedy",) if scenario.sampling.greedy else ("auto", "token"))
     ]

@@ -105,6 +105,7 @@ def generate(
         "exact_weights": loaded.exact_weights,
         "proposer": proposer_spec.text,
         "k": k,
+        "seed": seed,
         "plans": spec.stats.plan_counts(),  # the tree shapes, chains and plain steps chosen
         "by_source": spec.stats.as_dict()["by_source"],  # lookup+eagle: the copy and head rounds apart
         **loaded.memory(),  # weights_bytes, kv_bytes_per_token
@@ -114,11 +115,13 @@ def generate(
         report["plain_tokens_per_s"] = len(plain.tokens) / plain_seconds
         report["speedup"] = report["tokens_per_s"] / report["plain_tokens_per_s"]
         report["identical"] = plain.tokens == spec.tokens
-        # Greedy output must equal plain decoding's; a difference is diagnosed (`verispec.identity`).
-        # Sampled outputs differ by design (exactness there is the audit's).
+        # Greedy output must equal plain decoding's, and so must sampled output for the same seed
+        # (the coupled rule: every token is the target's keyed sample at its position); a greedy
+        # difference is diagnosed (`verispec.identity`), a sampled one located.
         report["mismatch"] = (
             diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, loaded.dtype_name) if sampling.greedy else None
         )
+        report["first_difference"] = first_difference(plain.tokens, spec.tokens)
     if as_json:
         print(json.dumps(report))
         return
@@ -130,7 +133,10 @@ def generate(
     )
     if compare:
         if not sampling.greedy:
-            same = "output sampled, so not comparable token for token with plain decoding"
+            at = report["first_difference"]
+            same = (f"output identical to plain decoding with seed {seed}" if at is None else
+                    f"output differs from plain decoding with seed {seed} from token {at} on (the target's rows moved "
+                    "between speculative and plain forwards in this dtype; in float32 they do not)")
         elif report["mismatch"] is None:
             same = "output identical to plain decoding"
         else:
@@ -183,6 +189,18 @@ def prompt_text(prompt: str | None) -> str:
     except UnicodeDecodeError as error:
         raise ValueError(f"standard input is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
                          f"{error.start}); convert it to UTF-8, e.g. with iconv -t UTF-8") from None
+
+
+def first_difference(plain: Sequence[int], speculative: Sequence[int]) -> int | None:
+    """The index of the first token where the outputs differ (a length counts), or None.
+
+    >>> first_difference([1, 2, 3], [1, 5, 3]), first_difference([1, 2], [1, 2])
+    (1, None)
+    """
+    for i, (a, b) in enumerate(zip(plain, speculative)):
+        if a != b:
+            return i
+    return None if len(plain) == len(speculative) else min(len(plain), len(speculative))
 
 
 def warm_up(target: CausalLM, prompt_ids: Sequence[int]) -> None:

@@ -60,20 +60,23 @@ class HeadVocab:
         """kept [N] -> [V], zero outside d2t."""
         return kept.new_zeros(self.vocab_size).index_copy_(0, self.d2t, kept)
 
-    def draw(self, logits: torch.Tensor, sampling: SamplingParams, rng: Random) -> tuple[int, torch.Tensor | None]:
-        """One drafted target token from the head's logits [N]: the argmax at temperature 0
-        (chosen, q None), else a draw from q [V] (q returned).
+    def draw(
+        self, logits: torch.Tensor, sampling: SamplingParams, rng: Random, position: int = 0
+    ) -> tuple[int, torch.Tensor | None]:
+        """One drafted target token from the head's logits [N] for the round's `position`: the
+        argmax at temperature 0 (chosen, q None), else a draw from q [V] (q returned).
 
-        The rng draws a head index from q restricted to the N tokens, then d2t names the token:
-        the same law as drawing from q (zero elsewhere), over N entries instead of V. With
-        `TorchRandom` it is even the same token for the same stream, since d2t is ascending and
-        zeros leave the cumulative sums unchanged."""
+        The draw is from q [V] itself (`Random.draw`), so in a keyed round a target token id
+        has the target's noise; the stream's draw is the token a draw of a head index from the
+        N kept entries would give (d2t is ascending and zeros leave the cumulative sums as
+        they are)."""
         if sampling.greedy:
             # float32 (exact for any head dtype, same first maximum): torch's bfloat16 argmax
             # over 8,192 logits took 28 us against 7 us for the cast and argmax together.
             return int(self.d2t[int(logits.float().argmax())]), None
         kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
-        return int(self.d2t[rng.categorical(kept)]), self._spread(kept)
+        q = self._spread(kept)
+        return rng.draw(position, q), q
 
     def ranked(self, logits: torch.Tensor, sampling: SamplingParams, width: int) -> list[int]:
         """The `width` best target token ids by the head's logits [N], best first, as chosen
@@ -86,12 +89,14 @@ class HeadVocab:
         return self.d2t[ranked_top(kept, width)].tolist()
 
     def siblings(
-        self, logits: torch.Tensor, sampling: SamplingParams, rng: Random, width: int
+        self, logits: torch.Tensor, sampling: SamplingParams, rng: Random, width: int, position: int = 0
     ) -> tuple[list[int], torch.Tensor | None]:
-        """A tree node's `width` children from the head's logits [N] after it: at temperature 0
-        the best ones (`ranked`, chosen, q None); else independent draws from q with
-        replacement (SpecInfer's sampled siblings, repeats allowed) and that q [V]."""
+        """A tree node's `width` children from the head's logits [N] after it, at the round's
+        `position`: at temperature 0 the best ones (`ranked`, chosen, q None); else independent
+        draws from q with replacement (SpecInfer's sampled siblings, repeats allowed; in a keyed
+        round sibling c races with choice c) and that q [V]."""
         if sampling.greedy:
             return self.ranked(logits, sampling, width), None
         kept = probabilities(logits.reshape(1, -1), sampling)[0]  # [N]
-        return [int(self.d2t[rng.categorical(kept)]) for _ in range(width)], self._spread(kept)
+        q = self._spread(kept)
+        return [rng.draw(position, q, choice) for choice in range(width)], q

@@ -11,7 +11,7 @@ Trees (`propose_tree`, a `TreeProposer`): at temperature 0 a node's children are
 top-ranked tokens after the node's path, best first (`tree_shape.fill`, chosen, q None), so
 the shape's first-rank chain is the greedy chain draft. At temperature > 0 they are
 independent draws, with replacement, from q after the node's path (`tree_shape.sample`: one
-`rng.categorical` per node, in the shape's order), each node's q row recorded for
+`rng.draw` per node, in the shape's order), each node's q row recorded for
 `verify.tree_recursive` (SpecInfer's rule). The draft scores each parent's path on its own:
 `extend([pending, *path])` then a rollback to the context in the cache (`propose_tree`), or
 a full recomputation (`propose_tree_stateless`); the same rows either way.
@@ -81,7 +81,7 @@ class DraftModel:
         self._synced = len(self._processed)
         tokens, q_rows = [], []
         for i in range(k):
-            token, q = self._next(logits, rng, [*context, *tokens])
+            token, q = self._next(logits, rng, [*context, *tokens], i)
             tokens.append(token)
             q_rows.append(q)
             if i < k - 1:
@@ -145,8 +145,8 @@ class DraftModel:
     def propose_stateless(self, context: Sequence[int], k: int, rng: Random) -> Draft:
         ids = list(context)
         tokens, q_rows = [], []
-        for _ in range(k):
-            token, q = self._next(self.model.score(ids)[-1:], rng, ids)
+        for i in range(k):
+            token, q = self._next(self.model.score(ids)[-1:], rng, ids, i)
             tokens.append(token)
             q_rows.append(q)
             ids.append(token)
@@ -156,14 +156,16 @@ class DraftModel:
         """logits[1, V] after `context` with the request's repetition penalty and grammar."""
         return penalised(logits, self.sampling, context, [()], len(context) - self._prompt_length, ())
 
-    def _next(self, logits: torch.Tensor, rng: Random, context: Sequence[int]) -> tuple[int, torch.Tensor | None]:
-        """One drafted token from logits[1, V] after `context` (on the model's device): argmax
-        when greedy, else a draw from q [V], float64 on the host."""
+    def _next(
+        self, logits: torch.Tensor, rng: Random, context: Sequence[int], position: int
+    ) -> tuple[int, torch.Tensor | None]:
+        """The drafted token at the round's `position` from logits[1, V] after `context` (on the
+        model's device): argmax when greedy, else a draw from q [V], float64 on the host."""
         logits = self._penalised(logits, context)
         if self.sampling.greedy:
             return int(logits[0].argmax()), None
         q = to_host(probabilities(logits, self.sampling))[0]
-        return rng.categorical(q), q
+        return rng.draw(position, q), q
 
     def _draft(self, tokens: list[int], q_rows: list[torch.Tensor | None]) -> Draft:
         if self.sampling.greedy or not tokens:

@@ -151,7 +151,7 @@ class EagleProposer(HeadProposer):
         logits = to_host(logits)
         tokens, q_rows = [], []
         for i in range(k):
-            token, q = self.vocab.draw(logits, self.sampling, rng)
+            token, q = self.vocab.draw(logits, self.sampling, rng, i)
             tokens.append(token)
             q_rows.append(q)
             if i < k - 1:
@@ -188,7 +188,7 @@ class EagleProposer(HeadProposer):
             self._feed(cache, true_pairs, after, list(dict.fromkeys(path for path in parents if path not in after)))
             children = []
             for path in parents:
-                tokens, q = self.vocab.siblings(after[path][0], self.sampling, rng, width)
+                tokens, q = self.vocab.siblings(after[path][0], self.sampling, rng, width, len(path))
                 if q is not None:
                     q_after[path] = q
                 children.append(tokens)

@@ -79,12 +79,11 @@ class ProposerKind:
     @property
     def rules(self) -> tuple[str, ...]:
         """The verification rules that are exact for its drafts: greedy at temperature 0; at
-        temperature > 0 token and block, and point-mass too for chosen drafts (q None). Mixed
-        drafts list `auto`, the one setting that verifies rounds of one request by different
-        rules (point-mass and block), so the audit runs it too."""
+        temperature > 0 coupled, token and block, and point-mass too for chosen drafts (q None).
+        Mixed drafts list `auto` (the coupled rule) for coupled, as the default they run with."""
         rules = {
-            "sampled": ("greedy", "token", "block"),
-            "chosen": ("greedy", "point-mass", "token", "block"),
+            "sampled": ("greedy", "coupled", "token", "block"),
+            "chosen": ("greedy", "coupled", "point-mass", "token", "block"),
             "mixed": ("greedy", "auto", "token", "block"),
         }
         return rules[self.drafts]

@@ -61,7 +61,7 @@ class MedusaProposer(HeadProposer):
         logits = to_host(self.head(feature)[0])  # [K, N]
         tokens, q_rows = [], []
         for i in range(min(k, logits.shape[0])):
-            token, q = self.vocab.draw(logits[i], self.sampling, rng)
+            token, q = self.vocab.draw(logits[i], self.sampling, rng, i)
             tokens.append(token)
             q_rows.append(q)
         return self.as_draft(tokens, q_rows)
@@ -79,7 +79,7 @@ class MedusaProposer(HeadProposer):
                 return []
             if self.sampling.greedy:  # the same best tokens under every parent of a depth
                 return best(len(path))
-            tokens, q = self.vocab.siblings(logits[len(path)], self.sampling, rng, width)
+            tokens, q = self.vocab.siblings(logits[len(path)], self.sampling, rng, width, len(path))
             if q is not None:
                 q_at[len(path)] = q
             return tokens

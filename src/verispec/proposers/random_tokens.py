@@ -4,12 +4,12 @@ Its drafts are almost never accepted, which makes it the yardstick for the k pol
 adaptive `k` must learn to stop speculating with it. It is a sampled proposer: q is the
 uniform distribution after the request's sampling transforms (the transforms of all-zero
 logits, so a nucleus keeps a fixed subset of the tied tokens), each token is drawn from q
-through the request's rng, and q is returned for the token-level or block rule. At
+through the request's rng (`Random.draw`: keyed by position in a coupled round), and q is returned for the token-level or block rule. At
 temperature 0 the tokens are drawn from the uniform distribution just the same and returned
 without q: the greedy rule reads only the target's argmax.
 
 Trees: every node an independent draw from the same q (`tree_shape.sample`, one
-`rng.categorical` per node in the shape's order), q rows recorded at temperature > 0 for
+`rng.draw` per node in the shape's order), q rows recorded at temperature > 0 for
 SpecInfer's rule and left out at temperature 0.
 """
 
@@ -48,7 +48,7 @@ class RandomTokens:
         """Nothing to follow: the drafts ignore the context."""
 
     def propose(self, context: Sequence[int], k: int, rng: Random) -> Draft:
-        tokens = tuple(rng.categorical(self._q) for _ in range(k))
+        tokens = tuple(rng.draw(i, self._q) for i in range(k))
         if self.sampling.greedy or not tokens:
             return Draft(tokens)
         return Draft(tokens, self._q.expand(len(tokens), -1))  # q[k, V], one row per token

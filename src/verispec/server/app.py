@@ -12,10 +12,10 @@ histogram) and llama-server's `timings`; a streamed reply carries them on its la
 speculation off or cap it (`speculation`), ask for logprobs (the target's own, plain
 decoding's) and constrain its output to a grammar (`response_format`, `guided_*`).
 
-Seeded requests: a sampled request with a seed decodes at a k that depends on nothing but its
-tokens (`Request.fixed_k`: a measured `auto` or `tree` policy held at its profile's first
-plan), so it reproduces whatever the k policy; one without a seed gets a fresh seed and the
-policy as it is.
+Seeds: a sampled reply's tokens are plain decoding's for its seed whatever the speculation
+(the coupled rule), so a seeded request reproduces with the k policy adapting freely; one
+without a seed gets a fresh seed, and every reply reports its `seed` (as vLLM's sampling
+parameters name it), so any reply can be replayed.
 
 Every refusal is one OpenAI-style JSON error, `{"error": {"message", "type", "param", "code"}}`:
 400 a bad field or too long a prompt, 401 a missing or wrong key (`api_key`), 404 an unknown
@@ -36,7 +36,6 @@ import hmac
 import itertools
 import json
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -419,10 +418,8 @@ class ServerApp:
             request = Request(
                 tuple(ids), budget, sampling=sampling,
                 eos_token_ids=(frozenset() if body.ignore_eos else served.eos_token_ids) | stop_ids,
-                seed=fresh_seed() if body.seed is None else body.seed,
+                seed=body.seed,  # None: the Request draws one, and the reply reports it
                 proposer=served.proposer if speculates else None, k=served.k if speculates else 0,
-                # a seeded draw reproduces: its k must not learn from timings
-                fixed_k=speculates and body.seed is not None and not sampling.greedy,
                 max_k=body.speculation.max_k if speculates else None,
                 logprobs=body.top_logprobs_count(),
                 request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
@@ -483,6 +480,7 @@ class Reply:
         k = self.app.served.k_label if request.speculative else 0
         return {
             "usage": usage(prompt, output.completion_tokens),
+            "seed": request.seed,
             "speculative_decoding": speculative_decoding(spec, request.proposer, k, request.max_k),
             "metrics": {"speculative_decoding": spec_metrics(spec, k)},
             "timings": timings(prompt, output.completion_tokens, output.finished),
@@ -533,7 +531,7 @@ class Reply:
             extras = self._extras(output)
             last = {**self._head(True), "choices": [self._choice(output, "", output.finish_reason, {} if self.chat
                                                                  else None, output.unsent_logprobs())]}
-            last.update(speculative_decoding=extras["speculative_decoding"], metrics=extras["metrics"],
+            last.update(seed=extras["seed"], speculative_decoding=extras["speculative_decoding"], metrics=extras["metrics"],
                         timings=extras["timings"])
             yield sse(last)
             if self.body.include_usage:
@@ -568,12 +566,6 @@ def chat_prompt(body: ChatBody | TokenizeBody) -> ChatPrompt:
         return body.chat()
     except ValueError as error:
         raise ApiError(400, str(error), param="continue_final_message") from None
-
-
-def fresh_seed() -> int:
-    """A request without a seed samples from a seed of its own (as OpenAI's API does), so two
-    such requests are independent draws; with a seed, the reply is reproducible."""
-    return secrets.randbits(63)
 
 
 def sse(payload: dict) -> str:
