@@ -44,7 +44,7 @@ class VerispecEngine:
     round; verifier: "auto" or a rule (the controls pass a broken one)."""
 
     name = "verispec"
-    claims_seeded_identity = False  # a seed fixes the tokens at one k and proposer, not across them
+    claims_seeded_identity = True  # keyed sampling: a seed fixes the tokens whatever the k, proposer or batch
 
     def __init__(
         self,
