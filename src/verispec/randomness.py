@@ -26,8 +26,8 @@ Exp(1) is Exp(n), its place uniform and independent, and Exp(1) is memoryless, s
 i.i.d. Exp(1) whatever the probabilities). No id of block b can win when M_b / max_b probs >=
 the best ratio found so far, so only the blocks that can hold the winner are expanded: the
 noise is a function of the key alone, yet its cost is a pass over the probabilities and a few
-blocks. The generators are numpy's Philox (counter-based), run on the host, so a keyed sample
-replays on any device.
+blocks. The generators are SplitMix64 counters (output i a function of the key and i alone),
+run on the host, so a keyed sample replays on any device.
 """
 
 from __future__ import annotations
