@@ -258,16 +258,16 @@ NEGATIVE_CONTROLS: dict[str, Configuration] = {
         Scenario(3, 2, 0, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22, tree=TWO_ONE), DRAFT, stale_residual_siblings
     ),
     "coupled noise keyed by position within the round": Configuration(
-        Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT, keyed_within_round
+        Scenario(3, 2, 2, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT, keyed_within_round
     ),
     "coupled noise keyed by round": Configuration(
-        Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT, keyed_by_round
+        Scenario(3, 2, 2, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT, keyed_by_round
     ),
     "coupled noise reused across positions": Configuration(
-        Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT, one_noise
+        Scenario(3, 2, 2, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22), DRAFT, one_noise
     ),
     "draft noise not the target's where the rule assumes it": Configuration(
-        Scenario(3, 2, 2, 4, SamplingParams(), (1, 2, 0, 1, 2), seed=22),
+        Scenario(3, 2, 2, 3, SamplingParams(), (1, 2, 0, 1, 2), seed=22),
         replace(DRAFT, description="a draft model racing on noise of its own",
                 audit=lambda tables: IndependentNoiseDraftModel(tables.draft)),
         ratio_shortcut,
