@@ -189,7 +189,8 @@ def test_a_sampled_benchmark_reports_acceptance_instead_of_identity(sampled_run)
     out, records, summary = sampled_run
     header = summary["header"]
     assert header["sampling"] == {
-        "temperature": 0.8, "top_k": 20, "top_p": None, "min_p": None, "repetition_penalty": 1.0, "min_tokens": 0
+        "temperature": 0.8, "top_k": 20, "top_p": None, "min_p": None, "repetition_penalty": 1.0, "min_tokens": 0,
+        "grammar": None,
     }
     assert header["seed"] == 3 and "--temperature 0.8 --top-k 20 --seed 3" in header["command"]
     assert all(r["matches_plain"] is None and r["mismatch"] is None for r in records)
