@@ -138,7 +138,8 @@ def correct(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k:
 
 
 def raw_q(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
-    return VerispecEngine(target, {DRAFT: lambda lm: RawQDraftModel(_own(draft))}, eos_ids, k=k)
+    # token-level verification reads q; the coupled rule never does, so a raw q cannot move its law
+    return VerispecEngine(target, {DRAFT: lambda lm: RawQDraftModel(_own(draft))}, eos_ids, k=k, verifier="token")
 
 
 def bonus_only(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
