@@ -289,8 +289,11 @@ def test_jobs_give_the_rows_one_process_gives(tmp_path):
     one, two = (json.loads((tmp_path / d / "check-runtime-verispec-lookup.json").read_text()) for d in ("one", "two"))
     assert [row["result"]["p_value"] for row in two["sampled_law"] if "result" in row] == pytest.approx(
         [row["result"]["p_value"] for row in one["sampled_law"] if "result" in row], rel=1e-3)
-    strip = lambda rows: [{k: v for k, v in row.items() if k not in ("result", "effect_tv")} for row in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in row.items() if k not in ("result", "effect_tv", "power")} for row in rows]  # noqa: E731
     assert strip(two["sampled_law"]) == strip(one["sampled_law"])
+    flat = lambda rows: [(name, x) for row in rows for name, c in row.get("power", {}).items() for x in c.values()]  # noqa: E731
+    assert [name for name, _ in flat(two["sampled_law"])] == [name for name, _ in flat(one["sampled_law"])]
+    assert [x for _, x in flat(two["sampled_law"])] == pytest.approx([x for _, x in flat(one["sampled_law"])], abs=1e-9)
     assert [p["ids"] for p in two["prompts"]] == [p["ids"] for p in one["prompts"]]
     assert [row["parameter"] for row in two["sampled_law"]][::3] == ["default", "top_k", "logit_bias"]
     assert "--jobs 2" in two["command"] and set(two["seconds"]) == {"sampled law"}
@@ -345,7 +348,7 @@ SEEDED = Settings(n=400, prompts=2, sample_prompts=[[3, 5], [7, 1]], sampled=Fal
 def test_seeded_identity_is_a_property_where_not_claimed():
     """verispec's token-level rule draws its randomness per round: a seed fixes plain sampling
     alone and in a batch, and other tokens with speculation, reported as a property it lacks."""
-    report = check_runtime(controls.correct(TARGET, DRAFT), REFERENCE, [controls.DRAFT], SEEDED)
+    report = check_runtime(controls.token_rule(TARGET, DRAFT), REFERENCE, [controls.DRAFT], SEEDED)
     statuses = {(row.method, row.in_flight): row.status for row in report.seeded_rows}
     assert statuses == {("plain, again", 1): HOLDS, ("plain", 8): HOLDS, (controls.DRAFT, 1): LACKS,
                         (controls.DRAFT, 8): LACKS}
@@ -359,7 +362,7 @@ def test_an_engine_claiming_seeded_identity_is_held_to_it():
     assert {row.status for row in report.seeded_rows} == {PASS} and report.passed
     assert keyed.sample([3, 5], CASE, 3, 3, None, 10) == [keyed.sample([3, 5], CASE, 1, 3, controls.DRAFT, 10 + i)[0]
                                                           for i in range(3)]
-    broken = controls.correct(TARGET, DRAFT)
+    broken = controls.token_rule(TARGET, DRAFT)
     broken.claims_seeded_identity = True
     claimed = check_runtime(broken, REFERENCE, [controls.DRAFT], SEEDED)
     assert {row.status for row in claimed.seeded_rows if row.method == controls.DRAFT} == {FAIL} and not claimed.passed

@@ -137,6 +137,12 @@ def correct(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k:
     return VerispecEngine(target, {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k)
 
 
+def token_rule(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
+    """The unbroken engine verifying token by token: exact, but its randomness is drawn per round,
+    so a seed does not fix its tokens across speculation (and it does not claim so)."""
+    return VerispecEngine(target, {DRAFT: lambda lm: DraftModel(_own(draft))}, eos_ids, k=k, verifier="token")
+
+
 def raw_q(target: CausalLM, draft: CausalLM, eos_ids: Collection[int] = (), k: int = 2) -> VerispecEngine:
     # token-level verification reads q; the coupled rule never does, so a raw q cannot move its law
     return VerispecEngine(target, {DRAFT: lambda lm: RawQDraftModel(_own(draft))}, eos_ids, k=k, verifier="token")

@@ -27,7 +27,7 @@ from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Refused
 from verispec.sampling import GREEDY
 from verispec.stats import Stats
-from verispec.verify import Verifier
+from verispec.verify import Verifier, keyed_rounds
 
 BATCH = 128  # samples decoded at once by the scheduler
 
@@ -44,7 +44,6 @@ class VerispecEngine:
     round; verifier: "auto" or a rule (the controls pass a broken one)."""
 
     name = "verispec"
-    claims_seeded_identity = True  # keyed sampling: a seed fixes the tokens whatever the k, proposer or batch
 
     def __init__(
         self,
@@ -62,6 +61,8 @@ class VerispecEngine:
         self.eos_ids = frozenset(eos_ids)
         self.k = k
         self.verifier = verifier
+        # keyed rounds (the coupled rule): a seed fixes the tokens whatever the k, proposer or batch
+        self.claims_seeded_identity = keyed_rounds(verifier, greedy_sampling=False)
         self.dtype = dtype
         self._built: dict[str, Proposer] = {}
         self._drafted = self._accepted = 0
