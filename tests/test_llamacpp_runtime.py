@@ -179,3 +179,16 @@ def test_the_commands_run_the_default_model_on_llamacpp(capsys):
     assert main([*argv, "--dtype", "q4", PROMPTS[0]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --dtype q4 does not apply to the llama.cpp runtime")
+
+
+def test_a_slot_outliving_its_context_is_collected_without_touching_freed_memory():
+    """The garbage collector may free the llama.cpp context before a slot's `__del__` gives
+    its cells back (a slot and its model in one cycle): the slot then has nothing to remove."""
+    import gc
+
+    model = _model()
+    slot = model.new_slot()
+    slot.prefill(_ids(8, 1, model.vocab_size))
+    model._shared.live().context.close()
+    del slot
+    gc.collect()

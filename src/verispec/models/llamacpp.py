@@ -648,8 +648,10 @@ class _Context:
         return True
 
     def forget(self, seq: int, position: int) -> None:
-        """Remove sequence `seq`'s cache cells of positions >= `position`."""
-        self.api.llama_memory_seq_rm(self.memory, seq, position, -1)
+        """Remove sequence `seq`'s cache cells of positions >= `position` (none once the context
+        is freed: the garbage collector may free it before a slot's `__del__` gives its cells back)."""
+        if self.context.ctx is not None:
+            self.api.llama_memory_seq_rm(self.memory, seq, position, -1)
 
     def decode(self, parts: Sequence[_Rows]) -> tuple[list[torch.Tensor], list[dict[Tap, torch.Tensor]]]:
         """One `llama_decode` of every part's rows; per part its logits float32 [keep, V] and
