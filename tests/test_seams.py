@@ -170,7 +170,7 @@ def test_runtime_weight_format_and_head_kind_are_enums_where_they_cross():
     from verispec.head_kind import HeadKind
     from verispec.heads.untrained import tiny_head
     from verispec.models.load import LoadedModel
-    from verispec.models.load_plan import Runtime
+    from verispec.models.runtime import Runtime
     from verispec.models.tables import random_table
     from verispec.models.weight_format import WeightFormat
 
