@@ -54,6 +54,7 @@ from verispec.checks import is_int
 from verispec.models.attention import InvariantAttention, RowAttention, SdpaAttention
 from verispec.models.base import (
     FINAL,
+    SlotScoring,
     Tap,
     check_extend,
     check_extend_tree,
@@ -85,7 +86,7 @@ class LlamaLayer:
     down: nn.Module  # [M, I] -> [M, H]
 
 
-class LlamaRuntime:
+class LlamaRuntime(SlotScoring):
     """A Llama-architecture model with a preallocated, position-indexed KV cache.
 
     >>> lm = LlamaRuntime.from_hf(model)   # model: a transformers LlamaForCausalLM
