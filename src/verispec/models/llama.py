@@ -69,6 +69,7 @@ from verispec.models.kv_cache import KVCache
 from verispec.models.gguf_blocks import GGUFWeight
 from verispec.models.linear import DenseLinear, projection
 from verispec.models.llama_weights import LlamaShape, Projection, read_llama, refusal
+from verispec.models.norm import rms_norm
 from verispec.models.quant import linear_for
 from verispec.models.rope import RopeTables
 from verispec.models.runtime import Runtime
@@ -511,8 +512,3 @@ def config_refusal(config, dtype: torch.dtype, device: torch.device | str = "cpu
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the fast runtime computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}; use runtime 'hf'"
     return None
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x[M, H] -> weight * x / sqrt(mean(x^2) + eps), the statistics in float32."""
-    return nn.functional.rms_norm(x, weight.shape, weight, eps)

@@ -95,8 +95,8 @@ from verispec.models.base import (
 )
 from verispec.models.cuda_graphs import ShapeGraphs
 from verispec.models.features import FeatureStore
-from verispec.models.llama import rms_norm
 from verispec.models.llama_weights import LlamaShape, read_llama, refusal
+from verispec.models.norm import rms_norm
 from verispec.models.rope import RopeTables
 from verispec.models.runtime import Runtime
 from verispec.models.scored_tree import PendingTree, ScoredTree
