@@ -26,6 +26,7 @@ runtime asking.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -39,6 +40,16 @@ from verispec.models.runtime import Runtime
 
 # Llama's forward; Qwen2 adds biases to q, k and v, which the fused projection carries.
 ARCHITECTURES = ("llama", "qwen2")
+
+# The one weight map, per decoder layer: each projection of the layout and the checkpoint's
+# linears it stacks, in order; each norm and the checkpoint's norm it is.
+PROJECTIONS = {
+    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o": ("self_attn.o_proj",),
+    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "down": ("mlp.down_proj",),
+}
+NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
 
 
 def refusal(config, runtime: Runtime) -> str | None:
@@ -136,25 +147,18 @@ class LlamaWeights:
         """The decoder layers in order, one at a time; with `consume`, each layer's projection
         weights leave the transformers model (they become None) once the next is asked for."""
         for layer in self.model.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
+            linears = {name: tuple(layer.get_submodule(path) for path in paths) for name, paths in PROJECTIONS.items()}
             yield LayerWeights(
-                attn_norm=self.read(layer.input_layernorm.weight),
-                qkv=self._projection(attn.q_proj, attn.k_proj, attn.v_proj),
-                o=self._projection(attn.o_proj),
-                mlp_norm=self.read(layer.post_attention_layernorm.weight),
-                gate_up=self._projection(mlp.gate_proj, mlp.up_proj),
-                down=self._projection(mlp.down_proj),
+                **{name: self.read(layer.get_submodule(path).weight) for name, path in NORMS.items()},
+                **{name: Projection(parts, self.read, self.as_stored) for name, parts in linears.items()},
             )
             if self.consume:
-                for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                for linear in itertools.chain(*linears.values()):
                     linear.weight = linear.bias = None
 
     def norm(self) -> torch.Tensor:
         """The final norm's weight [H]."""
         return self.read(self.model.model.norm.weight)
-
-    def _projection(self, *linears: nn.Linear) -> Projection:
-        return Projection(linears, self.read, self.as_stored)
 
 
 def read_llama(
@@ -201,19 +205,16 @@ def read_llama(
         return float_weight(weight).to(device=device, dtype=dtype)
 
     as_stored = stored_weights(model, blocks, checkpoint)
-    parts = {
-        "qkv": [linear for layer in base.layers for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)],
-        "o": [layer.self_attn.o_proj for layer in base.layers],
-        "gate_up": [linear for layer in base.layers for linear in (layer.mlp.gate_proj, layer.mlp.up_proj)],
-        "down": [layer.mlp.down_proj for layer in base.layers],
-        "head": [output],
-    }
+    biased = [
+        name for name, paths in PROJECTIONS.items()
+        if any(layer.get_submodule(path).bias is not None for layer in base.layers for path in paths)
+    ]
     return LlamaWeights(
         shape=shape,
         embed=read(base.embed_tokens.weight),
         head=Projection((output,), read, as_stored),
         tied=output.weight is base.embed_tokens.weight,
-        biased=tuple(name for name, linears in parts.items() if any(linear.bias is not None for linear in linears)),
+        biased=(*biased, *(["head"] if output.bias is not None else [])),
         rope=rope_parameters(config),
         model=model,
         read=read,
