@@ -11,13 +11,14 @@ from verispec.bench.methods import parse_methods
 from verispec.bench.suite import expected_rows
 from verispec.k_spec import parse_k
 from verispec.models import format_costs
-from verispec.models.format_costs import DEFAULTS, FAST, HF, FormatCost, choose, hf_faster, step_rows
+from verispec.models.format_costs import DEFAULTS, FormatCost, choose, hf_faster, step_rows
+from verispec.models.runtime import Runtime
 from verispec.models.weight_format import WeightFormat
 
 Q4, BF16, FP32 = WeightFormat.Q4, WeightFormat.BFLOAT16, WeightFormat.FLOAT32
 
 
-def curve(fmt, t1, v_at_8, runtime=FAST):
+def curve(fmt, t1, v_at_8, runtime=Runtime.FAST):
     """A fake curve: t1 seconds for one row, linear to v(8) = v_at_8 and on beyond."""
     return FormatCost(runtime, fmt, t1, (1, 8), (1.0, v_at_8), "fake")
 
@@ -61,13 +62,13 @@ def test_measured_and_default_curves_are_never_mixed() -> None:
 
 
 def test_a_format_costs_its_cheapest_runtime_and_transformers_wins_only_where_faster() -> None:
-    slow_fast, quick_hf = curve(BF16, 0.030, 1.0), curve(BF16, 0.025, 1.0, runtime=HF)
+    slow_fast, quick_hf = curve(BF16, 0.030, 1.0), curve(BF16, 0.025, 1.0, runtime=Runtime.HF)
     assert hf_faster(BF16, 4, (slow_fast, quick_hf)) == (quick_hf, slow_fast)
     assert hf_faster(BF16, 4, (curve(BF16, 0.020, 1.0), quick_hf)) is None
     assert hf_faster(BF16, 4, (quick_hf,)) is None  # the fast runtime unmeasured: nothing to compare
     assert hf_faster(Q4, 4, (slow_fast, quick_hf)) is None
     both = (STEEP_Q4, slow_fast, quick_hf)
-    assert choose((Q4, BF16), 8, both, runtimes=(FAST, HF)).chosen is quick_hf
+    assert choose((Q4, BF16), 8, both, runtimes=(Runtime.FAST, Runtime.HF)).chosen is quick_hf
     assert choose((Q4, BF16), 8, both).chosen is slow_fast  # transformers not offered: the fast runtime's cost
 
 
@@ -79,7 +80,7 @@ def test_a_format_costs_its_cheapest_runtime_and_transformers_wins_only_where_fa
 ])
 def test_a_curve_that_is_no_curve_is_refused(t1, rows, v, says) -> None:
     with pytest.raises(ValueError, match=says):
-        FormatCost(FAST, Q4, t1, rows, v, "fake")
+        FormatCost(Runtime.FAST, Q4, t1, rows, v, "fake")
 
 
 def test_the_rows_a_step_scores() -> None:

@@ -12,8 +12,9 @@ from transformers import LlamaConfig
 
 from verispec.cli import main
 from verispec.models import format_costs, llamacpp, load_plan, sources
-from verispec.models.format_costs import FAST, HF, FormatCost
-from verispec.models.load_plan import MachineFacts, Runtime, plan_load
+from verispec.models.format_costs import FormatCost
+from verispec.models.load_plan import MachineFacts, plan_load
+from verispec.models.runtime import Runtime
 from verispec.models.weight_format import WeightFormat
 
 X86_BF16 = MachineFacts(native_bf16=True, int4_faster=True)
@@ -215,7 +216,7 @@ def test_device_cuda_without_cuda_is_one_error_line(tmp_path, capsys, command) -
     assert "use --device cpu" in err and "Traceback" not in err
 
 
-def curve(fmt, t1, v_at_8, runtime=FAST):
+def curve(fmt, t1, v_at_8, runtime=Runtime.FAST):
     return FormatCost(runtime, fmt, t1, (1, 8), (1.0, v_at_8), "fake")
 
 
@@ -260,7 +261,7 @@ def test_auto_reads_the_curves_profile_kept_for_this_file_cpu_and_threads(gguf) 
 def test_runtime_auto_never_takes_the_fast_runtime_where_transformers_was_measured_faster(tmp_path, gguf) -> None:
     config_only(tmp_path / "checkpoint")
     slow_fast = curve(WeightFormat.BFLOAT16, 0.030, 1.5)
-    quick_hf = curve(WeightFormat.BFLOAT16, 0.025, 1.5, runtime=HF)
+    quick_hf = curve(WeightFormat.BFLOAT16, 0.025, 1.5, runtime=Runtime.HF)
     plan = plan_load(tmp_path / "checkpoint", machine=X86_BF16, rows=4, costs=(slow_fast, quick_hf))
     assert plan.runtime == Runtime.HF and plan.weight_format == WeightFormat.BFLOAT16 and not plan.deterministic
     assert plan.runtime_reason.startswith("chosen by --runtime auto: measured on this machine, transformers' bfloat16")

@@ -170,7 +170,7 @@ def test_runtime_weight_format_and_head_kind_are_enums_where_they_cross():
     from verispec.head_kind import HeadKind
     from verispec.heads.untrained import tiny_head
     from verispec.models.load import LoadedModel
-    from verispec.models.load_plan import Runtime
+    from verispec.models.runtime import Runtime
     from verispec.models.tables import random_table
     from verispec.models.weight_format import WeightFormat
 
@@ -179,3 +179,33 @@ def test_runtime_weight_format_and_head_kind_are_enums_where_they_cross():
     with pytest.raises(ValueError):
         LoadedModel("m", None, None, None, (), torch.float32, Path("m"), runtime="gpu")
     assert tiny_head("medusa", random_table(4, 1, seed=0)).config.kind is HeadKind.MEDUSA
+    from verispec.models.format_costs import DEFAULT_BF16, FormatCost
+    from verispec.proposers.self_draft import SelfDraft
+    from verispec.proposers.trained import HeadSpec, parse
+
+    assert FormatCost.from_dict(DEFAULT_BF16.to_dict()).runtime is Runtime.FAST  # a JSON file's name read once
+    assert DEFAULT_BF16.to_dict()["runtime"] == "fast"  # the text users type and JSON holds, unchanged
+    with pytest.raises(ValueError, match="unknown runtime 'gpu'; choose auto, fast, hf"):
+        SelfDraft(None, "q4", runtime="gpu")
+    assert parse(HeadKind.EAGLE, "").kind is HeadKind.EAGLE and HeadSpec("medusa").kind is HeadKind.MEDUSA
+
+
+def test_policies_models_and_requests_meet_at_their_protocols():
+    """What the engine and the scheduler ask is declared where it is asked: a policy's `trees`,
+    a slot model's `reserve_slots`, a request's parsed proposer."""
+    from verispec.models.base import SlotScoring
+    from verispec.models.tables import random_table
+    from verispec.policies import AutoK, ConstantK, ConstantTree, HeuristicK, KPolicy
+    from verispec.registry import parse_spec
+    from verispec.request import ParsedProposer, Request
+    from verispec.tree_policy import TreePolicy
+
+    assert not any(policy.trees for policy in (ConstantK, HeuristicK, AutoK)) and KPolicy.trees is False
+    assert ConstantTree.trees and TreePolicy.trees
+    table = random_table(4, 1, seed=0)
+    assert isinstance(table, SlotScoring) and table.reserve_slots(3) is None  # each slot owns its cache
+    spec = parse_spec("lookup")
+    assert isinstance(spec, ParsedProposer) and not isinstance("lookup", ParsedProposer)
+    assert Request((1, 2), 4, proposer=spec, k=2).proposer is spec
+    with pytest.raises(ValueError, match="proposer must be a registry spec"):
+        Request((1, 2), 4, proposer=object(), k=2)

@@ -32,6 +32,7 @@ from verispec.models.llama import LlamaRuntime
 from verispec.models.quantized import quantized_model
 from verispec.models.scored_tree import ScoredTree
 from verispec.models.static_llama import StaticLlama
+from verispec.policies import KPolicy
 from verispec.profile import Profile, measure_profile, representative_tree
 from verispec.proposers import PromptLookup
 from verispec.randomness import TorchRandom
@@ -313,7 +314,9 @@ class ShuffledOracle:
     propose_tree_stateless = propose_tree
 
 
-class FixedShape:
+class FixedShape(KPolicy):
+    trees = True
+
     def __init__(self, shape: TreeShape) -> None:
         self.shape = shape
 

@@ -17,6 +17,7 @@ from verispec import GREEDY, SamplingParams, TorchRandom, generate
 from verispec.drafts import ROOT, TreeDraft
 from verispec.heads.untrained import tiny_head
 from verispec.models.tables import TableLM, random_table
+from verispec.policies import KPolicy
 from verispec.proposers.copy_or_head import CopyOrHead
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
@@ -333,8 +334,10 @@ def test_the_registry_marks_exactly_these_kinds_as_tree_proposers():
 # --- whole requests: engine == reference, greedy identity -------------------------------------
 
 
-class Shapes:
+class Shapes(KPolicy):
     """A tree policy for tests: cycles through shapes, with a chain round and a plain round."""
+
+    trees = True
 
     def __init__(self, shapes: list[TreeShape | int]) -> None:
         self.shapes = shapes

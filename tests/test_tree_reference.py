@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from verispec import SamplingParams, TorchRandom, generate
 from verispec.audit.trees import TopRankedDraft
 from verispec.models.tables import random_table
+from verispec.policies import KPolicy
 from verispec.proposers import DraftModel, RandomTokens
 from verispec.reference import reference_generate
 from verispec.sampling import GREEDY
@@ -39,9 +40,11 @@ def shapes(draw, max_nodes: int = 7, max_depth: int = 3) -> TreeShape:
     return TreeShape.of(paths)
 
 
-class ShapesInTurn:
+class ShapesInTurn(KPolicy):
     """A policy answering the given shapes round after round (cycling), so one request mixes
     trees of different sizes and depths."""
+
+    trees = True
 
     def __init__(self, shapes: Sequence[TreeShape]) -> None:
         self.shapes = list(shapes)

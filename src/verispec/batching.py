@@ -166,9 +166,7 @@ class Scheduler:
             raise ValueError(f"max_waiting must be an integer >= 0 or None, got {max_waiting!r}")
         self.target = target
         self._prefills_together = isinstance(target, BatchedPrefill)  # asked once: a protocol check is slow
-        reserve = getattr(target, "reserve_slots", None)
-        if reserve is not None:  # a static cache sized once, so that every step has one shape (`StaticLlama`)
-            reserve(max_slots)
+        target.reserve_slots(max_slots)  # a static cache sized once, so that every step has one shape (`StaticLlama`)
         self.build = build
         self.max_slots = max_slots
         self.max_waiting = max_waiting

@@ -165,7 +165,7 @@ class Decoding:
         self.rng = rng if rng is not None else TorchRandom(request.seed)
         self.policy = as_policy(k)
         self.policies = PerSource(self.policy)
-        if getattr(self.policy, "trees", False) and request.verifier == "block":
+        if self.policy.trees and request.verifier == "block":
             raise ValueError("block verification is defined for chains; verify trees with auto or token, or give a chain k")
         self.choose_rule = verify.rule_chooser(request.verifier, request.sampling.greedy)
         self.keyed = verify.keyed_rounds(request.verifier, request.sampling.greedy)

@@ -23,6 +23,12 @@ from verispec.tree_shape import TreeShape
 
 
 class KPolicy(Protocol):
+    """What the engine asks a round's plan of. `trees` says whether its plans may be tree shapes
+    (the engine then refuses block verification, defined for chains); verispec's policies
+    subclass this class, whose chains-only False a tree policy overrides."""
+
+    trees: bool = False
+
     def begin(self) -> None:
         """A new request."""
         ...
@@ -32,7 +38,7 @@ class KPolicy(Protocol):
         ...
 
 
-class ConstantK:
+class ConstantK(KPolicy):
     def __init__(self, k: int) -> None:
         if not is_int(k, least=0):
             raise ValueError(f"k must be an integer >= 0, got {k!r}")
@@ -45,7 +51,7 @@ class ConstantK:
         return Plan(self.k)
 
 
-class ConstantTree:
+class ConstantTree(KPolicy):
     """The same tree shape every round (the engine cuts it to the budget), for trees whose
     shape is fixed in advance, as Medusa's and SpecInfer's are, and for the exhaustive audit.
 
@@ -53,7 +59,7 @@ class ConstantTree:
     'tree 2 nodes: 2'
     """
 
-    trees = True  # it answers tree shapes (the engine refuses block verification for them)
+    trees = True
 
     def __init__(self, shape: TreeShape) -> None:
         if not isinstance(shape, TreeShape) or not len(shape):
@@ -67,7 +73,7 @@ class ConstantTree:
         return Plan(shape=self.shape)
 
 
-class HeuristicK:
+class HeuristicK(KPolicy):
     """HF transformers' assisted-generation schedule: k + 2 after a round that accepted every
     drafted token, k - 1 (at least 1) otherwise."""
 
@@ -87,7 +93,7 @@ class HeuristicK:
         return Plan(self.k)
 
 
-class AutoK:
+class AutoK(KPolicy):
     """Each round, the k that the cost model predicts to be fastest, or 0 when none pays.
 
     The predicted speedup of k drafts is E(k) / (k c + v(k + 1)) (`verispec.cost`), with c and

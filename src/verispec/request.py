@@ -20,6 +20,7 @@ import secrets
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from itertools import count
+from typing import Protocol, runtime_checkable
 
 from verispec.checks import is_int
 from verispec.k_spec import KSpec, parse_k
@@ -27,6 +28,15 @@ from verispec.logprobs import MAX_TOP
 from verispec.sampling import GREEDY, SamplingParams
 
 _ids = count()
+
+
+@runtime_checkable
+class ParsedProposer(Protocol):
+    """A proposer spec parsed where it entered, as a request may hold it instead of the text
+    (`verispec.registry.ProposerSpec`): the kind it names and the text it was read from."""
+
+    kind: object
+    text: str
 
 
 def _next_id() -> str:
@@ -59,7 +69,7 @@ class Request:
     sampling: SamplingParams = GREEDY
     eos_token_ids: frozenset[int] = frozenset()
     seed: int | None = None
-    proposer: str | object | None = None
+    proposer: str | ParsedProposer | None = None
     k: int | str | KSpec = 0
     verifier: str | Callable = "auto"
     max_k: int | None = None
@@ -86,8 +96,8 @@ class Request:
         if not is_int(self.seed):
             raise ValueError(f"seed must be an integer or None (drawn), got {self.seed!r}")
         proposer = self.proposer
-        parsed_proposer = hasattr(proposer, "kind") and str(proposer).strip()  # a ProposerSpec
-        if proposer is not None and not parsed_proposer and (not isinstance(proposer, str) or not proposer.strip()):
+        text = proposer.text if isinstance(proposer, ParsedProposer) else proposer
+        if proposer is not None and (not isinstance(text, str) or not text.strip()):
             raise ValueError(f"proposer must be a registry spec (e.g. 'lookup') or None, got {proposer!r}")
         k = self.k
         if isinstance(k, bool) or not isinstance(k, (int, str, KSpec)):

@@ -30,7 +30,7 @@ from verispec.batching import Scheduler
 from verispec.cost import BatchCosts, FixedCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import generate
-from verispec.models.base import ForwardingLM, check_slots
+from verispec.models.base import ForwardingLM, SlotScoring, check_slots
 from verispec.models.format_costs import DEFAULT_BF16, DEFAULT_Q4  # --dtype auto's documented curves
 from verispec.models.tables import TableLM, bigram
 from verispec.policies import AutoK, KPolicy
@@ -110,7 +110,7 @@ class SimulatedClock:
         self.now += seconds
 
 
-class SimulatedTarget(ForwardingLM):
+class SimulatedTarget(ForwardingLM, SlotScoring):
     """A table target whose every forward (`extend`, `extend_tree`, `extend_slots` over all
     slots at once) charges the clock t(1) v(rows); prefill and `score` are free (the decode is
     measured). Slots share the clock and the curve."""

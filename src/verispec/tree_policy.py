@@ -331,7 +331,7 @@ class TreePolicy(AutoK):
         'tree 4 nodes: 3-1'
     """
 
-    trees = True  # it answers tree shapes (the engine refuses block verification for them)
+    trees = True
 
     def __init__(
         self,

@@ -20,7 +20,8 @@ from verispec.k_spec import K_BOUND, TREE_SHAPE_BOUND
 from verispec.machine import cpu_model
 from verispec.models import DEFAULT_MODEL
 from verispec.models.base import SlotScoring
-from verispec.models.format_costs import FAST, HF, FormatCost, record
+from verispec.models.format_costs import FormatCost, record
+from verispec.models.runtime import Runtime
 from verispec.models.weight_format import WeightFormat
 from verispec.profile import Profile
 from verispec.profiling import BATCH_ROWS_BOUND, ProfileSettings, profile_model
@@ -175,7 +176,7 @@ def profile(
 def costs_refusal(loaded: LoadedModel) -> str | None:
     """Why `loaded`'s costs cannot be kept for the auto choices, or None: they weigh the fast
     runtime and transformers on the CPU, in q4, bfloat16 or float32."""
-    if loaded.device != "cpu" or loaded.runtime not in (FAST, HF):
+    if loaded.device != "cpu" or loaded.runtime not in (Runtime.FAST, Runtime.HF):
         return f"the auto choices weigh the fast runtime and transformers on the CPU, not the {loaded.runtime} runtime on {loaded.device}"
     if loaded.dtype_name not in ("q4", "bfloat16", "float32"):
         return f"the auto choices weigh q4, bfloat16 and float32, not {loaded.dtype_name}"
@@ -189,7 +190,7 @@ def keep(loaded: LoadedModel, measured: Profile) -> None:
         rows, v, t1 = measured.batch["rows"], measured.batch["v"], measured.batch["score"][0]["median"]
     else:
         rows, v, t1 = list(range(1, len(measured.v) + 1)), measured.v, measured.score[0].median
-    cost = FormatCost(str(loaded.runtime), WeightFormat(loaded.dtype_name), t1, tuple(rows), tuple(v),
+    cost = FormatCost(loaded.runtime, WeightFormat(loaded.dtype_name), t1, tuple(rows), tuple(v),
                       f"measured by verispec profile at {measured.context_tokens} tokens of context")
     threads = torch.get_num_threads()
     path = record(loaded.source, cost, cpu_model(), threads)

@@ -79,6 +79,7 @@ def serve(
     else:  # parsed once, here; the server and its requests keep the parsed specs
         proposer_spec, k_spec = parse_spec(proposer), parse_k(k)
         check_policy_proposer(k_spec, proposer_spec)
+    from verispec.models.base import SlotScoring
     from verispec.models.format_costs import step_rows
     from verispec.models.load_plan import plan_load
 
@@ -97,9 +98,8 @@ def serve(
     served = ServedModel.of(loaded, served_model_name or model, proposer_spec, k_spec)
     warm = loaded.encode("Hello, how are you?", chat=loaded.chat_template is not None)
     costs = None
-    reserve = getattr(loaded.lm, "reserve_slots", None)
-    if reserve is not None:  # the static runtime's cache holds every slot before anything measures a step
-        reserve(max_slots)
+    if isinstance(loaded.lm, SlotScoring):  # the static runtime's cache holds every slot before anything measures a step
+        loaded.lm.reserve_slots(max_slots)
     if batch_costs and served.k_label == "auto" and max_slots > 1:
         costs = measured_batch_costs(loaded.lm, warm, max_slots)
     scheduler = Scheduler(loaded.lm, RegistryBuilder(loaded), max_slots=max_slots, max_waiting=max_waiting,

@@ -40,7 +40,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from verispec.models.attention import SdpaAttention
 from verispec.models.linear import fused_projection
-from verispec.models.llama import rms_norm
+from verispec.models.norm import rms_norm
 from verispec.models.rope import RopeTables, rope_parameters
 
 

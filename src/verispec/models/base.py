@@ -208,6 +208,13 @@ class SlotScoring(Protocol):
         """One forward over every slot's new rows; per slot its logits float [n_i, V]."""
         ...
 
+    def reserve_slots(self, slots: int) -> None:
+        """Hold room for `slots` slots besides this model's own before any is made (the
+        `Scheduler` reserves its `max_slots` when it is built), where one cache holds every
+        slot (the static runtime: so every later step has one shape; llama.cpp). A model whose
+        slots each own a cache has nothing to hold: this default, which a model inherits by
+        subclassing `SlotScoring`."""
+
 
 @runtime_checkable
 class BatchedPrefill(Protocol):

@@ -36,10 +36,10 @@ from verispec.checks import is_int
 from verispec.cost import BatchCosts
 from verispec.k_spec import KSpec
 from verispec.models.parts import cache_root
+from verispec.models.runtime import Runtime
 from verispec.models.weight_format import WeightFormat
 
 AUTO_DRAFTED = 2  # drafted tokens per round assumed for k auto, heuristic or a profiled tree (see `drafted`)
-FAST, HF = "fast", "hf"  # the runtimes a curve names (`load_plan.Runtime`'s values)
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class FormatCost:
     """One runtime's forward in one weight format: t1 seconds for one row, v [P] at `rows` [P]
     (from 1, v(1) = 1; linear between and beyond, as `BatchCosts`), and where they come from."""
 
-    runtime: str
+    runtime: Runtime
     weight_format: WeightFormat
     t1: float
     rows: tuple[int, ...]
@@ -55,6 +55,7 @@ class FormatCost:
     source: str
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "runtime", Runtime(self.runtime))  # a name (a JSON file's) is read once
         object.__setattr__(self, "weight_format", WeightFormat(self.weight_format))
         object.__setattr__(self, "rows", tuple(self.rows))
         object.__setattr__(self, "v", tuple(float(x) for x in self.v))
@@ -64,7 +65,7 @@ class FormatCost:
 
     @property
     def label(self) -> str:
-        return f"{self.weight_format} on the {self.runtime} runtime"
+        return f"{self.weight_format} on {self.runtime.named}"
 
     def seconds(self, rows: int) -> float:
         """One forward over `rows` rows: t(1) v(rows)."""
@@ -76,12 +77,12 @@ class FormatCost:
                 f"{ms:.2f} ms per step, {ms / rows:.2f} ms per row; {self.source}")
 
     def to_dict(self) -> dict:
-        return {"runtime": self.runtime, "format": str(self.weight_format), "t1": self.t1, "rows": list(self.rows),
+        return {"runtime": str(self.runtime), "format": str(self.weight_format), "t1": self.t1, "rows": list(self.rows),
                 "v": list(self.v), "source": self.source}
 
     @classmethod
     def from_dict(cls, data: dict) -> FormatCost:
-        return cls(data["runtime"], WeightFormat(data["format"]), data["t1"], tuple(data["rows"]), tuple(data["v"]),
+        return cls(Runtime(data["runtime"]), WeightFormat(data["format"]), data["t1"], tuple(data["rows"]), tuple(data["v"]),
                    data["source"])
 
 
@@ -92,12 +93,12 @@ class FormatCost:
 # the same CPU (docs/runtime.md, exact q4 layers) and its whole forward at 8 and 64 rows on a
 # 2-core Intel Xeon with AMX, the only q4 batch measured.
 DEFAULT_Q4 = FormatCost(
-    FAST, WeightFormat.Q4, 1 / 75.5,
+    Runtime.FAST, WeightFormat.Q4, 1 / 75.5,
     (1, 2, 4, 5, 8, 9, 64), (1.0, 1.26, 1.49, 2.05, 2.69, 3.00, 13.85),
     "documented defaults (2-core AMD EPYC; v(8), v(64) a 2-core Intel Xeon)",
 )
 DEFAULT_BF16 = FormatCost(
-    FAST, WeightFormat.BFLOAT16, 1 / 62.3,
+    Runtime.FAST, WeightFormat.BFLOAT16, 1 / 62.3,
     (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
     (1.0, 1.244, 1.305, 1.392, 1.700, 2.183, 2.534, 2.659, 2.974, 3.247, 4.196, 4.557),
     "documented defaults (2-core AMD EPYC)",
@@ -160,7 +161,7 @@ class FormatChoice:
 
 
 def choose(formats: Sequence[WeightFormat], rows: int, curves: Sequence[FormatCost],
-           runtimes: Sequence[str] = (FAST,)) -> FormatChoice:
+           runtimes: Sequence[Runtime] = (Runtime.FAST,)) -> FormatChoice:
     """The format among `formats` whose forward over `rows` rows costs least on `runtimes`,
     from `curves` (this machine's measurements, `measured`): those where every format has one on some runtime given, else
     `DEFAULTS`. A format's cost is its cheapest runtime's (so the fast runtime is never chosen
@@ -183,8 +184,8 @@ def choose(formats: Sequence[WeightFormat], rows: int, curves: Sequence[FormatCo
 def hf_faster(fmt: WeightFormat, rows: int, curves: Sequence[FormatCost]) -> tuple[FormatCost, FormatCost] | None:
     """(transformers' cost, the fast runtime's) where both were measured in `fmt` and
     transformers' forward over `rows` rows is the faster, else None."""
-    fast = [c for c in curves if c.runtime == FAST and c.weight_format == fmt]
-    hf = [c for c in curves if c.runtime == HF and c.weight_format == fmt]
+    fast = [c for c in curves if c.runtime == Runtime.FAST and c.weight_format == fmt]
+    hf = [c for c in curves if c.runtime == Runtime.HF and c.weight_format == fmt]
     if fast and hf and hf[0].seconds(rows) < fast[0].seconds(rows):
         return hf[0], fast[0]
     return None
@@ -216,7 +217,7 @@ def record(source: Path, cost: FormatCost, cpu: str, threads: int) -> Path:
         entries = json.loads(path.read_text())
     except (OSError, ValueError):
         entries = []
-    key = (cost.runtime, str(cost.weight_format), cpu, threads)
+    key = (str(cost.runtime), str(cost.weight_format), cpu, threads)
     entries = [e for e in entries if (e["cost"]["runtime"], e["cost"]["format"], e["cpu"], e["threads"]) != key]
     entries.append({"cpu": cpu, "threads": threads, "cost": cost.to_dict()})
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ from transformers.cache_utils import DynamicLayer
 
 from verispec.models.base import (
     FINAL,
+    SlotScoring,
     Tap,
     check_extend,
     check_extend_tree,
@@ -57,7 +58,7 @@ from verispec.models.features import FeatureStore
 from verispec.models.scored_tree import PendingTree, ScoredTree
 
 
-class HFCausalLM:
+class HFCausalLM(SlotScoring):
     """A transformers causal LM (e.g. `LlamaForCausalLM`) with a rollback-able KV cache.
 
     >>> lm = HFCausalLM(model)       # model: any *ForCausalLM with full attention

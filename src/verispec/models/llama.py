@@ -18,9 +18,10 @@ per forward (measured per one-token forward, float32: ~4,450 op calls against ~6
 
 Projections are modules from `verispec.models.linear.projection`, chosen by weight format,
 so quantized layouts drop in without touching this file. The runtime is built from a
-transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file), whose
-weights are fused and packed here. By default the transformers model is left as it was, so
-both can run (at the cost of a second copy of the projections); `consume=True` releases each
+transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file), read once
+into the layout the static runtime builds from too (`models.llama_weights`) and packed here.
+By default the transformers model is left as it was, so both can run (at the cost of a
+second copy of the projections); `consume=True` releases each
 layer's projection weights from it as soon as they are packed (`load_model` does this), so
 the weights are never held twice, not even while packing; `checkpoint` reads the weights to
 pack from the model's files instead of its tensors (`from_hf` says why). Otherwise the
@@ -53,6 +54,7 @@ from verispec.checks import is_int
 from verispec.models.attention import InvariantAttention, RowAttention, SdpaAttention
 from verispec.models.base import (
     FINAL,
+    SlotScoring,
     Tap,
     check_extend,
     check_extend_tree,
@@ -65,15 +67,14 @@ from verispec.models.base import (
 from verispec.models.features import FeatureStore
 from verispec.models.kv_cache import KVCache
 from verispec.models.gguf_blocks import GGUFWeight
-from verispec.models.linear import DenseLinear, fused_projection
+from verispec.models.linear import DenseLinear, projection
+from verispec.models.llama_weights import LlamaShape, Projection, read_llama, refusal
+from verispec.models.norm import rms_norm
 from verispec.models.quant import linear_for
-from verispec.models.quantized import stored_weights
-from verispec.models.rope import RopeTables, rope_parameters
+from verispec.models.rope import RopeTables
+from verispec.models.runtime import Runtime
 from verispec.models.scored_tree import PendingTree, ScoredTree
 from verispec.models.weight_format import QUANTIZED  # the weight formats built by `models.quant`
-
-# Llama's forward; Qwen2 adds biases to q, k and v, which the fused projection carries.
-FAST_ARCHITECTURES = ("llama", "qwen2")
 
 
 @dataclass
@@ -86,19 +87,7 @@ class LlamaLayer:
     down: nn.Module  # [M, I] -> [M, H]
 
 
-@dataclass
-class LlamaShape:
-    layers: int
-    hidden: int
-    heads: int  # query heads
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab_size: int
-    eps: float
-
-
-class LlamaRuntime:
+class LlamaRuntime(SlotScoring):
     """A Llama-architecture model with a preallocated, position-indexed KV cache.
 
     >>> lm = LlamaRuntime.from_hf(model)   # model: a transformers LlamaForCausalLM
@@ -151,8 +140,9 @@ class LlamaRuntime:
         checkpoint: Callable[[str], torch.Tensor | None] | None = None,
         dtype: torch.dtype | None = None,
     ) -> LlamaRuntime:
-        """Build from a transformers `LlamaForCausalLM` or `Qwen2ForCausalLM` (its weights are
-        copied, see module doc; Qwen2's q, k and v biases are the fused qkv projection's bias).
+        """Build from a transformers `LlamaForCausalLM` or `Qwen2ForCausalLM`, read in the one
+        layout (`llama_weights.read_llama`) and packed here (its weights are copied, see module
+        doc; Qwen2's q, k and v biases are the fused qkv projection's bias).
 
         weight_format "float": prepacked oneDNN projections (`models.linear.projection`);
         "dense": `F.linear` on the same weights, slower, but transformers' own products, so a
@@ -173,42 +163,17 @@ class LlamaRuntime:
         dtype: what the runtime computes in (default: the model's); each float weight is cast
         to it as it is packed (torch's rounding, as transformers' own cast on load).
         """
-        refusal = fast_runtime_refusal(model, dtype)
-        if refusal:
-            raise ValueError(refusal)
-        config = model.config
-        inv_freq, scaling = rope_parameters(config)
-        base = model.model
-        attention = base.layers[0].self_attn
-        shape = LlamaShape(
-            layers=len(base.layers),
-            hidden=config.hidden_size,
-            heads=config.num_attention_heads,
-            kv_heads=config.num_key_value_heads,
-            head_dim=attention.head_dim,
-            intermediate=config.intermediate_size,
-            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
-            eps=float(config.rms_norm_eps),
-        )
-        float_weight = stored_weights(model, None, checkpoint)
-        dtype = dtype or model.get_output_embeddings().weight.dtype
+        reason = fast_runtime_refusal(model, dtype)
+        if reason:
+            raise ValueError(reason)
+        read = read_llama(model, Runtime.FAST, dtype=dtype, checkpoint=checkpoint, blocks=blocks, consume=consume)
+        dtype = read.embed.dtype
 
-        def tensor(weight: torch.Tensor) -> torch.Tensor:
-            """A parameter's float tensor in the runtime's dtype."""
-            return float_weight(weight).to(dtype)
-
-        stored = stored_weights(model, blocks, checkpoint)  # -> the GGUF blocks where there are some
-
-        def _fused(*linears: nn.Linear) -> nn.Module:
+        def pack(weights: Projection) -> nn.Module:
             # Biases (Qwen2's q, k and v) ride on the fused projection: the forward never sees them.
-            biases = [None if linear.bias is None else tensor(linear.bias) for linear in linears]
             if weight_format in QUANTIZED:
-                bias = None
-                if any(b is not None for b in biases):
-                    bias = torch.cat([b if b is not None else torch.zeros(l.out_features, dtype=dtype) for b, l in zip(biases, linears)])
-                return linear_for([stored(linear.weight) for linear in linears], weight_format, exact, bias=bias)
-            weights = [tensor(linear.weight) for linear in linears]
-            return fused_projection(weights, biases, weight_format)
+                return linear_for(weights.stored(), weight_format, exact, bias=weights.bias())
+            return projection(weights.weight(), weights.bias(), weight_format)
 
         layers = []
         with torch.no_grad():
@@ -216,37 +181,34 @@ class LlamaRuntime:
             # takes several times its weight for a moment, best spent before the layers exist.
             # Read apart from the embedding even where tied: a file's page is resident once read,
             # and the embedding's are read only as tokens are looked up.
-            embed, output = tensor(base.embed_tokens.weight), model.get_output_embeddings()
-            head = _fused(output)
+            head = pack(read.head)
             # The dense head [V, H] (pruned heads read it): the embedding itself where tied.
-            head_linear = nn.Linear(shape.hidden, shape.vocab_size, bias=output.bias is not None, device="meta")
-            if output.weight is base.embed_tokens.weight:
-                head_weight = embed
+            shape = read.shape
+            head_bias = read.head.bias()
+            head_linear = nn.Linear(shape.hidden, shape.vocab_size, bias=head_bias is not None, device="meta")
+            if read.tied:
+                head_weight = read.embed
             elif isinstance(head, DenseLinear) and head.weight.dtype == dtype:
                 head_weight = head.weight  # q4's float32 route for a head it cannot hold: the same values
             else:
-                head_weight = tensor(output.weight)
+                head_weight = read.head.weight()
             head_linear.weight = nn.Parameter(head_weight, requires_grad=False)
-            head_linear.bias = None if output.bias is None else nn.Parameter(tensor(output.bias), requires_grad=False)
-            for layer in base.layers:
-                attn, mlp = layer.self_attn, layer.mlp
+            head_linear.bias = None if head_bias is None else nn.Parameter(head_bias, requires_grad=False)
+            for layer in read.layers():
                 layers.append(
                     LlamaLayer(
-                        attn_norm=tensor(layer.input_layernorm.weight),
-                        qkv=_fused(attn.q_proj, attn.k_proj, attn.v_proj),
-                        o=_fused(attn.o_proj),
-                        mlp_norm=tensor(layer.post_attention_layernorm.weight),
-                        gate_up=_fused(mlp.gate_proj, mlp.up_proj),
-                        down=_fused(mlp.down_proj),
+                        attn_norm=layer.attn_norm,
+                        qkv=pack(layer.qkv),
+                        o=pack(layer.o),
+                        mlp_norm=layer.mlp_norm,
+                        gate_up=pack(layer.gate_up),
+                        down=pack(layer.down),
                     )
                 )
-                if consume:
-                    for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                        linear.weight = linear.bias = None
-            norm = tensor(base.norm.weight)
+            norm = read.norm()
         model.eval()
-        rope = RopeTables(inv_freq, scaling, embed.dtype)
-        runtime = cls(shape, embed, layers, norm, head, rope, deterministic, head_linear)
+        rope = RopeTables(*read.rope, dtype)
+        runtime = cls(shape, read.embed, layers, norm, head, rope, deterministic, head_linear)
         if weight_format in QUANTIZED:
             projections = [head, *(p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))]
             runtime.exact_weights = all(p.exact for p in projections)
@@ -542,24 +504,11 @@ def fast_runtime_refusal(model: nn.Module, dtype: torch.dtype | None = None) -> 
 def config_refusal(config, dtype: torch.dtype, device: torch.device | str = "cpu") -> str | None:
     """Why the fast runtime cannot run a model of this transformers config in `dtype` on
     `device` (None: it can); read from the config alone, before any weight is loaded."""
-    kind = getattr(config, "model_type", None)
-    if kind not in FAST_ARCHITECTURES:
-        return f"the fast runtime runs Llama-architecture models and this is {kind!r} (it runs {', '.join(FAST_ARCHITECTURES)}); use runtime 'hf'"
-    if getattr(config, "use_sliding_window", False):
-        return "the fast runtime attends to every cached position and this model uses sliding-window attention; use runtime 'hf'"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"the fast runtime's MLP is SiLU-gated and this model uses {config.hidden_act!r}; use runtime 'hf'"
+    reason = refusal(config, Runtime.FAST)
+    if reason:
+        return reason
     if torch.device(device).type != "cpu":
         return f"the fast runtime runs on the CPU and this model is on {device}; use runtime 'hf'"
     if dtype not in (torch.float32, torch.bfloat16):
         return f"the fast runtime computes in float32 or bfloat16, not {str(dtype).removeprefix('torch.')}; use runtime 'hf'"
-    try:
-        rope_parameters(config)
-    except ValueError as error:
-        return str(error)
     return None
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x[M, H] -> weight * x / sqrt(mean(x^2) + eps), the statistics in float32."""
-    return nn.functional.rms_norm(x, weight.shape, weight, eps)

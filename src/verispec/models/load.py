@@ -51,10 +51,11 @@ from verispec.models.gguf_blocks import GGUFWeight, gguf_weights
 from verispec.models.hf import HFCausalLM
 from verispec.models.llama import LlamaRuntime
 from verispec.models.static_llama import StaticLlama
-from verispec.models.load_plan import LLAMACPP_TARGET, LoadPlan, Runtime, model_config, plan_load
+from verispec.models.load_plan import LLAMACPP_TARGET, LoadPlan, model_config, plan_load
 from verispec.models.memory import kv_bytes_per_token, peak_rss_bytes, weight_bytes
 from verispec.models.quant import Int4Linear
 from verispec.models.quantized import quantized_model
+from verispec.models.runtime import Runtime
 from verispec.models.sources import (
     blocks_cache,
     check_tokenizer_files,
@@ -149,7 +150,7 @@ class LoadedModel:
                     f"this is a different model from {self.name} in float32 or q4 (its outputs are not that model's)"
                 )
                 notes.append(f"{note} ({self.auto_choice})" if self.auto_choice else note)
-            if self.runtime == "static" and not getattr(self.lm, "deterministic", True):
+            if self.runtime == Runtime.STATIC and not getattr(self.lm, "deterministic", True):
                 notes.append(
                     "--no-deterministic: each step runs in the smallest shape that holds it and a row's logits depend "
                     "on that shape, so greedy speculative output may part from plain decoding at near ties"

@@ -29,7 +29,6 @@ import platform
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 import torch
@@ -44,6 +43,7 @@ from verispec.models.format_costs import FormatChoice, FormatCost
 from verispec.models.gguf_blocks import CODED, READ
 from verispec.models.llama import config_refusal
 from verispec.models.llamacpp import require
+from verispec.models.runtime import Runtime, parse_runtime
 from verispec.models.static_llama import static_refusal
 from verispec.models.sources import (
     blocks_cache,
@@ -56,17 +56,6 @@ from verispec.models.sources import (
 )
 from verispec.models.weight_format import AUTO, WeightFormat, parse_target
 
-
-class Runtime(StrEnum):
-    """What runs the model: a runtime is one value here and one build in `models.load`."""
-
-    FAST = "fast"  # verispec's Llama runtime for the CPU (`models.llama.LlamaRuntime`)
-    HF = "hf"  # transformers' own model (`models.hf.HFCausalLM`)
-    LLAMACPP = "llamacpp"  # llama.cpp itself on a GGUF file (`models.llamacpp.LlamaCppLM`): its arithmetic
-    STATIC = "static"  # fixed shapes over a static cache, CUDA graphs on CUDA (`models.static_llama.StaticLlama`)
-
-
-RUNTIMES = (AUTO, *Runtime)  # what `runtime=` accepts: auto takes the fast runtime on a CPU, static on CUDA
 DEVICES = "auto, cpu, cuda or cuda:N"  # what `device=` accepts
 
 LLAMACPP_TARGET = (
@@ -309,8 +298,7 @@ def plan_load(
     profile` recorded for this file on this CPU at this thread count, `format_costs.measured`)."""
     if not is_int(rows, least=1):
         raise ValueError(f"rows per step must be an integer >= 1, got {rows!r}")
-    if runtime not in RUNTIMES:
-        raise ValueError(f"unknown runtime {runtime!r}; choose {', '.join(RUNTIMES)}")
+    runtime = parse_runtime(runtime)
     if deterministic and runtime == Runtime.HF:
         raise ValueError(
             "deterministic scoring is a mode of the fast, static and llama.cpp runtimes; drop it or choose runtime "
@@ -361,7 +349,7 @@ def plan_load(
 
 
 def runtime_choice(
-    runtime: str, config: PretrainedConfig, dtype: torch.dtype, device: str, source: Path
+    runtime: Runtime | str, config: PretrainedConfig, dtype: torch.dtype, device: str, source: Path
 ) -> tuple[Runtime, str]:
     """The runtime for `runtime` (auto, fast, static or hf) on `device`, and why: auto takes
     the fast runtime on the CPU and the static one on CUDA where it runs the model, else
@@ -375,7 +363,7 @@ def runtime_choice(
     if runtime in (Runtime.FAST, Runtime.STATIC) and refusal:
         raise ValueError(f"{source}: {refusal}")
     if runtime != AUTO:
-        return Runtime(runtime), "asked for"
+        return runtime, "asked for"
     if refusal:
         return Runtime.HF, f"chosen by --runtime auto: {refusal}"
     if on_cpu:
@@ -433,7 +421,7 @@ def weight_choice(
     measured faster there)."""
     if asked == AUTO:
         if runtime == Runtime.FAST and source.is_file() and machine.int4_faster and coded_exactly(source):
-            runtimes = (format_costs.FAST, format_costs.HF) if weighs_hf else (format_costs.FAST,)
+            runtimes = (Runtime.FAST, Runtime.HF) if weighs_hf else (Runtime.FAST,)
             choice = format_costs.choose((WeightFormat.Q4, WeightFormat.BFLOAT16), rows, costs, runtimes)
             if choice.chosen.weight_format == WeightFormat.Q4:
                 return WeightFormat.Q4, (

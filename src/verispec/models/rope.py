@@ -24,8 +24,7 @@ def rope_parameters(config) -> tuple[torch.Tensor, float]:
     kind = parameters.get("rope_type", "default")
     if kind in LENGTH_DEPENDENT:
         raise ValueError(
-            f"rope type {kind!r} changes its frequencies with the sequence length, which the fast "
-            "runtime's precomputed tables cannot follow; use runtime 'hf'"
+            f"rope type {kind!r} changes its frequencies with the sequence length, which precomputed tables cannot follow"
         )
     if kind == "default":
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -33,7 +32,7 @@ def rope_parameters(config) -> tuple[torch.Tensor, float]:
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
         return inv_freq, 1.0
     if kind not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"unknown rope type {kind!r}; use runtime 'hf'")
+        raise ValueError(f"unknown rope type {kind!r}")
     inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](config)
     return inv_freq.float(), float(scaling)
 

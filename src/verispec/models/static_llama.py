@@ -95,8 +95,10 @@ from verispec.models.base import (
 )
 from verispec.models.cuda_graphs import ShapeGraphs
 from verispec.models.features import FeatureStore
-from verispec.models.llama import LlamaShape, config_refusal, rms_norm
-from verispec.models.rope import RopeTables, rope_parameters
+from verispec.models.llama_weights import LlamaShape, read_llama, refusal
+from verispec.models.norm import rms_norm
+from verispec.models.rope import RopeTables
+from verispec.models.runtime import Runtime
 from verispec.models.scored_tree import PendingTree, ScoredTree
 from verispec.models.slot_cache import SlotCache
 from verispec.transfers import to_device
@@ -124,11 +126,11 @@ class StaticLayer:
 
 def static_refusal(config, dtype: torch.dtype) -> str | None:
     """Why the static runtime cannot run a model of this transformers config in `dtype`
-    (None: it can). It runs what the fast runtime runs (one list of reasons, `config_refusal`),
-    on any device, in float32, bfloat16 or float16."""
-    refusal = config_refusal(config, torch.float32)
-    if refusal:
-        return refusal.replace("the fast runtime", "the static runtime")
+    (None: it can). It reads what the fast runtime reads (`llama_weights.refusal`), on any
+    device, in float32, bfloat16 or float16."""
+    reason = refusal(config, Runtime.STATIC)
+    if reason:
+        return reason
     if dtype not in STATIC_DTYPES:
         return f"the static runtime computes in float32, bfloat16 or float16, not {str(dtype).removeprefix('torch.')}; use runtime 'hf'"
     return None
@@ -506,60 +508,34 @@ class StaticLlama(StaticSlot):
         (`prefill`, `prefill_slots`); graphs: CUDA graphs (default: on CUDA).
         consume: release each decoder layer's weights from `model` once copied (they become
         None), so the host holds one layer's copy at a time; `model` cannot run afterwards."""
-        output = model.get_output_embeddings()
-        dtype = dtype or output.weight.dtype
-        refusal = static_refusal(model.config, dtype)
-        if refusal:
-            raise ValueError(refusal)
-        config, base = model.config, model.model
-        device = torch.device(device)
-        shape = LlamaShape(
-            layers=len(base.layers),
-            hidden=config.hidden_size,
-            heads=config.num_attention_heads,
-            kv_heads=config.num_key_value_heads,
-            head_dim=base.layers[0].self_attn.head_dim,
-            intermediate=config.intermediate_size,
-            vocab_size=int(output.weight.shape[0]),
-            eps=float(config.rms_norm_eps),
-        )
-
-        def tensor(weight: torch.Tensor) -> torch.Tensor:
-            return weight.detach().to(device=device, dtype=dtype)
-
-        def fused(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-            weight = torch.cat([tensor(linear.weight) for linear in linears])
-            if all(linear.bias is None for linear in linears):
-                return weight, None
-            return weight, torch.cat([
-                tensor(linear.bias) if linear.bias is not None else torch.zeros(linear.out_features, dtype=dtype, device=device)
-                for linear in linears
-            ])
-
-        if output.bias is not None:
-            raise ValueError("the static runtime's output head has no bias and this model's has one; use runtime 'hf'")
+        dtype, device = dtype or model.get_output_embeddings().weight.dtype, torch.device(device)
+        reason = static_refusal(model.config, dtype)
+        if reason:
+            raise ValueError(reason)
+        read = read_llama(model, Runtime.STATIC, dtype=dtype, device=device, consume=consume)
+        unsupported = [name for name in read.biased if name != "qkv"]
+        if unsupported:
+            raise ValueError(
+                f"the static runtime adds a bias to q, k and v only and this model's {', '.join(unsupported)} "
+                "projections have one; use runtime 'hf'"
+            )
         with torch.no_grad():
-            embed = tensor(base.embed_tokens.weight)
-            head = embed if output.weight is base.embed_tokens.weight else tensor(output.weight)
-            layers = []
-            for layer in base.layers:
-                attn, mlp = layer.self_attn, layer.mlp
-                qkv, qkv_bias = fused(attn.q_proj, attn.k_proj, attn.v_proj)
-                layers.append(StaticLayer(
-                    attn_norm=tensor(layer.input_layernorm.weight),
-                    qkv=qkv,
-                    qkv_bias=qkv_bias,
-                    o=fused(attn.o_proj)[0],
-                    mlp_norm=tensor(layer.post_attention_layernorm.weight),
-                    gate_up=fused(mlp.gate_proj, mlp.up_proj)[0],
-                    down=fused(mlp.down_proj)[0],
-                ))
-                if consume:
-                    for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                        linear.weight = linear.bias = None
-            norm = tensor(base.norm.weight)
+            head = read.embed if read.tied else read.head.weight()
+            layers = [
+                StaticLayer(
+                    attn_norm=layer.attn_norm,
+                    qkv=layer.qkv.weight(),
+                    qkv_bias=layer.qkv.bias(),
+                    o=layer.o.weight(),
+                    mlp_norm=layer.mlp_norm,
+                    gate_up=layer.gate_up.weight(),
+                    down=layer.down.weight(),
+                )
+                for layer in read.layers()
+            ]
+            norm = read.norm()
         core = StaticModel(
-            shape, embed, layers, norm, head, rope_parameters(config),
+            read.shape, read.embed, layers, norm, head, read.rope,
             deterministic=deterministic, rows=rows, prefill_rows=prefill_rows, slots=slots, context=context,
             graphs=graphs, device=device,
         )

@@ -31,13 +31,13 @@ from itertools import product
 
 import torch
 
-from verispec.models.base import FINAL, ROOT, Tap, check_extend_tree, check_slots, check_taps
+from verispec.models.base import FINAL, ROOT, SlotScoring, Tap, check_extend_tree, check_slots, check_taps
 from verispec.models.scored_tree import PendingTree, ScoredTree
 
 Row = tuple[Fraction, ...]
 
 
-class TableLM:
+class TableLM(SlotScoring):
     """rows: context key (the last `order` tokens, or the whole shorter context) -> the exact
     next-token distribution. hidden_size, num_layers, feature_seed: the shape and seed of the
     table's deterministic features (`FeatureChannel`)."""

@@ -36,6 +36,7 @@ import torch
 from verispec.drafts import Draft, TreeDraft
 from verispec.models import DEFAULT_MODEL
 from verispec.models.base import CausalLM
+from verispec.models.runtime import Runtime
 from verispec.proposers.kind import ProposerKind
 from verispec.randomness import Random
 from verispec.sampling import SamplingParams, penalised, probabilities, to_host
@@ -182,8 +183,8 @@ def build(path: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Dr
     a draft's rounding changes only what is accepted)."""
     from verispec.models.load import load_model
 
-    if target.runtime == "llamacpp":
-        draft = load_model(path, runtime="llamacpp", deterministic=False)
+    if target.runtime == Runtime.LLAMACPP:
+        draft = load_model(path, runtime=Runtime.LLAMACPP, deterministic=False)
     elif target.device != "cpu":
         draft = load_model(path, dtype=target.dtype_name, device=target.device, deterministic=False)
     else:

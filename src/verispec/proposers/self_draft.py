@@ -23,7 +23,8 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from verispec.models.weight_format import SELF_DRAFT, WeightFormat
+from verispec.models.runtime import Runtime, parse_runtime
+from verispec.models.weight_format import AUTO, SELF_DRAFT, WeightFormat
 from verispec.proposers.draft_model import DraftModel
 from verispec.proposers.kind import ProposerKind
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 
 FORMATS = SELF_DRAFT  # q4, int8 (`models.weight_format`)
+RUNTIMES = (AUTO, Runtime.FAST, Runtime.HF)  # what a self-draft runs on
 
 
 class SelfDraft(DraftModel):
@@ -56,7 +58,7 @@ class SelfDraft(DraftModel):
         target: HFCausalLM | PreTrainedModel,
         fmt: WeightFormat | str = WeightFormat.Q4,
         gguf: str | os.PathLike | None = None,
-        runtime: str = "auto",
+        runtime: Runtime | str = AUTO,
     ):
         # transformers, imported when a self-draft is built (the registry imports this module)
         from transformers import PreTrainedModel
@@ -69,14 +71,13 @@ class SelfDraft(DraftModel):
         if fmt not in FORMATS:  # a name given to the class (the `selfdraft:FORMAT` spec is parsed once)
             raise ValueError(f"a self-draft runs in {' or '.join(FORMATS)}, got {fmt!r}")
         fmt = WeightFormat(fmt)
-        if runtime not in ("auto", "fast", "hf"):
-            raise ValueError(f"unknown runtime {runtime!r}; choose auto, fast or hf")
+        runtime = parse_runtime(runtime, RUNTIMES)
         model = target if isinstance(target, PreTrainedModel) else target.model
         blocks = gguf_weights(gguf, model) if gguf is not None else None
         refusal = fast_runtime_refusal(model)
-        if runtime == "fast" and refusal:
+        if runtime == Runtime.FAST and refusal:
             raise ValueError(refusal)
-        if runtime == "hf" or refusal:
+        if runtime == Runtime.HF or refusal:
             draft = quantized_model(model, fmt, blocks, exact=False)
             lm, self.exact_weights = HFCausalLM(draft), draft.exact
         else:
@@ -84,7 +85,7 @@ class SelfDraft(DraftModel):
             self.exact_weights = lm.exact_weights
         super().__init__(lm)
         self.fmt = fmt
-        self.runtime = "hf" if isinstance(lm, HFCausalLM) else "fast"
+        self.runtime = Runtime.HF if isinstance(lm, HFCausalLM) else Runtime.FAST
 
 
 def parse(argument: str) -> WeightFormat:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from verispec.head_kind import HeadKind
+from verispec.head_kind import HeadKind, head_kind
 from verispec.machine import native_bf16
 from verispec.models import DEFAULT_MODEL, weight_format
 from verispec.models.base import CausalLM
@@ -38,7 +38,7 @@ HEAD_FORMATS = {fmt: head_packing(fmt) for fmt in HEAD}
 SHIPPED = Path(__file__).resolve().parent.parent / "heads" / "default"
 
 
-def default_head(kind: str) -> Path:
+def default_head(kind: HeadKind) -> Path:
     """The directory of the `kind` head shipped for the default model (it may be absent)."""
     return SHIPPED / kind
 
@@ -67,7 +67,7 @@ def auto_head_format(device: torch.device | str = "cpu", target_dtype: torch.dty
 
 
 def head_proposer(
-    kind: str, directory: str | None, target: CausalLM, head_format: WeightFormat | str = "auto"
+    kind: HeadKind | str, directory: str | None, target: CausalLM, head_format: WeightFormat | str = "auto"
 ) -> Proposer:
     """An EAGLE or Medusa proposer for `target` (the engine's target, with a feature channel)
     with the head in `directory`, or the shipped one when None, on the target's device, packed
@@ -117,7 +117,7 @@ def default_proposer(model: str) -> str:
     >>> default_proposer("/models/another-checkpoint")
     'lookup'
     """
-    if model == DEFAULT_MODEL and (default_head("eagle") / "config.json").exists():
+    if model == DEFAULT_MODEL and (default_head(HeadKind.EAGLE) / "config.json").exists():
         return BEST_WITH_HEAD
     return BEST_WITHOUT_HEAD
 
@@ -127,12 +127,15 @@ class HeadSpec:
     """`KIND[:DIR][:weights=F]`: the head's kind (eagle, eagle3, medusa), its directory (None:
     the shipped head) and how it drafts (a key of `HEAD_FORMATS`, or "auto")."""
 
-    kind: str
+    kind: HeadKind
     directory: str | None = None
     weights: WeightFormat | None = None  # None: auto (`auto_head_format`)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", head_kind(self.kind))  # a name given is read once
 
-def parse(kind: str, argument: str) -> HeadSpec:
+
+def parse(kind: HeadKind, argument: str) -> HeadSpec:
     """The options of `kind[:DIR][:weights=F]`.
 
     >>> parse("eagle", "heads/mine:weights=bfloat16")
@@ -172,7 +175,7 @@ def build(spec: HeadSpec, target: LoadedModel, corpus: Sequence[Sequence[int]]) 
     return head_proposer(spec.kind, spec.directory, target.lm, spec.weights)
 
 
-def audit_fixture(kind: str, tables: Tables) -> Proposer:
+def audit_fixture(kind: HeadKind, tables: Tables) -> Proposer:
     """A `kind` proposer (eagle, eagle3 or medusa) on the audit's tables."""
     from verispec.heads.untrained import tiny_head
     from verispec.proposers.eagle import EagleProposer
