@@ -29,7 +29,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
-from verispec.engine import Decoding
+from verispec.engine import stream
 from verispec.models.base import CausalLM
 from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer
@@ -116,7 +116,7 @@ class VerispecRunner:
     ) -> Outcome:
         """One request; on_token(token) is called as each new token is committed."""
         clock = Clock()
-        decoding = Decoding(
+        decoding = stream(
             self.target,
             self.proposer,
             prompt_ids,
@@ -149,7 +149,7 @@ class GreedyReference:
         known = self.known.get(key)
         if known is not None and (len(known) >= max_new_tokens or (known and known[-1] in self.eos_token_ids)):
             return
-        decoding = Decoding(
+        decoding = stream(
             self.target, None, prompt_ids, max_new_tokens=max_new_tokens, sampling=GREEDY,
             eos_token_id=self.eos_token_ids, k=0,
         )

@@ -228,9 +228,7 @@ class VllmBatchServer:
             tokens = output["tokens"]
             if tokens:
                 drafted, accepted = verified.get(output["key"], (0, 0))
-                request["stats"].record_round(drafted, accepted)
-                request["stats"].record_plan(describe_plan(drafted))
-                request["stats"].new_tokens += len(tokens)
+                request["stats"].record(drafted, accepted, len(tokens), plan=describe_plan(drafted))
                 request["tokens"] += tokens
                 request["first"] = request["first"] if request["first"] is not None else now
             if output["finished"]:
