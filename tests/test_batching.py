@@ -474,7 +474,9 @@ def test_four_concurrent_requests_follow_the_target_at_temperature_1():
     chi-square tail); the seeds are fixed, so the outcome is deterministic."""
     from collections import Counter
 
-    from test_statistical import ALPHA, COPY_PROMPT, DRAFT, PROMPT, TARGET, exact_marginals, g_test_p_value
+    from test_statistical import ALPHA, COPY_PROMPT, DRAFT, PROMPT, TARGET, exact_marginals
+
+    from verispec.statistics import g_test
 
     from verispec.heads.untrained import tiny_head
     from verispec.proposers import DraftModel, PromptLookup
@@ -508,7 +510,7 @@ def test_four_concurrent_requests_follow_the_target_at_temperature_1():
             counts["pair"][a, b] += 1
         assert max(job.stats.rounds for job in done) >= 1
         for marginal in exact:
-            assert g_test_p_value(counts[marginal], exact[marginal], runs) > ALPHA, (name, marginal)
+            assert g_test(counts[marginal], exact[marginal], runs) > ALPHA, (name, marginal)
 
 
 def test_a_request_keeps_the_parsed_specs():
