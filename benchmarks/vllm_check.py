@@ -109,7 +109,7 @@ def verispec_side(target, spec: str, prompts: list[list[int]], tokens: int, k: i
 
 
 def worker_module():
-    """`verispec.bench.vllm_worker`, loaded from its file: it needs only vLLM, and verispec is
+    """`verispec.peers.vllm_worker`, loaded from its file: it needs only vLLM, and verispec is
     not installed in vLLM's venv."""
     import importlib.util
 
