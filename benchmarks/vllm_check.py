@@ -113,7 +113,7 @@ def worker_module():
     not installed in vLLM's venv."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "src" / "verispec" / "bench" / "vllm_worker.py"
+    path = Path(__file__).resolve().parents[1] / "src" / "verispec" / "peers" / "vllm_worker.py"
     spec = importlib.util.spec_from_file_location("vllm_worker", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
