@@ -156,10 +156,11 @@ def test_the_engine_and_the_reference_record_each_round_alike():
         for temperature in (0.0, 1.0):
             options = dict(max_new_tokens=12, sampling=SamplingParams(temperature=temperature), eos_token_id=None)
             seen_engine, seen_reference = [], []
-            engine = generate(target, make_proposer(), prompt, k=Recording(make_policy(), lambda s: seen_engine.append(s)),
-                              seed=5, clock=TickClock(), **options)
-            reference = reference_generate(target, make_proposer(), prompt, k=Recording(make_policy(), lambda s: seen_reference.append(s)),
-                                           rng=TorchRandom(5), clock=TickClock(), **options)
+            engine_policy = Recording(make_policy(), lambda counts: seen_engine.append(counts))
+            reference_policy = Recording(make_policy(), lambda counts: seen_reference.append(counts))
+            engine = generate(target, make_proposer(), prompt, k=engine_policy, seed=5, clock=TickClock(), **options)
+            reference = reference_generate(target, make_proposer(), prompt, k=reference_policy, rng=TorchRandom(5),
+                                           clock=TickClock(), **options)
             assert engine.tokens == reference
             assert len(seen_engine) == engine.stats.rounds > 1 and seen_engine == seen_reference
             assert engine.stats.new_tokens == len(engine.tokens) == sum(engine.stats.accepted) + engine.stats.rounds

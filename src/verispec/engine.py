@@ -292,7 +292,8 @@ class Decoding:
     def settle(self, proposal: Proposal, scored: Scored) -> list[int]:
         """Stage 3 on the round's scored rows: observe, verify, commit; the emitted tokens."""
         observed = self._observe(proposal.draft, scored.logits)
-        verdict, verify_seconds = timed(self.clock, self.choose_rule(proposal.draft), scored.rule_rows, proposal.draft, self._round_random())
+        rule = self.choose_rule(proposal.draft)
+        verdict, verify_seconds = timed(self.clock, rule, scored.rule_rows, proposal.draft, self._round_random())
         emitted, seconds = timed(self.clock, self._commit, proposal, scored, verdict, proposal.seconds + observed, verify_seconds)
         self.stats.commit_seconds += seconds
         return emitted
@@ -336,8 +337,8 @@ class Decoding:
             self.proposer.commit(self._context)
         self.stats.record(
             len(draft), verdict.n_accepted, len(emitted), plan=proposal.plan.describe(), fallback=verdict.fallback,
-            draft_seconds=draft_seconds, target_seconds=scored.seconds, verify_seconds=verify_seconds, offers=draft.offered(verdict),
-            source=proposal.source, batch_rows=scored.rows,
+            draft_seconds=draft_seconds, target_seconds=scored.seconds, verify_seconds=verify_seconds,
+            offers=draft.offered(verdict), source=proposal.source, batch_rows=scored.rows,
         )
         return emitted
 
