@@ -21,7 +21,7 @@ from verispec.models import DEFAULT_MODEL
 from verispec.models.load import load_model
 from verispec.runtime_check import law, power
 from verispec.runtime_check.cases import default_cases
-from verispec.runtime_check.statistics import degrees_of_freedom
+from verispec.statistics import degrees_of_freedom
 
 ALPHA, CELLS, LENGTH, PROMPTS = 1e-3, 24, 3, 3
 

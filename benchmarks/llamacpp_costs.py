@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 
-from verispec.bench.llamacpp import require
+from verispec.peers.llamacpp import require
 from verispec.models import DEFAULT_MODEL
 from verispec.models.sources import locate
 from verispec.sampling import GREEDY

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from verispec import load_model
-from verispec.bench.runners import HFRunner, VerispecRunner
+from verispec.bench.runners import VerispecRunner
+from verispec.peers.hf import HFRunner
 from verispec.bench.workloads import read_workloads, select
 from verispec.registry import build_proposer
 

@@ -109,11 +109,11 @@ def verispec_side(target, spec: str, prompts: list[list[int]], tokens: int, k: i
 
 
 def worker_module():
-    """`verispec.bench.vllm_worker`, loaded from its file: it needs only vLLM, and verispec is
+    """`verispec.peers.vllm_worker`, loaded from its file: it needs only vLLM, and verispec is
     not installed in vLLM's venv."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "src" / "verispec" / "bench" / "vllm_worker.py"
+    path = Path(__file__).resolve().parents[1] / "src" / "verispec" / "peers" / "vllm_worker.py"
     spec = importlib.util.spec_from_file_location("vllm_worker", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -20,7 +20,7 @@ from verispec.audit.exact_target import target_sequences
 from verispec.batching import QueueFull, Scheduler
 from verispec.clocks import TickClock
 from verispec.cost import BatchCosts, FixedCosts
-from verispec.engine import Decoding, generate
+from verispec.engine import generate, stream
 from verispec.models.table_pair import Tables
 from verispec.models.tables import TableLM, random_table
 from verispec.plan import Plan
@@ -377,7 +377,7 @@ def test_a_decoding_plans_its_round_with_a_batch_adjustment():
     """`Decoding.plan` owns the round's plan: the policy's choice, the batch's k where the choice
     lets a batch choose (up to the policy's k_max, above its own choice too), within the budget."""
     target, prompt = random_table(6, 2, seed=11), [0, 1, 2, 0, 1]
-    decoding = Decoding(target, PromptLookup(), prompt, max_new_tokens=4, k=auto_policy(3))
+    decoding = stream(target, PromptLookup(), prompt, max_new_tokens=4, k=auto_policy(3))
     decoding.begin()
     chosen = decoding.choose()
     assert chosen.adjustable is not None and chosen.adjustable.most == 3
@@ -385,7 +385,7 @@ def test_a_decoding_plans_its_round_with_a_batch_adjustment():
     assert decoding.plan(chosen, 0).k == 0 and decoding.plan(chosen, 3).k == 3  # budget 4: at most 3 drafts
     with pytest.raises(ValueError, match="integer in"):
         decoding.plan(chosen, 4)
-    fixed = Decoding(target, PromptLookup(), prompt, max_new_tokens=3, k=5)
+    fixed = stream(target, PromptLookup(), prompt, max_new_tokens=3, k=5)
     fixed.begin()
     assert fixed.plan(fixed.choose()).k == 2
     with pytest.raises(ValueError, match="its policy's to keep"):
@@ -474,7 +474,9 @@ def test_four_concurrent_requests_follow_the_target_at_temperature_1():
     chi-square tail); the seeds are fixed, so the outcome is deterministic."""
     from collections import Counter
 
-    from test_statistical import ALPHA, COPY_PROMPT, DRAFT, PROMPT, TARGET, exact_marginals, g_test_p_value
+    from test_statistical import ALPHA, COPY_PROMPT, DRAFT, PROMPT, TARGET, exact_marginals
+
+    from verispec.statistics import g_test
 
     from verispec.heads.untrained import tiny_head
     from verispec.proposers import DraftModel, PromptLookup
@@ -508,7 +510,7 @@ def test_four_concurrent_requests_follow_the_target_at_temperature_1():
             counts["pair"][a, b] += 1
         assert max(job.stats.rounds for job in done) >= 1
         for marginal in exact:
-            assert g_test_p_value(counts[marginal], exact[marginal], runs) > ALPHA, (name, marginal)
+            assert g_test(counts[marginal], exact[marginal], runs) > ALPHA, (name, marginal)
 
 
 def test_a_request_keeps_the_parsed_specs():

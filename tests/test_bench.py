@@ -207,7 +207,7 @@ def test_a_sampled_benchmark_reports_acceptance_instead_of_identity(sampled_run)
 def test_every_method_samples_with_the_same_transforms(tmp_path):
     """The HF runners sample with verispec's transforms and nothing of HF's own defaults; the
     same seed gives the same output, another seed (almost surely) another."""
-    from verispec.bench.runners import HFRunner
+    from verispec.peers.hf import HFRunner
     from verispec.bench.suite import make_runner, quick_target
     from verispec.bench.quick import quick_workloads
     from verispec.sampling import GREEDY, SamplingParams

@@ -9,12 +9,13 @@ from collections import Counter
 import pytest
 
 from verispec import profile
-from verispec.bench import llamacpp
-from verispec.bench.closed_loop import Served, closed_loop
+from verispec.bench.closed_loop import closed_loop
 from verispec.bench.methods import PLAIN
 from verispec.bench.sweep import QUICK_SWEEP_METHODS, parse_concurrency
 from verispec.cli import main
 from verispec.models import llamacpp as runtime
+from verispec.peers import llamacpp
+from verispec.peers.outcome import Served
 
 LEVELS = (1, 3)  # the quick workload has 4 prompts: at c = 3 the 4th replaces the first to finish
 MAX_NEW = 10
@@ -261,9 +262,9 @@ def test_llamacpp_batches_several_sequences():
     method = parse_method("llamacpp-plain")
     prompts = [target.encode(text, chat=False) for text in
                ("def add(a, b):\n", "The capital of France is", "Once upon a time", "import numpy as np\n")]
-    single = llamacpp.make_runner(method, target)
+    single = llamacpp.make_runner(method.name, target, method.k)
     alone = [single(p, 6).tokens for p in prompts]
-    llama = llamacpp.load_batch_model(method, target)
+    llama = llamacpp.load_batch_model(method.name, target)
     for concurrency in (1, 2):
         server = llamacpp.LlamaCppBatchServer(llama, target.eos_token_ids, concurrency, 64, torch.get_num_threads())
         try:

@@ -172,7 +172,7 @@ def engine(rounds: list[tuple[int, int, float]], seconds_per_draft: float = 0.0)
     """A run's engine counters from its rounds, (drafted, accepted, target seconds) each."""
     stats = Stats()
     for drafted, accepted, seconds in rounds:
-        stats.record_round(drafted, accepted, draft_seconds=drafted * seconds_per_draft, target_seconds=seconds)
+        stats.record(drafted, accepted, accepted + 1, draft_seconds=drafted * seconds_per_draft, target_seconds=seconds)
     return engine_fields(stats)
 
 

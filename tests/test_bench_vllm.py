@@ -15,8 +15,9 @@ import torch
 
 from verispec import generate
 from verispec.bench.methods import parse_method
-from verispec.bench.vllm import VENV_PYTHON, VllmRunner, parse, require, speculative_config
-from verispec.bench.vllm_worker import rounds
+from verispec.bench.methods import vllm_method as parse
+from verispec.peers.vllm import VENV_PYTHON, VllmRunner, require, speculative_config
+from verispec.peers.vllm_worker import rounds
 from verispec.models.load import LoadedModel
 from verispec.sampling import GREEDY, SamplingParams
 
@@ -174,7 +175,7 @@ def batch_target(tmp_path):
 
 def test_the_batch_server_keeps_c_requests_in_flight_on_vllms_engine(batch_target):
     from verispec.bench.closed_loop import closed_loop
-    from verispec.bench.vllm import VllmBatchServer
+    from verispec.peers.vllm import VllmBatchServer
 
     target, spawn = batch_target
     runner = VllmRunner(parse("vllm-ngram-k2"), target, max_num_seqs=4, spawn=spawn)
@@ -197,7 +198,7 @@ def test_the_batch_server_keeps_c_requests_in_flight_on_vllms_engine(batch_targe
 
 
 def test_the_sweep_serves_vllm_methods_at_every_level(batch_target, monkeypatch):
-    from verispec.bench import vllm
+    from verispec.peers import vllm
     from verispec.bench.protocol import Protocol
     from verispec.bench.sweep import Servers, check_methods, run_sweep
     from verispec.bench.workloads import Workload
@@ -234,7 +235,7 @@ def test_vllm_serves_a_closed_loop_of_four_with_its_own_batching():
     decodes for it alone (batching changes nothing in it) and verispec's plain greedy decoding
     of the same float32 weights, and vLLM's counters verified drafts."""
     from verispec.bench.closed_loop import closed_loop
-    from verispec.bench.vllm import VllmBatchServer
+    from verispec.peers.vllm import VllmBatchServer
     from verispec.models.load import load_model
 
     target = load_model("smollm2-135m-instruct", dtype="float32")

@@ -119,7 +119,7 @@ def test_bad_values_raise_clear_errors(call, message):
 def stats_of(rounds: list[tuple[int, int]]) -> Stats:
     stats = Stats()
     for drafted, accepted in rounds:
-        stats.record_round(drafted, accepted)
+        stats.record(drafted, accepted, accepted + 1)
     return stats
 
 

@@ -20,7 +20,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from verispec import GREEDY, SamplingParams, TorchRandom, generate, stream
+from verispec import GREEDY, Decoding, SamplingParams, TorchRandom, generate, stream
 from verispec.audit.enumerate import outcomes
 from verispec.drafts import Draft
 from verispec.models.tables import TableLM, bigram, random_table, seed_pair
@@ -307,6 +307,10 @@ def test_decoding_is_greedy_unless_sampling_says_otherwise():
     assert by_request.tokens == by_keywords.tokens
     with pytest.raises(TypeError, match="not both"):
         generate(target, DraftModel(random_table(4, 2, seed=8)), request, max_new_tokens=3)
+    with pytest.raises(TypeError, match="max_new_tokens"):  # the keyword form is generate's and stream's
+        Decoding(target, None, [0, 1], max_new_tokens=3, k=0)
+    with pytest.raises(TypeError, match="takes a Request"):
+        Decoding(target, None, [0, 1])
 
 
 @pytest.mark.parametrize("seed", range(4))

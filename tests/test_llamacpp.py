@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.bench import llamacpp
+from verispec.peers import llamacpp
 from verispec.identity import diagnose
 from verispec.bench.methods import LLAMACPP_LOOKUP_TOKENS, PLAIN, Method, parse_method, parse_methods
 from verispec.bench.report import render, summarize
-from verispec.bench.runners import Clock
+from verispec.peers.outcome import Clock
 from verispec.cli import main
 from verispec.models import llamacpp as runtime
 from verispec.models.load import LoadedModel
@@ -89,7 +89,7 @@ def test_bench_refuses_llama_cpp_under_sampling(monkeypatch, tmp_path, capsys):
 def test_a_target_without_a_gguf_file_is_refused():
     target = LoadedModel("quick", None, None, None, (0,), torch.float32, Path("(built in memory)"))
     with pytest.raises(ValueError, match=r"llamacpp-plain decodes the target's own GGUF file, but quick was not"):
-        llamacpp.make_runner(parse_method("llamacpp-plain"), target)
+        llamacpp.make_runner("llamacpp-plain", target)
 
 
 def test_rounds_end_where_generate_asks_for_the_next_drafts():
@@ -168,8 +168,8 @@ def test_runner_on_the_default_gguf(default_target):
     rounded differently)."""
     target = default_target
     ids = target.encode(COPY_PROMPT)
-    plain = llamacpp.make_runner(parse_method("llamacpp-plain"), target)
-    lookup = llamacpp.make_runner(parse_method("llamacpp-lookup-k4"), target)
+    plain = llamacpp.make_runner("llamacpp-plain", target)
+    lookup = llamacpp.make_runner("llamacpp-lookup-k4", target, 4)
     text = target.tokenizer.apply_chat_template(
         [{"role": "user", "content": COPY_PROMPT}], add_generation_prompt=True, tokenize=False
     )

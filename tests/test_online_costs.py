@@ -56,8 +56,7 @@ def simulate(policy: KPolicy, alpha: float, *, c: float = 0.0, timed: bool = Tru
             accepted += 1
         draft, target = k * c * STEP, TRUE_V[k] * STEP
         seconds += draft + target
-        stats.record_round(k, accepted, draft_seconds=draft * timed, target_seconds=target * timed)
-        stats.new_tokens += accepted + 1
+        stats.record(k, accepted, accepted + 1, draft_seconds=draft * timed, target_seconds=target * timed)
     return stats.new_tokens / (seconds / STEP)
 
 

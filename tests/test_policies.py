@@ -40,7 +40,7 @@ def simulate(policy: AutoK, rate: Callable[[int], float], rounds: int, seed: int
         accepted = 0
         while accepted < k and rng.random() < rate(r):
             accepted += 1
-        stats.record_round(k, accepted)
+        stats.record(k, accepted, accepted + 1)
         chosen.append(k)
     return chosen
 
@@ -50,9 +50,9 @@ def test_constant_and_heuristic_k():
     policy, stats = HeuristicK(4), Stats()
     policy.begin()
     assert policy.choose(stats).k == 4
-    stats.record_round(4, 4)
+    stats.record(4, 4, 5)
     assert policy.choose(stats).k == 6
-    stats.record_round(6, 1)
+    stats.record(6, 1, 2)
     assert policy.choose(stats).k == 5
     with pytest.raises(ValueError, match="k must be an integer"):
         ConstantK(-1)
@@ -73,7 +73,7 @@ def test_autok_does_not_collapse_after_one_unlucky_round():
     policy = AutoK(FLAT)
     stats = Stats()
     first = policy.choose(stats).k
-    stats.record_round(first, 0)
+    stats.record(first, 0, 1)
     assert policy.choose(stats).k >= 1
 
 
@@ -245,7 +245,8 @@ def test_each_source_gets_its_own_policy_and_its_own_rounds():
             plan = policies.choose(stats, source)
             assert plan.source == source
             k = plan.k
-            stats.record_round(k, k if source == "copy" else 0, source=source)
+            accepted = k if source == "copy" else 0
+            stats.record(k, accepted, accepted + 1, source=source)
             chosen[source].append(k)
         return stats, chosen
 
@@ -260,7 +261,8 @@ def test_each_source_gets_its_own_policy_and_its_own_rounds():
     mixed.begin()
     for r in range(200):  # the same rounds without sources: one policy for the mixture
         k = mixed.choose(mixed_stats, None).k
-        mixed_stats.record_round(k, k if r % 2 == 0 else 0)
+        accepted = k if r % 2 == 0 else 0
+        mixed_stats.record(k, accepted, accepted + 1)
         mixed_chosen.append(k)
     assert sum(k > 0 for k in mixed_chosen[161::2]) >= 15 and not mixed_stats.by_source  # drafts on head rounds
 
@@ -271,5 +273,5 @@ def test_a_proposer_with_one_source_is_driven_by_the_policy_itself():
     policies.begin()
     for _ in range(30):
         k = policies.choose(stats, None).k
-        stats.record_round(k, k)
+        stats.record(k, k, k + 1)
     assert policies.by_source == {} and policy.survival()[0] > 0.85

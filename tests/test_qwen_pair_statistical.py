@@ -13,7 +13,7 @@ tokens are one pooled cell, whose probability is exact too: one minus theirs). A
 do not depend on how many rows are scored with it (the fast runtime's deterministic scoring),
 so these are the rows the engine verifies against.
 
-G-tests (`test_statistical.g_test_p_value`, cells expecting fewer than 5 runs pooled) of the
+G-tests (`verispec.statistics.g_test`, cells expecting fewer than 5 runs pooled) of the
 first token and of the pair, each at ALPHA = 1e-4: a correct engine fails this module with
 probability at most 2e-4 (union bound, asymptotic chi-square tail) for a fresh seed list. The
 seed list is fixed, so the outcome is deterministic.
@@ -68,7 +68,7 @@ def target_law(lm, prompt: list[int], runs: int, eos: tuple[int, ...]) -> dict[s
     that `runs` draws at least MIN_EXPECTED times in expectation is its own cell, and so is
     (a, b); (a, OTHER) holds a's other second tokens (all of an EOS's mass: the output ends
     there) and OTHER every other first token."""
-    from test_statistical import MIN_EXPECTED
+    from verispec.statistics import MIN_EXPECTED
 
     def p_after(ids: list[int]) -> torch.Tensor:
         return torch.softmax(lm.score(ids)[-1].double(), -1)  # [V]
@@ -106,12 +106,12 @@ def emitted_cells(target, proposer, prompt: list[int], seeds: range, law: dict[s
 
 
 def p_values(target, proposer, seeds: range, verifier="auto") -> dict[str, float]:
-    from test_statistical import g_test_p_value
+    from verispec.statistics import g_test
 
     prompt = target.encode(PROMPT, chat=False)
     law = target_law(target.lm, prompt, len(seeds), target.eos_token_ids)
     counts = emitted_cells(target, proposer, prompt, seeds, law, verifier)
-    return {name: g_test_p_value(counts[name], law[name], len(seeds)) for name in law}
+    return {name: g_test(counts[name], law[name], len(seeds)) for name in law}
 
 
 def test_the_draft_model_keeps_the_targets_law_at_temperature_1(pair) -> None:

@@ -15,12 +15,13 @@ from verispec import SamplingParams, TorchRandom, generate
 from verispec.heads.untrained import tiny_head
 from verispec.models.tables import random_table
 from verispec.cost import FixedCosts
-from verispec.policies import AutoK, HeuristicK
+from verispec.policies import AutoK, ConstantTree, HeuristicK
 from verispec.proposers import DraftModel, PromptLookup
 from verispec.proposers.copy_or_head import CopyOrHead
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
 from verispec.reference import reference_generate
+from verispec.tree_shape import TreeShape
 
 VERIFIERS = {
     # (greedy sampling, proposer kind) -> the rules that are valid for it
@@ -117,3 +118,49 @@ def test_engine_equals_the_full_recompute_reference(request):
     eos_ids = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
     assert len(reference) == options["max_new_tokens"] or reference[-1] in eos_ids
     assert not eos_ids & set(reference[:-1])
+
+
+class Recording:
+    """A k policy that notes the round counters it chooses from (the engine's `Stats` or the
+    reference's) and defers to `policy`. `note` is a closure, so the copies a per-source policy
+    makes note into the same list."""
+
+    def __init__(self, policy, note) -> None:
+        self.policy, self.note = policy, note
+
+    @property
+    def trees(self) -> bool:
+        return getattr(self.policy, "trees", False)
+
+    def begin(self) -> None:
+        self.policy.begin()
+
+    def choose(self, stats):
+        self.note((stats.new_tokens, stats.drafted, stats.accepted, stats.position_attempts, stats.position_accepts,
+                   stats.rank_attempts, stats.rank_accepts, stats.tree_rounds, stats.fallbacks,
+                   [round(s, 9) for s in stats.round_draft_seconds + stats.round_target_seconds], dict(stats.plans)))
+        return self.policy.choose(stats)
+
+
+def test_the_engine_and_the_reference_record_each_round_alike():
+    """`Stats.record`, one call a round in both: every policy of the request (one per draft
+    source for lookup+eagle, and a tree's) sees the same counters and tick-clock seconds before
+    each round in the engine as in the reference."""
+    target = random_table(5, 2, seed=3)
+    eagle = tiny_head("eagle", target, seed=1)
+    cases = [
+        (lambda: CopyOrHead(PromptLookup(min_ngram=1), EagleProposer(eagle, target)), lambda: HeuristicK(3), [0, 1, 2, 0, 1]),
+        (lambda: DraftModel(random_table(5, 1, seed=4)), lambda: ConstantTree(TreeShape.of([(0,), (1,), (0, 0)])), [2]),
+    ]
+    for make_proposer, make_policy, prompt in cases:
+        for temperature in (0.0, 1.0):
+            options = dict(max_new_tokens=12, sampling=SamplingParams(temperature=temperature), eos_token_id=None)
+            seen_engine, seen_reference = [], []
+            engine_policy = Recording(make_policy(), lambda counts: seen_engine.append(counts))
+            reference_policy = Recording(make_policy(), lambda counts: seen_reference.append(counts))
+            engine = generate(target, make_proposer(), prompt, k=engine_policy, seed=5, clock=TickClock(), **options)
+            reference = reference_generate(target, make_proposer(), prompt, k=reference_policy, rng=TorchRandom(5),
+                                           clock=TickClock(), **options)
+            assert engine.tokens == reference
+            assert len(seen_engine) == engine.stats.rounds > 1 and seen_engine == seen_reference
+            assert engine.stats.new_tokens == len(engine.tokens) == sum(engine.stats.accepted) + engine.stats.rounds

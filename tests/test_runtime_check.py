@@ -30,7 +30,7 @@ from verispec.runtime_check.check import PLAIN_VS_EXACT, SPEC_VS_EXACT, SPEC_VS_
 from verispec.runtime_check.engines.base import Refused
 from verispec.runtime_check.report import FAIL, HOLDS, LACKS, PASS, REFUSED, SKIPPED, LawRow
 from verispec.runtime_check.jobs import shares
-from verispec.runtime_check.statistics import (
+from verispec.statistics import (
     RARE, _pool_probabilities, degrees_of_freedom, detectable_tv, goodness_of_fit, samples_for, two_sample,
 )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.bench.llamacpp import GREEDY
+from verispec.peers.llamacpp import GREEDY
 from verispec.models import llamacpp as runtime
 from verispec.models.load import LoadedModel
 from verispec.runtime_check import Reference, Settings, check_runtime

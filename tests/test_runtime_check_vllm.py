@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.bench.vllm_worker import generate_all
+from verispec.peers.vllm_worker import generate_all
 from verispec.models.load import LoadedModel
 from verispec.runtime_check.cases import SamplingCase, default_cases
 from verispec.runtime_check.engines import open_engine

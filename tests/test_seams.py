@@ -115,6 +115,9 @@ def test_design_states_the_rules_that_keep_the_loops_out():
     assert "verispec.audit" in by_module["verispec.registry"]
     assert "verispec.batching" in by_module["verispec.engine"] and "verispec.batching" in by_module["verispec.models"]
     assert by_module["verispec.checks"] == [ANY]  # the argument checks are a leaf
+    assert {"verispec.bench", "verispec.runtime_check"} <= set(by_module["verispec.peers"])  # below both
+    assert "verispec.bench.methods" in by_module["verispec.runtime_check"]  # the adapters are the peers'
+    assert by_module["verispec.statistics"] == [ANY]
     assert len(RULES) >= 10
 
 
@@ -209,3 +212,73 @@ def test_policies_models_and_requests_meet_at_their_protocols():
     assert Request((1, 2), 4, proposer=spec, k=2).proposer is spec
     with pytest.raises(ValueError, match="proposer must be a registry spec"):
         Request((1, 2), 4, proposer=object(), k=2)
+
+
+def module_level_imports(source: str) -> set[str]:
+    """The verispec modules a source names in its module-level imports: its top-level
+    statements and those inside module-level `if` (`TYPE_CHECKING` included: a type's circle is
+    a design's circle too) and `try` blocks; not the lazy ones inside functions."""
+    body, statements = list(ast.parse(source).body), []
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            statements.append(node)
+        elif isinstance(node, (ast.If, ast.Try)):
+            body += node.body + node.orelse + getattr(node, "finalbody", []) + [
+                line for handler in getattr(node, "handlers", []) for line in handler.body]
+    found: set[str] = set()
+    for node in statements:
+        named = imports_in(ast.unparse(node))
+        if isinstance(node, ast.ImportFrom) and all(module_path(f"{node.module}.{a.name}") for a in node.names):
+            named.discard(node.module)  # `from package import module, ...` waits on the modules only
+        found |= named
+    return found
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE).with_suffix("").parts
+    return ".".join((ROOT, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """verispec module -> the verispec modules it imports at module level (a package: its
+    __init__; the implicit import of a module's parent packages left out, as Python runs a
+    package's __init__ before the module but the package never waits on the module unless it
+    names it)."""
+    return {module_name(path): module_level_imports(path.read_text()) - {module_name(path)} for path in SOURCE.rglob("*.py")}
+
+
+def circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A circle of imports in `graph` (its modules in order, the first again at the end), or None."""
+    state: dict[str, str] = {}  # module -> "open" while on the path, "done" after
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = "open"
+        for name in sorted(graph.get(module, ())):
+            if state.get(name) == "open":
+                return [*path[path.index(name):], name]
+            if name not in state and (found := visit(name, [*path, name])):
+                return found
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module, [module])):
+            return found
+    return None
+
+
+def test_the_module_level_import_graph_has_no_circle():
+    found = circle(import_graph())
+    assert found is None, f"an import circle: {' -> '.join(found)}"
+
+
+def test_the_circle_check_sees_a_circle_and_module_level_imports_only():
+    assert circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    source = ("from typing import TYPE_CHECKING\nfrom verispec import verify\nif TYPE_CHECKING:\n"
+              "    from verispec.engine import Decoding\ndef f():\n    from verispec.bench import suite\n")
+    assert module_level_imports(source) == {"verispec.verify", "verispec.engine"}
+    assert module_level_imports("from verispec.runtime_check import greedy, law") == {
+        "verispec.runtime_check.greedy", "verispec.runtime_check.law"}
+    assert "verispec.bench.sweep" in import_graph()["verispec.bench.suite"]

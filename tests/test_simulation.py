@@ -115,7 +115,7 @@ def test_a_request_the_batch_holds_at_zero_asks_for_a_probe():
     for _ in range(12):
         policy.choose(stats)
         probes.append(policy.adjustable(0).probe)
-        stats.record_round(0, 0, batch_rows=8)  # the batch drafted nothing for it
+        stats.record(0, 0, 1, batch_rows=8)  # the batch drafted nothing for it
     assert probes.index(True) == 4  # after probe_every steps held
     assert policy.adjustable(0).most == policy.k_max  # the batch's v(N) decides how far
 

@@ -41,7 +41,6 @@ from fractions import Fraction
 
 import pytest
 import torch
-from scipy.stats import power_divergence
 
 from verispec import SamplingParams, TorchRandom, generate
 from verispec.audit.controls import stale_residual_siblings
@@ -54,6 +53,7 @@ from verispec.proposers import DraftModel, PromptLookup
 from verispec.proposers.copy_or_head import CopyOrHead
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
+from verispec.statistics import g_test
 from verispec.policies import ConstantTree
 from verispec.tree_shape import TreeShape
 from verispec.verify import token_level
@@ -62,7 +62,6 @@ VOCAB = 64
 RUNS = 3000
 CONTROL_RUNS = 1000  # the biased engine's p-value is ~1e-79 at 4000 runs: far fewer suffice
 ALPHA = 1e-7
-MIN_EXPECTED = 5.0
 PROMPT = [0]
 
 
@@ -101,20 +100,6 @@ def exact_marginals() -> dict[str, dict]:
     return {"first": dict(enumerate(first)), "second": dict(second), "pair": pair}
 
 
-def g_test_p_value(observed: Counter, expected_probs: dict, runs: int) -> float:
-    """G-test of observed counts against exact probabilities; cells expecting fewer than
-    MIN_EXPECTED observations are pooled into one."""
-    big = [cell for cell, prob in expected_probs.items() if prob * runs >= MIN_EXPECTED]
-    small = [cell for cell in expected_probs if cell not in big]
-    assert set(observed) <= set(expected_probs), "a token the target cannot emit was emitted"
-    f_obs = [observed[cell] for cell in big]
-    f_exp = [float(expected_probs[cell]) * runs for cell in big]
-    if small:
-        f_obs.append(sum(observed[cell] for cell in small))
-        f_exp.append(float(sum(expected_probs[cell] for cell in small)) * runs)
-    return float(power_divergence(f_obs, f_exp, lambda_="log-likelihood").pvalue)
-
-
 def first_two_tokens(verifier, seeds: range, proposer_name: str = "draft", k=2) -> dict[str, Counter]:
     counts = {"first": Counter(), "second": Counter(), "pair": Counter()}
     proposer = PROPOSERS[proposer_name]()
@@ -131,7 +116,7 @@ def first_two_tokens(verifier, seeds: range, proposer_name: str = "draft", k=2) 
 def p_values(verifier, seeds: range, proposer_name: str = "draft", k=2) -> dict[str, float]:
     counts = first_two_tokens(verifier, seeds, proposer_name, k)
     exact = exact_marginals()
-    return {name: g_test_p_value(counts[name], exact[name], len(seeds)) for name in exact}
+    return {name: g_test(counts[name], exact[name], len(seeds)) for name in exact}
 
 
 @pytest.mark.parametrize("proposer_name", ["draft", "eagle", "medusa"])
@@ -190,7 +175,7 @@ def test_penalised_first_two_tokens_follow_the_penalised_target(verifier, first_
         counts["second"][tokens[1]] += 1
         counts["pair"][tokens[0], tokens[1]] += 1
     exact = {"first": first, "second": dict(second), "pair": pair}
-    assert min(g_test_p_value(counts[name], exact[name], RUNS) for name in exact) > ALPHA
+    assert min(g_test(counts[name], exact[name], RUNS) for name in exact) > ALPHA
 
 
 # A grammar over the 64 tokens: an even token first, then one not divisible by 3, then any.
@@ -225,7 +210,7 @@ def test_constrained_first_two_tokens_follow_the_masked_target(proposer_name, fi
         counts["second"][tokens[1]] += 1
         counts["pair"][tokens[0], tokens[1]] += 1
     exact = {"first": first, "second": dict(second), "pair": pair}
-    assert min(g_test_p_value(counts[name], exact[name], RUNS) for name in exact) > ALPHA
+    assert min(g_test(counts[name], exact[name], RUNS) for name in exact) > ALPHA
 
 
 def test_a_stale_tree_residual_is_detected():

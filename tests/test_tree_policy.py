@@ -175,8 +175,7 @@ def simulate(policy: TreePolicy, v: list[float], rounds: int = 1500, seed: int =
         draft_s, target_s = C * shape.depth * STEP, v[len(shape)] * STEP
         seconds += (draft_s if shape.paths else 0.0) + target_s
         offers = tree.offers(path) if plan.is_tree else None
-        stats.record_round(len(shape), len(path), draft_seconds=draft_s, target_seconds=target_s, offers=offers)
-        stats.new_tokens += len(path) + 1
+        stats.record(len(shape), len(path), len(path) + 1, draft_seconds=draft_s, target_seconds=target_s, offers=offers)
     return stats.new_tokens / (seconds / STEP), stats
 
 
@@ -219,7 +218,7 @@ def test_empty_sibling_slots_count_as_rejected():
     plan = policy.choose(stats)
     assert plan.is_tree and sum(1 for p in plan.shape.paths if len(p) == 1) > 1
     for _ in range(10):
-        stats.record_round(1, 1, offers=TreeDraft((0,), (ROOT,)).offers((0,)))  # one node, accepted
+        stats.record(1, 1, 2, offers=TreeDraft((0,), (ROOT,)).offers((0,)))  # one node, accepted
         plan = policy.choose(stats)
     assert policy.acceptance()[0][1] < 0.05
     assert not plan.is_tree or all(p[0] == 0 for p in plan.shape.paths)

@@ -14,7 +14,7 @@ import pytest
 from transformers.utils import logging as hf_logging
 
 from verispec.bench.quick import tiny_llama, tiny_tokenizer
-from verispec.bench.vllm import VENV_PYTHON
+from verispec.peers.vllm import VENV_PYTHON
 from verispec.cli import main
 from verispec.profile import Profile, Timing
 from verispec.registry import parse_spec

@@ -167,7 +167,7 @@ class OnlineCosts:
     So evidence overrides the prior after a round or two, and a v(n) that no round has scored
     is the prior's, scaled by the current plain step t(1): a machine that got slower or faster
     as a whole moves every t(n) with it. (The measured n's do not rescale the others:
-    a jagged v(n), such as fp32 MKL's v(2) = 1.64, v(3) = 2.0, v(4) = 1.42 on an AMD EPYC, is
+    a jagged v(n), such as fp32 MKL's, higher at n = 3 than at 2 and 4 (docs/results/implementation-choices.md), is
     jagged n by n, and a prior the evidence has not contradicted is what lets a policy try
     another k.) Then
 

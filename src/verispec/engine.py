@@ -126,11 +126,9 @@ class Decoding:
     """One request. Iterate it to receive tokens as they are committed; `tokens` and `stats`
     hold what has been emitted so far.
 
-    request: a `Request` (its k an integer, or a spec whose built `policy` is given), or the
-        keyword form: the prompt's token ids and `max_new_tokens`, `sampling` (default greedy),
-        `eos_token_id` (an id, a collection of ids, or None), `seed`, `k` (an integer or a
-        policy object, default 4) and `verifier`, from which a `Request` is built (it names no
-        proposer or k spec: the decoding runs the proposer and the policy it is given).
+    request: a `Request` (its k an integer, or a spec whose built policy is given as `policy`;
+        `generate` and `stream` also take the keyword form and build the `Request`).
+    policy: the k policy (an integer or a policy object); default the request's integer k.
     rng: default `TorchRandom(request.seed)`.
     clock: reads seconds for `stats` (a fake clock makes the timings, and so the choices of a
         policy that reads them, reproducible).
@@ -140,21 +138,15 @@ class Decoding:
         self,
         target: CausalLM,
         proposer: Proposer | None,
-        request: Request | Sequence[int],
+        request: Request,
         *,
         policy: int | KPolicy | None = None,
         rng: Random | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        **keywords,
     ) -> None:
-        if isinstance(request, Request):
-            if keywords:
-                raise TypeError(f"give a Request or the keyword form, not both (got {', '.join(sorted(keywords))})")
-            k = request.k_for_decoding(policy)
-        else:
-            if policy is not None:
-                raise TypeError("the keyword form takes the policy as k=")
-            request, k = keyword_request(request, **keywords)
+        if not isinstance(request, Request):
+            raise TypeError(f"a Decoding takes a Request (got {type(request).__name__}); generate and stream take the keyword form")
+        k = request.k_for_decoding(policy)
         check_request(request, target.vocab_size)
         if proposer is None and k != 0:
             raise ValueError("without a proposer, k must be 0 (plain decoding)")
@@ -258,7 +250,6 @@ class Decoding:
 
     def propose(self, plan: Plan) -> Proposal:
         """Stage 1: the proposer drafts at most what `plan` (`plan()`'s) asks, cut after EOS."""
-        self.stats.record_plan(plan.describe(), plan.source)
         if not plan.nodes:
             return Proposal(plan, EMPTY_DRAFT, 0.0)
         draft, seconds = timed(self.clock, drafted, self.proposer, plan, self._context, self._round_random())
@@ -301,9 +292,9 @@ class Decoding:
     def settle(self, proposal: Proposal, scored: Scored) -> list[int]:
         """Stage 3 on the round's scored rows: observe, verify, commit; the emitted tokens."""
         observed = self._observe(proposal.draft, scored.logits)
-        verdict, seconds = timed(self.clock, self.choose_rule(proposal.draft), scored.rule_rows, proposal.draft, self._round_random())
-        self.stats.verify_seconds += seconds
-        emitted, seconds = timed(self.clock, self._commit, proposal, scored, verdict, proposal.seconds + observed)
+        rule = self.choose_rule(proposal.draft)
+        verdict, verify_seconds = timed(self.clock, rule, scored.rule_rows, proposal.draft, self._round_random())
+        emitted, seconds = timed(self.clock, self._commit, proposal, scored, verdict, proposal.seconds + observed, verify_seconds)
         self.stats.commit_seconds += seconds
         return emitted
 
@@ -327,7 +318,9 @@ class Decoding:
         round's first new token, keyed drafts under the coupled rule."""
         return Round(self.rng, len(self._context), self.keyed)
 
-    def _commit(self, proposal: Proposal, scored: Scored, verdict: Verdict | TreeVerdict, draft_seconds: float) -> list[int]:
+    def _commit(
+        self, proposal: Proposal, scored: Scored, verdict: Verdict | TreeVerdict, draft_seconds: float, verify_seconds: float
+    ) -> list[int]:
         """Emit accepted + next (cut at EOS), crop the caches to the emitted prefix but the
         new pending token (a tree's cache first keeps its accepted path only), record the round."""
         draft = proposal.draft
@@ -342,34 +335,45 @@ class Decoding:
             self.logprobs.extend(token_logprobs(scored.logits[list(rows)], emitted, self.request.logprobs))
         if self.proposer is not None:
             self.proposer.commit(self._context)
-        self.stats.record_round(
-            len(draft),
-            verdict.n_accepted,
-            verdict.fallback,
-            draft_seconds=draft_seconds,
-            target_seconds=scored.seconds,
-            offers=draft.offered(verdict),
-            source=proposal.source,
-            batch_rows=scored.rows,
+        self.stats.record(
+            len(draft), verdict.n_accepted, len(emitted), plan=proposal.plan.describe(), fallback=verdict.fallback,
+            draft_seconds=draft_seconds, target_seconds=scored.seconds, verify_seconds=verify_seconds,
+            offers=draft.offered(verdict), source=proposal.source, batch_rows=scored.rows,
         )
-        self.stats.new_tokens = len(self.tokens)
-        if proposal.source is not None:
-            self.stats.source(proposal.source).new_tokens += len(emitted)
         return emitted
 
 
-def generate(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Generation:
-    """Run a request to the end: a `Request`, or the keyword form (`Decoding`; greedy unless
-    `sampling` says otherwise, max_new_tokens required)."""
-    run = Decoding(target, proposer, request, **options)
+def generate(
+    target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], *,
+    policy: int | KPolicy | None = None, rng: Random | None = None, clock: Callable[[], float] = time.perf_counter,
+    **keywords,
+) -> Generation:
+    """Run a request to the end: a `Request`, or the keyword form (the prompt's token ids and
+    `max_new_tokens`, `sampling` (default greedy), `eos_token_id` (an id, a collection of ids,
+    or None), `seed`, `k` (an integer or a policy object, default 4) and `verifier`, from which
+    a `Request` is built; it names no proposer or k spec: the decoding runs the proposer and
+    the policy it is given)."""
+    run = stream(target, proposer, request, policy=policy, rng=rng, clock=clock, **keywords)
     for _ in run:
         pass
     return Generation(run.tokens, run.stats, run.logprobs, run.request.seed)
 
 
-def stream(target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], **options) -> Decoding:
-    """A request whose tokens arrive as they are committed: `for token in stream(...)`."""
-    return Decoding(target, proposer, request, **options)
+def stream(
+    target: CausalLM, proposer: Proposer | None, request: Request | Sequence[int], *,
+    policy: int | KPolicy | None = None, rng: Random | None = None, clock: Callable[[], float] = time.perf_counter,
+    **keywords,
+) -> Decoding:
+    """A request whose tokens arrive as they are committed: `for token in stream(...)`; a
+    `Request` or the keyword form, as `generate` takes them."""
+    if isinstance(request, Request):
+        if keywords:
+            raise TypeError(f"give a Request or the keyword form, not both (got {', '.join(sorted(keywords))})")
+    else:
+        if policy is not None:
+            raise TypeError("the keyword form takes the policy as k=")
+        request, policy = keyword_request(request, **keywords)
+    return Decoding(target, proposer, request, policy=policy, rng=rng, clock=clock)
 
 
 def prefill_and_wait(target: CausalLM, prefix: Sequence[int]) -> None:

@@ -38,7 +38,7 @@ def cpu_model() -> str:
 @functools.cache
 def native_bf16() -> bool:
     """Whether this CPU computes bfloat16 natively; elsewhere bf16 is emulated and slower
-    than float32 (measured: 82 vs 50 ms to score 5 tokens on an AVX-512 CPU without it)."""
+    than float32 (docs/results/implementation-choices.md)."""
     return cpu_has_bf16(cpuinfo(), platform.machine())
 
 
@@ -76,8 +76,8 @@ def describe(dtype: str | None = None) -> dict:
         "native_bf16": native_bf16(),
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        # Other processes competing for the cores change every timing (a busy 2-core machine
-        # made one forward 40x slower with 2 torch threads); say how busy it was.
+        # Other processes competing for the cores change every timing, by far more than any
+        # choice measured (docs/results/implementation-choices.md); say how busy it was.
         "load_average_1min": round(os.getloadavg()[0], 2),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
         "python": platform.python_version(),

@@ -67,8 +67,8 @@ class Random(Protocol):
 class TorchRandom:
     """Seeded default. The stream: one float64 uniform u per call from a seeded
     `torch.Generator`; `bernoulli` is u < prob; `categorical` inverts the CDF: the first index
-    whose cumulative mass exceeds u * total, never an index of probability 0 (25x faster than
-    torch.multinomial over a 49k vocabulary). `race` draws nothing from the stream: its noise
+    whose cumulative mass exceeds u * total, never an index of probability 0 (far faster than
+    torch.multinomial over a large vocabulary: docs/results/implementation-choices.md). `race` draws nothing from the stream: its noise
     is keyed by (seed, position, choice) (`keyed_race`)."""
 
     def __init__(self, seed: int = 0) -> None:
@@ -101,7 +101,7 @@ def keyed_race(seed: int, position: int, choice: int, probs: torch.Tensor) -> in
     vocab = probs.shape[0]
     blocks = -(-vocab // BLOCK)
     padded = probs if vocab == blocks * BLOCK else torch.nn.functional.pad(probs, (0, blocks * BLOCK - vocab))
-    peaks = padded.view(blocks, BLOCK).amax(dim=1).numpy()  # [blocks] (torch's reduction: 3x numpy's)
+    peaks = padded.view(blocks, BLOCK).amax(dim=1).numpy()  # [blocks] (torch's reduction: faster than numpy's, docs/results/implementation-choices.md)
     total = float(peaks.sum())
     if not 0 < total < math.inf:
         raise ValueError(_no_mass(total))

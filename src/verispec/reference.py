@@ -90,14 +90,9 @@ def reference_request(
         logits = _penalised_rows(logits, sampling, context, draft, len(out), eos_ids)
         verdict = choose_rule(draft)(rule_rows(logits, sampling), draft, Round(rng, len(context), keyed))
         emitted = emitted_tokens(draft, verdict, eos_ids)
-        stats.record_round(
-            len(draft),
-            verdict.n_accepted,
-            verdict.fallback,
-            draft_seconds=draft_seconds,
-            target_seconds=target_seconds,
-            offers=draft.offered(verdict),
-            source=source,
+        stats.record(
+            len(draft), verdict.n_accepted, len(emitted), plan=plan.describe(), fallback=verdict.fallback,
+            draft_seconds=draft_seconds, target_seconds=target_seconds, offers=draft.offered(verdict), source=source,
         )
         context += emitted
         out += emitted

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Stats:
-    """Per-request counters, updated once per round by the engine.
+    """Per-request counters, updated once per round (`record`) by the engine and the reference.
 
     drafted[r], accepted[r]: tokens drafted and accepted in round r (k' and n).
     position_attempts[i], position_accepts[i]: rounds whose draft reached position i + 1 with
@@ -63,32 +63,33 @@ class Stats:
         """The counters of one draft source's rounds (these, for a proposer with one)."""
         return self if name is None else self.by_source.setdefault(name, Stats())
 
-    def record_plan(self, plan: str, source: str | None = None) -> None:
-        self.plans[plan] += 1
-        if source is not None:
-            self.source(source).plans[plan] += 1
-
-    def record_round(
+    def record(
         self,
         drafted: int,
         accepted: int,
-        fallback: bool = False,
+        emitted: int,
         *,
+        plan: str | None = None,
+        fallback: bool = False,
         draft_seconds: float = 0.0,
         target_seconds: float = 0.0,
+        verify_seconds: float = 0.0,
         offers: tuple[list[int], list[int]] | None = None,
         source: str | None = None,
         batch_rows: int | None = None,
     ) -> None:
-        """Round r's counts and seconds (added to the totals too). offers: a tree round's
-        (offered, ranks) along its accepted path (`TreeDraft.offers`); None for a chain.
-        source: which source drafted it (`by_source`), None for a proposer with one.
-        batch_rows: the rows of its forward in all (None: its own, drafted + 1)."""
+        """One round, in one call (the engine's and the reference's alike): its drafted and
+        accepted tokens, the tokens it emitted (accepted + the repair or bonus token, fewer when
+        an EOS cut it), its plan in words (`plans`; None: not counted), whether its repair fell
+        back to p, and its seconds (added to the totals too). offers: a tree round's (offered, ranks) along its accepted path
+        (`TreeDraft.offers`); None for a chain. source: which source drafted it (`by_source`),
+        None for a proposer with one. batch_rows: the rows of its forward in all (None: its
+        own, drafted + 1)."""
         batch_rows = drafted + 1 if batch_rows is None else batch_rows
         if source is not None:
-            self.source(source).record_round(
-                drafted, accepted, fallback, draft_seconds=draft_seconds, target_seconds=target_seconds, offers=offers,
-                batch_rows=batch_rows,
+            self.source(source).record(
+                drafted, accepted, emitted, plan=plan, fallback=fallback, draft_seconds=draft_seconds,
+                target_seconds=target_seconds, verify_seconds=verify_seconds, offers=offers, batch_rows=batch_rows,
             )
         if offers is None:
             self._record_chain(drafted, accepted)
@@ -98,6 +99,9 @@ class Stats:
             self.tree_rounds += 1
             offered, ranks = offers
         self._record_ranks(offered, ranks)
+        self.new_tokens += emitted
+        if plan is not None:
+            self.plans[plan] += 1
         self.fallbacks += fallback
         self.drafted.append(drafted)
         self.accepted.append(accepted)
@@ -106,6 +110,7 @@ class Stats:
         self.round_batch_rows.append(batch_rows)
         self.draft_seconds += draft_seconds
         self.target_seconds += target_seconds
+        self.verify_seconds += verify_seconds
 
     def _record_chain(self, drafted: int, accepted: int) -> None:
         while len(self.position_attempts) < drafted:

@@ -66,7 +66,7 @@ def argmax_ids(rows: torch.Tensor) -> list[int]:
     index on ties, as torch's)."""
     if rows.ndim == 1:
         return rows.tolist()
-    return rows.numpy().argmax(axis=-1).tolist()  # ~20x faster than torch's
+    return rows.numpy().argmax(axis=-1).tolist()  # numpy's: faster than torch's on the host (docs/results/implementation-choices.md)
 
 
 def greedy(logits: torch.Tensor, draft: Draft, rng: Random) -> Verdict:

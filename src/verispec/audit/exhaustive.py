@@ -265,8 +265,8 @@ def engine_sequences(config: Configuration, tables: Tables) -> tuple[dict[tuple[
 
 @contextmanager
 def single_threaded_torch() -> Iterator[None]:
-    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine waking
-    them made one 3 x 3 softmax cost ~2 ms instead of ~10 us."""
+    """Tiny tensors gain nothing from intra-op threads, and on a busy machine waking them
+    costs a tiny softmax a hundred times its work (docs/results/implementation-choices.md)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

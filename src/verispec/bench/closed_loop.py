@@ -13,10 +13,10 @@ finished.
 Servers:
 - `VerispecServer`: verispec's continuous batching (`verispec.batching.Scheduler`): a finished
   request's slot takes the next request at the following step.
-- `HFBatchServer`: HF `generate` on a left-padded batch of every request submitted since its
+- `verispec.peers.hf.HFBatchServer`: HF `generate` on a left-padded batch of every request submitted since its
   last step. HF cannot add a request to a batch that is decoding, so it serves whole batches:
   the loop submits c prompts, the step decodes them all to the end, then the next c come.
-- `verispec.bench.llamacpp.LlamaCppBatchServer`: llama.cpp's batch API, continuous like
+- `verispec.peers.llamacpp.LlamaCppBatchServer`: llama.cpp's batch API, continuous like
   verispec's.
 """
 
@@ -28,49 +28,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import torch
-from transformers.generation.streamers import BaseStreamer
-
 from verispec.batching import RegistryBuilder, Scheduler
 from verispec.bench.methods import Method
-from verispec.bench.runners import HFRunner
+from verispec.peers.outcome import Served
 from verispec.request import Request
 from verispec.sampling import GREEDY, SamplingParams
-from verispec.stats import Stats
 
 if TYPE_CHECKING:
     from verispec.cost import BatchCosts
 
 Clock = Callable[[], float]
-
-
-@dataclass
-class Served:
-    """One finished request. key: the caller's (the prompt's index). tokens: the new ids (EOS
-    included when it ended the request). submitted, first_token, finished: the server's clock
-    (first_token None when nothing was emitted). stats: the verispec engine's counters (None
-    for peers). peer: what computed the tokens when it is not verispec's target itself
-    (`runners.Outcome.peer`)."""
-
-    key: int
-    tokens: list[int]
-    submitted: float
-    first_token: float | None
-    finished: float
-    stats: Stats | None = None
-    peer: str | None = None
-
-    @property
-    def ttft(self) -> float:
-        """Seconds from submission to the first token (prefill, queueing and the first round)."""
-        return (self.first_token if self.first_token is not None else self.finished) - self.submitted
-
-    @property
-    def tpot(self) -> float | None:
-        """Seconds per output token after the first: (finished - first_token) / (n - 1)."""
-        if self.first_token is None or len(self.tokens) < 2:
-            return None
-        return (self.finished - self.first_token) / (len(self.tokens) - 1)
 
 
 class Server(Protocol):
@@ -192,80 +159,3 @@ class VerispecServer:
         return self.scheduler.step_rows
 
 
-class StepClock(BaseStreamer):
-    """An HF streamer noting when each decoding step's tokens arrive (all rows of the batch at
-    once); the first `put` is the prompt."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.prompt_seen = False
-        self.times: list[float] = []
-
-    def put(self, value: torch.Tensor) -> None:
-        if not self.prompt_seen:
-            self.prompt_seen = True
-            return
-        self.times.append(self.clock())
-
-    def end(self) -> None:
-        pass
-
-
-class HFBatchServer:
-    """HF `generate` over a left-padded batch of the requests submitted since the last step,
-    greedy or sampled like `HFRunner` (the same GenerationConfig). Whole batches: a step decodes
-    its batch to the end, so a request that finishes early waits for the batch (its `finished`
-    time is still when its last token arrived). Left padding with an attention mask (pad = the
-    first EOS id): HF derives each row's positions from the mask, so a padded row decodes what
-    it would alone, up to the batched arithmetic's rounding (`peer` says so when c > 1)."""
-
-    def __init__(
-        self,
-        model,
-        eos_token_ids: Sequence[int],
-        sampling: SamplingParams = GREEDY,
-        seed: int = 0,
-        clock: Clock = time.perf_counter,
-    ) -> None:
-        if not eos_token_ids:
-            raise ValueError("a padded HF batch pads with the EOS id; the target names none")
-        self.runner = HFRunner(model, eos_token_ids, sampling=sampling, seed=seed)
-        self.clock = clock
-        self.queue: list[tuple[int, list[int], int, float]] = []  # key, prompt, budget, submitted
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.queue)
-
-    def submit(self, key: int, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
-        self.queue.append((key, [int(t) for t in prompt_ids], max_new_tokens, self.clock()))
-
-    def step(self) -> list[Served]:
-        if not self.queue:
-            return []
-        batch, self.queue = self.queue, []
-        budget = max(b for _, _, b, _ in batch)
-        width = max(len(ids) for _, ids, _, _ in batch)
-        pad = self.runner.eos_token_ids[0]
-        ids = torch.tensor([[pad] * (width - len(p)) + p for _, p, _, _ in batch])  # [B, T]
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p, _, _ in batch])  # [B, T]
-        steps = StepClock(self.clock)
-        if not self.runner.sampling.greedy:
-            torch.manual_seed(self.runner.seed)
-        with torch.inference_mode():
-            out = self.runner.model.generate(
-                ids, attention_mask=mask, generation_config=self.runner.config(budget), streamer=steps
-            )  # [B, T + n]
-        eos = set(self.runner.eos_token_ids)
-        peer = None if len(batch) == 1 else f"HF generate, a left-padded batch of {len(batch)} (batched arithmetic)"
-        served = []
-        for row, (key, _, max_new, submitted) in enumerate(batch):
-            tokens = []
-            for token in out[row, width:].tolist()[:max_new]:
-                tokens.append(int(token))
-                if token in eos:
-                    break
-            first = steps.times[0] if tokens else None
-            finished = steps.times[len(tokens) - 1] if tokens else self.clock()
-            served.append(Served(key, tokens, submitted, first, finished, peer=peer))
-        return served

@@ -27,10 +27,11 @@ import torch
 
 from verispec.identity import NEAR_TIE, diagnose, first_mismatch
 from verispec.bench.methods import PLAIN
-from verispec.bench.runners import HFRunner, VerispecRunner
+from verispec.bench.runners import VerispecRunner
 from verispec.bench.workloads import Workload
 from verispec.models.base import CausalLM, ForwardingLM, TreeScoring
 from verispec.models.load import LoadedModel
+from verispec.peers.hf import HFRunner
 from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer
 from verispec.registry import KSpec, ProposerSpec, build_policy, build_proposer, parse_k, parse_spec, proposer_kinds

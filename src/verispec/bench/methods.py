@@ -20,11 +20,18 @@ Grammar (names are comma-separated):
     hf-assisted[:PATH][-kN]             HF `assistant_model=PATH` (bare: the one draft PATH of
                                         the verispec-draft:PATH methods)
     llamacpp-plain                      llama.cpp's greedy decoding of the target's GGUF file (a
-                                        peer: its arithmetic differs, see bench.llamacpp)
+                                        peer: its arithmetic differs, see peers.llamacpp)
     llamacpp-lookup[-kN]                llama-cpp-python's prompt lookup, num_pred_tokens = N (10)
-    vllm-plain, vllm-ngram[-kN],        vLLM's CPU build in its own venv (a peer, `bench.vllm`)
-    vllm-eagle3:DIR[-kN], vllm-medusa:DIR,
-    vllm-config:FILE[-kN]
+    vllm-plain                          vLLM's CPU build in its own venv, greedy (a peer, `peers.vllm`)
+    vllm-ngram[-kN]                     vLLM's ngram speculation (prompt lookup, n-grams of 2 to 4),
+                                        N drafts (4)
+    vllm-eagle3:DIR[-kN]                an EAGLE-3 head in speculators' format (`verispec export-head
+                                        --format speculators`), N drafts (3)
+    vllm-medusa:DIR                     a Medusa head in vLLM's format (`--format vllm-medusa`), its
+                                        K drafts
+    vllm-config:FILE[-kN]               the `speculative_config` of FILE, written by `verispec profile
+                                        --vllm-config` (its k per batch size); -kN: the same drafter
+                                        at a fixed N, the schedule dropped, to compare the two
 
 The policy is split off at the LAST '-', so a draft PATH may itself contain '-'.
 """
@@ -36,13 +43,16 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from verispec.peers.llamacpp import LOOKUP_TOKENS as LLAMACPP_LOOKUP_TOKENS
 from verispec.registry import KSpec, ProposerSpec, check_k, check_policy_proposer, parse_k, parse_spec
 
 DEFAULT_METHODS = "verispec-plain,verispec-lookup-k4,verispec-lookup-auto,hf-generate,hf-lookup"
 
 PLAIN = "verispec-plain"
 HF_LOOKUP_TOKENS = 10  # HF's documented prompt_lookup_num_tokens example value
-LLAMACPP_LOOKUP_TOKENS = 10  # LlamaPromptLookupDecoding's default num_pred_tokens
+VLLM_NGRAM_TOKENS = 4
+VLLM_EAGLE3_TOKENS = 3
+VLLM_GRAMMAR = "vllm-plain, vllm-ngram[-kN], vllm-eagle3:DIR[-kN], vllm-medusa:DIR or vllm-config:FILE[-kN]"
 POLICIES = ("auto", "heuristic", "tree")
 POLICY_GRAMMAR = "kN, auto, heuristic, tree or tree:W1xW2x..."
 _K = re.compile(r"k(\d+)")
@@ -154,14 +164,36 @@ def parse_method(name: str) -> Method:
             raise ValueError(f"method {name!r}: write llamacpp-lookup or llamacpp-lookup-kN")
         return Method(name, "llamacpp", proposer="lookup", k=k or LLAMACPP_LOOKUP_TOKENS)
     if name.startswith("vllm-"):
-        from verispec.bench import vllm
-
-        return vllm.parse(name)
+        return vllm_method(name)
     raise ValueError(
         f"unknown method {name!r}; choose verispec-plain, verispec-<proposer>-<kN|auto|heuristic|tree>, "
-        "hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain, "
-        "llamacpp-lookup[-kN] or vllm-* (verispec.bench.vllm)"
+        f"hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain, "
+        f"llamacpp-lookup[-kN], {VLLM_GRAMMAR}"
     )
+
+
+def vllm_method(name: str) -> Method:
+    """A `vllm-*` method name -> Method(family "vllm", proposer None, "ngram", "eagle3:DIR",
+    "medusa:DIR" or "config:FILE", k; for config:FILE, None keeps the file's schedule).
+
+    >>> vllm_method("vllm-ngram-k3").proposer, vllm_method("vllm-ngram-k3").k
+    ('ngram', 3)
+    >>> vllm_method("vllm-eagle3:heads/e3").k
+    3
+    """
+    if name == "vllm-plain":
+        return Method(name, "vllm")
+    head, k = split_k(name)
+    if head == "vllm-ngram":
+        return Method(name, "vllm", proposer="ngram", k=k or VLLM_NGRAM_TOKENS)
+    kind, _, directory = head.removeprefix("vllm-").partition(":")
+    if kind == "config" and directory:
+        return Method(name, "vllm", proposer=f"config:{directory}", k=k)
+    if kind in ("eagle3", "medusa") and directory:
+        if kind == "medusa" and k is not None:
+            raise ValueError(f"method {name!r}: a Medusa head drafts its own K tokens; write vllm-medusa:DIR")
+        return Method(name, "vllm", proposer=f"{kind}:{directory}", k=k or (VLLM_EAGLE3_TOKENS if kind == "eagle3" else None))
+    raise ValueError(f"method {name!r}: write {VLLM_GRAMMAR}")
 
 
 def oracle_method(name: str, proposer: str, policy: str, k: int | None) -> Method:

@@ -21,8 +21,9 @@ import torch
 
 from verispec.identity import diagnose
 from verispec.machine import peak_rss_mb
+from verispec.peers.outcome import Outcome
 from verispec.bench.methods import PLAIN
-from verispec.bench.runners import Outcome, Runner
+from verispec.bench.runners import Runner
 from verispec.bench.workloads import Workload
 from verispec.stats import Stats
 

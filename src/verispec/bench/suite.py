@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,15 +26,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers.utils import logging as hf_logging
 
 from verispec import machine
-from verispec.bench import llamacpp, plots, quick, sweep, sweep_report, vllm
+from verispec.bench import plots, quick, sweep, sweep_report
 from verispec.bench.methods import DEFAULT_METHODS, Method, parse_methods
 from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
-from verispec.bench.runners import GreedyReference, HFRunner, OracleRunner, Runner, VerispecRunner
+from verispec.bench.runners import GreedyReference, OracleRunner, Runner, VerispecRunner
+from verispec.bench.settings import Settings
 from verispec.bench.workloads import Workload, read_workloads, select
 from verispec.models.format_costs import step_rows
 from verispec.models.hf import HFCausalLM
-from verispec.models.load import DEFAULT_MODEL, LoadedModel, load_model
+from verispec.models.load import LoadedModel, load_model
+from verispec.peers import llamacpp, vllm
+from verispec.peers.hf import HFRunner
 from verispec.proposers.controlled import ControlledAcceptance
 from verispec.registry import build_policy, build_proposer
 from verispec.sampling import GREEDY, SamplingParams
@@ -54,31 +56,6 @@ def quick_methods(out: Path) -> str:
         "verispec-suffix-heuristic", "verispec-layerskip:2-k3", f"verispec-draft:{draft}-k3",
         "verispec-random-k2", "hf-generate", "hf-lookup", "hf-early-exit:2-k3", "hf-assisted",
     ])
-
-
-@dataclass
-class Settings:
-    """What `verispec bench` was asked for (see `cli/bench.py` for each option)."""
-
-    out: Path
-    prompts: Sequence[Path] = ()
-    categories: Sequence[str] = ()
-    limit_per_category: int | None = None
-    methods: str | None = None
-    max_new_tokens: int = 128
-    repeats: int = 3
-    warmup: int = 1
-    model: str = DEFAULT_MODEL
-    dtype: str = "auto"
-    runtime: str = "auto"
-    deterministic: bool | None = None
-    device: str = "auto"
-    threads: int | None = None
-    quick: bool = False
-    command: str = ""
-    sampling: SamplingParams = GREEDY
-    seed: int = 0
-    concurrency: tuple[int, ...] = (1,)
 
 
 def quick_target(out: Path) -> LoadedModel:
@@ -134,9 +111,9 @@ def make_runner(
     method); `first_prompt` is the context an `auto` policy profiles its costs after."""
     eos = target.eos_token_ids
     if method.family == "llamacpp":
-        return llamacpp.make_runner(method, target)
+        return llamacpp.make_runner(method.name, target, method.k)
     if method.family == "vllm":
-        return vllm.make_runner(method, target)
+        return vllm.VllmRunner(method, target)
     if method.family == "verispec":
         if method.proposer is None:
             return VerispecRunner(target.lm, None, 0, eos, sampling, seed)

@@ -18,7 +18,7 @@ prompt once per repeat):
 Servers: verispec methods run `verispec.batching.Scheduler` (continuous batching; an auto k is
 planned per batch from v(n), `profile.measure_batch_costs`, measured once per run);
 `llamacpp-plain` runs `llamacpp.LlamaCppBatchServer` (llama.cpp's batch API, continuous);
-`hf-generate` runs `closed_loop.HFBatchServer` (left-padded whole batches); `vllm-*` methods
+`hf-generate` runs `peers.hf.HFBatchServer` (left-padded whole batches); `vllm-*` methods
 run `vllm.VllmBatchServer` (vLLM's engine in its own venv, continuous; one engine per method
 for every level, batching up to the highest). Other HF and llama.cpp methods cannot batch and
 are refused at c > 1.
@@ -35,8 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from verispec.batching import RegistryBuilder
-from verispec.bench import llamacpp, vllm
-from verispec.bench.closed_loop import HFBatchServer, Loop, Served, Server, VerispecServer, closed_loop
+from verispec.bench.closed_loop import Loop, Server, VerispecServer, closed_loop
 from verispec.identity import diagnose
 from verispec.bench.methods import PLAIN, Method, parse_methods
 from verispec.bench.protocol import Protocol, rotated
@@ -45,10 +44,13 @@ from verispec.bench.workloads import Workload
 from verispec.machine import peak_rss_mb
 from verispec.models.base import SlotScoring
 from verispec.models.load import LoadedModel
+from verispec.peers import llamacpp, vllm
+from verispec.peers.hf import HFBatchServer
+from verispec.peers.outcome import Served
 from verispec.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from verispec.bench.suite import Settings
+    from verispec.bench.settings import Settings
     from verispec.cost import BatchCosts
 
 # The single-request defaults less HF's assisted generation, which refuses batches.
@@ -137,7 +139,7 @@ class Servers:
             return VerispecServer(builder, method, eos, concurrency, self.sampling, self.seed, self.batch_costs)
         if method.family == "llamacpp":
             if self.llama is None:
-                self.llama = llamacpp.load_batch_model(method, self.target)
+                self.llama = llamacpp.load_batch_model(method.name, self.target)
             return llamacpp.LlamaCppBatchServer(self.llama, eos, concurrency, self.context, torch.get_num_threads())
         if method.family == "vllm":
             if method.name not in self.engines:

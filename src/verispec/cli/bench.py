@@ -18,7 +18,7 @@ from verispec.registry import proposer_grammar
 from verispec.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from verispec.bench.suite import Settings
+    from verispec.bench.settings import Settings
 
 
 @app.command()
@@ -105,7 +105,8 @@ def bench(
     level serves the prompts with that many requests in flight, every method at every level
     (verispec's continuous batching, llama.cpp's batch API, HF's padded batches).
     """
-    from verispec.bench.suite import OUTPUTS, Settings, run  # transformers: imported when needed
+    from verispec.bench.settings import Settings
+    from verispec.bench.suite import OUTPUTS, run  # transformers: imported when needed
 
     from verispec.bench.sweep import is_sweep, parse_concurrency
 

@@ -158,9 +158,8 @@ def for_drafting(head: Head, weight_format: str = "float") -> Head:
     `DraftingLayer`s (fused projections, precomputed rotary tables).
 
     "float" prepacks the head's own weights: the same function, up to the order in which the
-    products sum. Measured on a 2-core AMD EPYC (bfloat16, the shipped EAGLE head, one pair
-    after 300 cached ones): a step took 2.0 ms unpacked, most of it `F.linear` reordering
-    bfloat16 weights (and the fusion layer's 3-D input copying its weight) on every call.
+    products sum. Unpacked, most of a step is `F.linear` reordering bfloat16 weights (and the
+    fusion layer's 3-D input copying its weight) on every call (docs/results/implementation-choices.md).
     "int8" quantizes every projection per output channel (`Int8Linear`): another q, half the
     bytes to read (`proposers.trained.auto_head_format` says what it gains). Drafting only: the
     packed head cannot train, and `save_head` refuses it."""

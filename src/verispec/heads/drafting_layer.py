@@ -12,8 +12,8 @@ sequence, with the fast runtime's parts (`verispec.models.llama`):
 
 Transformers' layer runs seven projections and gets cos/sin computed per call by the head's
 rotary module, with its mask and reshaping glue around them; a drafting step is one pair, so
-those fixed costs are a fifth of it (the shipped EAGLE head, bfloat16, 2-core AMD EPYC: 1.10
--> 0.88 ms a drafted token, `benchmarks/head_cost.py --forms packed-hf-layer,for-drafting`).
+those fixed costs are a large share of it (measured with `benchmarks/head_cost.py --forms
+packed-hf-layer,for-drafting`: docs/results/implementation-choices.md).
 The output is the same function up to summation order (the projections are fused, and the
 tables hold transformers' own rounding of cos and sin). Drafting only: it holds no
 parameters, so nothing trains through it.
@@ -23,10 +23,9 @@ rotary tables and masks there too.
 
 Attention runs in float32 whatever the head's dtype: the cache holds float32 keys and values
 (3 x 64 numbers a position each, for SmolLM2's head) and the query is cast up, and the result
-is cast back before `o`. torch's fused CPU kernel is slow for one bfloat16 query row: one row
-over 200 cached positions (9 query heads, 3 key/value heads of 64) took 171 us in bfloat16
-against 34 us over a float32 cache (2-core AMD EPYC with AVX-512 BF16, where a whole drafting
-step takes about 0.8 ms); its softmax accumulates in float32 either way.
+is cast back before `o`. torch's fused CPU kernel is slow for one bfloat16 query row, several
+times slower than over a float32 cache and a sizeable part of a drafting step (docs/results/implementation-choices.md); its
+softmax accumulates in float32 either way.
 """
 
 from __future__ import annotations

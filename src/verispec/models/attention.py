@@ -143,11 +143,10 @@ class RowAttention(SdpaAttention):
 
     So every row gets the bits plain decoding of its path gets, and a one-row forward is the
     fused kernel's own one-row call: plain decoding costs nothing more, and a forward of M
-    rows makes M kernel calls per layer instead of one (measured on a 2-core AMD EPYC,
-    float32, 300 cached positions: 26 us per row against 51 us for four rows together).
-    Chosen for deterministic scoring in float32 and for q4, whose activations are float32:
-    torch's fused kernel is fast for one float32 row but slow for one bfloat16 row (128 us
-    at 300 positions), so bfloat16 uses `InvariantAttention`. Its cache and widths are the fused
+    rows makes M kernel calls per layer instead of one (a few rows cost about twice what they
+    cost together: docs/results/implementation-choices.md). Chosen for deterministic scoring in float32 and for q4, whose
+    activations are float32: torch's fused kernel is fast for one float32 row but slow for one
+    bfloat16 row, so bfloat16 uses `InvariantAttention`. Its cache and widths are the fused
     attention's.
     """
 

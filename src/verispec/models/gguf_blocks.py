@@ -204,7 +204,7 @@ def _weight(tensor) -> GGUFWeight:
 def _hf_names(model: PreTrainedModel) -> dict[str, str]:
     """GGUF tensor name -> the model's parameter name, by gguf's own name table (what
     transformers' `get_gguf_hf_weights_map` does, without rebuilding the table for every
-    submodule: that took ~10 s for the default model)."""
+    submodule: that took seconds for the default model, docs/results/implementation-choices.md)."""
     arches = [arch for arch, name in MODEL_ARCH_NAMES.items() if name == model.config.model_type]
     if not arches:
         raise ValueError(f"gguf has no tensor names for model type {model.config.model_type!r}")

@@ -7,8 +7,8 @@ cannot go back to an arbitrary length, so such models are refused when the adapt
 
 Each layer keeps its keys and values in a buffer with room to spare (`BufferedLayer`):
 appending writes in place and cropping only moves the end. transformers' own layer
-concatenates, copying the whole cache on every forward; on SmolLM2-135M (float32, 2-core
-CPU) that copy measured 5-12 ms of a 40-140 ms forward at 800-1600 cached tokens.
+concatenates, copying the whole cache on every forward, a tenth of a forward or more over a
+long context (docs/results/implementation-choices.md).
 
 Cost: only the rows the caller keeps go through the output head (`logits_to_keep`); with a
 49k vocabulary and a small model that head is a large share of a forward. `prefill` keeps one

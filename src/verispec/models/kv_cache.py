@@ -13,8 +13,8 @@ denominator) with the same reduction (see `InvariantAttention`).
 
 `keys_by_column`: keys are stored transposed, position along the last axis, so that the
 scores' product q K^T reads a view whose rows are contiguous (a transposed view of keys
-stored by row made bfloat16's batched product copy them on every call: 88 us against 29 us
-per layer at 1,280 positions, measured on a 2-core AMD EPYC).
+stored by row made bfloat16's batched product copy them on every call, several times the
+product's own cost over a long cache: docs/results/implementation-choices.md).
 
 Buffers start zeroed: positions past `length` hold finite values (zeros or the keys of
 rolled-back tokens), never uninitialised memory that could be NaN.

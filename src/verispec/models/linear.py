@@ -4,10 +4,8 @@ Every projection maps activations x[M, in] to y[M, out] in the runtime's activat
 The runtime never looks inside one, so a new weight format (a quantized layout, say) is a new
 module here and a new branch in `projection`, and nothing else changes.
 
-Float weights go to oneDNN prepacked once (`PackedLinear`). Measured on a 2-core AMD EPYC
-(torch 2.13, one thread, the 30 layers' projections of SmolLM2-135M, machine loaded): float32
-61 ms at M = 1 against 85-96 ms for `F.linear` (MKL), bfloat16 36 against 58 ms (`F.linear`
-reorders the weight on every call).
+Float weights go to oneDNN prepacked once (`PackedLinear`): faster than `F.linear` (MKL) in
+float32 and in bfloat16, where `F.linear` reorders the weight on every call (docs/results/implementation-choices.md).
 
 Row invariance: a row's output must be the same bits whatever other rows are computed with it
 (the fast runtime's batch-invariant scoring). oneDNN chooses its kernel, and with it the order

@@ -57,7 +57,7 @@ to `n_batch` tokens a forward), the same way for every method. extend/rollback h
 `score` bit for bit where the prefill was at most 3 tokens (`score` has no prompt to batch;
 after a longer prefill they differ by the prompt's rounding). The price: from `LONE_ROW_CELLS`
 positions on (on 2 or more threads), plain decoding's one-token step costs a two-row forward
-(on the 1.5B about 50 ms against 33 ms), and on a K-quant file a verification of 4 or more rows
+(docs/results/implementation-choices.md), and on a K-quant file a verification of 4 or more rows
 two forwards.
 Slots share the cache, whose cells a sequence holds in the order they were free: a slot's rows
 equal its rows alone up to flash attention's summation order (bit for bit in the tests here,

@@ -25,7 +25,7 @@ Formats:
 How q4 stays exact. The kernel's only vectorised path takes bfloat16 activations and
 bfloat16 scale/zero pairs; it dequantises each weight in float32 as
 fma(u - 8, scale, zero) and accumulates in float32, then rounds each output to bfloat16 (its
-float32 path is a scalar loop, ~25x slower than float32 `F.linear`). A GGUF block scale d is
+float32 path is a scalar loop, far slower than float32 `F.linear`: docs/results/implementation-choices.md). A GGUF block scale d is
 float16 (11 significant bits), which bfloat16 (8 bits) cannot hold, so each block is written as
 a sum of P "planes" that share the block's codes:
     w = sum_p [(u - 8) * s_p + z_p],  s_p, z_p exact in bfloat16, each term exact in float32,
@@ -91,7 +91,7 @@ class Int4Linear(RowProjection):
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """x[M, in] -> y[M, out]."""
         rows = x.to(torch.bfloat16)  # [M, K]
-        # One concatenation, not `repeat` (which dispatches several ops: ~5 us against ~1 us).
+        # One concatenation, not `repeat` (which dispatches several ops: docs/results/implementation-choices.md).
         rows = torch.cat((rows,) * self.planes, dim=1) if self.planes > 1 else rows.contiguous()  # [M, P K]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, BLOCK, self.scales_and_zeros)  # [M, N + pad]
         if y.shape[1] != self.out_features:

@@ -17,9 +17,8 @@ tokens with the target's real features.
 The first pair s: the head reads at most the last `prompt_window` positions of the prompt,
 s = max(0, len(prompt) - 1 - prompt_window), and every position after them. The target's
 features already carry the whole prompt; the head's own attention over a long one only costs
-its first draft a head forward over every prompt position (a RAG prompt of 660 tokens, bf16,
-2-core AMD EPYC: 18.1 ms for the first one-token draft against 3.9 ms with the window, where a
-target step takes 13.1 ms). s depends on the prompt alone, so the stateless path reads the
+its first draft a head forward over every prompt position, which on a long prompt costs more
+than a target step (docs/results/implementation-choices.md). s depends on the prompt alone, so the stateless path reads the
 same pairs.
 
 Drafts are sampled from q, the head's distribution over its pruned vocabulary spread to the

@@ -55,12 +55,9 @@ def auto_head_format(device: torch.device | str = "cpu", target_dtype: torch.dty
     format), since torch's int8 kernel is the CPU's and a one-layer head's weights are few. On
     the CPU: int8 where it computes bfloat16 natively, else float32 (emulated bfloat16 is slower).
 
-    On a 2-core AMD EPYC with AVX-512 BF16, the shipped EAGLE head: a round of 2 new pairs and
-    4 drafts after a target forward took 0.75x the bfloat16 head's time in int8 (the head's
-    ~20 MB of bfloat16 weights are read back from memory after every target forward; int8
-    halves them), tau at k = 4 on the dev prompts 1.95 against 1.96, and eagle-auto ran 1.04x
-    the bfloat16 head's speed per prompt (geometric mean) in a bf16 and in a float32 bench.
-    A packed bfloat16 step took 0.8 ms against 1.2 ms in float32."""
+    The head's bfloat16 weights are read back from memory after every target forward and int8
+    halves them, so an int8 round is cheaper at the same tau, and a packed bfloat16 step is
+    cheaper than a float32 one where bfloat16 is native (docs/results/implementation-choices.md)."""
     if torch.device(device).type != "cpu":
         return WeightFormat.BFLOAT16 if target_dtype == torch.bfloat16 else WeightFormat.FLOAT32
     return WeightFormat.INT8 if native_bf16() else WeightFormat.FLOAT32
@@ -97,10 +94,9 @@ def head_proposer(
 
 # Where a head ships for the model, lookup+eagle with auto k (on the CPU and on a GPU, where the
 # head drafts on the target's device): it copies where the context repeats itself and drafts with
-# the head elsewhere. In the kept runs (docs/benchmarking.md) it was the
-# fastest verispec method of the q4 run (1.08x plain; q4 is what --dtype auto picks where the
-# CPU has native bf16), and ahead of lookup alone in bfloat16 (1.54x against 1.28x on the dev
-# prompts, 1.63x against 1.57x on the copy-heavy categories). Elsewhere prompt lookup: it needs
+# the head elsewhere. In the kept runs (docs/benchmarking.md#results) it was the fastest
+# verispec method of the q4 run (q4 is what --dtype auto picks where the CPU has native bf16),
+# and ahead of lookup alone in bfloat16, on the dev prompts and on the copy-heavy categories. Elsewhere prompt lookup: it needs
 # no head, and auto k turns it off where it finds nothing to copy.
 BEST_WITH_HEAD = "lookup+eagle"
 BEST_WITHOUT_HEAD = "lookup"

@@ -35,7 +35,7 @@ from verispec.runtime_check import greedy, law, power, seeded
 from verispec.runtime_check.cases import SamplingCase, default_cases, neutral
 from verispec.runtime_check.engines.base import CountsDrafts, Engine, Refused
 from verispec.runtime_check.report import LawRow, Report
-from verispec.runtime_check.statistics import degrees_of_freedom, goodness_of_fit, samples_for, two_sample
+from verispec.statistics import degrees_of_freedom, goodness_of_fit, samples_for, two_sample
 
 PLAIN = "plain"
 SPEC_VS_PLAIN, SPEC_VS_EXACT, PLAIN_VS_EXACT = "spec vs plain", "spec vs exact", "plain vs exact"

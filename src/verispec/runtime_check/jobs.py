@@ -1,9 +1,9 @@
 """`verispec check-runtime --jobs J`: the sampled law's parameters split over J processes.
 
-A check's time is its samples. On 2 cores two processes of one thread each draw about 1.3x
-the samples of one process with two threads for verispec's batched sampler (its Python stages
-run on one core), and up to 2x for an engine that decodes one sequence at a time (hf,
-llamacpp). Each process runs the same `verispec check-runtime` command on its share of the
+A check's time is its samples. On 2 cores two processes of one thread each draw more samples
+than one process with two threads: somewhat more for verispec's batched sampler (its Python
+stages run on one core), up to twice for an engine that decodes one sequence at a time (hf,
+llamacpp; docs/results/implementation-choices.md). Each process runs the same `verispec check-runtime` command on its share of the
 parameters (round robin over the grid) with `--greedy-prompts 0 --seeded 0`, writing its JSON report to
 a scratch directory, which is read back here. A sample's seed depends on its method, prompt
 and index only, so the rows are those one process would write.

@@ -35,7 +35,7 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from verispec.runtime_check.cases import SamplingCase, next_token_law
-from verispec.runtime_check.statistics import MIN_EXPECTED
+from verispec.statistics import MIN_EXPECTED
 
 OTHER = -1
 BRANCH = 4  # the most next tokens a split lists under a cap (the rest stay in its rest cell), so 24 cells reach 3 tokens deep

@@ -32,7 +32,7 @@ from scipy.stats import chi2, ncx2
 
 from verispec.runtime_check.cases import SamplingCase, neutral, next_token_law
 from verispec.runtime_check.law import OTHER, Score
-from verispec.runtime_check.statistics import RARE, _pool_probabilities
+from verispec.statistics import RARE, _pool_probabilities
 
 ACCEPTANCE = 0.5  # the controlled draft's share of accepted tokens
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from verispec.machine import describe
 from verispec.runtime_check.engines.base import Crashed, Refused
-from verispec.runtime_check.statistics import TestResult
+from verispec.statistics import TestResult
 
 PASS, FAIL, REFUSED, SKIPPED = "pass", "fail", "refused", "skipped"
 HOLDS, LACKS = "holds", "lacks"  # a property the engine does not claim: seeded identity

@@ -13,9 +13,8 @@ the end of each request that finished, go back to the event loop in one
 Where the engine runs: on a thread of its own by default, or (`EngineThread(scheduler,
 own_thread=False)`, what `verispec serve` does) on the thread that calls `run_here`, the
 process's main thread, with the event loop on another. torch's CPU kernels run markedly slower
-from a thread other than the one that first used them (measured: plain bf16 decoding of the
-default model at 36 tokens/s on a second thread against 61 on the main one, fp32 27 against 46,
-q4 42 against 73), so the forwards stay on the main thread.
+from a thread other than the one that first used them (docs/results/implementation-choices.md), so the forwards stay on the
+main thread.
 
     >>> job = await engine.submit(request, sink)     # ValueError, QueueFull or Closed, at once
     >>> engine.cancel(job)                           # its slot is freed at the next step

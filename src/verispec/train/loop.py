@@ -285,7 +285,7 @@ def shifted(x: torch.Tensor, by: int, fill: float | bool = 0) -> torch.Tensor:
 def head_loss(head: Head, batch: Batch, rows: torch.Tensor, settings: TrainSettings) -> StepResult:
     """The loss of one batch (see the module docstring). rows [N, H]: the target's output rows
     for d2t, so p|d2t is softmax(final @ rows^T). With settings.bf16 the head's products run
-    under bfloat16 autocast (measured 2.3x faster per step on an AVX-512 BF16 CPU); p and the
+    under bfloat16 autocast (faster per step on a CPU with native bfloat16: docs/results/implementation-choices.md); p and the
     cross-entropy stay float32."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
         return _head_loss(head, batch, rows, settings)

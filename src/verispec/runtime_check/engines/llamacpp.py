@@ -30,7 +30,7 @@ typical-p, top-p, min-p, temperature, then a draw seeded per sample with `set_se
 
 Greedy decoding is `temp=0` (llama.cpp's greedy sampler). `generate` serves one sequence: at
 more than one request in flight plain decoding runs llama.cpp's own batch over sequences
-(`verispec.bench.llamacpp.LlamaCppBatchServer`, one `llama_decode` over every sequence in
+(`verispec.peers.llamacpp.LlamaCppBatchServer`, one `llama_decode` over every sequence in
 flight, as llama-server's parallel slots), and speculation is refused (llama-cpp-python has no
 batched speculative path).
 """
@@ -45,9 +45,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verispec.bench.llamacpp import GREEDY, LlamaCppBatchServer
-from verispec.bench.methods import LLAMACPP_LOOKUP_TOKENS
 from verispec.models.sources import converted_dir
+from verispec.peers.llamacpp import GREEDY, LOOKUP_TOKENS, LlamaCppBatchServer
 from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Refused
 
@@ -147,7 +146,7 @@ class LlamaCppEngine:
         if llama is None or llama.n_ctx() < positions:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-            draft = Counted(LlamaPromptLookupDecoding(num_pred_tokens=LLAMACPP_LOOKUP_TOKENS)) if method else None
+            draft = Counted(LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS)) if method else None
             llama = self.api.Llama(
                 model_path=str(self.gguf),
                 n_ctx=max(MIN_CONTEXT, -(-positions // MIN_CONTEXT) * MIN_CONTEXT),
@@ -200,7 +199,7 @@ class LlamaCppEngine:
     def sample(
         self, prompt: Sequence[int], case: SamplingCase, n: int, length: int, method: str | None, seed: int
     ) -> list[list[int]]:
-        llama = self._llama(method, len(prompt) + length + LLAMACPP_LOOKUP_TOKENS + 1)
+        llama = self._llama(method, len(prompt) + length + LOOKUP_TOKENS + 1)
         options = self.options(case, length, llama.last_n_tokens_size)
         out = []
         for i in range(n):
@@ -211,7 +210,7 @@ class LlamaCppEngine:
     def greedy(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, method: str | None, concurrency: int
     ) -> list[list[int]]:
-        positions = max(len(p) for p in prompts) + max_new_tokens + LLAMACPP_LOOKUP_TOKENS + 1
+        positions = max(len(p) for p in prompts) + max_new_tokens + LOOKUP_TOKENS + 1
         if concurrency == 1:
             llama = self._llama(method, positions)
             return [self._generate(llama, prompt, max_new_tokens, GREEDY) for prompt in prompts]

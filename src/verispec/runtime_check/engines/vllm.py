@@ -1,5 +1,5 @@
 """vLLM's CPU build as an engine under check, through verispec's vLLM worker in its own venv
-(`make vllm-env`; `verispec.bench.vllm_worker`, JSON lines over a pipe).
+(`make vllm-env`; `verispec.peers.vllm_worker`, JSON lines over a pipe).
 
     ngram        vLLM's prompt lookup: n-grams of 1 to 3 (verispec's `lookup`), drafts without q
     eagle3       an EAGLE-3 head in speculators' format: the one given, else a seeded untrained
@@ -28,9 +28,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from verispec.bench.methods import Method
-from verispec.bench.vllm import VENV_PYTHON, VllmRunner, checkpoint_directory
 from verispec.models.parts import cache_root
+from verispec.peers.vllm import VENV_PYTHON, VllmMethod, VllmRunner, checkpoint_directory
 from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Crashed, Refused
 
@@ -140,8 +139,7 @@ class VllmEngine:
             # the config as a file the runner reads as written (`vllm-config:FILE`)
             file = Path(self._configs.name) / f"{method or 'plain'}.json"
             file.write_text(json.dumps({"speculative_config": speculative_config(method, eagle3, draft)}))
-            chosen = Method(f"vllm-{method or 'plain'}", "vllm",
-                            proposer=None if method is None else f"config:{file}")
+            chosen = VllmMethod(f"vllm-{method or 'plain'}", proposer=None if method is None else f"config:{file}")
             self._runners[method] = VllmRunner(chosen, self.loaded, python=self.python, max_num_seqs=self.batch,
                                                spawn=self.spawn)
         return self._runners[method]

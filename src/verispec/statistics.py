@@ -1,4 +1,5 @@
-"""The two tests a sampled-law check runs, with what each can and cannot see.
+"""The G-tests of sampled laws: the two a sampled-law check runs (`verispec check-runtime`),
+with what each can and cannot see, and the asymptotic one the test suite runs (`g_test`).
 
 Samples are keyed by their first tokens (`law.key`), one stratum per prompt. Cells whose
 expected count is below `MIN_EXPECTED` are pooled into one rare cell per stratum (rare tokens
@@ -36,6 +37,10 @@ by Cauchy-Schwarz (sum (p - q)^2 / m >= (sum |p - q|)^2 / sum m); `detectable_tv
 delta whose noncentrality gives 90 % power at the test's degrees of freedom. The bound holds
 for every way of spreading the difference, so a real bug is usually caught at a smaller one.
 `samples_for` turns this around: the samples per side at which a test detects a given TV.
+
+`g_test`: one sample's counts against exact probabilities, its p-value read from the
+chi-square tail, for a test whose alpha is too small to simulate (1e-7 would take 2e8 draws):
+its false-failure rate is alpha up to the tail's error where cells are small.
 
     >>> round(detectable_tv(2000, 20, 1e-3, exact=True), 3)
     0.074
@@ -179,6 +184,27 @@ def goodness_of_fit(
         tv_mass += size * 0.5 * float(np.abs(observed / size - probs).sum())
     result = _result(total, df, simulated, tv_mass / n if n else 0.0, n, 4 * n, alpha)
     return replace(result, p_value=0.0, statistic=math.inf) if impossible else result
+
+
+def g_test(observed: Mapping[Hashable, int], law: Mapping[Hashable, float], runs: int) -> float:
+    """The asymptotic p-value of a G-test of `runs` samples' counts against exact probabilities
+    (`law`: every outcome's), the cells expecting fewer than `MIN_EXPECTED` samples pooled into
+    one; ValueError for a sample outside `law`.
+
+    >>> round(g_test({"a": 52, "b": 48}, {"a": 0.5, "b": 0.5}, 100), 3)
+    0.689
+    """
+    if not set(observed) <= set(law):
+        raise ValueError(f"outcomes outside the law were sampled: {sorted(map(repr, set(observed) - set(law)))}")
+    big = [cell for cell, p in law.items() if p * runs >= MIN_EXPECTED]
+    small = [cell for cell in law if cell not in big]
+    counts = [observed.get(cell, 0) for cell in big]
+    expected = [float(law[cell]) * runs for cell in big]
+    if small:
+        counts.append(sum(observed.get(cell, 0) for cell in small))
+        expected.append(float(sum(law[cell] for cell in small)) * runs)
+    statistic = float(g_statistic(np.array([counts]), np.array(expected))[0])
+    return float(chi2.sf(statistic, len(counts) - 1))
 
 
 def detectable_tv(n_effective: float, df: int, alpha: float, exact: bool = False) -> float:

@@ -1,4 +1,5 @@
-"""llama.cpp as a benchmark peer: llama-cpp-python decoding the target's own GGUF file.
+"""llama.cpp as a peer: llama-cpp-python decoding the target's own GGUF file, for the benchmark
+(`verispec bench`) and the runtime check (`verispec check-runtime`).
 
 `llamacpp-plain` is llama.cpp's greedy decoding, one token per forward; `llamacpp-lookup[-kN]`
 is llama-cpp-python's own prompt-lookup decoding (`LlamaPromptLookupDecoding`: n-grams up to
@@ -27,13 +28,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verispec.bench.closed_loop import Served
-from verispec.bench.methods import Method
-from verispec.bench.runners import Clock, Outcome
-from verispec.models.llamacpp import installed, probe
+from typing import TYPE_CHECKING
+
+from verispec.models.llamacpp import probe
 from verispec.models.llamacpp import require as require_installed
-from verispec.models.load import LoadedModel
+from verispec.peers.outcome import Clock, Outcome, Served
 from verispec.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+
+LOOKUP_TOKENS = 10  # LlamaPromptLookupDecoding's default num_pred_tokens
 
 # With temp == 0 llama-cpp-python builds only its penalties sampler (a no-op at these values)
 # and the greedy sampler; top-k, top-p, min-p and typical-p are added only when temp > 0, and
@@ -167,19 +172,19 @@ class LlamaCppRunner:
         return outcome
 
 
-def make_runner(method: Method, target: LoadedModel) -> LlamaCppRunner:
-    """The runner of a llamacpp method on the file `target` was loaded from, with torch's
-    current thread count."""
-    return LlamaCppRunner(gguf_file(method, target), target.eos_token_ids, torch.get_num_threads(), target.lm.vocab_size, method.k)
+def make_runner(name: str, target: LoadedModel, lookup_tokens: int | None = None) -> LlamaCppRunner:
+    """The runner of the method `name` on the file `target` was loaded from, with torch's
+    current thread count; with prompt lookup when `lookup_tokens` is given."""
+    return LlamaCppRunner(gguf_file(name, target), target.eos_token_ids, torch.get_num_threads(), target.lm.vocab_size, lookup_tokens)
 
 
-def gguf_file(method: Method, target: LoadedModel) -> Path:
+def gguf_file(name: str, target: LoadedModel) -> Path:
     """The GGUF file `target` was loaded from, which the llamacpp methods decode, after a probe
     decoded a few tokens of it (a llama.cpp build that crashes is refused in one line before
     any measurement, `models.llamacpp.probe`)."""
     if not (target.source.is_file() and target.source.suffix == ".gguf"):
         raise ValueError(
-            f"{method.name} decodes the target's own GGUF file, but {target.name} was not loaded from a .gguf "
+            f"{name} decodes the target's own GGUF file, but {target.name} was not loaded from a .gguf "
             f"file ({target.source}); give --model a .gguf file or an embedded name"
         )
     probe(target.source)
@@ -197,7 +202,7 @@ class LlamaCppBatchServer:
     under its own sequence id; every sequence then takes the argmax of its row (greedy). A
     finished sequence's cache cells are removed (`llama_memory_seq_rm`) and its id serves the
     next request at the following step. Timed on the same clock as every server
-    (`closed_loop.Served`).
+    (`verispec.peers.outcome.Served`).
 
     llama: a `llama_cpp.Llama` that loaded the GGUF file (its model is shared; this server makes
     and frees its own context). threads: llama.cpp's threads for decoding and prompts.
@@ -315,12 +320,12 @@ class LlamaCppBatchServer:
         return self.kv_bytes
 
 
-def load_batch_model(method: Method, target: LoadedModel):
+def load_batch_model(name: str, target: LoadedModel):
     """A `llama_cpp.Llama` on the file `target` was loaded from, for `LlamaCppBatchServer`s (a
     small context of its own: each server makes the context it decodes in)."""
     import llama_cpp
 
-    gguf = gguf_file(method, target)
+    gguf = gguf_file(name, target)
     llama = llama_cpp.Llama(model_path=str(gguf), n_ctx=64, verbose=False)
     if llama.n_vocab() != target.lm.vocab_size:
         raise ValueError(f"llama.cpp reads a vocabulary of {llama.n_vocab()} from {gguf}, the target has {target.lm.vocab_size}")

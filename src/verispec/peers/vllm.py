@@ -1,20 +1,15 @@
-"""vLLM as a benchmark peer: its CPU build decoding the same target, in its own venv.
-
-    vllm-plain                  vLLM's greedy decoding
-    vllm-ngram[-kN]             vLLM's ngram speculation (prompt lookup, n-grams of 2 to 4), N drafts (4)
-    vllm-eagle3:DIR[-kN]        an EAGLE-3 head in speculators' format (`verispec export-head
-                                --format speculators`), N drafts (3)
-    vllm-medusa:DIR             a Medusa head in vLLM's format (`--format vllm-medusa`), its K drafts
-    vllm-config:FILE[-kN]       the `speculative_config` of FILE, written by `verispec profile
-                                --vllm-config` (its k per batch size); -kN: the same drafter at
-                                a fixed N, the schedule dropped, to compare the two
+"""vLLM as a peer: its CPU build decoding the same target, in its own venv, for the benchmark
+(`verispec bench`: the `vllm-*` methods, `verispec.bench.methods`) and the runtime check
+(`verispec check-runtime`). An engine is made for a `VllmMethod`: plain decoding, vLLM's ngram
+speculation, an EAGLE-3 or Medusa head exported by `verispec export-head`, or the
+`speculative_config` of a `verispec profile --vllm-config` file.
 
 vLLM pins its own torch and transformers, so it runs in the venv `make vllm-env` makes, as a
-long-lived subprocess (`verispec.bench.vllm_worker`) holding one engine per method, fed the
+long-lived subprocess (`verispec.peers.vllm_worker`) holding one engine per method, fed the
 same prompt token ids, budget and EOS ids as every other method. `VllmRunner` serves one
 request at a time; its clock is the same `Clock`, end to end around the request (the pipe
 adds well under a millisecond); tokens per round come from the drafts vLLM's proposer
-returned. `VllmBatchServer` serves the concurrency sweep's closed loop (`closed_loop.Server`)
+returned. `VllmBatchServer` serves the concurrency sweep's closed loop (`verispec.bench.closed_loop.Server`)
 with vLLM's own continuous batching: requests join between engine steps, each step is one
 pipe round trip, timed on the sweep's clock. Greedy only, as
 for llama.cpp, and the target must be a checkpoint directory vLLM can read (for a GGUF target,
@@ -30,48 +25,34 @@ import json
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from verispec.bench.closed_loop import Served
-from verispec.bench.methods import Method, split_k
-from verispec.bench.runners import Clock, Outcome
-from verispec.models.load import LoadedModel
+from verispec.peers.outcome import Clock, Outcome, Served
 from verispec.sampling import SamplingParams
 from verispec.stats import Stats
 from verispec.tree_shape import describe_plan
 
+if TYPE_CHECKING:
+    from verispec.models.load import LoadedModel
+
 VENV_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 WORKER = Path(__file__).resolve().with_name("vllm_worker.py")
-NGRAM_TOKENS = 4
-EAGLE3_TOKENS = 3
-METHODS_GRAMMAR = "vllm-plain, vllm-ngram[-kN], vllm-eagle3:DIR[-kN], vllm-medusa:DIR or vllm-config:FILE[-kN]"
 
 
-def parse(name: str) -> Method:
-    """A `vllm-*` method name -> Method(family "vllm", proposer None, "ngram", "eagle3:DIR",
-    "medusa:DIR" or "config:FILE", k; for config:FILE, None keeps the file's schedule).
+@dataclass(frozen=True)
+class VllmMethod:
+    """What a vLLM engine is made for (a bench `Method` of family vllm has the same fields).
+    name: for messages. proposer: None (plain decoding), "ngram", "eagle3:DIR", "medusa:DIR" or
+    "config:FILE". k: the draft length (None: the Medusa head's own, or the file's schedule)."""
 
-    >>> parse("vllm-ngram-k3").proposer, parse("vllm-ngram-k3").k
-    ('ngram', 3)
-    >>> parse("vllm-eagle3:heads/e3").k
-    3
-    """
-    if name == "vllm-plain":
-        return Method(name, "vllm")
-    head, k = split_k(name)
-    if head == "vllm-ngram":
-        return Method(name, "vllm", proposer="ngram", k=k or NGRAM_TOKENS)
-    kind, _, directory = head.removeprefix("vllm-").partition(":")
-    if kind == "config" and directory:
-        return Method(name, "vllm", proposer=f"config:{directory}", k=k)
-    if kind in ("eagle3", "medusa") and directory:
-        if kind == "medusa" and k is not None:
-            raise ValueError(f"method {name!r}: a Medusa head drafts its own K tokens; write vllm-medusa:DIR")
-        return Method(name, "vllm", proposer=f"{kind}:{directory}", k=k or (EAGLE3_TOKENS if kind == "eagle3" else None))
-    raise ValueError(f"method {name!r}: write {METHODS_GRAMMAR}")
+    name: str
+    proposer: str | None = None
+    k: int | None = None
 
 
-def speculative_config(method: Method) -> dict | None:
+def speculative_config(method: VllmMethod) -> dict | None:
     """vLLM's `speculative_config` for `method`; None for plain decoding."""
     if method.proposer is None:
         return None
@@ -88,7 +69,7 @@ def speculative_config(method: Method) -> dict | None:
     return {"method": "eagle3", "model": str(Path(directory).resolve()), "num_speculative_tokens": method.k}
 
 
-def profiled_config(method: Method, path: Path) -> dict:
+def profiled_config(method: VllmMethod, path: Path) -> dict:
     """The `speculative_config` of a `verispec profile --vllm-config` file, as written (its k per
     batch size), or at the method's fixed k with the schedule dropped."""
     try:
@@ -132,7 +113,7 @@ class VllmRunner:
     any runner. max_num_seqs: the most requests its engine batches (`VllmBatchServer`).
     `close` ends the worker (it also ends when the runner is collected)."""
 
-    def __init__(self, method: Method, target: LoadedModel, python: Path = VENV_PYTHON, eager: bool = True,
+    def __init__(self, method: VllmMethod, target: LoadedModel, python: Path = VENV_PYTHON, eager: bool = True,
                  max_model_len: int = 2048, max_num_seqs: int = 1,
                  spawn: Callable[..., subprocess.Popen] = subprocess.Popen) -> None:
         self.method = method
@@ -152,7 +133,7 @@ class VllmRunner:
     def __call__(
         self, prompt_ids: Sequence[int], max_new_tokens: int, on_token: Callable[[int], None] | None = None
     ) -> Outcome:
-        from verispec.bench.vllm_worker import rounds
+        from verispec.peers.vllm_worker import rounds
 
         clock = Clock()
         self._send({"prompt": list(prompt_ids), "max_tokens": max_new_tokens, "stop": self.eos_token_ids})
@@ -190,7 +171,7 @@ class VllmRunner:
 
 
 class VllmBatchServer:
-    """The closed loop's server (`closed_loop.Server`) on a runner's engine: vLLM's continuous
+    """The closed loop's server (`verispec.bench.closed_loop.Server`) on a runner's engine: vLLM's continuous
     batching, up to `slots` requests in flight (at most the engine's max_num_seqs). `submit`
     adds a request to the engine; `step` runs one engine step (one target forward over every
     request in flight, its drafts verified in it) and reads each request's new tokens, timed on
@@ -228,9 +209,7 @@ class VllmBatchServer:
             tokens = output["tokens"]
             if tokens:
                 drafted, accepted = verified.get(output["key"], (0, 0))
-                request["stats"].record_round(drafted, accepted)
-                request["stats"].record_plan(describe_plan(drafted))
-                request["stats"].new_tokens += len(tokens)
+                request["stats"].record(drafted, accepted, len(tokens), plan=describe_plan(drafted))
                 request["tokens"] += tokens
                 request["first"] = request["first"] if request["first"] is not None else now
             if output["finished"]:
@@ -238,7 +217,3 @@ class VllmBatchServer:
                 served.append(Served(output["key"], request["tokens"], request["submitted"], request["first"], now,
                                      request["stats"], self.peer))
         return served
-
-
-def make_runner(method: Method, target: LoadedModel) -> VllmRunner:
-    return VllmRunner(method, target)

@@ -1,4 +1,4 @@
-"""The vLLM side of `verispec.bench.vllm`, run by the python of the venv `make vllm-env` makes
+"""The vLLM side of `verispec.peers.vllm`, run by the python of the venv `make vllm-env` makes
 (vLLM pins its own torch and transformers, so verispec never imports it): standard library and
 vLLM only, one engine in this process, one JSON line per message on stdin and per answer on
 stdout.
