@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from clocks import FakeClock
+from test_cli_errors import error_line, no_model  # noqa: F401 (no_model: a fixture)
 from verispec.cost import ContextCosts, FixedCosts, OnlineCosts, speedup_by_k
 from verispec.engine import generate
 from verispec.models.tables import random_table
 from verispec.policies import AutoK
 from verispec.profile import Profile, measure_context_costs, measure_profile
+from verispec.profiling import ProfileSettings, check_room
 from verispec.proposers.controlled import ControlledAcceptance
 from verispec.proposers.draft_model import DraftModel
 from verispec.proposers.prompt_lookup import PromptLookup
@@ -260,3 +263,14 @@ def test_a_profile_whose_contexts_time_other_n_is_refused():
 def test_bad_context_lengths_are_refused():
     with pytest.raises(ValueError, match="integers >= 2"):
         measure_context_costs(ContextTable(FakeClock()), PromptLookup(), [0, 1], (1, 10))
+
+
+@pytest.mark.parametrize("value", ["1024,abc", "1", "512,,2048", "-5"])
+def test_profile_refuses_bad_context_lengths_before_loading(capsys, no_model, value):
+    line = error_line(capsys, ["profile", "--contexts", value])
+    assert "--contexts takes context lengths (integers >= 2) joined by commas" in line
+
+
+def test_profile_refuses_a_context_past_the_models_before_timing():
+    with pytest.raises(ValueError, match=r"the longest of the contexts and k_max \+ 1 scored tokens \(9009 tokens\)"):
+        check_room(SimpleNamespace(context_limit=8192), 200, 200, ProfileSettings(contexts=(1024, 9000)), 0, 0)
