@@ -21,12 +21,15 @@ from test_cli_errors import error_line, no_model  # noqa: F401 (no_model: a fixt
 from verispec.cost import ContextCosts, FixedCosts, OnlineCosts, speedup_by_k
 from verispec.engine import generate
 from verispec.models.tables import random_table
+from verispec.plan import Plan
 from verispec.policies import AutoK
 from verispec.profile import Profile, measure_context_costs, measure_profile
 from verispec.profiling import ProfileSettings, check_room
 from verispec.proposers.controlled import ControlledAcceptance
 from verispec.proposers.draft_model import DraftModel
 from verispec.proposers.prompt_lookup import PromptLookup
+from verispec.randomness import TorchRandom
+from verispec.reference import reference_generate
 from verispec.sampling import GREEDY, SamplingParams
 from verispec.simulation import STEP, VOCAB, ChargedProposer, Curve, SimulatedClock, SimulatedTarget, cycle_table, greedy_continuation
 from verispec.stats import Stats
@@ -274,3 +277,35 @@ def test_profile_refuses_bad_context_lengths_before_loading(capsys, no_model, va
 def test_profile_refuses_a_context_past_the_models_before_timing():
     with pytest.raises(ValueError, match=r"the longest of the contexts and k_max \+ 1 scored tokens \(9009 tokens\)"):
         check_room(SimpleNamespace(context_limit=8192), 200, 200, ProfileSettings(contexts=(1024, 9000)), 0, 0)
+
+
+class Recorder:
+    """A policy drafting 2 tokens a round that records the context each choice saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def begin(self) -> None:
+        self.seen = []
+
+    def choose(self, stats: Stats) -> Plan:
+        self.seen.append(stats.context_tokens)
+        return Plan(2)
+
+
+def test_the_engine_and_the_reference_show_the_policy_the_same_context_each_round():
+    target = random_table(3, 2, seed=4)
+    prompt = [0, 1, 0, 1, 1, 0, 1]
+    options = dict(max_new_tokens=30, sampling=GREEDY)
+    engine, reference = Recorder(), Recorder()
+    run = generate(target, PromptLookup(), prompt, k=engine, rng=TorchRandom(0), **options)
+    reference_generate(target, PromptLookup(), prompt, k=reference, rng=TorchRandom(0), **options)
+    emitted = [a + 1 for a in run.stats.accepted]
+    assert engine.seen == reference.seen == [len(prompt) + sum(emitted[:r]) for r in range(run.stats.rounds)]
+
+
+def test_each_source_sees_the_requests_context():
+    stats = Stats(context_tokens=500)
+    assert stats.source("copy").context_tokens == 500
+    stats.context_tokens = 900
+    assert stats.source("copy").context_tokens == stats.source("head").context_tokens == 900
