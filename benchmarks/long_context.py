@@ -8,10 +8,10 @@ and without the profile's context axis, on one long document.
 The document is this project's own documentation (README.md and docs/*.md, in name order)
 tokenized once; the request at length L is its first L tokens, continued greedily for
 `--max-new-tokens` tokens (no EOS: every run emits the same number of tokens). The lengths
-are prefixes of one document, so the target's cache is filled once: the profile grows it
-through every length (`measure_context_costs`), and the runs go from the longest length
-down, each rolling the cache back to its prompt (`Decoding.begin(prefilled=...)`). At each
-length the methods run in turn, the order rotated every repeat, after `--warmup` untimed
+are prefixes of one document, so the target's cache is filled once: the profile prefills the
+longest and rolls back through the others (`measure_context_costs`), then the runs go from
+the shortest length up, the cache extended to each in turn and rolled back to the prompt
+before every run (`Decoding.begin(prefilled=...)`). At each length the methods run in turn, the order rotated every repeat, after `--warmup` untimed
 rounds of them all; a run's tokens per second count its decoding rounds (from the first
 round to the last), not the prompt. Every run's tokens are compared with plain decoding's.
 
@@ -92,6 +92,11 @@ def main() -> int:
     }
     methods = ["plain", *(f"k={k}" for k in ks), *policies]
 
+    def grow(length: int) -> None:
+        """Extend the cache, which holds a prefix of the document, to its first `length` tokens."""
+        if length > target.length:
+            target.extend(ids[target.length : length], keep=1)
+
     def run(length: int, method: str) -> tuple[list[int], float]:
         """One request of the first `length` tokens, the target's cache holding all but the last."""
         target.rollback(length - 1)
@@ -108,7 +113,8 @@ def main() -> int:
 
     results: dict[int, dict[str, list[float]]] = {}
     unlike: list[str] = []
-    for length in reversed(lengths):  # the cache holds the longest; each shorter one rolls back
+    for length in lengths:  # the cache holds the shortest; each longer one extends it
+        grow(length - 1)
         speeds: dict[str, list[float]] = {method: [] for method in methods}
         plain_tokens = None
         for repeat in range(args.warmup + args.repeats):

@@ -225,7 +225,7 @@ class ContextTable:
         return 0.01 + 0.002 * n + 0.00001 * n * cached
 
 
-def test_the_profile_times_every_context_growing_one_cache_and_round_trips(tmp_path):
+def test_the_profile_times_every_context_after_one_prefill_and_round_trips(tmp_path):
     clock = FakeClock()
     target = ContextTable(clock)
     prompt = [0, 1, 2, 3, 4, 0, 1]
@@ -233,7 +233,8 @@ def test_the_profile_times_every_context_growing_one_cache_and_round_trips(tmp_p
     options = dict(k_max=3, repeats=2, warmup=1, clock=clock)
     target.prefilled = 0
     profile.contexts = measure_context_costs(target, PromptLookup(), prompt, (400, 100, 1000), **options)
-    assert target.prefilled <= 1000 + 9 * 3 * 4  # the longest context once, and the timed rounds
+    assert target.prefilled <= 1000 + 3 * 10 * 3  # the longest context once, and the timed rounds
+    assert target.length == 99  # left at the shortest
     assert [p.context_tokens for p in profile.contexts] == [100, 400, 1000]
     for point in profile.contexts:
         cached = point.context_tokens - 1

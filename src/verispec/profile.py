@@ -14,8 +14,8 @@ Contexts (`measure_context_costs`): attention reads every cached key, so a forwa
 grows with the context, and not alike for every n (a runtime that attends row by row, as the
 fast runtime's deterministic float32 and q4 attention does, pays the context once per scored
 row). The profile then also times the chains n = 1..k_max + 1 and the drafts after each of
-several context lengths (the context tiled), growing one cache through them in ascending
-order, so the context is prefilled once: `Profile.contexts`, whose `context_table` the
+several context lengths (the context tiled, so each is a prefix of the longest): the longest
+is prefilled once and each shorter one is a rollback of it: `Profile.contexts`, whose `context_table` the
 auto policy reads at each request's current context (`verispec.cost.ContextCosts`).
 
 Trees (`tree_nodes`): a tree round scores the pending token and a tree of n - 1 nodes in one
@@ -324,27 +324,22 @@ def measure_context_costs(
     **options,
 ) -> list[ContextPoint]:
     """The chains' costs (`measure_profile`'s, without trees; `options` go to it) after each of
-    `contexts` tokens, the prompt tiled to each: in increasing length, one cache growing
-    through them (`grow`), so the longest context is prefilled once.
+    `contexts` tokens, the prompt tiled to each (so each is a prefix of the longest): the
+    longest is prefilled once and each shorter one is a rollback, from the longest down.
+    Returns them in increasing length.
 
-    Leaves the target's cache holding the longest context minus its last token."""
+    Leaves the target's cache holding the shortest context minus its last token."""
     lengths = sorted(set(contexts))
     if not lengths or not all(is_int(n, least=2) for n in lengths):
         raise ValueError(f"context lengths must be integers >= 2, got {list(contexts)}")
     ids = tiled_context(prompt_ids, lengths[-1])
-    target.prefill(ids[: lengths[0] - 1])
+    target.prefill(ids[:-1])
     points = []
-    for length in lengths:
-        grow(target, ids, length - 1)
+    for length in reversed(lengths):
+        target.rollback(length - 1)
         measured = measure_profile(target, proposer, ids[:length], prefilled=True, **options)
         points.append(ContextPoint(length, measured.v, measured.c, measured.score, measured.draft))
-    return points
-
-
-def grow(target: CausalLM, ids: Sequence[int], length: int) -> None:
-    """Extend the target's cache, which holds a prefix of `ids`, to their first `length`."""
-    if length > target.length:
-        target.extend(ids[target.length : length], keep=1)
+    return points[::-1]
 
 
 BATCH_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)

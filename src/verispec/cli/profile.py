@@ -76,8 +76,8 @@ def profile(
             help="Also time v(n) and c after each of these context lengths, the prompt tiled (e.g. 1024,4096,8000): "
             "the context axis, which --k auto:FILE reads at each request's current context, so speculation stops "
             "where a long context makes it lose and drafts again where it pays (linear between lengths). "
-            "Without it the costs are taken as the same at every context. One cache grows through them, so "
-            "the longest is prefilled once.",
+            "Without it the costs are taken as the same at every context. The longest is prefilled once, the "
+            "others are rollbacks of it.",
             show_default=False,
         ),
     ] = None,
