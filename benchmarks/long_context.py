@@ -2,7 +2,7 @@
 and without the profile's context axis, on one long document.
 
     .venv/bin/python benchmarks/long_context.py [--lengths 512,1024,2048,4096,6144]
-        [--proposer lookup] [--ks 1,2,4] [--max-new-tokens 48] [--repeats 3] [--warmup 1]
+        [--proposer lookup] [--ks 1,2,4] [--max-new-tokens 40] [--repeats 3] [--warmup 1]
         [--dtype auto] [--json FILE] [--plot FILE.png]
 
 The document is this project's own documentation (README.md and docs/*.md, in name order)
@@ -61,7 +61,7 @@ def main() -> int:
     parser.add_argument("--lengths", default="512,1024,2048,4096,6144")
     parser.add_argument("--ks", default="1,2,4")
     parser.add_argument("--k-max", type=int, default=4, help="the longest chain auto considers (v(n) to k_max + 1)")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--profile-repeats", type=int, default=3)
@@ -86,6 +86,7 @@ def main() -> int:
     profile = measure_profile(target, proposer, ids[: lengths[0]], **options)
     profile.contexts = measure_context_costs(target, proposer, ids, lengths, **options)
     profile_seconds = time.perf_counter() - start
+    print(f"profiled {len(lengths)} context lengths in {profile_seconds:.0f} s", flush=True)
     policies = {
         "auto": AutoK(profile),
         "auto-flat": AutoK(FixedCosts(profile.c, profile.v, profile.step_seconds)),
@@ -133,7 +134,7 @@ def main() -> int:
         print(
             f"{length:>6} tokens: " + ", ".join(f"{m} {medians[m]:.2f}" for m in methods)
             + f" tok/s; auto {medians['auto'] / medians['plain']:.3f}x plain, "
-            f"{medians['auto'] / medians[best]:.3f}x the best fixed k ({best})",
+            f"{medians['auto'] / medians[best]:.3f}x the best fixed k ({best}) [{time.perf_counter() - start:.0f} s]",
             flush=True,
         )
     table = profile.context_table
