@@ -18,6 +18,7 @@ import torch
 
 from clocks import FakeClock
 from test_cli_errors import error_line, no_model  # noqa: F401 (no_model: a fixture)
+from verispec.cli import main
 from verispec.cost import ContextCosts, FixedCosts, OnlineCosts, speedup_by_k
 from verispec.engine import generate
 from verispec.models.tables import random_table
@@ -252,6 +253,21 @@ def test_the_profile_times_every_context_after_one_prefill_and_round_trips(tmp_p
     policy = AutoK(Profile.load(path))
     policy.costs.at(100_000)
     assert policy.v == pytest.approx(profile.v)  # flat in context
+
+
+def test_cost_prices_a_profile_at_a_context_from_its_axis(tmp_path, capsys):
+    clock = FakeClock()
+    target = ContextTable(clock)
+    profile = measure_profile(target, PromptLookup(), [0, 1, 2, 3], k_max=3, repeats=1, clock=clock)
+    profile.contexts = measure_context_costs(target, PromptLookup(), [0, 1, 2, 3], (100, 1000), k_max=3, repeats=1, clock=clock)
+    path = tmp_path / "p.json"
+    profile.save(path)
+    assert main(["cost", "--profile", str(path), "--context", "700", "--alpha", "0.8", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    c, v = profile.context_table.costs_at(700)
+    assert [row["v"] for row in printed["per_k"]] == pytest.approx(v[1:]) and printed["c"] == pytest.approx(c)
+    assert v[1] == pytest.approx((target.seconds(2, 399) + target.seconds(2, 999)) / (target.seconds(1, 399) + target.seconds(1, 999)))
+    assert "--context reads a profile's context axis" in error_line(capsys, ["cost", "--c", "0.1", "--alpha", "0.5", "--context", "9"])
 
 
 def test_a_profile_whose_contexts_time_other_n_is_refused():

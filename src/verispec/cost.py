@@ -188,6 +188,11 @@ class ContextCosts:
         """The same table for n = 1..points only."""
         return ContextCosts(self.contexts, tuple(row[:points] for row in self.seconds), self.draft)
 
+    def costs_at(self, context: int) -> tuple[float, list[float]]:
+        """c and v(1..N) after `context` tokens."""
+        seconds, draft = self.at(context)
+        return draft / seconds[0], [t / seconds[0] for t in seconds]
+
     def at(self, context: int) -> tuple[list[float], float]:
         """t(1..N) [N] and the seconds per drafted token after `context` tokens."""
         contexts = self.contexts
