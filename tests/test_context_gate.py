@@ -32,7 +32,7 @@ from verispec.proposers.prompt_lookup import PromptLookup
 from verispec.randomness import TorchRandom
 from verispec.reference import reference_generate
 from verispec.sampling import GREEDY, SamplingParams
-from verispec.simulation import STEP, VOCAB, ChargedProposer, Curve, SimulatedClock, SimulatedTarget, cycle_table, greedy_continuation
+from verispec.simulation import VOCAB, ChargedProposer, Curve, SimulatedClock, SimulatedTarget, cycle_table, greedy_continuation
 from verispec.stats import Stats
 
 # Drafting pays at short contexts, loses from about 1,000 tokens (each scored row reads the
