@@ -21,12 +21,13 @@ Plain decoding is the baseline: its speedup is 1 by definition, so `optimal_k` a
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from verispec.checks import is_number
+from verispec.checks import is_int, is_number
 from verispec.k_spec import check_k
 from verispec.stats import Stats
 
@@ -121,7 +122,10 @@ def optimal_k(
 
 
 class Costs(Protocol):
-    """Measured costs in plain target steps (a `verispec.profile.Profile` is one)."""
+    """Measured costs in plain target steps (a `verispec.profile.Profile` is one).
+
+    Optionally also `context_table`, a `ContextCosts` (the costs by context length), or None
+    where the costs were measured at one context only: they are then taken as flat in context."""
 
     c: float  # one drafted token / one target step
     v: Sequence[float]  # v[n - 1] = v(n): scoring n new tokens / one target step
@@ -129,18 +133,113 @@ class Costs(Protocol):
 
 
 @dataclass(frozen=True)
+class ContextCosts:
+    """The costs' context axis: what a forward and a drafted token cost after each measured
+    context length, in seconds.
+
+    contexts [C]: increasing context lengths (tokens before the round's pending token);
+    seconds [C][N]: seconds[i][n - 1] = t(n), the target's time to score n new tokens after
+    contexts[i]; draft [C]: the proposer's seconds per drafted token there. At a context
+    between two points each is linear in the context (attention reads every cached key, so its
+    share grows linearly with them); below the first point it is the first point's; beyond the
+    last it goes on along the last segment's slope where that rises (flat where it falls: more
+    context never costs less, and a noisy fall must not be extended to nothing). So
+    v(n, L) = t(n, L) / t(1, L) and c(L) = draft(L) / t(1, L) at every context L.
+
+        >>> table = ContextCosts((1000, 5000), ((0.010, 0.012), (0.020, 0.040)), (0.001, 0.002))
+        >>> [round(x, 6) for x in table.at(3000)[0]], table.at(3000)[1]
+        ([0.015, 0.026], 0.0015)
+        >>> [round(x, 6) for x in table.at(9000)[0]]
+        [0.03, 0.068]
+    """
+
+    contexts: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]
+    draft: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.contexts or len(self.seconds) != len(self.contexts) or len(self.draft) != len(self.contexts):
+            raise ValueError(
+                f"a context table needs as many rows of t(n) and draft costs as contexts, got {len(self.contexts)} "
+                f"contexts, {len(self.seconds)} rows and {len(self.draft)} draft costs"
+            )
+        if any(not is_int(n, least=0) for n in self.contexts) or any(b <= a for a, b in zip(self.contexts, self.contexts[1:])):
+            raise ValueError(f"a context table's lengths must be increasing integers >= 0, got {self.contexts}")
+        for length, row, draft in zip(self.contexts, self.seconds, self.draft):
+            if len(row) != len(self.seconds[0]) or not row:
+                raise ValueError("every context of a context table needs t(n) for the same n = 1..N, N >= 1")
+            if not all(is_number(t, least=0, open_least=True) for t in row) or not is_number(draft, least=0):
+                raise ValueError(
+                    f"the seconds after {length} tokens must be finite, t(n) > 0 and a draft's >= 0, got {row} and {draft}"
+                )
+
+    @classmethod
+    def flat(cls, costs: Costs) -> ContextCosts:
+        """Costs measured at one context, taken as the same at every context, in plain steps
+        (t(n) = v(n), draft = c)."""
+        return cls((0,), (tuple(costs.v),), (costs.c,))
+
+    @property
+    def points(self) -> int:
+        """N: t(n) is known for n = 1..N."""
+        return len(self.seconds[0])
+
+    def prefix(self, points: int) -> ContextCosts:
+        """The same table for n = 1..points only."""
+        return ContextCosts(self.contexts, tuple(row[:points] for row in self.seconds), self.draft)
+
+    def costs_at(self, context: int) -> tuple[float, list[float]]:
+        """c and v(1..N) after `context` tokens."""
+        seconds, draft = self.at(context)
+        return draft / seconds[0], [t / seconds[0] for t in seconds]
+
+    def at(self, context: int) -> tuple[list[float], float]:
+        """t(1..N) [N] and the seconds per drafted token after `context` tokens."""
+        contexts = self.contexts
+        if len(contexts) == 1 or context <= contexts[0]:
+            return list(self.seconds[0]), self.draft[0]
+        i = min(bisect.bisect_left(contexts, context), len(contexts) - 1)  # the segment i - 1 .. i
+        low, high = self.seconds[i - 1], self.seconds[i]
+        share = (context - contexts[i - 1]) / (contexts[i] - contexts[i - 1])
+
+        def along(a: float, b: float) -> float:
+            return a + (b - a) * share if share <= 1 or b > a else b
+
+        return [along(a, b) for a, b in zip(low, high)], along(self.draft[i - 1], self.draft[i])
+
+
+def context_table(costs: Costs) -> ContextCosts:
+    """The costs by context length: `costs.context_table` where measured, else flat."""
+    table = getattr(costs, "context_table", None)
+    return table if table is not None else ContextCosts.flat(costs)
+
+
+@dataclass(frozen=True)
 class FixedCosts:
-    """Costs given by hand (the seed's idealised v = 1, or numbers from elsewhere)."""
+    """Costs given by hand (the seed's idealised v = 1, or numbers from elsewhere); optionally
+    with a context axis (`context_table`, in seconds; c, v and step_seconds then are its costs
+    at the first context)."""
 
     c: float
     v: Sequence[float]
     step_seconds: float | None = None
+    context_table: ContextCosts | None = None
 
     def __post_init__(self) -> None:
         check_v_curve(self.v)
         check_costs(self.c, self.v[0])
         if self.step_seconds is not None:
             check_costs(0.0, self.step_seconds)
+        if self.context_table is not None and self.context_table.points < len(self.v):
+            raise ValueError(
+                f"the context table has t(n) for n up to {self.context_table.points}, the costs v(n) up to {len(self.v)}"
+            )
+
+    @classmethod
+    def of(cls, table: ContextCosts) -> FixedCosts:
+        """The costs of a context table (c, v and the plain step at its first context)."""
+        seconds, draft = table.at(table.contexts[0])
+        return cls(draft / seconds[0], [t / seconds[0] for t in seconds], seconds[0], table)
 
 
 # A round's forward more than this factor away from its current estimate counts as this factor
@@ -151,33 +250,43 @@ FRESH = 0.5
 
 
 class OnlineCosts:
-    """c and v(n) learned from a request's own rounds, with measured costs as the prior.
+    """c and v(n) learned from a request's own rounds, with measured costs as the prior, at the
+    request's current context (`at`).
 
-    Each round is a measurement: its target forward scored n = k' + 1 positions in t seconds,
-    its proposer spent d seconds on k' drafted tokens. Per n, the log seconds of the rounds
-    that scored n positions are averaged with weights that decay by `memory` per round (each
-    clipped to within a factor `CLIP` of the current estimate), and blended with a prior worth
-    `prior_weight` rounds observed before the first, which decays with them (w = prior_weight
-    memory^rounds):
+    The prior gives, at every context length L, the seconds t0(n, L) of a forward scoring n
+    positions and d0(L) of a drafted token (`context_table`: measured at several lengths, or
+    flat). Each round is a measurement: its target forward scored n = k' + 1 positions in t
+    seconds after a context of L tokens, its proposer spent d seconds on k' drafted tokens.
+    What is learned is how far the machine is from the prior, y = log t - log t0(n, L), the
+    same at every context: per n, the y of the rounds that scored n positions are averaged
+    with weights that decay by `memory` per round (each clipped to within a factor `CLIP` of
+    the current estimate), and blended with a prior worth `prior_weight` rounds observed
+    before the first, which decays with them (w = prior_weight memory^rounds):
 
-        log t(1) = (w a + sum_1) / (w + W_1),                  a = log of the prior's plain step
-        log t(n) = (w (log t(1) + log v0(n)) + sum_n) / (w + W_n)
+        b_1 = (w a + sum_1) / (w + W_1),          a = log of the prior's unit in seconds
+        b_n = (w b_1 + sum_n) / (w + W_n),        log t(n, L) = log t0(n, L) + b_n
 
-    with v0, c0 the prior's curve and draft cost, W_n and sum_n the decayed count and sum for n.
-    So evidence overrides the prior after a round or two, and a v(n) that no round has scored
-    is the prior's, scaled by the current plain step t(1): a machine that got slower or faster
-    as a whole moves every t(n) with it. (The measured n's do not rescale the others:
-    a jagged v(n), such as fp32 MKL's, higher at n = 3 than at 2 and 4 (docs/results/implementation-choices.md), is
-    jagged n by n, and a prior the evidence has not contradicted is what lets a policy try
-    another k.) Then
+    with W_n and sum_n the decayed count and sum of y for n. So evidence overrides the prior
+    after a round or two, and a v(n) that no round has scored is the prior's, scaled by the
+    current plain step t(1): a machine that got slower or faster as a whole moves every t(n)
+    with it. (The measured n's do not rescale the others: a jagged v(n), such as fp32 MKL's,
+    higher at n = 3 than at 2 and 4 (docs/results/implementation-choices.md), is jagged n by n,
+    and a prior the evidence has not contradicted is what lets a policy try another k.) Then at
+    context L
 
-        v(n) = t(n) / t(1),    c = (w c0 e^a + sum of d) / (w + sum of k') / t(1).
+        v(n) = t(n, L) / t(1, L),    c = (d0(L) e^a + (D - P) / (w + K)) / t(1, L)
 
-    a is the prior's `step_seconds`, or for costs given without seconds the first round's
-    log t - log v0(n). Only plain steps measure t(1), which every v(n) is relative to, so
-    `stale` says when they have gone unmeasured for long (a policy then takes one plain step).
-    Rounds without timings (seconds <= 0: no clock) teach nothing; before any timed round,
-    c and v are the prior's own.
+    with K the decayed drafted tokens, D their seconds and P what the prior predicted for them
+    (k' d0(L) e^a per round, at its context; at least 0 in all). With costs flat in context
+    these are the decayed means of log t(n) and of the seconds per drafted token, each blended
+    with the prior. A measured table is in seconds (a = 0); flat costs are in plain steps, a
+    the log of their `step_seconds` or, for costs given without seconds, the first timed
+    round's y.
+
+    Only plain steps measure t(1), which every v(n) is relative to, so `stale` says when they
+    have gone unmeasured for long (a policy then takes one plain step). Rounds without timings
+    (seconds <= 0: no clock) teach nothing; before any timed round, c and v are the prior's
+    own at the current context.
 
         >>> costs = OnlineCosts(FixedCosts(c=0.0, v=[1.0, 1.0]), prior_weight=1.0, memory=1.0)
         >>> costs.observe(1, 0.010, 0, 0.0); costs.observe(2, 0.016, 1, 0.0)
@@ -192,61 +301,83 @@ class OnlineCosts:
             raise ValueError(f"cost_prior_weight (rounds the profile is worth) must be > 0, got {prior_weight!r}")
         if not is_number(memory, 0, 1, open_least=True):
             raise ValueError(f"cost_memory (the decay per round) must be in (0, 1], got {memory!r}")
-        self.prior_c = float(prior.c)
-        self.prior_v = [float(x) for x in prior.v]
-        self.prior_step = getattr(prior, "step_seconds", None)
+        self.table = context_table(prior).prefix(len(prior.v))
+        step = getattr(prior, "step_seconds", None)
+        # a: the log seconds of the table's unit (a measured table is in seconds; a flat one in
+        # plain steps, whose seconds are the prior's step_seconds or, unknown, the first round's)
+        measured = getattr(prior, "context_table", None) is not None
+        self.prior_anchor = 0.0 if measured else (None if step is None else math.log(step))
         self.prior_weight = float(prior_weight)
         self.memory = float(memory)
+        self.context = 0  # the context length the estimates are at (`at`)
         self.begin()
 
     def begin(self) -> None:
         """A new request: forget the rounds, keep the prior."""
-        n = len(self.prior_v)
+        n = self.table.points
         self._weight = [0.0] * n  # [n - 1]: decayed count of rounds that scored n positions
-        self._log_sum = [0.0] * n  # [n - 1]: ... their decayed sum of (clipped) log seconds
+        self._sum = [0.0] * n  # [n - 1]: ... their decayed sum of (clipped) y
         self._drafted = 0.0  # decayed drafted tokens
-        self._draft_seconds = 0.0  # ... and the proposer's decayed seconds
-        self._anchor = None if self.prior_step is None else math.log(self.prior_step)
+        self._draft_seconds = 0.0  # ... the proposer's decayed seconds
+        self._draft_predicted = 0.0  # ... and the prior's seconds for them
+        self._anchor = self.prior_anchor  # a
         self._prior_now = self.prior_weight  # the prior's weight, decayed like a round's
         self._timed = False  # has any round come with timings
-        self.c, self.v = self.prior_c, list(self.prior_v)
+        self._update()
+
+    def at(self, context: int) -> None:
+        """Move c and v to a context of `context` tokens (the next round's)."""
+        if context != self.context:
+            self.context = context
+            self._update()
 
     def observe(self, scored: int, target_seconds: float, drafted: int, draft_seconds: float) -> None:
-        """One round: its forward scored `scored` positions in `target_seconds`; the proposer
-        drafted `drafted` tokens in `draft_seconds`."""
-        if not target_seconds > 0 or not 1 <= scored <= len(self.prior_v):
+        """One round at the current context: its forward scored `scored` positions in
+        `target_seconds`; the proposer drafted `drafted` tokens in `draft_seconds`."""
+        if not target_seconds > 0 or not 1 <= scored <= self.table.points:
             return
+        prior_seconds, prior_draft = self.table.at(self.context)
+        y = math.log(target_seconds) - math.log(prior_seconds[scored - 1])
         if self._anchor is None:
-            self._anchor = math.log(target_seconds) - math.log(self.prior_v[scored - 1])
-        estimate = self._log_seconds()[scored - 1]
+            self._anchor = y
+        estimate = self._offsets()[scored - 1]
         clip = math.log(CLIP)
-        x = min(max(math.log(target_seconds), estimate - clip), estimate + clip)
+        y = min(max(y, estimate - clip), estimate + clip)
         m = self.memory
         self._timed = True
         self._prior_now *= m
         self._weight = [m * w for w in self._weight]
-        self._log_sum = [m * s for s in self._log_sum]
+        self._sum = [m * s for s in self._sum]
         self._weight[scored - 1] += 1.0
-        self._log_sum[scored - 1] += x
+        self._sum[scored - 1] += y
         self._drafted = m * self._drafted + drafted
         self._draft_seconds = m * self._draft_seconds + max(draft_seconds, 0.0)
-        log_t = self._log_seconds()
-        self.v = [1.0] + [math.exp(x - log_t[0]) for x in log_t[1:]]
-        w = self._prior_now
-        seconds_per_draft = (w * self.prior_c * math.exp(self._anchor) + self._draft_seconds) / (w + self._drafted)
-        self.c = seconds_per_draft / math.exp(log_t[0])
+        self._draft_predicted = m * self._draft_predicted + drafted * prior_draft * math.exp(self._anchor)
+        self._update()
 
     @property
     def stale(self) -> bool:
         """Timed rounds have come in, but hardly any plain step lately: t(1) needs measuring."""
         return self._timed and self._weight[0] < FRESH
 
-    def _log_seconds(self) -> list[float]:
-        """log t(n) for n = 1..len(v), as in the class docstring."""
-        w, weight, total = self._prior_now, self._weight, self._log_sum
-        log_v0 = [math.log(x) for x in self.prior_v]
+    def _offsets(self) -> list[float]:
+        """b_n for n = 1..N, as in the class docstring (all 0 before the first timed round of
+        costs without seconds)."""
+        if self._anchor is None:
+            return [0.0] * len(self._weight)  # no timed round yet: the prior in its own unit
+        w, weight, total = self._prior_now, self._weight, self._sum
         base = (w * self._anchor + total[0]) / (w + weight[0])
-        return [base] + [(w * (base + log_v0[i]) + total[i]) / (w + weight[i]) for i in range(1, len(weight))]
+        return [base] + [(w * base + total[i]) / (w + weight[i]) for i in range(1, len(weight))]
+
+    def _update(self) -> None:
+        """c and v at the current context from the prior there and the offsets learned (the
+        prior's own values, unrounded, while every offset is a)."""
+        prior_t, prior_draft = self.table.at(self.context)
+        b = self._offsets()
+        self.v = [1.0] + [t / prior_t[0] * math.exp(b_n - b[0]) for t, b_n in zip(prior_t[1:], b[1:])]
+        a = self._anchor or 0.0
+        learned = (self._draft_seconds - self._draft_predicted) / (self._prior_now + self._drafted) / math.exp(a)
+        self.c = max(0.0, prior_draft + learned) / prior_t[0] * math.exp(a - b[0])
 
 
 def predicted_speedup(stats: Stats, costs: Costs) -> float:

@@ -238,6 +238,7 @@ class Decoding:
         from the context alone) chooses, within the budget. Ask once per round: a policy learns
         from every answer it gives."""
         source = draft_source(self.proposer, self._context)
+        self.stats.context_tokens = len(self._context)
         return self.policies.choose(self.stats, source).budgeted(self.request.round_room(len(self.tokens)))
 
     def plan(self, chosen: Plan, adjust: int | None = None) -> Plan:

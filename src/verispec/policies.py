@@ -126,6 +126,15 @@ class AutoK(KPolicy):
     changed: the old evidence is dropped, the wait is reset and speculation resumes if the
     fresh estimate says so.
 
+    The context gate: c and v(n) are taken at the request's current context every round
+    (`Stats.context_tokens`, `OnlineCosts.at`), from the costs' context table where the
+    profile measured one (`verispec.cost.ContextCosts`; flat in context where it did not).
+    Where a long context makes scoring k + 1 positions cost nearly k + 1 plain steps no k
+    pays, and the policy decodes plainly; where even drafts that were all accepted could not
+    pay, it does not probe either (`_could_pay`), so a long context costs it nothing over
+    plain decoding; its acceptance evidence waits, and where the costs let speculation pay
+    again (a shorter request, a cheaper segment of the curve) it drafts at once.
+
     In a batch (`verispec.batching`, `BatchK`) the batch may hold a request to fewer drafts
     than its policy chose, or none: a request held at k = 0 learns nothing of its acceptance,
     so an estimate lowered by a few unlucky rounds, or the prior itself where rows are dear,
@@ -173,7 +182,11 @@ class AutoK(KPolicy):
             raise ValueError(f"margin must be >= 0, got {margin!r}")
         if not (is_int(probe_every, least=1) and is_int(probe_cap, least=probe_every)):
             raise ValueError(f"need integers 1 <= probe_every <= probe_cap, got {probe_every}, {probe_cap}")
-        prior = FixedCosts(costs.c, list(costs.v[: k_max + 1]), getattr(costs, "step_seconds", None))
+        table = getattr(costs, "context_table", None)
+        prior = FixedCosts(
+            costs.c, list(costs.v[: k_max + 1]), getattr(costs, "step_seconds", None),
+            None if table is None else table.prefix(k_max + 1),
+        )
         self.costs = OnlineCosts(prior, prior_weight=cost_prior_weight, memory=cost_memory)
         self.k_max = k_max
         self.prior_rate = prior_rate
@@ -228,6 +241,7 @@ class AutoK(KPolicy):
 
     def _choose(self, stats: Stats) -> int | TreeShape:
         fresh = self._absorb(stats)
+        self.costs.at(stats.context_tokens)
         if self._probing:
             self._probing = False
             if stats.drafted[-1] == 0:  # the proposer had nothing to offer: probe again
@@ -245,12 +259,20 @@ class AutoK(KPolicy):
             self._plain = 0
             self._wait = self.probe_every
             return k
-        if self._plain >= self._wait:
+        if self._plain >= self._wait and self._could_pay():
             self._plain = 0
             self._probing = True
             return k
         self._plain += 1
         return 0
+
+    def _could_pay(self) -> bool:
+        """Whether some k up to k_max beats plain decoding by the margin at the current costs
+        if every drafted token were accepted: where none does (a long context where scoring
+        k + 1 positions costs nearly k + 1 steps), no acceptance a probe could find would
+        make speculation pay, so none is drafted."""
+        c, v = self.c, self.v
+        return any((k + 1) / (k * c + v[k]) > 1 + self.margin for k in range(1, self.k_max + 1))
 
     def survival(self) -> list[float]:
         """The current estimate s_1..s_{k_max}."""

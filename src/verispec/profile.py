@@ -10,6 +10,14 @@ over all of them instead of biasing the last; warm-up repeats are discarded.
 
 A prompt-lookup proposer costs a dictionary probe per round: its c is honestly ~0.
 
+Contexts (`measure_context_costs`): attention reads every cached key, so a forward's time
+grows with the context, and not alike for every n (a runtime that attends row by row, as the
+fast runtime's deterministic float32 and q4 attention does, pays the context once per scored
+row). The profile then also times the chains n = 1..k_max + 1 and the drafts after each of
+several context lengths (the context tiled, so each is a prefix of the longest): the longest
+is prefilled once and each shorter one is a rollback of it: `Profile.contexts`, whose `context_table` the
+auto policy reads at each request's current context (`verispec.cost.ContextCosts`).
+
 Trees (`tree_nodes`): a tree round scores the pending token and a tree of n - 1 nodes in one
 forward (`TreeScoring.extend_tree`), then keeps one root path (`keep_path`). The profile then
 also times, interleaved with the rest, that round's target work for n = 1..tree_nodes + 1 on
@@ -35,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from verispec.checks import is_int
-from verispec.cost import BatchCosts, check_survival, check_v_curve
+from verispec.cost import BatchCosts, ContextCosts, check_survival, check_v_curve
 from verispec.drafts import ROOT, TreeDraft
 from verispec.engine import scored_parents, tree_target
 from verispec.tree_shape import TreeShape
@@ -86,6 +94,9 @@ class Profile:
         (tree_v[n - 1] / tree_chain_v[n - 1] is the price of the tree mask and compaction).
     tree_score: seconds of the tree rounds, n = 1..tree_nodes + 1.
     tree_shapes: the shape timed at each n (`TreeShape.describe`).
+    contexts: optional, the chains' costs after other context lengths (`ContextPoint`, in
+        increasing length): the context axis. None: measured at `context_tokens` only, and
+        taken as the same at every context.
     batch: optional, the batched forward's costs (`BatchProfile.to_dict`).
     batch_k: optional, the k `BatchK` drafts per request at each batch size ("1", "2", ...),
         for requests of this proposer with this survival (vLLM's
@@ -108,6 +119,7 @@ class Profile:
     tree_chain_v: list[float] | None = None
     tree_score: list[Timing] | None = None
     tree_shapes: list[str] | None = None
+    contexts: list[ContextPoint] | None = None
     batch: dict | None = None
     batch_k: dict[str, int] | None = None
     memory: dict | None = None
@@ -128,6 +140,12 @@ class Profile:
             parts = (self.tree_chain_v, self.tree_score, self.tree_shapes)
             if any(part is None or len(part) != len(self.tree_v) for part in parts):
                 raise ValueError("a profile's tree_v needs tree_chain_v, tree_score and tree_shapes of the same length")
+        for point in self.contexts or ():
+            if len(point.score) != len(self.score):
+                raise ValueError(
+                    f"the profile's costs after {point.context_tokens} tokens time n = 1..{len(point.score)}, "
+                    f"its others n = 1..{len(self.score)}"
+                )
 
     @property
     def k_max(self) -> int:
@@ -138,11 +156,28 @@ class Profile:
         """One plain target step (score one token, roll back), median seconds."""
         return self.score[0].median
 
+    @property
+    def context_table(self) -> ContextCosts | None:
+        """The costs by context length, in seconds (this profile's own context and each of
+        `contexts`), or None where it measured one context only (flat in context)."""
+        if not self.contexts:
+            return None
+        points = {p.context_tokens: p for p in self.contexts}
+        points[self.context_tokens] = ContextPoint(self.context_tokens, self.v, self.c, self.score, self.draft)
+        ordered = [points[n] for n in sorted(points)]
+        return ContextCosts(
+            tuple(p.context_tokens for p in ordered),
+            tuple(tuple(t.median for t in p.score) for p in ordered),
+            tuple(p.draft.median for p in ordered),
+        )
+
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> Profile:
+        """A profile as `to_dict` wrote it; one written before profiles had a context axis
+        (no `contexts`) loads as measured at one context, flat in context."""
         try:
             return cls(
                 **{
@@ -150,6 +185,7 @@ class Profile:
                     "score": [Timing(**t) for t in data["score"]],
                     "draft": Timing(**data["draft"]),
                     "tree_score": None if data.get("tree_score") is None else [Timing(**t) for t in data["tree_score"]],
+                    "contexts": None if data.get("contexts") is None else [ContextPoint.from_dict(p) for p in data["contexts"]],
                 }
             )
         except (KeyError, TypeError) as error:
@@ -184,11 +220,13 @@ def measure_profile(
     seed: int = 0,
     clock: Callable[[], float] = time.perf_counter,
     tree_nodes: int = 0,
+    prefilled: bool = False,
 ) -> Profile:
     """Time the target's scoring of n = 1..k_max + 1 tokens and the proposer's drafting after
     `prompt_ids` (the context; its last token plays the round's pending token). `clock` reads
     seconds. tree_nodes > 0: also tree rounds of 0..tree_nodes nodes and chains of as many
-    positions (the target must implement `TreeScoring`).
+    positions (the target must implement `TreeScoring`). prefilled: the target's cache holds
+    the context but its last token already (`measure_context_costs`).
 
     Leaves the target's cache holding the context minus its last token; a request prefills
     anew.
@@ -215,7 +253,10 @@ def measure_profile(
     draft: list[float] = []
     drafted: list[int] = []
 
-    target.prefill(context[:-1])
+    if not prefilled:
+        target.prefill(context[:-1])
+    elif target.length != len(context) - 1:
+        raise ValueError(f"a prefilled target must hold the context but its last token ({len(context) - 1}), holds {target.length}")
     proposer.begin(context, sampling)
     for repeat in range(warmup + repeats):
         shift = repeat % len(jobs)
@@ -256,6 +297,49 @@ def measure_profile(
         tree_score=tree_timings if trees else None,
         tree_shapes=[shape.describe() for shape in trees.values()] if trees else None,
     )
+
+
+@dataclass
+class ContextPoint:
+    """The chains' costs after one context length: score[n - 1], seconds to score n new
+    tokens and roll back (n = 1..k_max + 1); draft, seconds per drafted token; v and c
+    relative to this context's own plain step, as `Profile`'s."""
+
+    context_tokens: int
+    v: list[float]
+    c: float
+    score: list[Timing]
+    draft: Timing
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ContextPoint:
+        return cls(**{**data, "score": [Timing(**t) for t in data["score"]], "draft": Timing(**data["draft"])})
+
+
+def measure_context_costs(
+    target: CausalLM,
+    proposer: Proposer,
+    prompt_ids: Sequence[int],
+    contexts: Sequence[int],
+    **options,
+) -> list[ContextPoint]:
+    """The chains' costs (`measure_profile`'s, without trees; `options` go to it) after each of
+    `contexts` tokens, the prompt tiled to each (so each is a prefix of the longest): the
+    longest is prefilled once and each shorter one is a rollback, from the longest down.
+    Returns them in increasing length.
+
+    Leaves the target's cache holding the shortest context minus its last token."""
+    lengths = sorted(set(contexts))
+    if not lengths or not all(is_int(n, least=2) for n in lengths):
+        raise ValueError(f"context lengths must be integers >= 2, got {list(contexts)}")
+    ids = tiled_context(prompt_ids, lengths[-1])
+    target.prefill(ids[:-1])
+    points = []
+    for length in reversed(lengths):
+        target.rollback(length - 1)
+        measured = measure_profile(target, proposer, ids[:length], prefilled=True, **options)
+        points.append(ContextPoint(length, measured.v, measured.c, measured.score, measured.draft))
+    return points[::-1]
 
 
 BATCH_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)

@@ -1,6 +1,7 @@
 """A whole profile of a loaded model and a built proposer, as `verispec profile` measures it:
-v(n) and c at the request's context, optionally tree rounds, the survival of a generation at
-k = k_max, the batched forward's costs and k per batch size, and the memory.
+v(n) and c at the request's context and optionally at other context lengths (the context
+axis), optionally tree rounds, the survival of a generation at k = k_max, the batched
+forward's costs and k per batch size, and the memory.
 
     settings = ProfileSettings(k_max=8, survival_tokens=64)      # every value checked here
     measured = profile_model(loaded, build_proposer("lookup", loaded), "lookup", prompt_ids, settings)
@@ -22,7 +23,9 @@ from verispec.engine import generate
 from verispec.k_spec import K_BOUND, TREE_SHAPE_BOUND
 from verispec.models.base import SlotScoring, TreeScoring
 from verispec.models.memory import memory_report
-from verispec.profile import BATCH_ROWS, Profile, k_per_batch_size, measure_batch_costs, measure_profile, tiled_context
+from verispec.profile import (
+    BATCH_ROWS, Profile, k_per_batch_size, measure_batch_costs, measure_context_costs, measure_profile, tiled_context,
+)
 from verispec.sampling import GREEDY, SamplingParams
 
 if TYPE_CHECKING:
@@ -43,7 +46,9 @@ class ProfileSettings:
     (None: the prompt's). survival_tokens: generate this many tokens at k = k_max for the
     survival (0: skip). sampling: of the drafts and the survival run. batch_rows: also batched
     forwards of 1..this many rows over up to `SLOTS` request slots (None: 64 where the model
-    has slots, else 0)."""
+    has slots, else 0). contexts: also the chains' v(n) and c after each of these context
+    lengths (the prompt tiled), the context axis the auto policy reads at each request's
+    context; () measures none, and the costs are then taken as flat in context."""
 
     k_max: int = 8
     tree_nodes: int | None = None
@@ -53,8 +58,12 @@ class ProfileSettings:
     survival_tokens: int = 64
     sampling: SamplingParams = GREEDY
     batch_rows: int | None = None
+    contexts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        for length in self.contexts:
+            if not is_int(length, least=2):
+                raise ValueError(f"every context length must be an integer >= 2, got {length!r}")
         for name, value, least, most in (
             ("k_max", self.k_max, 1, K_BOUND), ("tree_nodes", self.tree_nodes, 0, TREE_SHAPE_BOUND),
             ("repeats", self.repeats, 1, None), ("warmup", self.warmup, 0, None),
@@ -83,6 +92,11 @@ def profile_model(
         lm, proposer, context, k_max=settings.k_max, repeats=settings.repeats, warmup=settings.warmup,
         sampling=settings.sampling, tree_nodes=tree_nodes,
     )
+    if settings.contexts:
+        measured.contexts = measure_context_costs(
+            lm, proposer, prompt_ids, settings.contexts, k_max=settings.k_max, repeats=settings.repeats,
+            warmup=settings.warmup, sampling=settings.sampling,
+        )
     measured.target, measured.proposer = loaded.name, proposer_name
     measured.machine["dtype"] = loaded.dtype_name
     measured.machine["runtime"] = loaded.runtime + (" (deterministic)" if getattr(lm, "deterministic", False) else "")
@@ -114,6 +128,7 @@ def check_room(
         return
     needs = {
         "the context and k_max + 1 scored tokens": context + max(settings.k_max, tree_nodes) + 1,
+        "the longest of the contexts and k_max + 1 scored tokens": max(settings.contexts, default=0) + settings.k_max + 1,
         "each slot's context and its share of the batched rows": context + -(-batch_rows // SLOTS),
         "the prompt and the survival run's tokens": prompt + settings.survival_tokens,
     }

@@ -79,6 +79,7 @@ def reference_request(
     out: list[int] = []
     while len(out) < budget and (not out or out[-1] not in eos_ids):
         source = draft_source(proposer, context, stateless=True)
+        stats.context_tokens = len(context)
         plan = policies.choose(stats, source).budgeted(request.round_room(len(out)))
         draft, draft_seconds = EMPTY_DRAFT, 0.0
         if plan.nodes:

@@ -27,7 +27,7 @@ from fractions import Fraction
 import torch
 
 from verispec.batching import Scheduler
-from verispec.cost import BatchCosts, FixedCosts
+from verispec.cost import BatchCosts, ContextCosts, FixedCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import generate
 from verispec.models.base import ForwardingLM, SlotScoring, check_slots
@@ -48,22 +48,35 @@ STEP = 0.01  # seconds of one simulated one-row forward, t(1); every ratio is in
 @dataclass(frozen=True)
 class Curve:
     """v(n) of a target forward over n rows at measured points (linear between them and beyond
-    the last, as `BatchCosts`), and where the numbers come from."""
+    the last, as `BatchCosts`), and where the numbers come from. attention: what each scored
+    row's attention costs per cached token it reads, in one-row forwards (0: nothing, as on
+    the measured curves at their short contexts); a forward of n rows after a cache of L
+    tokens then costs v(n) + attention n L, as attention that reads the cache once per row
+    does (the fast runtime's deterministic float32 and q4)."""
 
     rows: tuple[int, ...]
     v: tuple[float, ...]
     source: str
+    attention: float = 0.0
 
     @property
     def costs(self) -> BatchCosts:
         return BatchCosts(self.rows, self.v)
 
-    def at(self, n: int) -> float:
-        return self.costs.at(n)
+    def at(self, n: int, cached: int = 0) -> float:
+        """One forward's cost in one-row forwards without context: n rows after `cached` tokens."""
+        return self.costs.at(n) + self.attention * n * cached
 
     def profile(self, c: float, n_max: int) -> FixedCosts:
-        """What a profile of this machine measures: c and v(1..n_max), t(1) = STEP."""
-        return FixedCosts(c, [self.at(n) for n in range(1, n_max + 1)], STEP)
+        """What a profile of this machine measures: c and v(1..n_max), t(1) = STEP; where
+        attention costs, also after contexts of 1,024 and 4,096 tokens (`ContextCosts`; the
+        cost is linear in the context, so the table's extension past its last point is exact)."""
+        costs = FixedCosts(c, [self.at(n) for n in range(1, n_max + 1)], STEP)
+        if not self.attention:
+            return costs
+        contexts = (1, 1024, 4096)  # a context of L tokens: the cache holds L - 1, the pending token is scored
+        seconds = tuple(tuple(STEP * self.at(n, length - 1) for n in range(1, n_max + 1)) for length in contexts)
+        return FixedCosts.of(ContextCosts(contexts, seconds, (c * STEP,) * len(contexts)))
 
 
 CURVES: dict[str, Curve] = {
@@ -120,11 +133,11 @@ class SimulatedTarget(ForwardingLM, SlotScoring):
         self.curve, self.clock = curve, clock
 
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
-        self._charge(len(tokens))
+        self._charge(len(tokens), len(tokens) * self.length)
         return self.inner.extend(tokens, keep)
 
     def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        self._charge(len(tokens))
+        self._charge(len(tokens), len(tokens) * self.length)
         return self.inner.extend_tree(tokens, parents)
 
     def keep_path(self, path: Sequence[int]) -> None:
@@ -135,11 +148,12 @@ class SimulatedTarget(ForwardingLM, SlotScoring):
 
     def extend_slots(self, slots: Sequence[SimulatedTarget], tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         check_slots(slots, tokens, SimulatedTarget)
-        self._charge(sum(len(rows) for rows in tokens))
+        self._charge(sum(len(rows) for rows in tokens), sum(len(rows) * slot.length for slot, rows in zip(slots, tokens)))
         return [slot.inner.extend(rows) for slot, rows in zip(slots, tokens)]
 
-    def _charge(self, rows: int) -> None:
-        self.clock.charge(STEP * self.curve.at(rows))
+    def _charge(self, rows: int, reads: int) -> None:
+        """One forward of `rows` rows that read `reads` cached tokens in all."""
+        self.clock.charge(STEP * (self.curve.at(rows) + self.curve.attention * reads))
 
 
 class ChargedProposer:

@@ -34,6 +34,9 @@ class Stats:
         (their drafted[r] counts nodes, and they leave the chain position counters alone).
     plans: how often the policy asked for each plan, in words ('plain step', 'chain k = 4',
         'tree 8 nodes: 3-3-2'; `verispec.tree_shape.describe_plan`), after the budget's cut.
+    context_tokens: the request's context now (prompt and emitted tokens), which the next
+        round's forward attends to; set by the decoder before each choice (`AutoK` reads its
+        costs there).
     by_source: for a proposer that drafts from several sources (`lookup+eagle`: 'copy' or
         'head', `verispec.proposers.base.SourcedProposer`), the same counters over each
         source's rounds only (plans included); each source's policy reads its own.
@@ -57,11 +60,17 @@ class Stats:
     rank_accepts: list[list[int]] = field(default_factory=list)
     tree_rounds: int = 0
     plans: Counter[str] = field(default_factory=Counter)
+    context_tokens: int = 0
     by_source: dict[str, Stats] = field(default_factory=dict)
 
     def source(self, name: str | None) -> Stats:
-        """The counters of one draft source's rounds (these, for a proposer with one)."""
-        return self if name is None else self.by_source.setdefault(name, Stats())
+        """The counters of one draft source's rounds (these, for a proposer with one), at the
+        request's current context."""
+        if name is None:
+            return self
+        part = self.by_source.setdefault(name, Stats())
+        part.context_tokens = self.context_tokens
+        return part
 
     def record(
         self,

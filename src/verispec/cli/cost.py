@@ -16,6 +16,7 @@ from verispec.k_spec import K_BOUND
 from verispec.cost import (
     FixedCosts,
     check_costs,
+    context_table,
     expected_tokens_by_k,
     optimal_k,
     speedup_by_k,
@@ -51,6 +52,12 @@ def cost(
     k_max: int | None = typer.Option(
         None, min=1, max=K_BOUND, help="Largest k to tabulate.", show_default="the profile's, else 8"
     ),
+    context: int | None = typer.Option(
+        None, "--context", min=0,
+        help="With --profile: its costs after this many tokens of context, from its context axis "
+        "(`profile --contexts`; linear between measured lengths), as --k auto reads them there.",
+        show_default="the profile's own context",
+    ),
     ranks: str | None = typer.Option(
         None,
         help="Explain a token tree: acceptance a(d, r) of the rank-r child at depth d given its parent, "
@@ -75,6 +82,8 @@ def cost(
         acceptance = parse_ranks(ranks)
         if alpha is not None or k is not None or plot is not None:
             raise ValueError("--ranks explains a tree of every size up to --k-max; leave out --alpha, --k and --plot")
+        if context is not None:
+            raise ValueError("--context prices chains along the profile's context axis; leave it out with --ranks")
         costs, measured = _costs(c, v, profile, k_max, k)
         if measured is not None:  # its tree rounds' v(n) when it timed them
             curve = tree_costs(measured).v
@@ -85,7 +94,7 @@ def cost(
         choice = search(acceptance, costs.c, costs.v)
         _print_tree(choice, best_of_each_size(acceptance, costs.c, costs.v), costs, ranks, as_json)
         return
-    costs, source = _costs(c, v, profile, k_max, k)
+    costs, source = _costs(c, v, profile, k_max, k, context)
     if alpha is not None:
         survival, acceptance = survival_from_alpha(alpha, len(costs.v) - 1), f"alpha = {alpha:g}"
     elif profile is not None and source.survival is not None:
@@ -109,15 +118,19 @@ def cost(
 
 
 def _costs(
-    c: float | None, v: float | None, profile: Path | None, k_max: int | None, k: int | None
+    c: float | None, v: float | None, profile: Path | None, k_max: int | None, k: int | None, context: int | None = None
 ) -> tuple[FixedCosts, Profile | None]:
-    """c and the curve v(1..K + 1), from the options or from a profile."""
+    """c and the curve v(1..K + 1), from the options or from a profile (after `context` tokens:
+    from its context axis)."""
     if profile is not None:
         if c is not None or v is not None:
             raise ValueError("give --c and --v, or --profile with measured ones, not both")
         measured = Profile.load(profile)
         top = measured.k_max if k_max is None else min(k_max, measured.k_max)
-        return FixedCosts(measured.c, measured.v[: top + 1]), measured
+        drafted, curve = (measured.c, measured.v) if context is None else context_table(measured).costs_at(context)
+        return FixedCosts(drafted, curve[: top + 1]), measured
+    if context is not None:
+        raise ValueError("--context reads a profile's context axis; give --profile FILE from `verispec profile --contexts`")
     if c is None:
         raise ValueError("give --c (one draft step / one target step), or --profile FILE from `verispec profile`")
     top = max(k_max or 8, k or 0)

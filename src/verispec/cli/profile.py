@@ -70,6 +70,18 @@ def profile(
         Optional[int],
         typer.Option("--context-tokens", min=2, help="Time at this context length (the prompt tiled or cut)."),
     ] = None,
+    contexts: Annotated[
+        Optional[str],
+        typer.Option(
+            "--contexts",
+            help="Also time v(n) and c after each of these context lengths, the prompt tiled (e.g. 1024,4096,8000): "
+            "the context axis, which --k auto:FILE reads at each request's current context, so speculation stops "
+            "where a long context makes it lose and drafts again where it pays (linear between lengths). "
+            "Without it the costs are taken as the same at every context. The longest is prefilled once, the "
+            "others are rollbacks of it.",
+            show_default=False,
+        ),
+    ] = None,
     prompt: Annotated[
         Optional[str], typer.Option(help="The context to time at (default: a built-in summarising request).")
     ] = None,
@@ -129,10 +141,13 @@ def profile(
     ] = False,
 ) -> None:
     """Measure the target's scoring cost v(n) and the proposer's draft cost c at the request's
-    context length: medians and spread over repeats, and the best k they predict."""
+    context length (and with --contexts at other lengths: the context axis `--k auto` reads at
+    each request's current context): medians and spread over repeats, and the best k they
+    predict."""
     settings = ProfileSettings(
         k_max=k_max, tree_nodes=tree_nodes, repeats=repeats, warmup=warmup, context_tokens=context_tokens,
         survival_tokens=survival_tokens, sampling=SamplingParams(temperature=temperature), batch_rows=batch_rows,
+        contexts=context_lengths(contexts),
     )
     proposer_spec = parse_spec(proposer)
     if out is not None:
@@ -171,6 +186,16 @@ def profile(
         print(json.dumps(measured.to_dict()))
     else:
         show(measured)
+
+
+def context_lengths(text: str | None) -> tuple[int, ...]:
+    """--contexts: context lengths joined by commas (None: none)."""
+    if text is None:
+        return ()
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() and int(part) >= 2 for part in parts):
+        raise BadInput(f"--contexts takes context lengths (integers >= 2) joined by commas, e.g. 1024,4096,8000; got {text!r}")
+    return tuple(int(part) for part in parts)
 
 
 def costs_refusal(loaded: LoadedModel) -> str | None:
@@ -240,6 +265,7 @@ def show(profile: Profile) -> None:
             f"best k = {best}, predicted speedup {ratios[best]:.2f}" if best
             else "best k = 0: no k beats plain decoding here"
         )
+    show_contexts(console, profile)
     if profile.batch:
         show_batch(console, profile)
     if profile.memory:
@@ -251,6 +277,29 @@ def show(profile: Profile) -> None:
             f"{m['context_tokens']} tokens), peak RSS {m['peak_rss_bytes'] / mib:.0f} MiB"
         )
     console.print(", ".join(f"{key} {value}" for key, value in profile.machine.items()), style="dim")
+
+
+def show_contexts(console: Console, profile: Profile) -> None:
+    """The context axis: the plain step, v(2), v(k_max + 1) and c after each context length,
+    and the best k there for the measured survival; or that the costs are taken as flat."""
+    table = profile.context_table
+    if table is None:
+        console.print(
+            f"costs measured after {profile.context_tokens} tokens only: --k auto takes them as the same at every "
+            "context (measure the context axis with --contexts)", style="dim",
+        )
+        return
+    grid = Table(title="the context axis: costs after each context length (--k auto reads them at a request's context)")
+    for column in ("context", "t(1) ms", "v(2)", f"v({profile.k_max + 1})", "c", "best k"):
+        grid.add_column(column, justify="right")
+    for length, seconds, draft in zip(table.contexts, table.seconds, table.draft):
+        v = [t / seconds[0] for t in seconds]
+        best = optimal_k(draft / seconds[0], v, survival=profile.survival) if profile.survival else None
+        grid.add_row(
+            str(length), f"{seconds[0] * 1000:.2f}", f"{v[1]:.3f}", f"{v[-1]:.3f}", f"{draft / seconds[0]:.4f}",
+            "-" if best is None else str(best),
+        )
+    console.print(grid)
 
 
 def show_batch(console: Console, profile: Profile) -> None:
