@@ -23,7 +23,7 @@ from verispec.cost import ContextCosts, FixedCosts, OnlineCosts, speedup_by_k
 from verispec.engine import generate
 from verispec.models.tables import random_table
 from verispec.plan import Plan
-from verispec.policies import AutoK
+from verispec.policies import AutoK, KPolicy
 from verispec.profile import Profile, measure_context_costs, measure_profile
 from verispec.profiling import ProfileSettings, check_room
 from verispec.proposers.controlled import ControlledAcceptance
@@ -108,7 +108,7 @@ def accepted_everything(policy: AutoK, rounds: int, context: int) -> Stats:
     """`rounds` untimed rounds at k_max whose every draft was accepted, at `context`."""
     stats = Stats(context_tokens=context)
     for _ in range(rounds):
-        stats.record_round(policy.k_max, policy.k_max)
+        stats.record(policy.k_max, policy.k_max, policy.k_max + 1)
         policy.choose(stats)
     return stats
 
@@ -131,7 +131,7 @@ def test_auto_drafts_where_it_pays_stops_where_a_long_context_makes_it_lose_and_
         expected = best if ratios[best] > 1 + policy.margin else 0
         could_pay = max(speedup_by_k(c, v, [1.0] * 3)) > 1 + policy.margin  # were every draft accepted
         assert k == expected or (expected == 0 and could_pay), context  # a probe, where one could pay
-        stats.record_round(k, k)  # accepted whatever it drafts
+        stats.record(k, k, k + 1)  # accepted whatever it drafts
         chosen[context] = k
     assert chosen[0] == 3 and chosen[3500] == 3
     assert all(chosen[n] == 0 for n in range(1000, 2000, 25))  # no probe in 40 rounds of losing
@@ -296,7 +296,7 @@ def test_profile_refuses_a_context_past_the_models_before_timing():
         check_room(SimpleNamespace(context_limit=8192), 200, 200, ProfileSettings(contexts=(1024, 9000)), 0, 0)
 
 
-class Recorder:
+class Recorder(KPolicy):
     """A policy drafting 2 tokens a round that records the context each choice saw."""
 
     def __init__(self) -> None:
