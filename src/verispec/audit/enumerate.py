@@ -20,6 +20,7 @@ races steer the run through three or more distinct rows is out of this model's r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from fractions import Fraction
 from typing import Any, TypeVar
@@ -57,8 +58,7 @@ class ScriptedRandom:
             return self.races[key][1]
         else:
             earlier, picked = self.races[key]
-            law = conditional([Fraction(x) for x in earlier], [Fraction(x) for x in row], picked)
-            outcome = self._choose([(j, float(x)) for j, x in enumerate(law)])
+            outcome = self._choose(list(enumerate(_conditional_law(earlier, row, picked))))
         self.races[key] = (row, outcome)
         return outcome
 
@@ -101,6 +101,14 @@ class Seeded:
 
     def draw(self, position: int, probs: torch.Tensor, choice: int = 0) -> int:
         return self.script.categorical(probs)
+
+
+@functools.lru_cache(maxsize=65536)
+def _conditional_law(earlier: tuple[float, ...], row: tuple[float, ...], picked: int) -> tuple[float, ...]:
+    """P(the race under `row` picks j | the race under `earlier` picked `picked`), as floats;
+    every replay of an enumeration asks for the same few laws again, so they are kept."""
+    law = conditional([Fraction(x) for x in earlier], [Fraction(x) for x in row], picked)
+    return tuple(float(x) for x in law)
 
 
 def outcomes(run: Callable[[ScriptedRandom], T]) -> Iterator[tuple[float, T]]:

@@ -17,6 +17,8 @@ The rule is the one `auto`, `token` (or `greedy`) sends a tree to; the audit's r
 
 from __future__ import annotations
 
+import dataclasses
+
 from verispec.audit.exhaustive import Configuration, Scenario, Tables, audited_proposers
 from verispec.models.load import LoadedModel
 from verispec.proposers.draft_model import DraftModel
@@ -47,6 +49,9 @@ RANKED = ProposerKind(
 TWO_ONE = TreeShape.of([(0,), (1,), (0, 0)])  # 3 nodes: 2-1
 THREE_TWO = TreeShape.of([(0,), (1,), (2,), (0, 0), (1, 0)])  # 5 nodes: 3-2
 DEEP = TreeShape.of([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])  # 5 nodes: 2-2-1, cut by a budget of 3
+
+
+COUPLED_TOKENS = 3  # the coupled rule's budget in tree configurations (`tree_configurations`)
 
 
 def _tree(vocab, order, shape, max_new_tokens, sampling, prompt, eos=None, seed=0, zeros=True) -> Scenario:
@@ -82,9 +87,12 @@ def tree_configurations(
 ) -> list[Configuration]:
     """Every tree proposer on every tree scenario, with `greedy` at temperature 0 and `auto`
     (coupled) and `token` (recursive rejection) otherwise (`ranked` only at temperature > 0:
-    at 0 it is the draft model)."""
+    at 0 it is the draft model). The coupled rule runs at most 3 new tokens: it enumerates the
+    target's race and every drafted child's at each position, and a fourth token multiplied
+    the branches of a 2-1 tree past a minute per proposer (two rounds still run within 3)."""
     return [
-        Configuration(scenario, kind, rule)
+        Configuration(dataclasses.replace(scenario, max_new_tokens=min(scenario.max_new_tokens, COUPLED_TOKENS))
+                      if rule == "auto" else scenario, kind, rule)
         for kind in tree_proposers(proposers)
         for scenario in (TREE_SCENARIOS if scenarios is None else scenarios)
         if not (kind is RANKED and scenario.sampling.greedy)
