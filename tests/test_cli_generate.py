@@ -20,7 +20,7 @@ from transformers.utils import logging as hf_logging
 
 from rich.console import Console
 
-from verispec.cli import generate as generate_command
+from verispec import runner
 from verispec.identity import explain
 from verispec.bench.quick import tiny_llama, tiny_tokenizer
 from verispec.cli import main
@@ -202,15 +202,15 @@ def test_the_static_runtime_generates_on_the_device_asked_for(capsys, models):
 def corrupt_speculative_runs(monkeypatch, position: int) -> None:
     """Make every speculative decoding emit a wrong token at new token `position` (plain ones
     are left alone), as a broken engine would."""
-    timed = generate_command.timed
+    timed = runner.timed
 
-    def corrupted(decoding, echo=None):
-        done, seconds = timed(decoding, echo)
-        if done.proposer is not None:
-            done.tokens[position] = (done.tokens[position] + 1) % 256
-        return done, seconds
+    def corrupted(decoding, on_token=None):
+        outcome = timed(decoding, on_token)
+        if decoding.proposer is not None:
+            outcome.tokens[position] = (outcome.tokens[position] + 1) % 256
+        return outcome
 
-    monkeypatch.setattr(generate_command, "timed", corrupted)
+    monkeypatch.setattr(runner, "timed", corrupted)
 
 
 def test_compare_explains_a_mismatch(capsys, models, monkeypatch):
