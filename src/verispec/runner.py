@@ -7,7 +7,7 @@ the same request after it, a greedy difference diagnosed (`run`).
 scheduler builds each request's proposer and policy on its slot with `built`, so the server's
 warm-up requests are built as `generate` builds its one. The commands only parse, call and print.
 
-    >>> loaded = load_model("smollm2-135m")
+    >>> loaded = load_model()
     >>> request = Request(tuple(loaded.encode("Hi")), 32, proposer="lookup", k="auto", seed=0)
     >>> done = run(loaded, request, compare=True)
     >>> done.speculative.tokens_per_s, done.identical
