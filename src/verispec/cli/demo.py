@@ -52,12 +52,9 @@ def demo(
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     proposer_spec, k_spec = specs(model, proposer, k)
-    from verispec.models.format_costs import step_rows
     from verispec.models.load import build  # transformers: imported when needed
-    from verispec.models.load_plan import plan_load
 
-    # refuses what cannot load before "loading"; auto weighs the formats at one request's k + 1 rows, as generate
-    plan = plan_load(model, dtype, runtime, deterministic, device=device, rows=step_rows(1, k_spec))
+    plan = runner.load_plan(model, dtype, runtime, deterministic, device, k_spec)  # refused before "loading"
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
     loaded = build(plan)

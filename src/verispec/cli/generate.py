@@ -66,12 +66,9 @@ def generate(
     proposer_spec, k_spec = specs(model, proposer, k)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    from verispec.models.load import load_model  # transformers: imported when needed
+    from verispec.models.load import build  # transformers: imported when needed
 
-    from verispec.models.format_costs import step_rows
-
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device,
-                        rows=step_rows(1, k_spec))
+    loaded = build(runner.load_plan(model, dtype, runtime, deterministic, device, k_spec))
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
     sampling = constrained(sampling, loaded, json_schema, regex, choice)

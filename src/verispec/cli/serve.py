@@ -15,7 +15,7 @@ from verispec.cli.runtime_options import DeterministicOption, DeviceOption, Runt
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP
 from verispec.registry import K_HELP, proposer_help
-from verispec.runner import specs
+from verispec.runner import load_plan, specs
 
 NO_PROPOSER = "none"
 
@@ -79,12 +79,8 @@ def serve(
         proposer_spec, k_spec = None, 0
     else:  # parsed once, here; the server and its requests keep the parsed specs
         proposer_spec, k_spec = specs(model, proposer, k)
-    from verispec.models.format_costs import step_rows
-    from verispec.models.load_plan import plan_load
-
     # the files, device, runtime and dtype (weighed at a full batch's rows), before the port
-    rows = step_rows(max_slots, None if proposer_spec is None else k_spec)
-    plan = plan_load(model, dtype, runtime, deterministic, device=device, rows=rows)
+    plan = load_plan(model, dtype, runtime, deterministic, device, None if proposer_spec is None else k_spec, max_slots)
     listener = listen(host, port)  # before loading: a taken port is reported at once
     from verispec.models.load import build
 
