@@ -23,7 +23,8 @@ import statistics
 from pathlib import Path
 
 from verispec.identity import diagnose
-from verispec.bench.runners import VerispecRunner, warm_up
+from verispec.bench.runners import VerispecRunner
+from verispec.runner import warm_up
 from verispec.bench.workloads import read_workloads, select
 from verispec.machine import describe
 from verispec.models.load import DEFAULT_MODEL, load_model

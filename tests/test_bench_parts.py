@@ -12,7 +12,7 @@ from verispec.identity import diagnose, first_mismatch
 from verispec.bench.methods import HF_LOOKUP_TOKENS, PLAIN, Method, parse_method, parse_methods
 from verispec.bench.protocol import engine_fields, rotated
 from verispec.bench.report import OVERALL, by_source, cost_model_section, plans_section, quartiles, summarize
-from verispec.bench.runners import emitted_per_round
+from verispec.runner import emitted_per_round
 from verispec.bench.workloads import (
     DATA_VARIABLE,
     HUMANEVAL,

@@ -20,7 +20,7 @@ from transformers.utils import logging as hf_logging
 
 from rich.console import Console
 
-from verispec.cli import generate as generate_command
+from verispec import runner
 from verispec.identity import explain
 from verispec.bench.quick import tiny_llama, tiny_tokenizer
 from verispec.cli import main
@@ -202,15 +202,15 @@ def test_the_static_runtime_generates_on_the_device_asked_for(capsys, models):
 def corrupt_speculative_runs(monkeypatch, position: int) -> None:
     """Make every speculative decoding emit a wrong token at new token `position` (plain ones
     are left alone), as a broken engine would."""
-    timed = generate_command.timed
+    timed = runner.timed
 
-    def corrupted(decoding, echo=None):
-        done, seconds = timed(decoding, echo)
-        if done.proposer is not None:
-            done.tokens[position] = (done.tokens[position] + 1) % 256
-        return done, seconds
+    def corrupted(decoding, on_token=None):
+        outcome = timed(decoding, on_token)
+        if decoding.proposer is not None:
+            outcome.tokens[position] = (outcome.tokens[position] + 1) % 256
+        return outcome
 
-    monkeypatch.setattr(generate_command, "timed", corrupted)
+    monkeypatch.setattr(runner, "timed", corrupted)
 
 
 def test_compare_explains_a_mismatch(capsys, models, monkeypatch):
@@ -350,3 +350,28 @@ def test_demo_prints_its_table(capsys, monkeypatch):
     assert [row.split()[-1] for row in rows] == ["yes", "yes"], captured.out
     assert "loading" in captured.err
 
+
+
+def test_the_runner_builds_runs_and_compares_a_request(models):
+    """`verispec.runner.run`, what generate and demo call: the request's proposer and k built
+    from its specs, the timed run, and plain decoding of the same request beside it; greedy and
+    seeded sampled output equal plain decoding's."""
+    from verispec.engine import generate
+    from verispec.proposers.prompt_lookup import PromptLookup
+    from verispec.request import Request
+    from verispec.sampling import SamplingParams
+
+    loaded = load.load_model(str(models / "target"), dtype="float32")
+    ids = tuple(loaded.encode("the cat sat on the mat, the cat sat on the mat", chat=False))
+    greedy = Request(ids, 16, proposer="lookup", k=4, seed=0)
+    proposer, policy = runner.built(loaded, greedy)
+    assert isinstance(proposer, PromptLookup) and policy == 4
+    seen = []
+    done = runner.run(loaded, greedy, on_token=seen.append, compare=True)
+    assert done.speculative.tokens == seen == generate(loaded.lm, None, ids, max_new_tokens=16, k=0).tokens
+    assert done.identical and done.mismatch is None and done.first_difference is None
+    assert sum(done.speculative.tokens_per_round) == 16 == len(done.plain.tokens)
+    assert done.speculative.stats.mean_accepted > 1 and runner.run(loaded, greedy).plain is None
+    sampled = Request(ids, 16, SamplingParams(temperature=0.9), proposer="lookup", k=4, seed=5)
+    done = runner.run(loaded, sampled, compare=True)
+    assert done.identical and done.mismatch is None and done.first_difference is None

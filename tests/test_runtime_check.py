@@ -410,3 +410,24 @@ def test_the_most_likely_continuation_is_bounded_from_above():
                for a, b, c in product(range(VOCAB), repeat=3))
     assert law.most_likely(TARGET.score, [3, 5], SamplingCase("default"), (), 3) == pytest.approx(best)
     assert law.most_likely(TARGET.score, [3, 5], SamplingCase("default"), (), 3, forwards=1) >= best
+
+
+def test_the_report_spells_the_command_every_default_included():
+    """The command a report records, and what each --jobs process runs, are spelled in one place
+    from the check's settings (`runtime_check.jobs`)."""
+    from verispec.runtime_check.check import Settings
+    from verispec.runtime_check.jobs import command_words, common_options, law_options
+
+    settings = Settings(n=60, concurrency=(), parameters=["top_k"], tv=None, cells=24, sample_texts=("a b a b",), seeded=0)
+    words = command_words("verispec", ["lookup"], "m", "float32", settings, greedy_count=2, prompts_file=None, jobs=2,
+                          out=None)
+    assert words == ["verispec", "check-runtime", "verispec", "--method", "lookup", "--model", "m", "--dtype", "float32",
+                     "--n", "60", "--cells", "24", "--length", "3", "--sample-prompt", "a b a b", "--alpha", "0.001",
+                     "--parameter", "top_k", "--seed", "0", "--seeded", "0", "--greedy-prompts", "2",
+                     "--greedy-tokens", "256", "--concurrency", "1", "--jobs", "2"]
+    assert [*common_options("verispec", ["lookup"], "m", "float32"), *law_options(settings)] == [
+        *words[1:10], *words[10:19], "--seed", "0"]
+    off = command_words("hf", None, "m", "float32", Settings(sampled=False), greedy_count=0, prompts_file=None, jobs=1,
+                        out=None)
+    assert off == ["verispec", "check-runtime", "hf", "--model", "m", "--dtype", "float32", "--no-sampled", "--seed", "0",
+                   "--seeded", "0", "--greedy-prompts", "0"]

@@ -38,7 +38,7 @@ import copy
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from verispec.checks import is_int
@@ -112,21 +112,15 @@ class RegistryBuilder:
     def __init__(self, model: object, corpus: Sequence[Sequence[int]] = ()) -> None:
         self.model = model
         self.corpus = corpus
-        self._policies: dict[tuple[str, object], KPolicy] = {}
+        self._policies: dict[tuple[str, object], int | KPolicy] = {}
 
     def __call__(self, request: Request, slot: CausalLM) -> tuple[Proposer | None, int | KPolicy]:
-        from verispec.registry import build_policy, build_proposer
+        from verispec.runner import policy_for, proposer_for  # as `generate` builds its request's
 
-        proposer = None
-        if request.proposer is not None:
-            proposer = build_proposer(request.proposer, replace(self.model, lm=slot), self.corpus)
-        spec = request.k_spec
-        if spec is None or spec.kind == "constant":
-            return proposer, request.k_for_decoding()
-        key = (str(request.proposer), spec)
+        proposer = proposer_for(self.model, request, slot, self.corpus)
+        key = (str(request.proposer), request.k_spec)  # an integer k is its spec's, a profile the spec's first
         if key not in self._policies:
-            unconstrained = replace(request.sampling, grammar=None)  # a profile decodes other text
-            self._policies[key] = build_policy(spec, slot, proposer, request.prompt_ids, unconstrained)
+            self._policies[key] = policy_for(request, slot, proposer)
         return proposer, copy.deepcopy(self._policies[key])
 
 

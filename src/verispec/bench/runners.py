@@ -1,6 +1,7 @@
 """Runners: one request of one method, timed the same way for every method and every caller
-(`generate --compare`, `demo`, `bench` and the greedy identity suite). verispec's own are here;
-the peers' (HF `generate`, llama.cpp, vLLM) in `verispec.peers`, returning the same `Outcome`.
+(`bench` and the greedy identity suite). verispec's own are here, built and timed by
+`verispec.runner` as `generate --compare` and `demo` run theirs; the peers' (HF `generate`,
+llama.cpp, vLLM) in `verispec.peers`, returning the same `Outcome`.
 
 Every runner streams its output and notes when tokens arrive: the verispec engine by iterating
 its `Decoding`, HF `generate` through a streamer (which it calls once per decoding step, and
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from verispec.engine import stream
+from verispec.engine import Decoding, stream
 from verispec.models.base import CausalLM
-from verispec.peers.outcome import Clock, Outcome
+from verispec.peers.outcome import Outcome
 from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer
+from verispec.request import Request
+from verispec.runner import timed
 from verispec.sampling import GREEDY, SamplingParams
 
 
@@ -55,23 +58,8 @@ class VerispecRunner:
         self, prompt_ids: Sequence[int], max_new_tokens: int, on_token: Callable[[int], None] | None = None
     ) -> Outcome:
         """One request; on_token(token) is called as each new token is committed."""
-        clock = Clock()
-        decoding = stream(
-            self.target,
-            self.proposer,
-            prompt_ids,
-            max_new_tokens=max_new_tokens,
-            sampling=self.sampling,
-            eos_token_id=self.eos_token_ids,
-            k=self.policy,
-            seed=self.seed,
-        )
-        for token in decoding:
-            clock.arrived()
-            if on_token is not None:
-                on_token(token)
-        clock.per_round = emitted_per_round(decoding.stats.accepted, len(decoding.tokens))
-        return clock.outcome(list(decoding.tokens), decoding.stats)
+        request = Request(tuple(prompt_ids), max_new_tokens, self.sampling, self.eos_token_ids, seed=self.seed)
+        return timed(Decoding(self.target, self.proposer, request, policy=self.policy), on_token)
 
 
 class GreedyReference:
@@ -112,19 +100,6 @@ class OracleRunner:
     ) -> Outcome:
         self.reference.prepare(prompt_ids, max_new_tokens)
         return self.runner(prompt_ids, max_new_tokens, on_token)
-
-
-def warm_up(target: CausalLM, prompt_ids: Sequence[int]) -> None:
-    """One short plain run, so the first timed run does not pay for lazy initialisation."""
-    VerispecRunner(target, None, 0, ())(prompt_ids, 2)
-
-
-def emitted_per_round(accepted: Sequence[int], new_tokens: int) -> list[int]:
-    """Tokens each round emitted: accepted + 1, except that EOS can cut the last round short."""
-    per_round = [a + 1 for a in accepted]
-    if per_round:
-        per_round[-1] = new_tokens - sum(per_round[:-1])
-    return per_round
 
 
 Runner = Callable[[Sequence[int], int], Outcome]

@@ -39,7 +39,9 @@ from verispec.models.load import LoadedModel, load_model
 from verispec.peers import llamacpp, vllm
 from verispec.peers.hf import HFRunner
 from verispec.proposers.controlled import ControlledAcceptance
-from verispec.registry import build_policy, build_proposer
+from verispec.registry import build_policy
+from verispec.request import Request
+from verispec.runner import built
 from verispec.sampling import GREEDY, SamplingParams
 
 QUICK_DRAFT = "quick-draft"
@@ -119,9 +121,9 @@ def make_runner(
             return VerispecRunner(target.lm, None, 0, eos, sampling, seed)
         if method.oracle is not None:
             return oracle_runner(method, target, first_prompt, sampling, seed)
-        proposer = build_proposer(method.proposer_spec, target)
-        policy = build_policy(method.k_spec, target.lm, proposer, first_prompt, sampling)
-        return VerispecRunner(target.lm, proposer, policy, eos, sampling, seed)
+        # built as `generate` builds its request's: the policy profiled after the first prompt
+        template = Request(tuple(first_prompt), 0, sampling, eos, seed=seed, proposer=method.proposer_spec, k=method.k_spec)
+        return VerispecRunner(target.lm, *built(target, template), eos, sampling, seed)
     hf = dict(sampling=sampling, seed=seed)
     if method.hf_mode == "generate":
         return HFRunner(target.transformers_model(), eos, **hf)

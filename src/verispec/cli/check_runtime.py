@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
-import time
 from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,8 +17,8 @@ from verispec.cli.paths import FORCE_HELP, check_input_file, check_output_direct
 from verispec.models import DEFAULT_MODEL
 from verispec.runtime_check.check import Settings
 from verispec.runtime_check.engines import ENGINES, Unavailable
-from verispec.runtime_check.jobs import sampled_rows
-from verispec.runtime_check.run import check_options, outputs, parameter_names, run, write
+from verispec.runtime_check.jobs import command_words, run_jobs
+from verispec.runtime_check.run import check_options, outputs, write
 
 GREEDY_FILE = "specbench_dev.jsonl"
 
@@ -130,20 +127,6 @@ def check_runtime(
     if greedy_prompts:
         greedy_file = prompts_file or data_file(GREEDY_FILE, Path.cwd())
         check_input_file(greedy_file, "--prompts-file", "a Spec-Bench JSONL file (or --greedy-prompts 0)")
-    common = ["check-runtime", engine, *[w for m in method or () for w in ("--method", m)], "--model", model,
-              "--dtype", dtype]
-    law_options = [*(["--tv", f"{tv:g}"] if tv is not None else ["--n", str(n)]), "--cells", str(cells),
-                   "--length", str(length), *([] if sample_prompt else ["--prompts", str(prompts)]),
-                   *[w for t in sample_prompt or () for w in ("--sample-prompt", t)], "--alpha", f"{alpha:g}",
-                   "--seed", str(seed)]
-    sampling = [*common, *law_options]  # what each --jobs process runs
-    words = ["verispec", *common,
-             *([*law_options[:-2], *[w for p in parameter or () for w in ("--parameter", p)]] if sampled else ["--no-sampled"]),
-             "--seed", str(seed), "--seeded", str(seeded), "--greedy-prompts", str(greedy_prompts),
-             *(["--greedy-tokens", str(greedy_tokens), "--concurrency", str(concurrency)] if greedy_prompts else []),
-             *(["--prompts-file", str(prompts_file)] if prompts_file else []),
-             *(["--jobs", str(jobs)] if jobs > 1 else []), *(["--out", str(out)] if out else [])]
-    split = jobs > 1 and sampled
     settings = Settings(
         n=n, length=length, prompts=prompts, alpha=alpha, greedy_tokens=greedy_tokens,
         concurrency=(concurrency,) if concurrency > 1 else (), seed=seed, sampled=sampled, parameters=parameter, tv=tv, cells=cells,
@@ -155,21 +138,13 @@ def check_runtime(
     with nothing_left_on_failure(out, names) if out is not None else nullcontext():
         if out is not None:
             check_output_directory(out, "--out", names, force)
-        if split:
-            started = time.perf_counter()
-            law_rows, sampled_prompts = sampled_rows(sampling, [p for p in parameter_names() if not parameter or p in parameter], jobs,
-                                                     max(1, len(os.sched_getaffinity(0)) // jobs), api_key)
-            seconds = time.perf_counter() - started
         try:
-            report = run(engine, model=model, dtype=dtype, methods=method, greedy_file=greedy_file,
-                         settings=replace(settings, sampled=False) if split else settings,
-                         greedy_count=greedy_prompts, api_key=api_key)
+            report = run_jobs(engine, model=model, dtype=dtype, methods=method, settings=settings, greedy_file=greedy_file,
+                              greedy_count=greedy_prompts, api_key=api_key, jobs=jobs)
         except Unavailable as error:
             raise ValueError(str(error)) from None
-        if split:
-            report.law_rows, report.prompts = law_rows, sampled_prompts
-            report.seconds = {"sampled law": seconds, **report.seconds}
-        report.command = shlex.join(words)
+        report.command = shlex.join(command_words(engine, method, model, dtype, settings, greedy_count=greedy_prompts,
+                                                  prompts_file=prompts_file, jobs=jobs, out=out))
         if out is not None:
             write(report, out, names)
     print(report.markdown())

@@ -13,14 +13,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from verispec.cli import app
-from verispec.cli.generate import timed, warm_up
 from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
-from verispec.engine import stream
-from verispec.identity import diagnose, explain, verdict
+from verispec import runner
+from verispec.identity import explain, verdict
 from verispec.models import DEFAULT_MODEL
-from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
-from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, parse_k, parse_spec, proposer_help
-from verispec.sampling import GREEDY
+from verispec.proposers.trained import DEFAULT_PROPOSER_HELP
+from verispec.registry import K_HELP, proposer_help
+from verispec.request import Request
+from verispec.runner import specs
 
 ARTICLE = (
     "The city council voted on Tuesday to extend the riverside bike path by four kilometres, "
@@ -51,33 +51,22 @@ def demo(
     device: DeviceOption = "auto",
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
-    k_spec = parse_k(k)
-    proposer_spec = parse_spec(proposer or default_proposer(model))
-    check_policy_proposer(k_spec, proposer_spec)
-    from verispec.models.format_costs import step_rows
+    proposer_spec, k_spec = specs(model, proposer, k)
     from verispec.models.load import build  # transformers: imported when needed
-    from verispec.models.load_plan import plan_load
 
-    # refuses what cannot load before "loading"; auto weighs the formats at one request's k + 1 rows, as generate
-    plan = plan_load(model, dtype, runtime, deterministic, device=device, rows=step_rows(1, k_spec))
+    plan = runner.load_plan(model, dtype, runtime, deterministic, device, k_spec)  # refused before "loading"
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
     loaded = build(plan)
-    dtype_name = loaded.dtype_name
     rows: list[DemoRow] = []
     for name, text in PROMPTS.items():
-        prompt_ids = loaded.encode(text)
-        drafter = build_proposer(proposer_spec, loaded)
-        policy = build_policy(k_spec, loaded.lm, drafter, prompt_ids, GREEDY)
-        options = {"max_new_tokens": max_new_tokens, "sampling": GREEDY, "eos_token_id": loaded.eos_token_ids}
-        warm_up(loaded.lm, prompt_ids)
-        plain, plain_seconds = timed(stream(loaded.lm, None, prompt_ids, **options, k=0))
-        spec, spec_seconds = timed(stream(loaded.lm, drafter, prompt_ids, **options, k=policy))
-        mismatch = diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, dtype_name)
-        rows.append(DemoRow(name, len(plain.tokens) / plain_seconds, len(spec.tokens) / spec_seconds,
-                            spec.stats.mean_accepted, mismatch))
-        console.print(f"[bold]{name}[/bold]: {escape(loaded.decode(spec.tokens))}\n")
-    title = f"{loaded.name} ({dtype_name}), greedy, {max_new_tokens} new tokens, {proposer_spec} k={k}"
+        request = Request(tuple(loaded.encode(text)), max_new_tokens, eos_token_ids=loaded.eos_token_ids, seed=0,
+                          proposer=proposer_spec, k=k_spec)
+        done = runner.run(loaded, request, compare=True)
+        rows.append(DemoRow(name, done.plain.tokens_per_s, done.speculative.tokens_per_s,
+                            done.speculative.stats.mean_accepted, done.mismatch))
+        console.print(f"[bold]{name}[/bold]: {escape(loaded.decode(done.speculative.tokens))}\n")
+    title = f"{loaded.name} ({loaded.dtype_name}), greedy, {max_new_tokens} new tokens, {proposer_spec} k={k}"
     out = Console(file=sys.stdout)
     out.print(demo_table(rows, title))
     for row in rows:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -14,12 +12,13 @@ import typer
 
 from verispec.cli import app
 from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
-from verispec.engine import Decoding, stream
-from verispec.identity import diagnose, explain
+from verispec import runner
+from verispec.identity import explain
 from verispec.models import DEFAULT_MODEL
-from verispec.models.base import CausalLM
-from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
-from verispec.registry import K_HELP, build_policy, build_proposer, check_policy_proposer, parse_k, parse_spec, proposer_help
+from verispec.proposers.trained import DEFAULT_PROPOSER_HELP
+from verispec.registry import K_HELP, proposer_help
+from verispec.request import Request
+from verispec.runner import specs
 from verispec.sampling import SamplingParams
 from verispec.textstream import TextStream
 
@@ -64,39 +63,33 @@ def generate(
     if not text.strip():
         raise ValueError("the prompt is empty; pass it as an argument or on stdin")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    k_spec = parse_k(k)
-    proposer_spec = parse_spec(proposer or default_proposer(model))
-    check_policy_proposer(k_spec, proposer_spec)
+    proposer_spec, k_spec = specs(model, proposer, k)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    from verispec.models.load import load_model  # transformers: imported when needed
+    from verispec.models.load import build  # transformers: imported when needed
 
-    from verispec.models.format_costs import step_rows
-
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device,
-                        rows=step_rows(1, k_spec))
+    loaded = build(runner.load_plan(model, dtype, runtime, deterministic, device, k_spec))
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
     sampling = constrained(sampling, loaded, json_schema, regex, choice)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
     check_context(loaded, len(prompt_ids), max_new_tokens)
-    drafter = build_proposer(proposer_spec, loaded)
-    policy = build_policy(k_spec, loaded.lm, drafter, prompt_ids, replace(sampling, grammar=None))
-    options = {"max_new_tokens": max_new_tokens, "sampling": sampling, "eos_token_id": loaded.eos_token_ids, "seed": seed}
-    warm_up(loaded.lm, prompt_ids)
+    request = Request(tuple(prompt_ids), max_new_tokens, sampling, loaded.eos_token_ids, seed=seed, proposer=proposer_spec,
+                      k=k_spec)
     text_stream = TextStream(loaded.decode)
     echo = None if as_json else lambda token: print(text_stream.push(token), end="", flush=True)
-    spec, seconds = timed(stream(loaded.lm, drafter, prompt_ids, **options, k=policy), echo)
+    done = runner.run(loaded, request, on_token=echo, compare=compare)
+    spec = done.speculative
     if not as_json:
         print(text_stream.flush(), end="")
     report = {
         "text": loaded.decode(spec.tokens),
         "new_tokens": len(spec.tokens),
-        "tokens_per_s": len(spec.tokens) / seconds,
+        "tokens_per_s": spec.tokens_per_s,
         "mean_accepted": spec.stats.mean_accepted,
         "acceptance_rate": spec.stats.acceptance_rate,
         "rounds": spec.stats.rounds,
-        "seconds": seconds,
+        "seconds": spec.wall_seconds,
         "model": loaded.name,
         "dtype": loaded.dtype_name,
         "runtime": str(loaded.runtime),
@@ -111,17 +104,11 @@ def generate(
         **loaded.memory(),  # weights_bytes, kv_bytes_per_token
     }
     if compare:
-        plain, plain_seconds = timed(stream(loaded.lm, None, prompt_ids, **options, k=0))
-        report["plain_tokens_per_s"] = len(plain.tokens) / plain_seconds
+        report["plain_tokens_per_s"] = done.plain.tokens_per_s
         report["speedup"] = report["tokens_per_s"] / report["plain_tokens_per_s"]
-        report["identical"] = plain.tokens == spec.tokens
-        # Greedy output must equal plain decoding's, and so must sampled output for the same seed
-        # (the coupled rule: every token is the target's keyed sample at its position); a greedy
-        # difference is diagnosed (`verispec.identity`), a sampled one located.
-        report["mismatch"] = (
-            diagnose(prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, loaded.dtype_name) if sampling.greedy else None
-        )
-        report["first_difference"] = first_difference(plain.tokens, spec.tokens)
+        report["identical"] = done.identical
+        report["mismatch"] = done.mismatch
+        report["first_difference"] = done.first_difference
     if as_json:
         print(json.dumps(report))
         return
@@ -189,33 +176,6 @@ def prompt_text(prompt: str | None) -> str:
     except UnicodeDecodeError as error:
         raise ValueError(f"standard input is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
                          f"{error.start}); convert it to UTF-8, e.g. with iconv -t UTF-8") from None
-
-
-def first_difference(plain: Sequence[int], speculative: Sequence[int]) -> int | None:
-    """The index of the first token where the outputs differ (a length counts), or None.
-
-    >>> first_difference([1, 2, 3], [1, 5, 3]), first_difference([1, 2], [1, 2])
-    (1, None)
-    """
-    for i, (a, b) in enumerate(zip(plain, speculative)):
-        if a != b:
-            return i
-    return None if len(plain) == len(speculative) else min(len(plain), len(speculative))
-
-
-def warm_up(target: CausalLM, prompt_ids: Sequence[int]) -> None:
-    """Two plain tokens, so that the timed decoding does not pay for lazy initialisation."""
-    timed(stream(target, None, prompt_ids, max_new_tokens=2, k=0))
-
-
-def timed(decoding: Decoding, echo: Callable[[int], None] | None = None) -> tuple[Decoding, float]:
-    """`decoding` run to its end, each token passed to `echo` as it is committed; and the
-    seconds it took."""
-    start = time.perf_counter()
-    for token in decoding:
-        if echo is not None:
-            echo(token)
-    return decoding, time.perf_counter() - start
 
 
 def check_context(loaded: LoadedModel, prompt_tokens: int, max_new_tokens: int) -> None:

@@ -13,8 +13,9 @@ import typer
 from verispec.cli import BadInput, app
 from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
-from verispec.proposers.trained import DEFAULT_PROPOSER_HELP, default_proposer
-from verispec.registry import K_HELP, check_policy_proposer, parse_k, parse_spec, proposer_help
+from verispec.proposers.trained import DEFAULT_PROPOSER_HELP
+from verispec.registry import K_HELP, proposer_help
+from verispec.runner import load_plan, specs
 
 NO_PROPOSER = "none"
 
@@ -70,24 +71,17 @@ def serve(
     try:
         from verispec.server import Limits, ServedModel, ServerApp
         from verispec.server.run import make_server, serve_with_engine_here
+        from verispec.server.start import started_scheduler
     except ImportError as error:
         raise BadInput(f"verispec serve needs the serve extra ({error.name} is missing): "
                        "pip install 'verispec[serve]'") from None
-    proposer = proposer or default_proposer(model)
     if proposer == NO_PROPOSER:
         proposer_spec, k_spec = None, 0
     else:  # parsed once, here; the server and its requests keep the parsed specs
-        proposer_spec, k_spec = parse_spec(proposer), parse_k(k)
-        check_policy_proposer(k_spec, proposer_spec)
-    from verispec.models.base import SlotScoring
-    from verispec.models.format_costs import step_rows
-    from verispec.models.load_plan import plan_load
-
+        proposer_spec, k_spec = specs(model, proposer, k)
     # the files, device, runtime and dtype (weighed at a full batch's rows), before the port
-    rows = step_rows(max_slots, None if proposer_spec is None else k_spec)
-    plan = plan_load(model, dtype, runtime, deterministic, device=device, rows=rows)
+    plan = load_plan(model, dtype, runtime, deterministic, device, None if proposer_spec is None else k_spec, max_slots)
     listener = listen(host, port)  # before loading: a taken port is reported at once
-    from verispec.batching import RegistryBuilder, Scheduler
     from verispec.models.load import build
 
     start = time.perf_counter()
@@ -96,15 +90,7 @@ def serve(
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
     served = ServedModel.of(loaded, served_model_name or model, proposer_spec, k_spec)
-    warm = loaded.encode("Hello, how are you?", chat=loaded.chat_template is not None)
-    costs = None
-    if isinstance(loaded.lm, SlotScoring):  # the static runtime's cache holds every slot before anything measures a step
-        loaded.lm.reserve_slots(max_slots)
-    if batch_costs and served.k_label == "auto" and max_slots > 1:
-        costs = measured_batch_costs(loaded.lm, warm, max_slots)
-    scheduler = Scheduler(loaded.lm, RegistryBuilder(loaded), max_slots=max_slots, max_waiting=max_waiting,
-                          batch_costs=costs, max_context=served.context)
-    warm_up(scheduler, served, warm)
+    scheduler = started_scheduler(loaded, served, max_slots=max_slots, max_waiting=max_waiting, batch_costs=batch_costs)
     limits = Limits(api_key=api_key, max_body_bytes=max_body_bytes, default_max_tokens=max_tokens,
                     grace_seconds=grace)
     server_app = ServerApp(served, scheduler, limits, engine_thread=False)  # forwards on the main thread
@@ -140,31 +126,3 @@ def is_loopback(host: str) -> bool:
 
 def bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-def measured_batch_costs(lm: object, prompt_ids: list[int], slots: int) -> object | None:
-    """v(n) of the batched forward, for auto k per batch; None where it cannot be measured."""
-    try:
-        from verispec.profile import measure_batch_costs
-    except ImportError:
-        return None
-    print("measuring the batched forward's cost ...", end=" ", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    # Only v(rows) plans k (no per-context timings); three repeats keep the start short.
-    measured = measure_batch_costs(lm, prompt_ids, slots=slots, contexts=(), repeats=3)
-    print(f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    return getattr(measured, "costs", measured)  # a profile with its costs, or the costs
-
-
-def warm_up(scheduler: object, served: object, prompt_ids: list[int]) -> None:
-    """A short request in every slot before serving: it builds each slot's proposer and
-    profiles the k policy (`--k auto`), which the first clients would otherwise wait for."""
-    from verispec.request import Request
-
-    print("warming up ...", end=" ", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    for _ in range(scheduler.max_slots):
-        scheduler.submit(Request(tuple(prompt_ids), 4, eos_token_ids=served.eos_token_ids, proposer=served.proposer,
-                                 k=served.k))
-    scheduler.run()
-    print(f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
