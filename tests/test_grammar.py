@@ -180,19 +180,49 @@ def test_greedy_speculation_equals_plain_decoding_under_the_same_grammar(tiny, m
     assert text, "the grammar let nothing through"
 
 
+@pytest.fixture(scope="module")
+def smollm():
+    """The default model and a compiler for its tokenizer (converted once)."""
+    from verispec.models.load import load_model
+
+    loaded = load_model("smollm2-135m-instruct", dtype="float32")  # the quickest to load
+    return loaded, GrammarCompiler(loaded.tokenizer, loaded.lm.vocab_size)
+
+
 @pytest.mark.slow
-def test_llguidance_masks_are_exact_on_the_default_vocabulary():
+@pytest.mark.parametrize("text", [
+    'start: "The " ANIMAL " sat on the " THING "." (" The " ANIMAL " sat on the " THING ".")*\n'
+    'ANIMAL: "cat" | "dog"\nTHING: /[a-z]{3,5}/',
+    'root ::= sentence (" " sentence)*\nsentence ::= "The " animal " sat on the " [a-z]+ "."\n'
+    'animal ::= "cat" | "dog"',
+], ids=["lark", "gbnf"])
+def test_greedy_speculation_on_the_default_model_equals_plain_decoding_under_a_grammar(smollm, text):
+    """On SmolLM2 itself, with prompt lookup drafting: a Lark and a GBNF grammar give plain
+    constrained decoding's greedy tokens, and the text keeps to the grammar."""
+    import re
+
+    loaded, compiler = smollm
+    ids = tuple(loaded.encode("Repeat after me: The cat sat on the mat. The dog sat on the rug.", chat=True))
+    runs = [generate(loaded.lm, proposer, Request(ids, 32, sampling=SamplingParams(temperature=0,
+                                                                                    grammar=compiler.grammar(text)),
+                                                   eos_token_ids=loaded.eos_token_ids), policy=k)
+            for proposer, k in [(None, 0), (PromptLookup(), 4)]]
+    assert runs[0].tokens == runs[1].tokens and sum(runs[1].stats.accepted) > 0
+    sentences = loaded.decode([t for t in runs[0].tokens if t not in loaded.eos_token_ids]).split(". ")
+    assert all(re.fullmatch("The (cat|dog) sat on the [a-z]+[.]?", s) for s in sentences), sentences
+
+
+@pytest.mark.slow
+def test_llguidance_masks_are_exact_on_the_default_vocabulary(smollm):
     """For a choice grammar on SmolLM2's 49,152 tokens, after each prefix of each choice, over the
     whole vocabulary: where the grammar leaves a choice of next character, a token is allowed if
     and only if the text with it is still a prefix of some choice (and EOS once the text is a
     choice); where it forces the next bytes, llguidance allows their canonical tokenization
     only (its forcing, as vLLM and llama.cpp use it), a subset of those."""
-    from verispec.models.load import load_model
-
-    loaded = load_model("smollm2-135m-instruct")
+    loaded, compiler = smollm
     tokenizer, vocab = loaded.tokenizer, loaded.lm.vocab_size
     choices = ["yes", "no", "maybe so", "not sure"]
-    grammar = GrammarCompiler(tokenizer, vocab).choice(choices)
+    grammar = compiler.choice(choices)
     texts = [tokenizer.decode([t]) for t in range(vocab)]
     eos = tokenizer.eos_token_id
     special = set(tokenizer.all_special_ids)
