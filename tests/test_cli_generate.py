@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -180,14 +181,25 @@ def test_generate_keeps_to_a_grammar_and_equals_plain_constrained_decoding(capsy
                  "--json-schema", str(schema), "Summarize: the cat sat on the mat."]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["identical"] is True and report["text"].lstrip().startswith("{")
+    lark = tmp_path / "answer.lark"
+    lark.write_text('start: ("the" | "a") " " WORD "."\nWORD: /[a-z]{2,6}/\n')
+    assert main(["generate", "--model", target, "--k", "4", "--max-new-tokens", "16", "--compare", "--json",
+                 "--grammar", str(lark), "Summarize: the cat sat on the mat."]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["identical"] is True and re.fullmatch("(the|a) [a-z]{2,6}[.]?", report["text"])
 
 
 @pytest.mark.parametrize("options, says", [
     (["--regex", "a("], "error: --regex: invalid regular expression"),
     (["--json-schema", '{"type": "frob"}'], "error: --json-schema: invalid grammar: Invalid type"),
-    (["--regex", "a+", "--choice", "a"], "error: give one of --json-schema, --regex and --choice"),
+    (["--regex", "a+", "--choice", "a"], "error: give one of --json-schema, --regex, --choice and --grammar"),
+    (["--grammar", "no-such.gbnf"], "error: --grammar: cannot read no-such.gbnf: No such file or directory"),
+    (["--grammar", "GRAMMAR"], "error: --grammar: invalid grammar: Failed to convert the grammar from GBNF"),
 ])
-def test_a_bad_grammar_is_one_error_line(capsys, models, options, says):
+def test_a_bad_grammar_is_one_error_line(capsys, models, tmp_path, options, says):
+    bad = tmp_path / "bad.gbnf"
+    bad.write_text('root ::= "a" (\n')
+    options = [str(bad) if option == "GRAMMAR" else option for option in options]
     assert one_line_error(capsys, ["generate", "--model", str(models / "target"), *options, "hi"]).startswith(says)
 
 

@@ -2,9 +2,11 @@
 grammar and renormalised at each step (plain constrained decoding's), for every audited
 proposer and rule, chains and trees, by the exhaustive audit on rational tables with a grammar
 given as an automaton; the negative control (cutting sampled drafts where they leave the
-grammar) is caught; greedy speculation equals greedy plain decoding under the same grammar on
-the tiny real model through llguidance; llguidance's masks on the 49k vocabulary are exact; a
-grammar that cannot be compiled or satisfied is a ValueError with the reason."""
+grammar) is caught; the same audit with a Lark and a GBNF grammar compiled by llguidance over
+a table model's byte strings; greedy speculation equals greedy plain decoding under the same
+grammar (JSON schema, regex, choice, Lark, GBNF) on the tiny real model through llguidance;
+llguidance's masks on the 49k vocabulary are exact; a grammar that cannot be compiled or
+satisfied is a ValueError with the reason."""
 
 from __future__ import annotations
 
@@ -82,6 +84,71 @@ def test_a_grammar_that_allows_nothing_more_is_an_error():
             temperature=0, grammar=stuck)))
 
 
+# --- Lark and GBNF through llguidance, over a table model's vocabulary -------------------------
+
+
+class TableBytes:
+    """A table model's 4 tokens as byte strings, for llguidance (`TokenizerWrapper`'s fields):
+    0 the EOS (special), 1 "a", 2 "b", 3 "ab"; text is encoded longest token first."""
+
+    eos_token_id, bos_token_id, special_token_ids = 0, None, [0]
+    tokens = [b"<eos>", b"a", b"b", b"ab"]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        text = text.decode() if isinstance(text, bytes) else text
+        ids = []
+        while text:
+            n = 2 if text.startswith("ab") else 1
+            ids.append(self.tokens.index(text[:n].encode()))
+            text = text[n:]
+        return ids
+
+
+@pytest.fixture(scope="module")
+def table_grammars():
+    import llguidance
+    from llguidance._tokenizer import TokenizerWrapper
+
+    compiler = GrammarCompiler(llguidance.LLTokenizer(TokenizerWrapper(TableBytes()), n_vocab=4), 4)
+    return {"lark": lambda: compiler.grammar('start: "a" ("b" | "ab")* "a"?'),
+            "gbnf": lambda: compiler.grammar('root ::= "a" ("b" | "ab")* "a"?')}
+
+
+def test_lark_and_gbnf_masks_over_a_table_vocabulary(table_grammars):
+    """The same language in both syntaxes gives the same masks: "a" or "ab" first, EOS once
+    the text is a word ("a", "ab", "aba", ...), and nothing after a token that left it."""
+    lark, gbnf = table_grammars["lark"](), table_grammars["gbnf"]()
+    expected = {(): [0, 1, 0, 1], (1,): [1, 1, 1, 1], (3, 1): [1, 0, 1, 0], (1, 1): [1, 0, 1, 0]}
+    for output, mask in expected.items():
+        assert lark.allowed(output).int().tolist() == mask == gbnf.allowed(output).int().tolist(), output
+    assert lark.allowed((2,)) is None and gbnf.allowed((1, 1, 1)) is None
+
+
+TABLE_SCENARIOS = {
+    "lark": lambda g: Scenario(4, 2, 2, 3, SamplingParams(temperature=1.0, grammar=g), (3, 1, 2), eos_token_id=0,
+                               seed=22, zeros=False),
+    "gbnf": lambda g: Scenario(4, 2, 2, 3, SamplingParams(temperature=1.0, grammar=g), (3, 1, 2), eos_token_id=0,
+                               seed=22, zeros=False, tree=TreeShape.of([(0,), (1,), (0, 0)])),
+}
+TABLE_CONFIGURATIONS = [
+    (syntax, proposer, verifier)
+    for syntax, proposers in (("lark", ("lookup", "draft", "random")), ("gbnf", ("lookup", "draft")))
+    for proposer in proposers
+    for verifier in (("coupled", "token") if syntax == "gbnf" else ("coupled", "token", "block"))
+]
+
+
+@pytest.mark.parametrize("syntax, proposer, verifier", TABLE_CONFIGURATIONS, ids=lambda v: str(v))
+def test_the_output_law_under_a_lark_or_gbnf_grammar_is_the_targets_masked(table_grammars, syntax, proposer,
+                                                                            verifier):
+    """The exhaustive audit with a grammar llguidance compiled from Lark (chains) or GBNF
+    (trees): the output law is the target's masked to the grammar at each step."""
+    scenario = TABLE_SCENARIOS[syntax](table_grammars[syntax]())
+    result = audit_configuration(Configuration(scenario, PROPOSERS[proposer], verifier))
+    assert result.error is None and result.max_abs_diff <= 1e-9, result
+    assert result.drafted > 0
+
+
 # --- llguidance on real tokenizers ----------------------------------------------------------
 
 
@@ -97,7 +164,9 @@ def tiny(tmp_path_factory):
     lambda c: c.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
     lambda c: c.regex(r"[a-e]{2,6}(-[0-9]+)?"),
     lambda c: c.choice(["tell", "me", "a story"]),
-], ids=["json_schema", "regex", "choice"])
+    lambda c: c.grammar('start: greeting " " NAME "!"\ngreeting: "Hello" | "Hi"\nNAME: /[a-z]{2,8}/'),
+    lambda c: c.grammar('root ::= word (" " word)* "."\nword ::= [a-z]+'),
+], ids=["json_schema", "regex", "choice", "lark", "gbnf"])
 def test_greedy_speculation_equals_plain_decoding_under_the_same_grammar(tiny, make):
     compiler = GrammarCompiler(tiny.tokenizer, tiny.lm.vocab_size)
     ids = tuple(tiny.encode("Hello there, tell me a story " * 3, chat=False))
@@ -111,19 +180,49 @@ def test_greedy_speculation_equals_plain_decoding_under_the_same_grammar(tiny, m
     assert text, "the grammar let nothing through"
 
 
+@pytest.fixture(scope="module")
+def smollm():
+    """The default model and a compiler for its tokenizer (converted once)."""
+    from verispec.models.load import load_model
+
+    loaded = load_model("smollm2-135m-instruct", dtype="float32")  # the quickest to load
+    return loaded, GrammarCompiler(loaded.tokenizer, loaded.lm.vocab_size)
+
+
 @pytest.mark.slow
-def test_llguidance_masks_are_exact_on_the_default_vocabulary():
+@pytest.mark.parametrize("text", [
+    'start: "The " ANIMAL " sat on the " THING "." (" The " ANIMAL " sat on the " THING ".")*\n'
+    'ANIMAL: "cat" | "dog"\nTHING: /[a-z]{3,5}/',
+    'root ::= sentence (" " sentence)*\nsentence ::= "The " animal " sat on the " [a-z]+ "."\n'
+    'animal ::= "cat" | "dog"',
+], ids=["lark", "gbnf"])
+def test_greedy_speculation_on_the_default_model_equals_plain_decoding_under_a_grammar(smollm, text):
+    """On SmolLM2 itself, with prompt lookup drafting: a Lark and a GBNF grammar give plain
+    constrained decoding's greedy tokens, and the text keeps to the grammar."""
+    import re
+
+    loaded, compiler = smollm
+    ids = tuple(loaded.encode("Repeat after me: The cat sat on the mat. The dog sat on the rug.", chat=True))
+    runs = [generate(loaded.lm, proposer, Request(ids, 32, sampling=SamplingParams(temperature=0,
+                                                                                    grammar=compiler.grammar(text)),
+                                                   eos_token_ids=loaded.eos_token_ids), policy=k)
+            for proposer, k in [(None, 0), (PromptLookup(), 4)]]
+    assert runs[0].tokens == runs[1].tokens and sum(runs[1].stats.accepted) > 0
+    sentences = loaded.decode([t for t in runs[0].tokens if t not in loaded.eos_token_ids]).split(". ")
+    assert all(re.fullmatch("The (cat|dog) sat on the [a-z]+[.]?", s) for s in sentences), sentences
+
+
+@pytest.mark.slow
+def test_llguidance_masks_are_exact_on_the_default_vocabulary(smollm):
     """For a choice grammar on SmolLM2's 49,152 tokens, after each prefix of each choice, over the
     whole vocabulary: where the grammar leaves a choice of next character, a token is allowed if
     and only if the text with it is still a prefix of some choice (and EOS once the text is a
     choice); where it forces the next bytes, llguidance allows their canonical tokenization
     only (its forcing, as vLLM and llama.cpp use it), a subset of those."""
-    from verispec.models.load import load_model
-
-    loaded = load_model("smollm2-135m-instruct")
+    loaded, compiler = smollm
     tokenizer, vocab = loaded.tokenizer, loaded.lm.vocab_size
     choices = ["yes", "no", "maybe so", "not sure"]
-    grammar = GrammarCompiler(tokenizer, vocab).choice(choices)
+    grammar = compiler.choice(choices)
     texts = [tokenizer.decode([t]) for t in range(vocab)]
     eos = tokenizer.eos_token_id
     special = set(tokenizer.all_special_ids)
@@ -149,6 +248,10 @@ def test_llguidance_masks_are_exact_on_the_default_vocabulary():
     (lambda c: c.json_schema({"type": "frob"}), "Invalid type"),
     (lambda c: c.json_schema({"type": "integer", "minimum": 5, "maximum": 3}), "Unsatisfiable schema"),
     (lambda c: c.choice([]), "the choice is empty"),
+    (lambda c: c.grammar('start: "a" | b_rule'), "invalid grammar: .*unknown name"),
+    (lambda c: c.grammar('root ::= "a" ('), r"invalid grammar: .*Expected '\)'"),
+    (lambda c: c.grammar("   "), "the grammar is empty"),
+    (lambda c: c.grammar("start: /[^\\s\\S]/"), "cannot be satisfied"),
 ])
 def test_bad_grammars_say_why(tiny, make, says):
     with pytest.raises(ValueError, match=says):

@@ -1,6 +1,8 @@
 """Log probabilities under speculation are plain decoding's: each emitted token's is the
 target's own distribution at its position whatever the round accepted, bit for bit on exact
-tables (chains and trees, greedy and sampled), and on the tiny real model within float rounding."""
+tables (chains and trees, greedy and sampled), and on the tiny real model within float rounding.
+The prompt's log probabilities (one forward over the prompt) are what decoding reports for the
+same tokens when they are generated, and asking for them changes nothing else."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 
 from verispec import SamplingParams, generate
 from verispec.audit.trees import TopRankedDraft
-from verispec.logprobs import token_logprobs
+from verispec.logprobs import TokenLogprob, token_logprobs
 from verispec.models.tables import random_table
 from verispec.policies import ConstantTree
 from verispec.proposers import DraftModel
@@ -42,8 +44,8 @@ def test_greedy_speculative_logprobs_are_plain_decodings_bit_for_bit(seed):
         assert spec.logprobs == plain.logprobs  # floats compared exactly
     assert len(plain.logprobs) == 16 and all(len(t.top) == 3 for t in plain.logprobs)
     assert [t.token for t in plain.logprobs] == plain.tokens
-    for t in plain.logprobs:  # greedy: the emitted token is the most likely, listed first
-        assert t.top[0] == (t.token, t.logprob) and [v for _, v in t.top] == sorted((v for _, v in t.top), reverse=True)
+    for t in plain.logprobs:  # greedy: the emitted token is the most likely, listed first, ranked after its ties
+        assert t.top[0] == (t.token, t.logprob) and t.rank == sum(v == t.logprob for _, v in t.top) and [v for _, v in t.top] == sorted((v for _, v in t.top), reverse=True)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -66,3 +68,29 @@ def test_no_logprobs_unless_asked_and_bounds():
     for bad in (-1, 21, 1.5):
         with pytest.raises(ValueError, match=r"logprobs must be an integer in \[0, 20\]"):
             Request(PROMPT, 4, logprobs=bad)
+        with pytest.raises(ValueError, match=r"prompt_logprobs must be an integer in \[0, 20\]"):
+            Request(PROMPT, 4, prompt_logprobs=bad)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_prompt_logprobs_are_what_decoding_reports_for_the_same_tokens(seed):
+    """Decode a reply with its logprobs, then score prompt + reply as a prompt: its tokens after
+    the prompt have exactly the logprobs decoding reported (ranks and alternatives included);
+    the first prompt token has none; speculation and the prompt's logprobs change nothing else."""
+    target = random_table(5, 2, seed)
+    sampling = SamplingParams(temperature=1.0)
+    plain = generate(target, None, Request(PROMPT, 8, sampling=sampling, seed=seed, logprobs=2))
+    spec = generate(target, DraftModel(random_table(5, 2, seed + 9)),
+                    Request(PROMPT, 8, sampling=sampling, seed=seed, logprobs=2, prompt_logprobs=2), policy=3)
+    assert spec.tokens == plain.tokens and spec.logprobs == plain.logprobs and spec.stats.speculative_rounds > 0
+    scored = generate(target, None, Request((*PROMPT, *plain.tokens), 0, prompt_logprobs=2))
+    assert scored.tokens == [] and len(scored.prompt_logprobs) == len(PROMPT) + 8
+    assert scored.prompt_logprobs[0] is None and all(isinstance(t, TokenLogprob) for t in scored.prompt_logprobs[1:])
+    assert scored.prompt_logprobs[len(PROMPT):] == plain.logprobs
+    assert spec.prompt_logprobs == scored.prompt_logprobs[: len(PROMPT)]
+    assert [t.token for t in spec.prompt_logprobs[1:]] == list(PROMPT[1:]) and plain.prompt_logprobs == []
+
+
+def test_a_one_token_prompt_has_one_null_logprob():
+    run = generate(random_table(5, 2, 0), None, Request((3,), 2, prompt_logprobs=1))
+    assert run.prompt_logprobs == [None] and len(run.tokens) == 2

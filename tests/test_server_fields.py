@@ -2,7 +2,9 @@
 with `--k auto`: repetition_penalty, min_tokens, stop_token_ids, ignore_eos and
 include_stop_str_in_output give the library's tokens under the same transforms and stops;
 stop_reason names what stopped a reply; seeded sampled requests reproduce under auto k beside
-other traffic; /tokenize, /detokenize and /version; system_fingerprint; trailing slashes."""
+other traffic; logprobs, the prompt's (echo, prompt_logprobs) and structured output (JSON
+schema, regex, choice, Lark and GBNF grammars) are the library's; /tokenize, /detokenize and
+/version; system_fingerprint; trailing slashes."""
 
 from __future__ import annotations
 
@@ -211,6 +213,50 @@ def test_sampled_logprobs_are_the_targets_rows(server, loaded):
     assert got == pytest.approx([t.logprob for t in expected], abs=1e-4)
 
 
+LARK = 'start: greeting " " NAME "!"\ngreeting: "Hello" | "Hi"\nNAME: /[a-z]{2,8}/'
+GBNF = 'root ::= word (" " word)* "."\nword ::= [a-z]+'
+def test_echo_and_prompt_logprobs_are_the_targets_scoring_of_the_prompt(server, loaded):
+    """Completions' echo with logprobs: the prompt's text and tokens before the reply's, the
+    first prompt token's logprob null, the rest the library's prompt logprobs (one forward over
+    the prompt), the reply's as without echo; vLLM's prompt_logprobs (a completion choice's, a
+    chat reply's) hold the prompt token and the most likely ones with their ranks; a streamed
+    echo sends the prompt first."""
+    ids = loaded.encode(PROMPT, chat=False)
+    library = generate(loaded.lm, None, Request(tuple(ids), N, eos_token_ids=loaded.eos_token_ids, logprobs=2,
+                                                prompt_logprobs=2))
+    text = loaded.tokenizer.decode
+    reply = complete(server, echo=True, logprobs=2)
+    choice = choice_of(reply)
+    got = choice["logprobs"]
+    assert choice["token_ids"] == library.tokens and choice["text"] == PROMPT + text(library.tokens)
+    assert got["tokens"] == [text([t]) for t in [*ids, *library.tokens]]
+    assert got["token_logprobs"][0] is None and got["top_logprobs"][0] is None
+    assert got["token_logprobs"][1:] == pytest.approx([t.logprob for t in [*library.prompt_logprobs[1:],
+                                                                            *library.logprobs]], abs=1e-5)
+    assert "prompt_logprobs" not in choice and reply["usage"]["completion_tokens"] == N
+    scored = choice_of(complete(server, prompt_logprobs=3, max_tokens=1))["prompt_logprobs"]
+    assert len(scored) == len(ids) and scored[0] is None
+    for token, position, mine in zip(ids[1:], scored[1:], library.prompt_logprobs[1:]):
+        entry = position[str(token)]
+        assert entry["logprob"] == pytest.approx(mine.logprob, abs=1e-5) and entry["rank"] == mine.rank
+        assert entry["decoded_token"] == text([token]) and 3 <= len(position) <= 4
+        ranks = [e["rank"] for e in list(position.values())[1:]]  # the most likely, the prompt token's left out
+        assert ranks == sorted(ranks) and set(ranks) <= {1, 2, 3}
+    status, chat = server.request("POST", "/v1/chat/completions", {
+        "model": NAME, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2, "prompt_logprobs": 0})
+    assert status == 200 and len(chat["prompt_logprobs"]) == len(loaded.encode(PROMPT, chat=True))
+    assert all(len(p) == 1 for p in chat["prompt_logprobs"][1:])
+    status, streamed = server.request("POST", "/v1/completions", {
+        "model": NAME, "prompt": PROMPT, "max_tokens": N, "temperature": 0, "echo": True, "stream": True})
+    chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
+    assert chunks[0]["choices"][0]["text"] == PROMPT
+    assert "".join(c["choices"][0]["text"] for c in chunks) == PROMPT + text(library.tokens)
+
+
+def choice_of(reply: dict) -> dict:
+    return reply["choices"][0]
+
+
 SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}, "n": {"type": "integer"}},
           "required": ["story", "n"], "additionalProperties": False}
 
@@ -222,7 +268,11 @@ SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}, "n": {"t
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}},
      lambda g: g.json_schema(SCHEMA)),
     ({"response_format": {"type": "json_object"}}, lambda g: g.json_object()),
-], ids=["guided_choice", "guided_regex", "guided_json", "response_format json_schema", "response_format json_object"])
+    ({"guided_grammar": LARK}, lambda g: g.grammar(LARK)),
+    ({"structured_outputs": {"grammar": GBNF}}, lambda g: g.grammar(GBNF)),
+    ({"structured_outputs": {"json": SCHEMA}}, lambda g: g.json_schema(SCHEMA)),
+], ids=["guided_choice", "guided_regex", "guided_json", "response_format json_schema", "response_format json_object",
+        "guided_grammar lark", "structured_outputs grammar gbnf", "structured_outputs json"])
 def test_structured_output_is_plain_constrained_decoding(server, loaded, fields, make):
     """Greedy under `--k auto` with a grammar: the library's plain decoding under the same
     grammar, token for token, and the text keeps to the grammar."""
@@ -237,6 +287,10 @@ def test_structured_output_is_plain_constrained_decoding(server, loaded, fields,
         assert text in fields["guided_choice"]
     elif "guided_regex" in fields:
         assert reply["choices"][0]["finish_reason"] == "length" or re.fullmatch(fields["guided_regex"], text)
+    elif "guided_grammar" in fields:
+        assert reply["choices"][0]["finish_reason"] == "length" or re.fullmatch("(Hello|Hi) [a-z]{2,8}!", text)
+    elif "grammar" in fields.get("structured_outputs", {}):
+        assert re.fullmatch("[a-z]+( [a-z]+)*" + ("[.]" if reply["choices"][0]["finish_reason"] == "stop" else ""), text)
     elif reply["choices"][0]["finish_reason"] == "stop":
         assert isinstance(json.loads(text), dict)
 

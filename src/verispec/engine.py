@@ -69,7 +69,7 @@ import torch
 from verispec import verify
 from verispec.drafts import EMPTY_DRAFT, ROOT, Draft, TreeDraft, TreeVerdict, Verdict, through_first_eos
 from verispec.grammar import within_grammar
-from verispec.logprobs import TokenLogprob, token_logprobs
+from verispec.logprobs import TokenLogprob, prompt_token_logprobs, token_logprobs
 from verispec.models.base import CausalLM, TreeScoring
 from verispec.plan import Plan
 from verispec.policies import KPolicy, PerSource, as_policy
@@ -87,12 +87,14 @@ T = TypeVar("T")
 @dataclass
 class Generation:
     """The tokens, the statistics and the seed they were drawn with (the request's, drawn when
-    it named none: `Request.seed`)."""
+    it named none: `Request.seed`); the tokens' logprobs and the prompt's, when the request
+    asks (`Request.logprobs`, `Request.prompt_logprobs`)."""
 
     tokens: list[int]
     stats: Stats
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one a token when the request asks
     seed: int = 0
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # one a prompt token
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,7 @@ class Decoding:
         self.keyed = verify.keyed_rounds(request.verifier, request.sampling.greedy)
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []  # the target's, one a token (`Request.logprobs`)
+        self.prompt_logprobs: list[TokenLogprob | None] = []  # one a prompt token (`Request.prompt_logprobs`)
         self.stats = Stats()
         self._context: list[int] = []  # prompt + emitted; its last token is the pending token
 
@@ -204,7 +207,9 @@ class Decoding:
         return len(self._context) - 1
 
     def __iter__(self) -> Iterator[int]:
-        if self.max_new_tokens == 0:
+        if self.max_new_tokens == 0:  # nothing to decode; the prompt may still be scored
+            if self.request.prompt_logprobs is not None:
+                self.prompt_logprobs = self._prompt_logprobs()
             return
         self.begin()
         while not self.done:
@@ -216,16 +221,26 @@ class Decoding:
         return list(self.prompt[:-1])
 
     def begin(self, prefilled: float | None = None) -> None:
-        """Prefill the prompt (`prefix`) and start the proposer and the policy. prefilled: the
-        seconds it took when a scheduler already prefilled the target with `prefix` (with
-        other requests' prompts: `BatchedPrefill`)."""
+        """Prefill the prompt (`prefix`), score it when the request asks for its logprobs, and
+        start the proposer and the policy. prefilled: the seconds it took when a scheduler
+        already prefilled the target with `prefix` (with other requests' prompts:
+        `BatchedPrefill`)."""
         self._context = list(self.prompt)
         if prefilled is None:
             _, prefilled = timed(self.clock, prefill_and_wait, self.target, self.prefix)
+        if self.request.prompt_logprobs is not None:
+            self.prompt_logprobs, scored = timed(self.clock, self._prompt_logprobs)
+            prefilled += scored
         self.stats.prefill_seconds = prefilled
         if self.proposer is not None:
             self.proposer.begin(self.prompt, self.sampling)
         self.policies.begin()
+
+    def _prompt_logprobs(self) -> list[TokenLogprob | None]:
+        """The prompt's logprobs from one stateless forward over `prefix` (`target.score`: the
+        cache is not touched, so the decoding is the same with them or without)."""
+        rows = self.target.score(self.prefix) if self.prefix else torch.empty(0)  # [len(prompt) - 1, V]
+        return prompt_token_logprobs(rows, self.prompt, self.request.prompt_logprobs)
 
     def round(self) -> list[int]:
         """One round: the tokens it emits (at least one)."""
@@ -357,7 +372,7 @@ def generate(
     run = stream(target, proposer, request, policy=policy, rng=rng, clock=clock, **keywords)
     for _ in run:
         pass
-    return Generation(run.tokens, run.stats, run.logprobs, run.request.seed)
+    return Generation(run.tokens, run.stats, run.logprobs, run.request.seed, run.prompt_logprobs)
 
 
 def stream(

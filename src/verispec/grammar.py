@@ -1,5 +1,5 @@
-"""Grammars: constrained output (a JSON schema, a regular expression, a choice of strings) as
-a transform that reads the context, like the penalties (`verispec.sampling.penalised`).
+"""Grammars: constrained output (a JSON schema, a regular expression, a choice of strings, a
+context-free grammar in Lark or GBNF) as a transform that reads the context, like the penalties (`verispec.sampling.penalised`).
 
 A grammar answers one question: which tokens may follow an output prefix (`allowed`, a [V]
 mask). The sampling transforms apply it to every row of p and q with that row's own prefix
@@ -120,8 +120,9 @@ class GuidanceGrammar:
 
 
 class GrammarCompiler:
-    """Compiles grammars for one model's tokenizer (an HF tokenizer) through llguidance; the
-    tokenizer's conversion (about a second for a 49k vocabulary) happens once, on first use.
+    """Compiles grammars for one model's tokenizer through llguidance: an HF tokenizer, whose
+    conversion (about a second for a 49k vocabulary) happens once, on first use, or an
+    `llguidance.LLTokenizer` already made (a table model's few byte strings, in the audit).
     Every method raises ValueError with the library's reason for a grammar it cannot compile."""
 
     def __init__(self, tokenizer: object, vocab_size: int) -> None:
@@ -154,6 +155,20 @@ class GrammarCompiler:
             raise ValueError("the choice is empty; give at least one string")
         return self.regex("|".join(f"(?:{re.escape(c)})" for c in choices))
 
+    def grammar(self, text: str) -> GuidanceGrammar:
+        """A context-free grammar: Lark (llguidance's dialect, `start: ...`, with its regular
+        expressions and `%json` schemas) or llama.cpp's GBNF (`root ::= ...`), told apart as
+        llguidance does (Lark names a `start` rule or begins `%llguidance`; GBNF is converted
+        to Lark by llguidance's own converter)."""
+        llguidance = guidance()
+        if not text.strip():
+            raise ValueError("the grammar is empty; give a Lark grammar (start: ...) or a GBNF one (root ::= ...)")
+        try:
+            lark = llguidance.grammar_from("grammar", text)
+        except ValueError as error:  # GBNF the converter cannot read
+            raise ValueError(f"invalid grammar: {str(error).splitlines()[0]}") from None
+        return self._compile(lark, f"grammar {text}")
+
     def _compile(self, grammar: str, text: str) -> GuidanceGrammar:
         llguidance = guidance()
         tokenizer = self._tokenizer()
@@ -165,16 +180,19 @@ class GrammarCompiler:
             raise ValueError(f"invalid grammar: {matcher.get_error().splitlines()[0]}")
         compiled = GuidanceGrammar(matcher, self.vocab_size, text)
         first = compiled.allowed(())
-        if first is None or not bool(first.any()):
+        if first is None or not bool(first.any()) or matcher.is_error():
             raise ValueError("the grammar allows no output at all: it cannot be satisfied")
         return compiled
 
     def _tokenizer(self) -> object:
         if self._converted is None:
-            guidance()
-            import llguidance.hf
+            llguidance = guidance()
+            if isinstance(self.tokenizer, llguidance.LLTokenizer):
+                self._converted = self.tokenizer
+            else:
+                import llguidance.hf
 
-            self._converted = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size)
+                self._converted = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size)
         return self._converted
 
 

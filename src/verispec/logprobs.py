@@ -7,13 +7,20 @@ before them, so token j's distribution is row j (a tree's: the rows along the ac
 Those are the very rows plain decoding would score one at a time, so the log probabilities are
 plain decoding's whatever the round accepted, and whatever the proposer's q was.
 
-They are the model's raw log probabilities (vLLM's default `raw_logprobs`): log-softmax of the
-logits in float32, before the request's temperature, filters and penalties. Each row is
-reduced on its own, so a row's values do not depend on how many rows its forward scored.
+The prompt's tokens have theirs too (`prompt_token_logprobs`): one forward over the prompt,
+row i the target's distribution after its first i + 1 tokens, so token i + 1's; the first
+token's is None (nothing comes before it), as OpenAI's `echo` and vLLM's `prompt_logprobs`
+report it.
+
+They are the model's raw log probabilities (vLLM's default `logprobs_mode`, `raw_logprobs`),
+the prompt's and the reply's alike: log-softmax of the logits in float32, before the request's
+temperature, filters, penalties and grammar. Each row is reduced on its own, so a row's values
+do not depend on how many rows its forward scored. A token's `rank` is vLLM's: how many
+tokens are at least as likely (1: the most likely).
 
     >>> rows = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]))
-    >>> [(t.token, round(t.logprob, 4), [i for i, _ in t.top]) for t in token_logprobs(rows, [1, 2], 2)]
-    [(1, -1.3863, [0, 1]), (2, -0.2231, [2, 0])]
+    >>> [(t.token, round(t.logprob, 4), t.rank, [i for i, _ in t.top]) for t in token_logprobs(rows, [1, 2], 2)]
+    [(1, -1.3863, 3, [0, 1]), (2, -0.2231, 1, [2, 0])]
 """
 
 from __future__ import annotations
@@ -28,11 +35,13 @@ MAX_TOP = 20  # OpenAI's bound on top_logprobs
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One emitted token's log probability under the target, and the `top` most likely tokens
-    at its position with theirs, most likely first (ties: the lower id first)."""
+    """One token's log probability under the target, its rank there (vLLM's: the tokens at
+    least as likely, itself included), and the `top` most likely tokens at its position with
+    theirs, most likely first (ties: the lower id first)."""
 
     token: int
     logprob: float
+    rank: int
     top: tuple[tuple[int, float], ...] = ()
 
 
@@ -46,5 +55,17 @@ def token_logprobs(rows: torch.Tensor, tokens: Sequence[int], top: int) -> list[
         if top:
             values, ids = torch.topk(logp, min(top, logp.shape[-1]), sorted=True)
             best = sorted(zip(ids.tolist(), values.tolist()), key=lambda pair: (-pair[1], pair[0]))
-        out.append(TokenLogprob(int(token), float(logp[token]), tuple(best)))
+        out.append(TokenLogprob(int(token), float(logp[token]), int((logp >= logp[token]).sum()), tuple(best)))
     return out
+
+
+def prompt_token_logprobs(rows: torch.Tensor, prompt: Sequence[int], top: int) -> list[TokenLogprob | None]:
+    """The prompt's log probabilities from the target's rows over it (logits[n >= len(prompt)
+    - 1, V], row i after prompt[: i + 1]): None for the first token, then token i + 1's under
+    row i, with the `top` most likely tokens at each position.
+
+    >>> rows = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    >>> [None if t is None else (t.token, round(t.logprob, 4)) for t in prompt_token_logprobs(rows, [2, 0], 1)]
+    [None, (0, -0.6931)]
+    """
+    return [None, *token_logprobs(rows, prompt[1:], top)]

@@ -62,6 +62,10 @@ class Request:
     logprobs: report each emitted token's log probability under the target with this many of
     the most likely tokens at its position (0 to `verispec.logprobs.MAX_TOP`; None: none), as
     plain decoding would (`verispec.logprobs`).
+    prompt_logprobs: report each prompt token's log probability under the target, with this
+    many of the most likely tokens at its position (0 to `MAX_TOP`; None: none), from one
+    forward over the prompt (`verispec.logprobs.prompt_token_logprobs`; the first token's is
+    None: nothing comes before it).
     request_id: a name for logs, metrics and cancellation (unique by default)."""
 
     prompt_ids: tuple[int, ...]
@@ -74,6 +78,7 @@ class Request:
     verifier: str | Callable = "auto"
     max_k: int | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     request_id: str = field(default_factory=_next_id)
     k_spec: KSpec | None = field(init=False, default=None, repr=False, compare=False)
 
@@ -106,8 +111,10 @@ class Request:
             raise ValueError("without a proposer, k must be 0 (plain decoding)")
         if self.max_k is not None and not is_int(self.max_k, least=0):
             raise ValueError(f"max_k must be an integer >= 0 or None, got {self.max_k!r}")
-        if self.logprobs is not None and not is_int(self.logprobs, least=0, most=MAX_TOP):
-            raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP}] or None, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not is_int(value, least=0, most=MAX_TOP):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_TOP}] or None, got {value!r}")
         # read once, here: a constant k >= 1 or a policy (k = 0: plain decoding, no policy)
         spec = k if isinstance(k, KSpec) else None if k == 0 else parse_k(k, option="k")
         object.__setattr__(self, "k_spec", spec)

@@ -45,6 +45,9 @@ def generate(
     regex: Annotated[Optional[str], typer.Option(help="Constrain the output to this regular expression.")] = None,
     choice: Annotated[Optional[list[str]], typer.Option(
         help="Constrain the output to one of these strings (repeat the option for each).")] = None,
+    grammar: Annotated[Optional[Path], typer.Option(
+        metavar="FILE", help="Constrain the output to this grammar file: Lark (start: ...) or GBNF (root ::= ...)."),
+    ] = None,
     seed: int = 0,
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="Wrap the prompt in the chat template.")] = True,
     dtype: Annotated[
@@ -71,7 +74,7 @@ def generate(
     loaded = build(runner.load_plan(model, dtype, runtime, deterministic, device, k_spec))
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
-    sampling = constrained(sampling, loaded, json_schema, regex, choice)
+    sampling = constrained(sampling, loaded, json_schema, regex, choice, grammar)
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
     check_context(loaded, len(prompt_ids), max_new_tokens)
     request = Request(tuple(prompt_ids), max_new_tokens, sampling, loaded.eos_token_ids, seed=seed, proposer=proposer_spec,
@@ -133,15 +136,16 @@ def generate(
 
 
 def constrained(sampling: SamplingParams, loaded: LoadedModel, json_schema: str | None, regex: str | None,
-                choice: list[str] | None) -> SamplingParams:
-    """`sampling` with the grammar of at most one of --json-schema, --regex, --choice
-    (`verispec.grammar`); ValueError with the reason for one that cannot compile."""
+                choice: list[str] | None, grammar_file: Path | None = None) -> SamplingParams:
+    """`sampling` with the grammar of at most one of --json-schema, --regex, --choice, --grammar
+    (`verispec.grammar`); ValueError with the reason for one that cannot compile or be read."""
     given = [(name, value) for name, value in (("--json-schema", json_schema), ("--regex", regex),
-                                                ("--choice", choice)) if value]
+                                                ("--choice", choice), ("--grammar", grammar_file)) if value]
     if not given:
         return sampling
     if len(given) > 1:
-        raise ValueError(f"give one of --json-schema, --regex and --choice, got {' and '.join(n for n, _ in given)}")
+        raise ValueError(f"give one of --json-schema, --regex, --choice and --grammar, got "
+                         f"{' and '.join(n for n, _ in given)}")
     from verispec.grammar import GrammarCompiler
 
     compiler = GrammarCompiler(loaded.tokenizer, loaded.lm.vocab_size)
@@ -150,9 +154,13 @@ def constrained(sampling: SamplingParams, loaded: LoadedModel, json_schema: str 
         if name == "--json-schema":
             path = Path(value)
             grammar = compiler.json_schema(path.read_text(encoding="utf-8") if path.suffix == ".json" else value)
+        elif name == "--grammar":
+            grammar = compiler.grammar(value.read_text(encoding="utf-8"))
         else:
             grammar = compiler.regex(value) if name == "--regex" else compiler.choice(value)
-    except (ValueError, OSError) as error:
+    except OSError as error:
+        raise ValueError(f"{name}: cannot read {error.filename}: {error.strerror}") from None
+    except ValueError as error:  # UnicodeDecodeError included
         raise ValueError(f"{name}: {error}") from None
     return replace(sampling, grammar=grammar)
 

@@ -10,7 +10,8 @@ accepted by position), vLLM's per-request `metrics.speculative_decoding` (its ac
 histogram) and llama-server's `timings`; a streamed reply carries them on its last chunk (and
 `usage` on a chunk of its own with `stream_options.include_usage`). A request may turn its
 speculation off or cap it (`speculation`), ask for logprobs (the target's own, plain
-decoding's) and constrain its output to a grammar (`response_format`, `guided_*`).
+decoding's) and constrain its output to a grammar (`response_format`, `structured_outputs`,
+`guided_*`).
 
 Seeds: a sampled reply's tokens are plain decoding's for its seed whatever the speculation
 (the coupled rule), so a seeded request reproduces with the k policy adapting freely; one
@@ -298,7 +299,10 @@ class ServerApp:
         else:
             ids = list(body.prompt)
             self._check_ids(ids, "prompt")
-        return await self._generate(request, body, ids, arrival, chat=False)
+        echo = None
+        if body.echo:  # the prompt as given, or its ids' text
+            echo = body.prompt if isinstance(body.prompt, str) else await run_in_threadpool(self.served.decode, ids)
+        return await self._generate(request, body, ids, arrival, chat=False, echo=echo)
 
     async def chat_completions(self, request: HTTPRequest) -> Response:
         arrival = time.perf_counter()
@@ -393,7 +397,7 @@ class ServerApp:
                 raise ApiError(400, f"{field} with structured output is not served: the grammar ends the reply "
                                "with EOS; drop one of them", param=field)
         compile_one = {"json_schema": self.served.grammars.json_schema, "regex": self.served.grammars.regex,
-                       "choice": self.served.grammars.choice}
+                       "choice": self.served.grammars.choice, "grammar": self.served.grammars.grammar}
         try:
             if constraint.kind == "json_object":
                 grammar = await run_in_threadpool(self.served.grammars.json_object)
@@ -404,7 +408,9 @@ class ServerApp:
         return dataclasses.replace(sampling, grammar=grammar)
 
     async def _generate(self, http: HTTPRequest, body: SamplingFields, ids: list[int], arrival: float,
-                        chat: bool) -> Response:
+                        chat: bool, echo: str | None = None) -> Response:
+        """Decode a request of `ids`; echo: the prompt's text, which the reply begins with
+        (completions' `echo`)."""
         served = self.served
         stop_ids = frozenset(body.stop_token_ids or ())
         self._check_ids(sorted(stop_ids), "stop_token_ids")
@@ -422,11 +428,12 @@ class ServerApp:
                 proposer=served.proposer if speculates else None, k=served.k if speculates else 0,
                 max_k=body.speculation.max_k if speculates else None,
                 logprobs=body.top_logprobs_count(),
+                prompt_logprobs=body.prompt_logprobs_count(),
                 request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
             )
         except ValueError as error:
             raise ApiError(400, str(error)) from None
-        reply = Reply(self, body, request, arrival, chat)
+        reply = Reply(self, body, request, arrival, chat, echo)
         output = Output(served.decode, body.stops, stop_token_ids=stop_ids, min_tokens=body.min_tokens,
                         include_stop=body.include_stop_str_in_output, on_finish=reply.record)
         try:
@@ -457,10 +464,13 @@ class ServerApp:
 
 
 class Reply:
-    """The JSON of one reply, whole or as chunks, and its record in the metrics."""
+    """The JSON of one reply, whole or as chunks, and its record in the metrics. echo: the
+    prompt's text, which a completion's text begins with (None: no echo)."""
 
-    def __init__(self, app: ServerApp, body: SamplingFields, request: Request, arrival: float, chat: bool) -> None:
+    def __init__(self, app: ServerApp, body: SamplingFields, request: Request, arrival: float, chat: bool,
+                 echo: str | None = None) -> None:
         self.app, self.body, self.request, self.arrival, self.chat = app, body, request, arrival, chat
+        self.echo = echo
         self.created = int(time.time())
 
     def record(self, output: Output) -> None:
@@ -487,8 +497,9 @@ class Reply:
         }
 
     def _choice(self, output: Output, text: str, finish_reason: str | None, delta: dict | None = None,
-                logprobs: list[TokenLogprob] | None = None) -> dict:
-        """One choice; logprobs: those it carries (default: the whole reply's, when asked)."""
+                logprobs: list[TokenLogprob] | None = None, echoed: bool = False) -> dict:
+        """One choice; logprobs: those it carries (default: the whole reply's, when asked);
+        echoed: `text` begins with the prompt, whose logprobs go before them."""
         choice: dict = {"index": 0}
         if self.chat:
             if delta is not None:
@@ -501,7 +512,15 @@ class Reply:
         if self.request.logprobs is not None:
             entries = output.logprobs if logprobs is None else logprobs
             text_of = self.app.served.token_text
-            choice["logprobs"] = chat_logprobs(entries, text_of) if self.chat else completion_logprobs(entries, text_of)
+            if self.chat:
+                choice["logprobs"] = chat_logprobs(entries, text_of)
+            else:
+                tokens = [e.token for e in entries]
+                if echoed:
+                    tokens, entries = [*self.request.prompt_ids, *tokens], [*self._prompt_logprobs(output), *entries]
+                choice["logprobs"] = completion_logprobs(tokens, entries, text_of)
+        if not self.chat and self.body.prompt_logprobs is not None:  # vLLM's place: the choice's (chat: the reply's)
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(self._prompt_logprobs(output), self.app.served.token_text)
         choice["finish_reason"] = finish_reason
         if finish_reason is not None:
             choice["stop_reason"] = output.stop_reason
@@ -509,9 +528,18 @@ class Reply:
             choice["token_ids"] = list(output.token_ids)
         return choice
 
+    def _prompt_logprobs(self, output: Output) -> list[TokenLogprob | None]:
+        """The prompt's logprobs, one a prompt token (all None where the request ended before
+        its first token brought them)."""
+        return output.prompt_logprobs or [None] * len(self.request.prompt_ids)
+
     def whole(self, output: Output) -> dict:
-        return {**self._head(False), "choices": [self._choice(output, output.text, output.finish_reason)],
-                **self._extras(output)}
+        echoed = self.echo is not None
+        text = self.echo + output.text if echoed else output.text
+        reply = {**self._head(False), "choices": [self._choice(output, text, output.finish_reason, echoed=echoed)]}
+        if self.chat and self.body.prompt_logprobs is not None:
+            reply["prompt_logprobs"] = vllm_prompt_logprobs(self._prompt_logprobs(output), self.app.served.token_text)
+        return {**reply, **self._extras(output)}
 
     async def events(self, output: Output, cancel: Callable[[], None]) -> AsyncIterator[str]:
         """The server-sent events of a streamed reply; the job is cancelled if they stop early
@@ -521,8 +549,13 @@ class Reply:
             if self.chat:
                 yield sse({**self._head(True), "choices": [self._choice(output, "", None, {"role": "assistant",
                                                                                         "content": ""})]})
+            echo = self.echo
             while True:
                 item = await deltas.get()
+                if echo is not None:  # the prompt first, once its logprobs have come with the first tokens
+                    yield sse({**self._head(True), "choices": [self._choice(output, echo, None, logprobs=[],
+                                                                            echoed=True)]})
+                    echo = None
                 if isinstance(item, Finished):
                     break
                 delta = {"content": item} if self.chat else None
@@ -608,14 +641,36 @@ def chat_logprobs(entries: list[TokenLogprob], text_of: Callable[[int], str]) ->
                         for e in entries]}
 
 
-def completion_logprobs(entries: list[TokenLogprob], text_of: Callable[[int], str]) -> dict:
-    """OpenAI's legacy completions `logprobs`: tokens, token_logprobs, top_logprobs (text ->
-    logprob) and text_offset (where each token's text begins in the reply's, counted from the
-    tokens' texts)."""
-    texts = [text_of(e.token) for e in entries]
+def completion_logprobs(tokens: Sequence[int], entries: Sequence[TokenLogprob | None],
+                        text_of: Callable[[int], str]) -> dict:
+    """OpenAI's legacy completions `logprobs` of `tokens` (entries[i] token i's; None, the
+    first prompt token's under `echo`, gives nulls): tokens, token_logprobs, top_logprobs
+    (text -> logprob) and text_offset (where each token's text begins in the reply's, counted
+    from the tokens' texts)."""
+    texts = [text_of(t) for t in tokens]
     offsets = [0, *itertools.accumulate(len(t) for t in texts)][: len(texts)]
-    return {"tokens": texts, "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{text_of(t): v for t, v in e.top} for e in entries], "text_offset": offsets}
+    return {"tokens": texts, "token_logprobs": [None if e is None else e.logprob for e in entries],
+            "top_logprobs": [None if e is None else {text_of(t): v for t, v in e.top} for e in entries],
+            "text_offset": offsets}
+
+
+def vllm_prompt_logprobs(entries: Sequence[TokenLogprob | None], text_of: Callable[[int], str]) -> list:
+    """vLLM's `prompt_logprobs`: null for the first prompt token, then for each one {token id:
+    {logprob, rank, decoded_token}} holding the prompt token and the most likely tokens (rank
+    1, 2, ... in order)."""
+
+    def one(logprob: float, rank: int, token: int) -> dict:
+        return {"logprob": logprob, "rank": rank, "decoded_token": text_of(token)}
+
+    out: list = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        position = {str(e.token): one(e.logprob, e.rank, e.token)}
+        position.update((str(t), one(v, r, t)) for r, (t, v) in enumerate(e.top, start=1) if t != e.token)
+        out.append(position)
+    return out
 
 
 def spec_metrics(spec: Speculation, k: int | str) -> dict:

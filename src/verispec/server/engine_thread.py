@@ -126,9 +126,11 @@ class Finished:
 class Sink(Protocol):
     """Where a request's tokens go, called on the event loop."""
 
-    def tokens(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
-        """Take tokens the job committed (and their logprobs, one a token, when the request asked);
-        True asks to cancel the job (a stop string appeared)."""
+    def tokens(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None,
+               prompt_logprobs: list[TokenLogprob | None] | None = None) -> bool:
+        """Take tokens the job committed (and their logprobs, one a token, when the request asked;
+        with its first tokens, the prompt's, when asked); True asks to cancel the job (a stop
+        string appeared)."""
         ...
 
     def finish(self, finished: Finished) -> None: ...
@@ -267,7 +269,7 @@ class EngineThread:
         self._call(_accept, answer, job, self)
 
     def _publish(self, committed: list[tuple[Job, list[int]]]) -> None:
-        tokens = [(job, self.sinks[job], list(new), new_logprobs(job, len(new)))
+        tokens = [(job, self.sinks[job], list(new), new_logprobs(job, len(new)), first_prompt_logprobs(job, len(new)))
                   for job, new in committed if new and job in self.sinks]
         ended = []
         for job in [job for job in self.sinks if job.done or self._lost(job)]:
@@ -300,6 +302,14 @@ def new_logprobs(job: Job, n: int) -> list[TokenLogprob] | None:
     return job.decoding.logprobs[len(job.decoding.logprobs) - n:]
 
 
+def first_prompt_logprobs(job: Job, n: int) -> list[TokenLogprob | None] | None:
+    """The prompt's logprobs with `job`'s first `n` committed tokens (None: not the first, or
+    the request asked for none)."""
+    if job.request.prompt_logprobs is None or len(job.decoding.tokens) != n:
+        return None
+    return job.decoding.prompt_logprobs
+
+
 def _accept(answer: asyncio.Future, job: Job, engine: EngineThread) -> None:
     if answer.cancelled():  # the client left while its request was being queued
         engine.cancel(job)
@@ -313,11 +323,12 @@ def _reject(answer: asyncio.Future, error: Exception) -> None:
 
 
 def _deliver(
-    engine: EngineThread, tokens: list[tuple[Job, Sink, list[int], list[TokenLogprob] | None]],
+    engine: EngineThread,
+    tokens: list[tuple[Job, Sink, list[int], list[TokenLogprob] | None, list[TokenLogprob | None] | None]],
     ended: list[tuple[Sink, Finished]],
 ) -> None:
-    for job, sink, new, logprobs in tokens:
-        if sink.tokens(new, logprobs):
+    for job, sink, new, logprobs, prompt_logprobs in tokens:
+        if sink.tokens(new, logprobs, prompt_logprobs):
             engine.cancel(job)
     for sink, finished in ended:
         sink.finish(finished)

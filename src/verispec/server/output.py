@@ -59,6 +59,7 @@ class Output:
         self.token_ids: list[int] = []  # the reply's tokens (through the one completing a stop string)
         self.logprobs: list[TokenLogprob] = []  # theirs, one a token, when the request asked
         self.logprobs_sent = 0  # of `logprobs`, those a streamed chunk has carried
+        self.prompt_logprobs: list[TokenLogprob | None] = []  # one a prompt token, when the request asked
         self.stopped = False
         self.finished: Finished | None = None
         self.deltas: asyncio.Queue[str | Finished] | None = None  # made on first use, on the loop
@@ -84,9 +85,12 @@ class Output:
             return "stop"
         return FINISH_REASONS.get(self.finished.reason, self.finished.reason) if self.finished else "abort"
 
-    def tokens(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
-        """Take the tokens of a step (and their logprobs); True when they completed a stop string
-        (cancel the job)."""
+    def tokens(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None,
+               prompt_logprobs: list[TokenLogprob | None] | None = None) -> bool:
+        """Take the tokens of a step (and their logprobs, and with the first the prompt's); True
+        when they completed a stop string (cancel the job)."""
+        if prompt_logprobs is not None:
+            self.prompt_logprobs = list(prompt_logprobs)
         if self.stopped:
             return False  # committed in a step before the cancel took
         for i, token in enumerate(tokens):

@@ -10,10 +10,12 @@ lists which:
   `ignore_eos`, `include_stop_str_in_output`), the budget, streaming, and how the prompt is
   encoded (a message's `name`, `reasoning_effort`, vLLM's `add_generation_prompt`,
   `continue_final_message` and `add_special_tokens`), the reply's logprobs (the target's own,
-  `verispec.logprobs`: plain decoding's under speculation too);
+  `verispec.logprobs`: plain decoding's under speculation too), the prompt's (vLLM's
+  `prompt_logprobs`, and completions' `echo`), structured output (`response_format`, vLLM's
+  `structured_outputs` and `guided_*`);
 - refused with a 400 naming the field (`REFUSED`), at any value that would change the reply:
   several outputs, penalties whose law verispec does not keep, logit biases, constrained
-  output, tools, the prompt's logprobs, echo, audio;
+  output in other forms, tools, audio;
 - ignored, because they change nothing in the reply (`IGNORED`: `user`, `metadata`, ...).
 
 Any other field is refused as unknown: a field the server does not know is never dropped
@@ -57,7 +59,7 @@ MAX_SEED = 2**63 - 1  # the random source's seed is a signed 64-bit integer
 FINITE = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 
 CONSTRAINED = ("this form of constrained output is not served; send response_format (json_schema or json_object), "
-               "guided_json, guided_regex or guided_choice")
+               "structured_outputs, or guided_json, guided_regex, guided_choice or guided_grammar")
 PENALTY = "this penalty changes the output distribution in a way verispec does not verify; drop it or send 0"
 TOOLS = "tools are not served; drop it"
 REFUSED: dict[str, tuple[str, tuple]] = {
@@ -78,12 +80,8 @@ REFUSED: dict[str, tuple[str, tuple]] = {
     "mirostat_tau": ("mirostat sampling is not served; drop it", ()),
     "mirostat_eta": ("mirostat sampling is not served; drop it", ()),
     "tfs_z": ("tail-free sampling is not served; drop it or send 1", (1,)),
-    "guided_grammar": (CONSTRAINED, ()),
-    "structured_outputs": (CONSTRAINED, ()),
     "grammar": (CONSTRAINED, ()),
     "json_schema": (CONSTRAINED, ()),
-    "prompt_logprobs": ("the prompt's logprobs are not served; the reply's are (logprobs)", ()),
-    "echo": ("echo is not served", (False,)),
     "suffix": ("suffix is not served", ()),
     "tools": (TOOLS, ([],)),
     "tool_choice": (TOOLS, ("none",)),
@@ -181,11 +179,30 @@ class ResponseFormat(BaseModel):
 
 class Constraint(BaseModel):
     """A request's structured output, once validated: its kind (json_schema, json_object, regex,
-    choice), the value, and the field that named it."""
+    choice, grammar), the value, and the field that named it."""
 
-    kind: Literal["json_schema", "json_object", "regex", "choice"]
+    kind: Literal["json_schema", "json_object", "regex", "choice", "grammar"]
     value: Any = None
     param: str
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (its `StructuredOutputsParams`): one of a JSON schema, any
+    JSON object, a regular expression, a choice of strings or a grammar (Lark or GBNF)."""
+
+    model_config = FINITE
+    json_: dict[str, Any] | StrictStr | None = Field(None, alias="json")
+    json_object: StrictBool | None = None
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+    grammar: StrictStr | None = None
+
+    def given(self) -> list[Constraint]:
+        param = "structured_outputs"
+        found = [Constraint(kind=kind, value=value, param=param)
+                 for kind, value in (("json_schema", self.json_), ("regex", self.regex), ("choice", self.choice),
+                                     ("grammar", self.grammar)) if value is not None]
+        return found + ([Constraint(kind="json_object", param=param)] if self.json_object else [])
 
 
 class SamplingFields(Refusals):
@@ -210,14 +227,19 @@ class SamplingFields(Refusals):
     include_stop_str_in_output: StrictBool = False
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
+    # vLLM's: the prompt tokens' logprobs with this many alternatives (not with stream, as vLLM's)
+    prompt_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP)] | None = None
     # verispec's extension (as vLLM's `return_token_ids`): each choice carries its token ids.
     return_token_ids: StrictBool = False
     speculation: SpeculationFields = SpeculationFields()
-    # structured output: OpenAI's response_format, vLLM's guided_* fields (at most one of them)
+    # structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
+    # (at most one constraint in all)
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | StrictStr | None = None
     guided_regex: StrictStr | None = None
     guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
 
     def constraint(self) -> Constraint | None:
         """The one structured-output constraint asked for (ValueError for several), or None."""
@@ -233,6 +255,10 @@ class SamplingFields(Refusals):
             given.append(Constraint(kind="regex", value=self.guided_regex, param="guided_regex"))
         if self.guided_choice is not None:
             given.append(Constraint(kind="choice", value=self.guided_choice, param="guided_choice"))
+        if self.guided_grammar is not None:
+            given.append(Constraint(kind="grammar", value=self.guided_grammar, param="guided_grammar"))
+        if self.structured_outputs is not None:
+            given.extend(self.structured_outputs.given())
         if len(given) > 1:
             raise ValueError(f"give one structured-output constraint, got {', '.join(c.param for c in given)}")
         return given[0] if given else None
@@ -277,10 +303,23 @@ class SamplingFields(Refusals):
             raise ValueError("stream_options is only allowed with stream: true")
         return options
 
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top is not None and info.data.get("stream", False):
+            raise ValueError("the prompt's logprobs are not served with stream: true (as vLLM's); send the request "
+                             "whole, or drop prompt_logprobs")
+        return top
+
     def top_logprobs_count(self) -> int | None:
         """How many of the most likely tokens each position reports (`Request.logprobs`);
         None: no logprobs."""
         raise NotImplementedError
+
+    def prompt_logprobs_count(self) -> int | None:
+        """How many of the most likely tokens each prompt position reports
+        (`Request.prompt_logprobs`); None: the prompt is not scored."""
+        return self.prompt_logprobs
 
     def sampling(self) -> SamplingParams:
         """The transforms shared by p and q (greedy when temperature is 0; default 1, as OpenAI's)."""
@@ -307,8 +346,15 @@ class CompletionBody(SamplingFields):
     # OpenAI's legacy form: the emitted tokens' logprobs with this many alternatives (OpenAI's
     # bound is 5; vLLM's and verispec's, 20)
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP)] | None = None
+    echo: StrictBool | None = None  # OpenAI's: the reply begins with the prompt (and its logprobs)
 
     def top_logprobs_count(self) -> int | None:
+        return self.logprobs
+
+    def prompt_logprobs_count(self) -> int | None:
+        """vLLM's rule: prompt_logprobs when given, else echo's (logprobs' count)."""
+        if self.prompt_logprobs is not None or not self.echo:
+            return self.prompt_logprobs
         return self.logprobs
 
     @field_validator("prompt", mode="before")
@@ -413,6 +459,14 @@ class ChatBody(SamplingFields, ChatFields):
     add_special_tokens: StrictBool = False  # vLLM's, for chat
     logprobs: StrictBool = False
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP)] | None = None
+    echo: StrictBool | None = None  # vLLM's chat echo (the last message prepended): refused
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, echo: bool | None) -> bool | None:
+        if echo:
+            raise ValueError("echo in chat (vLLM's: the last message prepended to the reply) is not served; drop it")
+        return echo
 
     @field_validator("top_logprobs")
     @classmethod
