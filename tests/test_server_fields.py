@@ -82,6 +82,14 @@ def server(loaded, expected):
         yield s
 
 
+@pytest.fixture(scope="module")
+def drafting(loaded, expected):
+    """A server at a fixed k, for the tests that need rounds to draft: auto k on jittery
+    timings may find that no k pays and draft nothing."""
+    with running(loaded, k=3) as s:
+        yield s
+
+
 def complete(server, **fields) -> dict:
     status, reply = server.request("POST", "/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": N,
                                                                "temperature": 0, "return_token_ids": True, **fields})
@@ -154,12 +162,12 @@ def test_tokenize_detokenize_and_version(server, loaded):
     assert server.request("GET", "/version") == (200, {"version": verispec.__version__})
 
 
-def test_speculation_per_request_off_or_capped_keeps_the_tokens(server, expected):
+def test_speculation_per_request_off_or_capped_keeps_the_tokens(drafting, expected):
     """`speculation: {"enabled": false}` decodes plainly, `max_k` caps every round's drafts; the
     greedy tokens are the library's either way, and the counts say what speculation did."""
-    free = complete(server)
-    off = complete(server, speculation={"enabled": False})
-    capped = complete(server, speculation={"max_k": 1})
+    free = complete(drafting)
+    off = complete(drafting, speculation={"enabled": False})
+    capped = complete(drafting, speculation={"max_k": 1})
     for reply in (free, off, capped):
         assert reply["choices"][0]["token_ids"] == expected["greedy"]
     spec, vllm = off["speculative_decoding"], off["metrics"]["speculative_decoding"]
@@ -171,25 +179,25 @@ def test_speculation_per_request_off_or_capped_keeps_the_tokens(server, expected
     assert free["speculative_decoding"]["max_k"] is None
 
 
-def test_logprobs_under_speculation_are_plain_decodings(server, loaded):
-    """Greedy under `--k auto`: each token's logprob and top alternatives are the library's
+def test_logprobs_under_speculation_are_plain_decodings(drafting, loaded):
+    """Greedy at k = 3: each token's logprob and top alternatives are the library's
     plain decoding's, bit for bit (the runtime is deterministic: a row's logits do not depend on
     how many rows its forward scored); whole and streamed alike, chat and completions."""
     ids = loaded.encode(PROMPT, chat=False)
     plain = generate(loaded.lm, None, Request(tuple(ids), N, eos_token_ids=loaded.eos_token_ids, logprobs=3))
     text = loaded.tokenizer.decode
-    reply = complete(server, logprobs=3)
+    reply = complete(drafting, logprobs=3)
     got = reply["choices"][0]["logprobs"]
     assert reply["choices"][0]["token_ids"] == plain.tokens and reply["speculative_decoding"]["num_drafts"] > 0
     assert got["token_logprobs"] == [t.logprob for t in plain.logprobs]
     assert got["tokens"] == [text([t]) for t in plain.tokens]
     assert got["top_logprobs"] == [{text([i]): v for i, v in t.top} for t in plain.logprobs]
     assert "".join(got["tokens"]) == reply["choices"][0]["text"] and got["text_offset"][1] == len(got["tokens"][0])
-    status, streamed = server.request("POST", "/v1/completions", {
+    status, streamed = drafting.request("POST", "/v1/completions", {
         "model": NAME, "prompt": PROMPT, "max_tokens": N, "temperature": 0, "logprobs": 3, "stream": True})
     chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
     assert [v for c in chunks for v in c["choices"][0]["logprobs"]["token_logprobs"]] == got["token_logprobs"]
-    status, chat = server.request("POST", "/v1/chat/completions", {
+    status, chat = drafting.request("POST", "/v1/chat/completions", {
         "model": NAME, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": N, "temperature": 0,
         "logprobs": True, "top_logprobs": 2, "return_token_ids": True})
     chat_ids = loaded.encode(PROMPT, chat=True)
