@@ -211,6 +211,8 @@ def check_case(
             shares = [power.noncentrality(cells, bug[name], per_prompt, settings.cells) for cells, bug in zip(laws, bugs)]
             lam = sum(share for _, share in shares) / (2 if row_.test == SPEC_VS_PLAIN else 1)
             out[name] = (sum(tv for tv, _ in shares) / len(shares), power.run_power([lam], row_.result.df, settings.alpha))
+        if row_.method != PLAIN:
+            out.update(dict.fromkeys(power.NOT_COMPUTED))
         return replace(row_, power=out)
 
     def draw(method: str | None, offset: int) -> list[Counter] | Refused:
