@@ -153,6 +153,42 @@ def test_the_engine_seeds_every_sample_and_batches_greedy_requests(tmp_path):
     engine.close()
 
 
+def test_the_draft_model_is_built_to_accept_about_half(tmp_path):
+    """`fit_draft` builds the draft as hf's assisted draft is built (`flattened_draft`, on the
+    target's transformers copy), and the draft_model engine vLLM starts reads its checkpoint,
+    head untied and scaled; the engine's drafts are counted from the worker's answers."""
+    from safetensors.torch import load_file
+    from test_runtime_check_engines import spread_llama
+
+    from verispec.runtime_check.engines.hf import flattened_draft
+
+    model, checkpoint = spread_llama(), tmp_path / "model"
+    model.save_pretrained(checkpoint)
+    target = LoadedModel(name="tiny", lm=None, model=model, tokenizer=None, eos_token_ids=(2,), dtype=torch.float32,
+                         source=checkpoint)
+    script, log = tmp_path / "worker.py", tmp_path / "log.jsonl"
+    script.write_text(STAND_IN)
+
+    def spawn(command, **kwargs):
+        return subprocess.Popen([sys.executable, str(script), str(log)], **kwargs)
+
+    engine = VllmEngine(target, "float32", work=tmp_path / "work", spawn=spawn)
+    prompts = [[3, 9, 4], [7, 1, 1]]
+    assert engine.fit_draft(prompts, ["ngram"], SamplingCase("default")) == []
+    (line,) = engine.fit_draft(prompts, ["ngram", "draft_model"], SamplingCase("default"))
+    beta = flattened_draft(model, prompts)[1]
+    assert line.startswith(f"draft_model, default: the target with its head scaled by beta {beta:.3f}")
+    assert engine.fit_draft(prompts, ["draft_model"], SamplingCase("top_k", top_k=5)) == []  # kept: no restart
+    engine.sample([4, 5], SamplingCase("default"), 2, 3, "draft_model", 0)
+    (sent,) = [json.loads(line) for line in log.read_text().splitlines()]
+    saved = Path(sent["method"]["model"])
+    assert saved.name == f"model-beta{beta:.4f}" and not json.loads((saved / "config.json").read_text())["tie_word_embeddings"]
+    weights = load_file(saved / "model.safetensors")
+    assert torch.allclose(weights["lm_head.weight"], beta * model.get_output_embeddings().weight.detach())
+    assert engine.drafts() == (6, 2)
+    engine.close()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="needs vLLM's CPU build: run `make vllm-env`")
 def test_vllms_cpu_build_passes_a_small_check_and_refuses_min_p_with_speculation(default_float32):

@@ -33,7 +33,7 @@ import torch
 
 from verispec.runtime_check import greedy, law, power, seeded
 from verispec.runtime_check.cases import SamplingCase, default_cases, neutral
-from verispec.runtime_check.engines.base import CountsDrafts, Engine, Refused
+from verispec.runtime_check.engines.base import CountsDrafts, Engine, FitsDraft, Refused
 from verispec.runtime_check.report import LawRow, Report
 from verispec.statistics import degrees_of_freedom, goodness_of_fit, samples_for, two_sample
 
@@ -135,6 +135,8 @@ def check_runtime(engine: Engine, reference: Reference | None, methods: Sequence
             settings = replace(settings, n=-(-n // len(prompts)) * len(prompts))
             settings.progress(f"{engine.name}: {settings.n} samples per side detect a TV of {settings.tv:g} with 90 % power")
         for case in [c for c in cases if settings.parameters is None or c.name in settings.parameters]:
+            if reference is not None and isinstance(engine, FitsDraft):
+                report.drafts += engine.fit_draft([ids for _, ids, _ in prompts], methods, case)
             report.law_rows += check_case(engine, reference, methods, [ids for _, ids, _ in prompts], case, settings)
         report.seconds["sampled law"] = time.perf_counter() - started
     if settings.seeded:
