@@ -29,8 +29,6 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from verispec.runtime_check import greedy, law, power, seeded
 from verispec.runtime_check.cases import SamplingCase, default_cases, neutral
 from verispec.runtime_check.engines.base import CountsDrafts, Engine, FitsDraft, Refused
@@ -112,6 +110,9 @@ def check_runtime(engine: Engine, reference: Reference | None, methods: Sequence
         if not settings.sample_texts:
             raise ValueError("without a reference model the prompts must be raw text the engine encodes: give --sample-prompt")
         report.not_run = list(NOT_RUN_WITHOUT_REFERENCE)
+    full = reference.score if reference is not None else None  # greedy diagnoses read a fresh forward
+    if reference is not None:
+        reference = replace(reference, score=law.remembered(reference.score))  # the laws read last rows only
     if settings.sampled or settings.seeded:
         if reference is None:
             prompts = [(text, text, None) for text in settings.sample_texts]
@@ -159,7 +160,7 @@ def check_runtime(engine: Engine, reference: Reference | None, methods: Sequence
         plain = engine.greedy(settings.greedy_prompts, settings.greedy_tokens, None, 1)
         for concurrency in (1, *settings.concurrency):
             report.greedy_rows += greedy.check(
-                engine, methods, settings.greedy_prompts, plain, settings.greedy_tokens, concurrency, reference.score,
+                engine, methods, settings.greedy_prompts, plain, settings.greedy_tokens, concurrency, full,
                 settings.progress,
             )
         report.seconds["greedy identity"] = time.perf_counter() - started
@@ -170,16 +171,9 @@ def chosen_n(reference: Reference, prompts: Sequence[Sequence[int]], case: Sampl
     """The samples per side at which a two-sample test on `prompts` detects `settings.tv` with
     90 % power, its degrees of freedom read from `case`'s exact law at each N tried."""
 
-    last_rows: dict[tuple[int, ...], torch.Tensor] = {}  # ids -> logits[1, V]: each N tried reads mostly the same rows
-
-    def score(ids: list[int]) -> torch.Tensor:
-        if tuple(ids) not in last_rows:
-            last_rows[tuple(ids)] = reference.score(ids)[-1:]
-        return last_rows[tuple(ids)]
-
-    def df_at(n: int) -> int:
+    def df_at(n: int) -> int:  # each N tried reads mostly the same rows, which `reference.score` keeps
         per_prompt = max(1, n // len(prompts))
-        laws = [law.exact_cells(score, p, case, per_prompt, reference.eos_ids, settings.length, settings.cells)
+        laws = [law.exact_cells(reference.score, p, case, per_prompt, reference.eos_ids, settings.length, settings.cells)
                 for p in prompts]
         return sum(degrees_of_freedom(cells, per_prompt, settings.cells) for cells in laws)
 
