@@ -66,8 +66,8 @@ def test_hf_builds_a_draft_accepting_half_and_counts_what_it_kept():
     model = spread_llama()
     engine = HFEngine(model, eos_ids=(), dtype="float32")
     prompts = [[3, 9, 4], [7, 1, 1]]
-    assert engine.fit_draft(prompts, ["lookup"], CASES[0]) == []
-    (line,) = engine.fit_draft(prompts, ["assisted", "lookup"], CASES[0])
+    assert engine.fit_draft(prompts, ["lookup"], CASES[0], 3) == []
+    (line,) = engine.fit_draft(prompts, ["assisted", "lookup"], CASES[0], 3)
     # this model's rows are so spread that even the flattest draft (beta 0.001) accepts more than half
     assert line.startswith("assisted, default:") and "beta 0.001 " in line
     assert float(line.split("chance ")[1].split(" ")[0]) > 0.5
@@ -78,7 +78,7 @@ def test_hf_builds_a_draft_accepting_half_and_counts_what_it_kept():
 
     for prompt in prompts:
         assert torch.allclose(law(engine._draft, prompt), torch.full((24,), 1 / 24, dtype=torch.float64), atol=1e-3)
-    draft, beta, chance = flattened_draft(model, prompts, acceptance=0.8)
+    draft, beta, chance = flattened_draft(model, prompts, acceptance=0.8, positions=1)
     p, q = [law(model, x) for x in prompts], [law(draft, x) for x in prompts]
     assert 0.001 < beta < 1 and all(torch.allclose(b, a ** beta / (a ** beta).sum(), atol=1e-4) for a, b in zip(p, q))
     assert sum(float(torch.minimum(a, b).sum()) for a, b in zip(p, q)) / 2 == pytest.approx(chance, abs=1e-4)
@@ -87,6 +87,11 @@ def test_hf_builds_a_draft_accepting_half_and_counts_what_it_kept():
     colder = SamplingCase("temperature", temperature=0.3)  # fitted per parameter: the chance is read under it
     again, cold_beta, cold_chance = flattened_draft(model, prompts, colder, acceptance=0.8, draft=draft)
     assert again is draft and cold_beta != beta and cold_chance == pytest.approx(0.8, abs=1e-3)
+    # over two positions: the second after each prompt's likeliest token under the case
+    path = [[*x, int(torch.argmax(law(model, x)))] for x in prompts]
+    _, both_beta, both = flattened_draft(model, prompts, acceptance=0.8, draft=draft)
+    assert both == pytest.approx(0.8, abs=1e-3) and both == pytest.approx(sum(
+        float(torch.minimum(law(model, x), law(draft, x)).sum()) for x in [*prompts, *path]) / 4, abs=1e-4)
     engine.sample([3, 9, 4], CASES[0], 10, 4, "assisted", 0)
     drafted, accepted = engine.drafts()
     assert drafted > 0 and 0 < accepted < drafted

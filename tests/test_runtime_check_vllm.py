@@ -175,11 +175,11 @@ def test_the_draft_model_is_built_to_accept_about_half(tmp_path):
     model = spread_llama()
     engine, log, _ = stand_in_engine(tmp_path, model)
     prompts = [[3, 9, 4], [7, 1, 1]]
-    assert engine.fit_draft(prompts, ["ngram"], SamplingCase("default")) == []
-    (line,) = engine.fit_draft(prompts, ["ngram", "draft_model"], SamplingCase("default"))
+    assert engine.fit_draft(prompts, ["ngram"], SamplingCase("default"), 3) == []
+    (line,) = engine.fit_draft(prompts, ["ngram", "draft_model"], SamplingCase("default"), 3)
     beta = flattened_draft(model, prompts)[1]
     assert line.startswith(f"draft_model, default: the target with its head scaled by beta {beta:.3f}")
-    assert engine.fit_draft(prompts, ["draft_model"], SamplingCase("top_k", top_k=5)) == []  # kept: no restart
+    assert engine.fit_draft(prompts, ["draft_model"], SamplingCase("top_k", top_k=5), 3) == []  # kept: no restart
     engine.sample([4, 5], SamplingCase("default"), 2, 3, "draft_model", 0)
     (sent,) = [json.loads(line) for line in log.read_text().splitlines()]
     saved = Path(sent["method"]["model"])

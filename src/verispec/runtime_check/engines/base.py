@@ -85,8 +85,11 @@ class CountsDrafts(Protocol):
 class FitsDraft(Protocol):
     """An engine that takes a draft model the check may choose (optional beside `Engine`)."""
 
-    def fit_draft(self, prompts: Sequence[Sequence[int]], methods: Sequence[str], case: SamplingCase) -> list[str]:
+    def fit_draft(
+        self, prompts: Sequence[Sequence[int]], methods: Sequence[str], case: SamplingCase, length: int
+    ) -> list[str]:
         """Choose, for those of `methods` that take a draft model, one accepting about half
-        (`power.ACCEPTANCE`) of its tokens after `prompts` under `case` (called before each
-        parameter's samples); a line per draft chosen, saying which and what it accepts there."""
+        (`power.ACCEPTANCE`) of its tokens in samples of `length` after `prompts` under `case`
+        (called before each parameter's samples); a line per draft chosen, saying which and
+        what it accepts there."""
         ...

@@ -6,8 +6,9 @@
     lookup     `prompt_lookup_num_tokens`: n-gram prompt lookup, drafted tokens without q
 
 The sampled law's check builds its own assisted draft (`fit_draft`): a copy of the target whose
-head is scaled so that it drafts p^beta, beta chosen per parameter so that its first drafted
-token is accepted half the time (`power.ACCEPTANCE`) after the check's prompts, so the classes that act on
+head is scaled so that it drafts p^beta, beta chosen per parameter so that a drafted token is
+accepted half the time (`power.ACCEPTANCE`) on average over the positions a first round drafts
+after the check's prompts, so the classes that act on
 rejections move the law as the power model says (the cuts of the default model accept at most
 about a third: a draft must lose little of the target to accept half). Every speculative call counts what HF drafted and what it kept, read
 from its candidate generator's `update_candidate_strategy(input_ids, scores, num_matches)`
@@ -55,19 +56,26 @@ def truncated_draft(model, layers: int = DRAFT_LAYERS):
 
 
 def flattened_draft(model, prompts: Sequence[Sequence[int]], case: SamplingCase = DEFAULT,
-                    acceptance: float = ACCEPTANCE, draft=None):
+                    acceptance: float = ACCEPTANCE, draft=None, positions: int = 2):
     """A copy of `model` (or `draft`, an earlier one, rescaled) whose head is scaled by beta in
     (0, 1], so that its logits are beta times the target's (the power model's draft,
-    `power.controlled_draft`: p^beta where `case` only scales logits), beta chosen so that its
-    first drafted token, sampled under `case` after each of `prompts`, is accepted with chance
-    `acceptance` on average over the prompts (sum_x min(p(x), q(x)), both under `case`), or as
-    near as the flattest (beta 0.001) gets. Returns the copy, beta and that chance."""
+    `power.controlled_draft`: p^beta where `case` only scales logits), beta chosen so that a
+    drafted token, sampled under `case`, is accepted with chance `acceptance` on average over
+    the first `positions` positions after each of `prompts` along the case's likeliest path
+    (where a first round drafts; sum_x min(p(x), q(x)), both under `case`), or as near as the
+    flattest (beta 0.001) gets. Returns the copy, beta and that chance."""
+    rows = []  # (logits[V], context, output) at each position
     with torch.inference_mode():
-        logits = [model(torch.tensor([list(p)], dtype=torch.long)).logits[0, -1].double() for p in prompts]  # each [V]
+        for prompt in prompts:
+            path: list[int] = []
+            for _ in range(positions):
+                logits = model(torch.tensor([[*prompt, *path]], dtype=torch.long)).logits[0, -1].double()  # [V]
+                rows.append((logits, [*prompt, *path], list(path)))
+                path.append(int(torch.argmax(next_token_law(logits, case, [*prompt, *path], path))))
 
     def chance(beta: float) -> float:
-        return sum(float(torch.minimum(next_token_law(x, case, p, ()), next_token_law(beta * x, case, p, ())).sum())
-                   for x, p in zip(logits, prompts)) / len(logits)
+        return sum(float(torch.minimum(next_token_law(x, case, c, o), next_token_law(beta * x, case, c, o)).sum())
+                   for x, c, o in rows) / len(rows)
 
     beta = 1e-3 if chance(1e-3) >= acceptance else brentq(lambda b: chance(b) - acceptance, 1e-3, 1.0, xtol=1e-4)
     if draft is None:
@@ -83,7 +91,7 @@ def flattened_draft(model, prompts: Sequence[Sequence[int]], case: SamplingCase 
 def fit_line(method: str, case: SamplingCase, beta: float, chance: float) -> str:
     """What `flattened_draft` built for `method` under `case`, for the report."""
     return (f"{method}, {case.name}: the target with its head scaled by beta {beta:.3f} (the power model's draft), "
-            f"its first drafted token accepted with chance {chance:.2f} after these prompts")
+            f"a drafted token accepted with chance {chance:.2f} on the first round's positions after these prompts")
 
 
 class HFEngine:
@@ -106,12 +114,16 @@ class HFEngine:
         """Tokens drafted and kept over every speculative call so far (`CountsDrafts`)."""
         return self._drafted, self._accepted
 
-    def fit_draft(self, prompts: Sequence[Sequence[int]], methods: Sequence[str], case: SamplingCase) -> list[str]:
+    def fit_draft(
+        self, prompts: Sequence[Sequence[int]], methods: Sequence[str], case: SamplingCase, length: int
+    ) -> list[str]:
         """The assisted draft made to accept about half after `prompts` under `case`
-        (`flattened_draft`; `FitsDraft`), and a line saying what it is."""
+        (`flattened_draft` over the `length` - 1 positions a first round drafts; `FitsDraft`),
+        and a line saying what it is."""
         if "assisted" not in methods:
             return []
-        self._draft, beta, chance = flattened_draft(self.model, prompts, case, draft=self._fitted)
+        self._draft, beta, chance = flattened_draft(self.model, prompts, case, draft=self._fitted,
+                                                    positions=max(1, length - 1))
         self._fitted = self._draft
         return [fit_line("assisted", case, beta, chance)]
 

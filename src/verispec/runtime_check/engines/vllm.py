@@ -134,7 +134,9 @@ class VllmEngine:
         """Tokens drafted and accepted over every speculative request so far (`CountsDrafts`)."""
         return sum(d for d, _ in self.verified.values()), sum(a for _, a in self.verified.values())
 
-    def fit_draft(self, prompts: Sequence[Sequence[int]], methods: Sequence[str], case: SamplingCase) -> list[str]:
+    def fit_draft(
+        self, prompts: Sequence[Sequence[int]], methods: Sequence[str], case: SamplingCase, length: int
+    ) -> list[str]:
         """`draft_model`'s checkpoint made to accept about half after `prompts` at temperature 1
         (`hf.flattened_draft`, on verispec's transformers copy of the target; `FitsDraft`), once:
         the draft is kept for every parameter, as another would restart vLLM's engine."""
@@ -142,7 +144,7 @@ class VllmEngine:
 
         if "draft_model" not in methods or self._draft is not None:
             return []
-        draft, beta, chance = flattened_draft(self._model(), prompts)
+        draft, beta, chance = flattened_draft(self._model(), prompts, positions=max(1, length - 1))
         self._draft = (f"{self.target.name}-beta{beta:.4f}", lambda: draft)
         stale = self._runners.pop("draft_model", None)
         if stale is not None:
