@@ -291,7 +291,8 @@ def test_jobs_give_the_rows_one_process_gives(tmp_path):
         [row["result"]["p_value"] for row in one["sampled_law"] if "result" in row], rel=1e-3)
     strip = lambda rows: [{k: v for k, v in row.items() if k not in ("result", "effect_tv", "power")} for row in rows]  # noqa: E731
     assert strip(two["sampled_law"]) == strip(one["sampled_law"])
-    flat = lambda rows: [(name, x) for row in rows for name, c in row.get("power", {}).items() for x in c.values()]  # noqa: E731
+    flat = lambda rows: [(name, x) for row in rows for name, c in row.get("power", {}).items()  # noqa: E731
+                         for x in c.values() if isinstance(x, float)]
     assert [name for name, _ in flat(two["sampled_law"])] == [name for name, _ in flat(one["sampled_law"])]
     assert [x for _, x in flat(two["sampled_law"])] == pytest.approx([x for _, x in flat(one["sampled_law"])], abs=1e-9)
     assert [p["ids"] for p in two["prompts"]] == [p["ids"] for p in one["prompts"]]
@@ -387,20 +388,26 @@ def test_the_power_model_gives_the_exact_law_for_the_correct_rule():
     assert set(laws) == {"exact", *power.CLASSES}
     for name in power.CLASSES:
         assert sum(laws[name].values()) == pytest.approx(1.0, abs=1e-9)
-        assert power.noncentrality(cells, laws[name], 600, 24)[0] > 0.01, name  # every class moves this law
+        moved = power.noncentrality(cells, laws[name], 600, 24)[0]
+        assert moved == pytest.approx(0.0, abs=1e-12) if name == "penalty counted per step" else moved > 0.01, name
     assert power.noncentrality(cells, laws["exact"], 600, 24)[1] == pytest.approx(0.0, abs=1e-12)
+    # no transform, no raw q and no penalty: the draft's raw row is its row, and nothing counts a step
+    plain = power.bug_laws(TARGET.score, [3, 5], SamplingCase("default"), list(cells), 3)
+    assert plain["q from raw logits"] == pytest.approx(plain["exact"], abs=1e-12)
 
 
 def test_each_row_states_its_power_against_the_named_classes():
     report = check_runtime(controls.correct(TARGET, DRAFT), REFERENCE, [controls.DRAFT], SETTINGS)
     plain, versus, exact = report.law_rows
-    assert set(plain.power) == {power.DROPPED} and set(exact.power) == set(power.CLASSES)
-    assert all(0 <= p <= 1 for _, p in exact.power.values())
+    assert set(plain.power) == {power.DROPPED} and set(exact.power) == {*power.CLASSES, *power.NOT_COMPUTED}
+    assert all(0 <= pair[1] <= 1 for name, pair in exact.power.items() if name not in power.NOT_COMPUTED)
+    assert exact.power["stale cache after a rejection"] is None and "| not computed |" in report.markdown()
     assert exact.power["bonus from the wrong row"][1] > 0.99  # the bonus token is keyed, and the test sees it
     assert versus.power["double-accept rule"][1] < exact.power["double-accept rule"][1]  # two samples need more
     assert "### Power against named bug classes" in report.markdown()
-    flat = lambda row: {(name, i): x for name, pair in row.power.items() for i, x in enumerate(pair)}  # noqa: E731
-    assert flat(LawRow.from_dict(json.loads(json.dumps(exact.as_dict())))) == pytest.approx(flat(exact))
+    flat = lambda row: {(name, i): x for name, pair in row.power.items() for i, x in enumerate(pair or ())}  # noqa: E731
+    back = LawRow.from_dict(json.loads(json.dumps(exact.as_dict())))
+    assert flat(back) == pytest.approx(flat(exact)) and back.power["stale cache after a rejection"] is None
 
 
 def test_the_most_likely_continuation_is_bounded_from_above():

@@ -21,7 +21,7 @@ from verispec.models.load import load_model
 from verispec.runtime_check import Reference, Settings, check_runtime
 from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Refused
-from verispec.runtime_check.engines.hf import HFEngine, truncated_draft
+from verispec.runtime_check.engines.hf import HFEngine, flattened_draft, truncated_draft
 from verispec.runtime_check.engines.openai import OpenAIEngine
 from verispec.runtime_check.report import HOLDS, LACKS, PASS, REFUSED, SKIPPED
 
@@ -46,6 +46,9 @@ def test_hf_generate_is_checked_with_both_methods():
     report = check_runtime(engine, reference, ["assisted", "lookup"], settings)
     default = [row for row in report.law_rows if row.parameter == "default"]
     assert [row.status for row in default] == [PASS] * 5, report.markdown()
+    assert [line.split(":")[0] for line in report.drafts] == ["assisted, default", "assisted, frequency_penalty"]
+    assert "Draft chosen by the check: assisted, default: the target with its head scaled" in report.markdown()
+    assert all(row.drafts[0] > 0 and 0 <= row.drafts[1] <= row.drafts[0] for row in default if row.method != "plain")
     assert all(row.status == REFUSED and "frequency" in row.reason
                for row in report.law_rows if row.parameter == "frequency_penalty")
     statuses = {(row.method, row.concurrency): row.status for row in report.greedy_rows}
@@ -53,6 +56,48 @@ def test_hf_generate_is_checked_with_both_methods():
     assert statuses[("assisted", 2)] == REFUSED  # HF speculates on one sequence at a time
     assert all(len(s) == 3 for s in engine.sample([3, 9, 4], CASES[0], 5, 3, "lookup", 0))
     assert torch.allclose(engine.logits([3, 9, 4]), reference.score([3, 9, 4])[-1], atol=1e-5)  # HF's own logits
+
+
+def test_hf_builds_a_draft_accepting_half_and_counts_what_it_kept():
+    """For the sampled law the check builds the assisted draft itself: the target with its head
+    scaled by beta (so it drafts p^beta), beta chosen so that the first drafted token is accepted
+    half the time after the prompts on average; and it reads from HF's candidate generator how
+    many drafted tokens each call kept: all of them where the draft is the target itself."""
+    model = spread_llama()
+    engine = HFEngine(model, eos_ids=(), dtype="float32")
+    prompts = [[3, 9, 4], [7, 1, 1]]
+    assert engine.fit_draft(prompts, ["lookup"], CASES[0], 3) == []
+    (line,) = engine.fit_draft(prompts, ["assisted", "lookup"], CASES[0], 3)
+    # this model's rows are so spread that even the flattest draft (beta 0.001) accepts more than half
+    assert line.startswith("assisted, default:") and "beta 0.001 " in line
+    assert float(line.split("chance ")[1].split(" ")[0]) > 0.5
+
+    def law(lm, prompt):
+        with torch.inference_mode():
+            return torch.softmax(lm(torch.tensor([prompt])).logits[0, -1].double(), -1)  # [V]
+
+    for prompt in prompts:
+        assert torch.allclose(law(engine._draft, prompt), torch.full((24,), 1 / 24, dtype=torch.float64), atol=1e-3)
+    draft, beta, chance = flattened_draft(model, prompts, acceptance=0.8, positions=1)
+    p, q = [law(model, x) for x in prompts], [law(draft, x) for x in prompts]
+    assert 0.001 < beta < 1 and all(torch.allclose(b, a ** beta / (a ** beta).sum(), atol=1e-4) for a, b in zip(p, q))
+    assert sum(float(torch.minimum(a, b).sum()) for a, b in zip(p, q)) / 2 == pytest.approx(chance, abs=1e-4)
+    assert chance == pytest.approx(0.8, abs=1e-3)
+    assert model.get_output_embeddings().weight.data_ptr() != draft.get_output_embeddings().weight.data_ptr()
+    colder = SamplingCase("temperature", temperature=0.3)  # fitted per parameter: the chance is read under it
+    again, cold_beta, cold_chance = flattened_draft(model, prompts, colder, acceptance=0.8, draft=draft)
+    assert again is draft and cold_beta != beta and cold_chance == pytest.approx(0.8, abs=1e-3)
+    # over two positions: the second after each prompt's likeliest token under the case
+    path = [[*x, int(torch.argmax(law(model, x)))] for x in prompts]
+    _, both_beta, both = flattened_draft(model, prompts, acceptance=0.8, draft=draft)
+    assert both == pytest.approx(0.8, abs=1e-3) and both == pytest.approx(sum(
+        float(torch.minimum(law(model, x), law(draft, x)).sum()) for x in [*prompts, *path]) / 4, abs=1e-4)
+    engine.sample([3, 9, 4], CASES[0], 10, 4, "assisted", 0)
+    drafted, accepted = engine.drafts()
+    assert drafted > 0 and 0 < accepted < drafted
+    itself = HFEngine(model, eos_ids=(), dtype="float32", draft_layers=2)
+    itself.sample([3, 9, 4], CASES[0], 10, 4, "assisted", 0)
+    assert itself.drafts()[0] > 0 and itself.drafts()[1] == itself.drafts()[0]
 
 
 @pytest.fixture(scope="module")

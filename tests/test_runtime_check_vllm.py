@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -120,11 +121,16 @@ for line in sys.stdin:
 """
 
 
-def test_the_engine_seeds_every_sample_and_batches_greedy_requests(tmp_path):
+def stand_in_engine(tmp_path, model=None) -> tuple[VllmEngine, Path, Callable]:
+    """A `VllmEngine` over a checkpoint in tmp_path (`model` saved there, else an empty config)
+    whose workers are the stand-in, logging each call to the returned file; and its spawn."""
     checkpoint = tmp_path / "model"
-    checkpoint.mkdir()
-    (checkpoint / "config.json").write_text("{}")
-    target = LoadedModel(name="tiny", lm=None, model=None, tokenizer=None, eos_token_ids=(2,), dtype=torch.float32,
+    if model is None:
+        checkpoint.mkdir()
+        (checkpoint / "config.json").write_text("{}")
+    else:
+        model.save_pretrained(checkpoint)
+    target = LoadedModel(name="tiny", lm=None, model=model, tokenizer=None, eos_token_ids=(2,), dtype=torch.float32,
                          source=checkpoint)
     script, log = tmp_path / "worker.py", tmp_path / "log.jsonl"
     script.write_text(STAND_IN)
@@ -132,7 +138,11 @@ def test_the_engine_seeds_every_sample_and_batches_greedy_requests(tmp_path):
     def spawn(command, **kwargs):
         return subprocess.Popen([sys.executable, str(script), str(log)], **kwargs)
 
-    engine = VllmEngine(target, "float32", work=tmp_path / "work", spawn=spawn)
+    return VllmEngine(target, "float32", work=tmp_path / "work", spawn=spawn), log, spawn
+
+
+def test_the_engine_seeds_every_sample_and_batches_greedy_requests(tmp_path):
+    engine, log, spawn = stand_in_engine(tmp_path)
     samples = engine.sample([4, 5], SamplingCase("top_k", top_k=5), 3, 3, None, 100)
     assert samples == [[100, 5, 2], [101, 5, 2], [102, 5, 2]]  # one request each, seeds 100, 101, 102
     assert engine.sample([4, 6], SamplingCase("default"), 2, 3, "ngram", 7) == [[7, 6, 2], [8, 6, 2]]
@@ -149,7 +159,34 @@ def test_the_engine_seeds_every_sample_and_batches_greedy_requests(tmp_path):
         engine.sample([4, 5], SamplingCase("top_p", top_p=0.8), 2, 3, "ngram", 0)
     assert engine.sample([4, 5], SamplingCase("default"), 1, 3, "ngram", 3) == [[3, 5, 2]]
     with pytest.raises(Refused, match="at most 4"):
-        VllmEngine(target, "float32", spawn=spawn, batch=4).greedy([[1]] * 8, 4, None, 8)
+        VllmEngine(engine.loaded, "float32", spawn=spawn, batch=4).greedy([[1]] * 8, 4, None, 8)
+    engine.close()
+
+
+def test_the_draft_model_is_built_to_accept_about_half(tmp_path):
+    """`fit_draft` builds the draft as hf's assisted draft is built (`flattened_draft`, on the
+    target's transformers copy), and the draft_model engine vLLM starts reads its checkpoint,
+    head untied and scaled; the engine's drafts are counted from the worker's answers."""
+    from safetensors.torch import load_file
+    from test_runtime_check_engines import spread_llama
+
+    from verispec.runtime_check.engines.hf import flattened_draft
+
+    model = spread_llama()
+    engine, log, _ = stand_in_engine(tmp_path, model)
+    prompts = [[3, 9, 4], [7, 1, 1]]
+    assert engine.fit_draft(prompts, ["ngram"], SamplingCase("default"), 3) == []
+    (line,) = engine.fit_draft(prompts, ["ngram", "draft_model"], SamplingCase("default"), 3)
+    beta = flattened_draft(model, prompts)[1]
+    assert line.startswith(f"draft_model, default: the target with its head scaled by beta {beta:.3f}")
+    assert engine.fit_draft(prompts, ["draft_model"], SamplingCase("top_k", top_k=5), 3) == []  # kept: no restart
+    engine.sample([4, 5], SamplingCase("default"), 2, 3, "draft_model", 0)
+    (sent,) = [json.loads(line) for line in log.read_text().splitlines()]
+    saved = Path(sent["method"]["model"])
+    assert saved.name == f"model-beta{beta:.4f}" and not json.loads((saved / "config.json").read_text())["tie_word_embeddings"]
+    weights = load_file(saved / "model.safetensors")
+    assert torch.allclose(weights["lm_head.weight"], beta * model.get_output_embeddings().weight.detach())
+    assert engine.drafts() == (6, 2)
     engine.close()
 
 

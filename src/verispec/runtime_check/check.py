@@ -29,11 +29,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from verispec.runtime_check import greedy, law, power, seeded
 from verispec.runtime_check.cases import SamplingCase, default_cases, neutral
-from verispec.runtime_check.engines.base import CountsDrafts, Engine, Refused
+from verispec.runtime_check.engines.base import CountsDrafts, Engine, FitsDraft, Refused
 from verispec.runtime_check.report import LawRow, Report
 from verispec.statistics import degrees_of_freedom, goodness_of_fit, samples_for, two_sample
 
@@ -112,6 +110,9 @@ def check_runtime(engine: Engine, reference: Reference | None, methods: Sequence
         if not settings.sample_texts:
             raise ValueError("without a reference model the prompts must be raw text the engine encodes: give --sample-prompt")
         report.not_run = list(NOT_RUN_WITHOUT_REFERENCE)
+    full = reference.score if reference is not None else None  # greedy diagnoses read a fresh forward
+    if reference is not None:
+        reference = replace(reference, score=law.remembered(reference.score))  # the laws read last rows only
     if settings.sampled or settings.seeded:
         if reference is None:
             prompts = [(text, text, None) for text in settings.sample_texts]
@@ -135,6 +136,8 @@ def check_runtime(engine: Engine, reference: Reference | None, methods: Sequence
             settings = replace(settings, n=-(-n // len(prompts)) * len(prompts))
             settings.progress(f"{engine.name}: {settings.n} samples per side detect a TV of {settings.tv:g} with 90 % power")
         for case in [c for c in cases if settings.parameters is None or c.name in settings.parameters]:
+            if reference is not None and isinstance(engine, FitsDraft):
+                report.drafts += engine.fit_draft([ids for _, ids, _ in prompts], methods, case, settings.length)
             report.law_rows += check_case(engine, reference, methods, [ids for _, ids, _ in prompts], case, settings)
         report.seconds["sampled law"] = time.perf_counter() - started
     if settings.seeded:
@@ -157,7 +160,7 @@ def check_runtime(engine: Engine, reference: Reference | None, methods: Sequence
         plain = engine.greedy(settings.greedy_prompts, settings.greedy_tokens, None, 1)
         for concurrency in (1, *settings.concurrency):
             report.greedy_rows += greedy.check(
-                engine, methods, settings.greedy_prompts, plain, settings.greedy_tokens, concurrency, reference.score,
+                engine, methods, settings.greedy_prompts, plain, settings.greedy_tokens, concurrency, full,
                 settings.progress,
             )
         report.seconds["greedy identity"] = time.perf_counter() - started
@@ -168,16 +171,9 @@ def chosen_n(reference: Reference, prompts: Sequence[Sequence[int]], case: Sampl
     """The samples per side at which a two-sample test on `prompts` detects `settings.tv` with
     90 % power, its degrees of freedom read from `case`'s exact law at each N tried."""
 
-    last_rows: dict[tuple[int, ...], torch.Tensor] = {}  # ids -> logits[1, V]: each N tried reads mostly the same rows
-
-    def score(ids: list[int]) -> torch.Tensor:
-        if tuple(ids) not in last_rows:
-            last_rows[tuple(ids)] = reference.score(ids)[-1:]
-        return last_rows[tuple(ids)]
-
-    def df_at(n: int) -> int:
+    def df_at(n: int) -> int:  # each N tried reads mostly the same rows, which `reference.score` keeps
         per_prompt = max(1, n // len(prompts))
-        laws = [law.exact_cells(score, p, case, per_prompt, reference.eos_ids, settings.length, settings.cells)
+        laws = [law.exact_cells(reference.score, p, case, per_prompt, reference.eos_ids, settings.length, settings.cells)
                 for p in prompts]
         return sum(degrees_of_freedom(cells, per_prompt, settings.cells) for cells in laws)
 
@@ -211,6 +207,8 @@ def check_case(
             shares = [power.noncentrality(cells, bug[name], per_prompt, settings.cells) for cells, bug in zip(laws, bugs)]
             lam = sum(share for _, share in shares) / (2 if row_.test == SPEC_VS_PLAIN else 1)
             out[name] = (sum(tv for tv, _ in shares) / len(shares), power.run_power([lam], row_.result.df, settings.alpha))
+        if row_.method != PLAIN:
+            out.update(dict.fromkeys(power.NOT_COMPUTED))
         return replace(row_, power=out)
 
     def draw(method: str | None, offset: int) -> list[Counter] | Refused:

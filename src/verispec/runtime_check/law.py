@@ -27,6 +27,7 @@ number of cells.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections import Counter
@@ -59,6 +60,15 @@ SPREAD_TEXTS = (
 )
 
 Score = Callable[[list[int]], torch.Tensor]  # ids -> logits[len(ids), V], a fresh full forward
+REMEMBERED_ROWS = 512  # last rows `remembered` keeps (V floats each: 100 MB at V = 49,152)
+
+
+def remembered(score: Score, rows: int = REMEMBERED_ROWS) -> Score:
+    """`score` giving the last row only (logits[1, V]), each call's kept (the latest `rows`):
+    the exact law, the dropped parameter's law, the power model and the N a TV needs read the
+    same prefixes' rows, under every parameter (the logits do not depend on the parameter)."""
+    last = functools.lru_cache(maxsize=rows)(lambda ids: score(list(ids))[-1:])
+    return lambda ids: last(tuple(ids))
 
 
 def key(tokens: Sequence[int], eos_ids: Collection[int], depth: int) -> tuple[int, ...]:

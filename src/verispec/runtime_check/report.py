@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from verispec.machine import describe
+from verispec.runtime_check.power import NOT_COMPUTED
 from verispec.runtime_check.engines.base import Crashed, Refused
 from verispec.statistics import TestResult
 
@@ -27,7 +28,8 @@ class LawRow:
     it accepted (None if it cannot tell), per speculative sample, where it says (`CountsDrafts`):
     a method that drafts nothing on the prompts has its law checked only where it is plain.
     power: per named bug class, the TV it would make on the test's cells and the test's power
-    against it (`verispec.runtime_check.power`)."""
+    against it, or None for a class whose power is not computed (`power.NOT_COMPUTED` says why)
+    (`verispec.runtime_check.power`)."""
 
     engine: str
     method: str
@@ -39,7 +41,7 @@ class LawRow:
     reason: str = ""
     effect: float = 0.0
     drafts: tuple[float, float | None] | None = None
-    power: dict[str, tuple[float, float]] | None = None  # named bug class -> (its TV on the cells, the power against it)
+    power: dict[str, tuple[float, float] | None] | None = None  # named bug class -> (its TV on the cells, the power)
 
     def tested(self, result: TestResult) -> LawRow:
         """A test with no degrees of freedom (every cell pooled into one) tests nothing: skipped."""
@@ -58,7 +60,8 @@ class LawRow:
     def from_dict(cls, row: dict) -> LawRow:
         """The row `as_dict` wrote (a report read back: `verispec.runtime_check.jobs`)."""
         drafts = (row["drafted_per_sample"], row["accepted_per_sample"]) if "drafted_per_sample" in row else None
-        power = {name: (value["tv"], value["power"]) for name, value in row["power"].items()} if row.get("power") else None
+        power = {name: None if value["power"] is None else (value["tv"], value["power"])
+                 for name, value in row["power"].items()} if row.get("power") else None
         return cls(row["engine"], row["method"], row["parameter"], row["settings"], row["test"], row["status"],
                    TestResult.from_dict(row["result"]) if "result" in row else None, row["reason"], row["effect_tv"],
                    drafts, power)
@@ -68,7 +71,13 @@ class LawRow:
                 "test": self.test, "status": self.status, "reason": self.reason, "effect_tv": self.effect,
                 **({"drafted_per_sample": self.drafts[0], "accepted_per_sample": self.drafts[1]} if self.drafts else {}),
                 **({"result": self.result.as_dict()} if self.result else {}),
-                **({"power": {name: {"tv": tv, "power": p} for name, (tv, p) in self.power.items()}} if self.power else {})}
+                **({"power": {name: _power_dict(name, pair) for name, pair in self.power.items()}} if self.power else {})}
+
+
+def _power_dict(name: str, pair: tuple[float, float] | None) -> dict:
+    if pair is None:
+        return {"tv": None, "power": None, "not_computed": NOT_COMPUTED[name]}
+    return {"tv": pair[0], "power": pair[1]}
 
 
 @dataclass(frozen=True)
@@ -193,6 +202,7 @@ class Report:
     command: str = ""
     seconds: dict = field(default_factory=dict)  # wall time per part: "sampled law", "greedy identity"
     not_run: list[str] = field(default_factory=list)  # the checks this run could not do, and why
+    drafts: list[str] = field(default_factory=list)  # the draft models the check chose (`FitsDraft`)
 
     @property
     def tests(self) -> int:
@@ -211,7 +221,8 @@ class Report:
     def as_dict(self) -> dict:
         return {"engine": self.engine, "versions": self.versions, "machine": self.machine, "command": self.command,
                 "alpha_per_test": self.alpha, "statistical_tests": self.tests, "false_failure_bound": self.false_failure,
-                "passed": self.passed, "seconds": self.seconds, "not_run": self.not_run, "prompts": self.prompts, "sampled_law": [r.as_dict() for r in self.law_rows],
+                "passed": self.passed, "seconds": self.seconds, "not_run": self.not_run, "prompts": self.prompts,
+                "drafts": self.drafts, "sampled_law": [r.as_dict() for r in self.law_rows],
                 "greedy_identity": [r.as_dict() for r in self.greedy_rows],
                 "seeded_identity": [r.as_dict() for r in self.seeded_rows], "shared_stream_probe": [r.as_dict() for r in self.probe_rows]}
 
@@ -233,6 +244,7 @@ class Report:
                 lines += ["Prompts (raw text; next-token entropy): " + "; ".join(
                     f"{p['text']!r}" + (f" ({p['entropy_nats']:.2f} nats)" if p["entropy_nats"] is not None else "")
                     for p in self.prompts), ""]
+            lines += [f"Draft chosen by the check: {line}." for line in self.drafts] + ([""] if self.drafts else [])
             lines += ["| method | parameter | test | result | p-value | TV | N | TV at 90 % power | effect | drafted / accepted a sample | note |",
                       "|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in self.law_rows:
@@ -245,7 +257,8 @@ class Report:
             lines += ["", "TV: the estimated total variation between the two laws on the test's cells (plug-in, "
                       "with sampling noise); TV at 90 % power: the smallest difference the test detects with 90 % power at "
                       "this N; effect: the total variation the parameter itself makes to the exact law; drafted / "
-                      "accepted: the engine's speculation on these samples, where it says.", ""]
+                      "accepted: the engine's speculation on these samples, where it says (in brackets: the share of "
+                      "drafted tokens accepted).", ""]
             lines += _power_table([r for r in self.law_rows if r.power])
         if self.greedy_rows:
             lines += ["## Greedy identity", "", "| method | in flight | result | detail |", "|---|---|---|---|"]
@@ -277,11 +290,12 @@ def _power_table(rows: list[LawRow]) -> list[str]:
     lines = ["### Power against named bug classes", "",
              "The power of each test against each class, and (in brackets) the TV the class makes on its cells, computed "
              "from the exact law with a draft that accepts half its tokens; a row that cannot see a class says so with "
-             "power near alpha. Not modelled (they need the engine's own drafts): a stale cache, a penalty counted per "
-             "step, a draft model's q reported raw.", "",
+             "power near alpha. Not computed: "
+             + "; ".join(f"{name} ({why})" for name, why in NOT_COMPUTED.items()) + ".", "",
              "| method | parameter | test | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
     for r in rows:
-        cells = [f"{r.power[n][1]:.2f} ({r.power[n][0]:.3f})" if n in r.power else "" for n in names]
+        cells = ["" if n not in r.power else "not computed" if r.power[n] is None
+                 else f"{r.power[n][1]:.2f} ({r.power[n][0]:.3f})" for n in names]
         lines.append(f"| {r.method} | {r.parameter} | {r.test} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -290,7 +304,9 @@ def _drafts(drafts: tuple[float, float | None] | None) -> str:
     if drafts is None:
         return ""
     drafted, accepted = drafts
-    return f"{drafted:.2f} / " + ("?" if accepted is None else f"{accepted:.2f}")
+    if accepted is None:
+        return f"{drafted:.2f} / ?"
+    return f"{drafted:.2f} / {accepted:.2f}" + (f" ({accepted / drafted:.0%})" if drafted else "")
 
 
 def _cell(text: str) -> str:

@@ -6,7 +6,8 @@ why; it never drops one silently. `Crashed` says it failed on what it accepted. 
 says an engine cannot start here and how to install what it needs. An engine that can show its
 own logits also meets `GivesLogits`, so a greedy divergence is diagnosed in its numerics as well
 as in verispec's; one that counts its drafts meets `CountsDrafts`, so a report says whether the
-speculation under check drafted at all.
+speculation under check drafted at all; one whose draft model the check may choose meets
+`FitsDraft`, so the check runs it with a draft that accepts about half its tokens.
 """
 
 from __future__ import annotations
@@ -77,4 +78,18 @@ class CountsDrafts(Protocol):
     def drafts(self) -> tuple[int, int | None]:
         """Tokens drafted, and accepted (None when it cannot tell), over every speculative
         sample it has drawn so far."""
+        ...
+
+
+@runtime_checkable
+class FitsDraft(Protocol):
+    """An engine that takes a draft model the check may choose (optional beside `Engine`)."""
+
+    def fit_draft(
+        self, prompts: Sequence[Sequence[int]], methods: Sequence[str], case: SamplingCase, length: int
+    ) -> list[str]:
+        """Choose, for those of `methods` that take a draft model, one accepting about half
+        (`power.ACCEPTANCE`) of its tokens in samples of `length` after `prompts` under `case`
+        (called before each parameter's samples); a line per draft chosen, saying which and
+        what it accepts there."""
         ...

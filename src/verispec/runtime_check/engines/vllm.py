@@ -5,8 +5,10 @@
     eagle3       an EAGLE-3 head in speculators' format: the one given, else a seeded untrained
                  head exported by verispec (its drafts are seldom accepted: it checks vLLM's
                  EAGLE-3 drafting and rejection path, not the gain of a trained head)
-    draft_model  a draft model with the target's tokenizer: the target cut to its first
-                 `DRAFT_LAYERS` layers (as `hf`'s assisted), saved as a checkpoint vLLM reads
+    draft_model  a draft model with the target's tokenizer, saved as a checkpoint vLLM reads:
+                 the target cut to its first `DRAFT_LAYERS` layers, or, for the sampled law
+                 (`fit_draft`), the target with its head scaled to accept about half after
+                 the check's prompts at temperature 1 (as `hf`'s assisted, `hf.flattened_draft`)
 
 each drafting `SPECULATIVE_TOKENS` tokens a round, against vLLM without speculation. Every
 method is its own engine (one worker process each, started when first used, batching up to
@@ -80,11 +82,10 @@ def seeded_eagle3_export(loaded, directory: Path) -> Path:
     return directory
 
 
-def truncated_checkpoint(loaded, target: Path, directory: Path, layers: int = DRAFT_LAYERS) -> Path:
-    """The target (checkpoint `target`) cut to its first `layers` layers, saved with its
-    tokenizer files into `directory` (made once, renamed into place when whole)."""
-    from verispec.runtime_check.engines.hf import truncated_draft
-
+def draft_checkpoint(target: Path, directory: Path, build: Callable[[], object]) -> Path:
+    """The draft `build()` makes (a transformers model over the target's vocabulary), saved with
+    the tokenizer files of the target's checkpoint `target` into `directory` (made once,
+    renamed into place when whole)."""
     if (directory / "config.json").is_file():
         return directory
     partial = directory.with_name(directory.name + ".partial")
@@ -94,8 +95,7 @@ def truncated_checkpoint(loaded, target: Path, directory: Path, layers: int = DR
         for file in target.iterdir():
             if file.is_file() and file.suffix not in (".safetensors", ".bin", ".pt"):
                 shutil.copy2(file, partial / file.name)
-        model = loaded.model if loaded.model is not None else loaded.reload()
-        truncated_draft(model, layers).save_pretrained(partial)
+        build().save_pretrained(partial)
         partial.rename(directory)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -123,11 +123,37 @@ class VllmEngine:
         self._runners: dict[str | None, VllmRunner] = {}
         self._configs = tempfile.TemporaryDirectory()
         self.verified: dict[str, list[int]] = {}  # method -> [drafted, accepted] over its requests
+        self._draft: tuple[str, Callable[[], object]] | None = None  # (checkpoint name, build): `fit_draft`'s
 
     def versions(self) -> dict[str, str]:
         script = f"import importlib.metadata as m; print(*[m.version(p) for p in {list(VERSIONS)}])"
         found = subprocess.run([str(self.python), "-c", script], capture_output=True, text=True, check=True)
         return dict(zip(VERSIONS, found.stdout.split())) | {"target": str(self.target)}
+
+    def drafts(self) -> tuple[int, int]:
+        """Tokens drafted and accepted over every speculative request so far (`CountsDrafts`)."""
+        return sum(d for d, _ in self.verified.values()), sum(a for _, a in self.verified.values())
+
+    def fit_draft(
+        self, prompts: Sequence[Sequence[int]], methods: Sequence[str], case: SamplingCase, length: int
+    ) -> list[str]:
+        """`draft_model`'s checkpoint made to accept about half after `prompts` at temperature 1
+        (`hf.flattened_draft`, on verispec's transformers copy of the target; `FitsDraft`), once:
+        the draft is kept for every parameter, as another would restart vLLM's engine."""
+        from verispec.runtime_check.engines.hf import DEFAULT, fit_line, flattened_draft
+
+        if "draft_model" not in methods or self._draft is not None:
+            return []
+        draft, beta, chance = flattened_draft(self._model(), prompts, positions=max(1, length - 1))
+        self._draft = (f"{self.target.name}-beta{beta:.4f}", lambda: draft)
+        stale = self._runners.pop("draft_model", None)
+        if stale is not None:
+            stale.close()
+        return [fit_line("draft_model", DEFAULT, beta, chance) + ", kept for every parameter"]
+
+    def _model(self):
+        """verispec's transformers copy of the target."""
+        return self.loaded.model if self.loaded.model is not None else self.loaded.reload()
 
     def _runner(self, method: str | None) -> VllmRunner:
         if method not in self._runners:
@@ -135,7 +161,11 @@ class VllmEngine:
             if method == "eagle3":
                 eagle3 = self._eagle3 or seeded_eagle3_export(self.loaded, self.work / f"eagle3-seed0-{self.target.name}")
             elif method == "draft_model":
-                draft = truncated_checkpoint(self.loaded, self.target, self.work / f"{self.target.name}-first{DRAFT_LAYERS}")
+                from verispec.runtime_check.engines.hf import truncated_draft
+
+                name, build = self._draft or (f"{self.target.name}-first{DRAFT_LAYERS}",
+                                              lambda: truncated_draft(self._model(), DRAFT_LAYERS))
+                draft = draft_checkpoint(self.target, self.work / name, build)
             # the config as a file the runner reads as written (`vllm-config:FILE`)
             file = Path(self._configs.name) / f"{method or 'plain'}.json"
             file.write_text(json.dumps({"speculative_config": speculative_config(method, eagle3, draft)}))
