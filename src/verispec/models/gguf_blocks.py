@@ -35,8 +35,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFReader, dequantize, get_tensor_name_map
+from safetensors import safe_open
 from transformers import PreTrainedModel
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+from verispec.models.sources import blocks_cache
 
 BLOCK = 32  # weights per group in every coded format but Q6_K
 SUPER = 256  # weights per k-quant super-block
@@ -239,3 +242,17 @@ def _permute_rows(weight: GGUFWeight, order: np.ndarray) -> GGUFWeight:
         d=weight.d[index].contiguous(),
         m=None if weight.m is None else weight.m[index].contiguous(),
     )
+
+
+def matrix_types(gguf: Path) -> set[str]:
+    """The block types of the GGUF file's matrices ("Q4_1", "Q6_K", "F16", ...; the
+    one-dimensional tensors, the norms, stay float32 anyway). Read from the cached blocks'
+    metadata where `gguf_blocks` has cached them, else from the file's tensor table."""
+    cached = blocks_cache(gguf)
+    if cached.is_file():
+        with safe_open(cached, framework="pt") as stored:
+            part = {kind: "codes" if kind in READ else "values" for kind in stored.metadata().values()}
+            kinds = [(kind, len(stored.get_slice(f"{name}:{part[kind]}").get_shape())) for name, kind in stored.metadata().items()]
+    else:
+        kinds = [(tensor.tensor_type.name, len(tensor.shape)) for tensor in GGUFReader(gguf).tensors]
+    return {kind for kind, dims in kinds if dims == 2}

@@ -104,6 +104,7 @@ import torch
 from verispec.machine import cpu_flags, cpuinfo
 from verispec.models.base import FINAL, Tap, check_extend, check_score_ids, check_slots, check_taps
 from verispec.models.features import FeatureStore
+from verispec.models.gguf_blocks import matrix_types
 
 # A lone row's forward takes the many-row attention while the cache's KV view stays 256 cells:
 # llama.cpp pads the view to 256 and splits a one-query flash attention over 512 or more.
@@ -735,8 +736,6 @@ def widest_piece(gguf: Path) -> int:
     """The most rows a deterministic forward decodes: `FLASH_ROWS` where every matrix of the
     file is of a block type whose product computes each row alone (`ROWS_ALONE`), else 3 (a
     K-quant's repacked kernel takes 4 rows and more otherwise)."""
-    from verispec.models.load_plan import matrix_types  # load_plan imports this module
-
     return FLASH_ROWS if matrix_types(gguf) <= ROWS_ALONE else 3
 
 

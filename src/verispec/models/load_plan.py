@@ -32,21 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from gguf import GGUFReader
-from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
 from verispec.checks import is_int
 from verispec.machine import cpu_model, native_bf16
 from verispec.models import DEFAULT_MODEL, format_costs
 from verispec.models.format_costs import FormatChoice, FormatCost
-from verispec.models.gguf_blocks import CODED, READ
+from verispec.models.gguf_blocks import CODED, READ, matrix_types
 from verispec.models.llama import config_refusal
 from verispec.models.llamacpp import require
 from verispec.models.runtime import Runtime, parse_runtime
 from verispec.models.static_llama import static_refusal
 from verispec.models.sources import (
-    blocks_cache,
     converted_dir,
     from_directory,
     from_gguf,
@@ -142,20 +139,6 @@ def resolve_dtype(dtype: str | torch.dtype, machine: MachineFacts | None = None,
     if fmt == AUTO:
         fmt = device_float_format(machine or this_machine(), device)[0]
     return fmt.dtype or torch.float32
-
-
-def matrix_types(gguf: Path) -> set[str]:
-    """The block types of the GGUF file's matrices ("Q4_1", "Q6_K", "F16", ...; the
-    one-dimensional tensors, the norms, stay float32 anyway). Read from the cached blocks'
-    metadata where `gguf_blocks` has cached them, else from the file's tensor table."""
-    cached = blocks_cache(gguf)
-    if cached.is_file():
-        with safe_open(cached, framework="pt") as stored:
-            part = {kind: "codes" if kind in READ else "values" for kind in stored.metadata().values()}
-            kinds = [(kind, len(stored.get_slice(f"{name}:{part[kind]}").get_shape())) for name, kind in stored.metadata().items()]
-    else:
-        kinds = [(tensor.tensor_type.name, len(tensor.shape)) for tensor in GGUFReader(gguf).tensors]
-    return {kind for kind, dims in kinds if dims == 2}
 
 
 def coded_exactly(gguf: Path) -> bool:
