@@ -36,6 +36,7 @@ from verispec import GREEDY, load_model
 from verispec.cost import FixedCosts
 from verispec.engine import Decoding
 from verispec.machine import describe
+from verispec.models import DEFAULT_MODEL
 from verispec.policies import AutoK
 from verispec.profile import Timing, measure_context_costs, measure_profile
 from verispec.registry import build_proposer
@@ -55,7 +56,7 @@ def document(loaded, length: int) -> list[int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--proposer", default="lookup")
     parser.add_argument("--lengths", default="512,1024,2048,4096,6144")
@@ -68,16 +69,19 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args()
-    lengths = sorted(int(n) for n in args.lengths.split(","))
-    ks = [int(k) for k in args.ks.split(",")]
-    if lengths[0] < 2 or not ks or min(ks) < 1 or max(ks) > args.k_max:
-        raise SystemExit(f"error: lengths must be >= 2 and every k in 1..--k-max ({args.k_max})")
+    try:
+        lengths = sorted(int(n) for n in args.lengths.split(","))
+        ks = [int(k) for k in args.ks.split(",")]
+    except ValueError:
+        parser.error(f"--lengths and --ks take comma-separated integers, got {args.lengths!r} and {args.ks!r}")
+    if lengths[0] < 2 or min(ks) < 1 or max(ks) > args.k_max:
+        parser.error(f"lengths must be >= 2 and every k in 1..--k-max ({args.k_max})")
 
     loaded = load_model(args.model, dtype=args.dtype)
     target = loaded.lm
     limit = loaded.context_limit
     if limit is not None and lengths[-1] + args.max_new_tokens > limit:
-        raise SystemExit(f"error: the longest length and the new tokens exceed the model's context of {limit} tokens")
+        parser.error(f"the longest length and the new tokens exceed the model's context of {limit} tokens")
     ids = document(loaded, lengths[-1])
     proposer = build_proposer(args.proposer, loaded)
 
