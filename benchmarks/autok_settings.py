@@ -27,7 +27,7 @@ from verispec.bench.runners import VerispecRunner
 from verispec.runner import warm_up
 from verispec.bench.workloads import read_workloads, select
 from verispec.machine import describe
-from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.models.loading.load import DEFAULT_MODEL, load_model
 from verispec.policies import AutoK
 from verispec.profile import measure_profile
 from verispec.registry import build_proposer

@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from verispec.models.linear import PackedLinear, RowBlocks
-from verispec.models.load import load_model
+from verispec.models.formats.linear import PackedLinear, RowBlocks
+from verispec.models.loading.load import load_model
 
 ROWS = (1, 8, 16, 24, 32, 40, 48, 64, 96, 128, 160)
 SLOTS = 8

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from verispec.models import DEFAULT_MODEL
-from verispec.models.load import load_model
+from verispec.models.loading.load import load_model
 from verispec.runtime_check import law, power
 from verispec.runtime_check.cases import default_cases
 from verispec.statistics import degrees_of_freedom

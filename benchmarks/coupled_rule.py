@@ -23,7 +23,7 @@ import torch
 from verispec import SamplingParams
 from verispec.bench.workloads import read_workloads, select
 from verispec.engine import generate
-from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.models.loading.load import DEFAULT_MODEL, load_model
 from verispec.registry import build_policy, build_proposer
 from verispec.request import Request
 

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from verispec.models.load import load_model
+from verispec.models.loading.load import load_model
 
 ROWS = (1, 2, 3, 4, 5, 6, 8, 9)
 

@@ -337,7 +337,7 @@ def shape_check(check: Check, name: str, config_options: dict, device: torch.dev
     import verispec
     from verispec.batching import Scheduler
     from verispec.cost import expected_tokens
-    from verispec.models.static_llama import StaticLlama
+    from verispec.models.runtimes.static_llama import StaticLlama
     from verispec.profile import measured_autok
     from verispec.request import Request
 
@@ -514,7 +514,7 @@ def dev_prompts(path: Path | None) -> list[tuple[str, str]]:
 
 def real_check(check: Check, gguf: Path, prompts: list[tuple[str, str]], device: torch.device) -> None:
     import verispec
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
     from verispec.profile import measured_autok
     from verispec.proposers import PromptLookup
 

@@ -28,7 +28,7 @@ from verispec.bench.identity_suite import KS, identity_proposers, identity_suite
 from verispec.bench.workloads import data_file, read_workloads, select
 from verispec.cli import BadInput
 from verispec.cli.paths import check_output_file
-from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.models.loading.load import DEFAULT_MODEL, load_model
 
 SPECBENCH = data_file("specbench_dev.jsonl", Path(__file__).parents[1])
 

@@ -30,7 +30,7 @@ from verispec import GREEDY, SamplingParams, load_model
 from verispec.heads import HeadConfig, for_drafting, new_head, target_info
 from verispec.heads.config import FINAL, default_layer, eagle3_layers
 from verispec.heads.eagle import FrozenRows
-from verispec.models.linear import packed_linears, projection
+from verispec.models.formats.linear import packed_linears, projection
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.medusa import MedusaProposer
 from verispec.randomness import TorchRandom

@@ -29,7 +29,7 @@ from pathlib import Path
 from verispec import GREEDY, generate
 from verispec.sampling import SamplingParams
 from verispec.bench.workloads import Workload, read_workloads, select
-from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.models.loading.load import DEFAULT_MODEL, load_model
 from verispec.registry import build_proposer
 from verispec.train.data import DataCache
 from verispec.train.loop import TrainSettings, heldout_split

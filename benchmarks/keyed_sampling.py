@@ -19,7 +19,7 @@ import time
 import torch
 
 from verispec import SamplingParams, generate
-from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.models.loading.load import DEFAULT_MODEL, load_model
 from verispec.randomness import TorchRandom
 from verispec.sampling import probabilities
 

@@ -16,7 +16,7 @@ import time
 
 from verispec.peers.llamacpp import require
 from verispec.models import DEFAULT_MODEL
-from verispec.models.sources import locate
+from verispec.models.loading.sources import locate
 from verispec.sampling import GREEDY
 
 SIZES = (1, 2, 3, 4, 5, 6, 9, 11)

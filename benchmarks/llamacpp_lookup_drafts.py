@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from verispec.bench.methods import LLAMACPP_LOOKUP_TOKENS
-from verispec.models.load import load_model
+from verispec.models.loading.load import load_model
 from verispec.runtime_check import Reference, Settings, check_runtime
 from verispec.runtime_check.engines import open_engine
 from verispec.runtime_check.law import SPREAD_TEXTS

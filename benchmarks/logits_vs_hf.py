@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from verispec.bench.workloads import data_file, read_workloads, select
-from verispec.models.llama import LlamaRuntime
-from verispec.models.load import load_model
+from verispec.models.runtimes.llama import LlamaRuntime
+from verispec.models.loading.load import load_model
 
 SPECBENCH = data_file("specbench_dev.jsonl", Path(__file__).parents[1])
 

@@ -3,7 +3,7 @@
     PYTHONPATH=src .venv/bin/python benchmarks/quant_linears.py [--threads 1 2] [--repeats 15]
 
 Builds the 30 layers' projections as a runtime fuses them (qkv, o, gate+up, down) and the
-output head from the default GGUF file's blocks, in each format of `models.quant`, and times
+output head from the default GGUF file's blocks, in each format of `models.formats.quant`, and times
 one pass over all of them (the head separately) for M = 1..9 rows. Methods are interleaved
 within each repeat; medians and the spread between the 25th and 75th percentiles are reported.
 
@@ -23,9 +23,9 @@ import time
 import torch
 
 from verispec import load_model
-from verispec.models.load import gguf_blocks
-from verispec.models.linear import projection
-from verispec.models.quant import Int4Linear, exact_planes, linear_for
+from verispec.models.loading.load import gguf_blocks
+from verispec.models.formats.linear import projection
+from verispec.models.formats.quant import Int4Linear, exact_planes, linear_for
 
 
 def one_plane(parts) -> Int4Linear:

@@ -42,7 +42,7 @@ import torch
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
 from verispec.bench.workloads import data_file, read_workloads, select
 from verispec.drafts import ROOT, TreeDraft
-from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.models.loading.load import DEFAULT_MODEL, load_model
 from verispec.proposers.eagle import EagleProposer
 from verispec.registry import build_proposer
 from verispec.sampling import probabilities

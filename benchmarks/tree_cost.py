@@ -28,8 +28,8 @@ from verispec import load_model
 from verispec.drafts import TreeDraft
 from verispec.engine import scored_parents
 from verispec.machine import describe
-from verispec.models.hf import HFCausalLM
-from verispec.models.llama import LlamaRuntime
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.runtimes.llama import LlamaRuntime
 from verispec.models.scored_tree import ScoredTree
 from verispec.profile import deepest_path, representative_tree
 

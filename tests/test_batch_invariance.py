@@ -21,9 +21,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec import GREEDY, SamplingParams, generate
 from verispec.batching import Scheduler
-from verispec.models.linear import MAX_BLOCK, PackedLinear, row_blocks
-from verispec.models.llama import LlamaRuntime
-from verispec.models.quant import linear_for
+from verispec.models.formats.linear import MAX_BLOCK, PackedLinear, row_blocks
+from verispec.models.runtimes.llama import LlamaRuntime
+from verispec.models.formats.quant import linear_for
 from verispec.proposers import DraftModel
 from verispec.request import Request
 

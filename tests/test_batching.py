@@ -448,7 +448,7 @@ def test_a_shared_forward_does_not_teach_auto_k_its_cost():
 def test_the_hf_adapter_runs_a_batch_slot_by_slot():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from verispec.models.hf import HFCausalLM
+    from verispec.models.runtimes.hf import HFCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,

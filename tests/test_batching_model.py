@@ -11,7 +11,7 @@ import pytest
 
 from verispec import TorchRandom, generate
 from verispec.batching import RegistryBuilder, Scheduler
-from verispec.models.memory import memory_report, tensor_bytes
+from verispec.models.loading.memory import memory_report, tensor_bytes
 from verispec.registry import build_proposer
 from verispec.request import Request
 from verispec.sampling import GREEDY, SamplingParams

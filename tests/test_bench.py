@@ -146,7 +146,7 @@ def test_without_prompts_a_real_run_asks_for_them(tmp_path, capsys):
 def test_real_model_hf_and_verispec_agree_with_plain_decoding(tmp_path):
     """The default model, one chat and one code prompt: HF generate, HF prompt lookup and
     verispec's prompt lookup all reproduce verispec-plain, except at a diagnosed near tie."""
-    from verispec.models import load, sources
+    from verispec.models.loading import load, sources
 
     try:
         sources.locate(load.DEFAULT_MODEL)

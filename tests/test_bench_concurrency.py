@@ -13,7 +13,7 @@ from verispec.bench.closed_loop import closed_loop
 from verispec.bench.methods import PLAIN
 from verispec.bench.sweep import QUICK_SWEEP_METHODS, parse_concurrency
 from verispec.cli import main
-from verispec.models import llamacpp as runtime
+from verispec.models.runtimes import llamacpp as runtime
 from verispec.peers import llamacpp
 from verispec.peers.outcome import Served
 
@@ -256,7 +256,7 @@ def test_llamacpp_batches_several_sequences():
     import torch
 
     from verispec.bench.methods import parse_method
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     target = load_model(dtype="float32", runtime="hf")
     method = parse_method("llamacpp-plain")

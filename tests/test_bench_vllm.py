@@ -18,7 +18,7 @@ from verispec.bench.methods import parse_method
 from verispec.bench.methods import vllm_method as parse
 from verispec.peers.vllm import VENV_PYTHON, VllmRunner, require, speculative_config
 from verispec.peers.vllm_worker import rounds
-from verispec.models.load import LoadedModel
+from verispec.models.loading.load import LoadedModel
 from verispec.sampling import GREEDY, SamplingParams
 
 
@@ -236,7 +236,7 @@ def test_vllm_serves_a_closed_loop_of_four_with_its_own_batching():
     of the same float32 weights, and vLLM's counters verified drafts."""
     from verispec.bench.closed_loop import closed_loop
     from verispec.peers.vllm import VllmBatchServer
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     target = load_model("smollm2-135m-instruct", dtype="float32")
     texts = ["Count from one to twenty: one, two, three,", "The capital of France is",

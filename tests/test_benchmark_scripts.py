@@ -45,8 +45,8 @@ def test_the_gpu_check_prints_a_failed_capture_and_runs_every_later_shape_eagerl
     runtimes run eagerly, and a later shape does not try to capture at all."""
     from test_hf_adapter import tiny_llama
 
-    from verispec.models.cuda_graphs import ShapeGraphs
-    from verispec.models.static_llama import StaticLlama
+    from verispec.models.runtimes.cuda_graphs import ShapeGraphs
+    from verispec.models.runtimes.static_llama import StaticLlama
 
     spec = importlib.util.spec_from_file_location("benchmark_gpu_check", SCRIPTS[0].parent / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)

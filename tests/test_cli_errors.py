@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from verispec.cli import main
-from verispec.models import load
+from verispec.models.loading import load
 
 
 def error_line(capsys, argv: list[str]) -> str:
@@ -234,7 +234,7 @@ def test_check_tokenizers_on_a_directory_without_one(tmp_path, capsys):
 
 @pytest.fixture
 def without_llama_cpp(monkeypatch):
-    from verispec.models import llamacpp
+    from verispec.models.runtimes import llamacpp
 
     monkeypatch.setattr(llamacpp, "installed", lambda: False)
     return llamacpp

@@ -26,7 +26,7 @@ from verispec.identity import explain
 from verispec.bench.quick import tiny_llama, tiny_tokenizer
 from verispec.cli import main
 from verispec.cli.demo import DemoRow, demo_table
-from verispec.models import load, sources
+from verispec.models.loading import load, sources
 from verispec.proposers.trained import default_proposer
 
 

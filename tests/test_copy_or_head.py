@@ -25,8 +25,8 @@ from verispec.drafts import Draft
 from verispec.heads import save_head
 from verispec.heads.config import FINAL
 from verispec.heads.untrained import tiny_head
-from verispec.models.hf import HFCausalLM
-from verispec.models.load import LoadedModel
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.loading.load import LoadedModel
 from verispec.models.tables import random_table
 from verispec.proposers import PromptLookup
 from verispec.proposers.copy_or_head import CopyOrHead

@@ -130,7 +130,7 @@ def test_a_transformers_model_without_data_fails_first_where_the_rows_cross_to_t
     read of device data happens earlier, in the adapter or the engine."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from verispec.models.hf import HFCausalLM
+    from verispec.models.runtimes.hf import HFCausalLM
 
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)

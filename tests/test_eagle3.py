@@ -19,9 +19,9 @@ from verispec.heads import Eagle3Head, HeadConfig, for_drafting, load_head, new_
 from verispec.heads.export import is_speculators, load_eagle3, read_speculators, write_speculators, write_vllm_medusa
 from verispec.heads.untrained import TINY_LAYER
 from verispec.models.base import FINAL
-from verispec.models.hf import HFCausalLM
-from verispec.models.linear import Int8Linear, PackedLinear
-from verispec.models.load import LoadedModel
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.formats.linear import Int8Linear, PackedLinear
+from verispec.models.loading.load import LoadedModel
 from verispec.policies import ConstantTree
 from verispec.proposers.eagle import EagleProposer
 from verispec.reference import reference_generate
@@ -201,7 +201,7 @@ def test_on_the_default_model_an_exported_eagle3_head_drafts_and_greedy_equals_p
     it: greedy decoding equals plain decoding."""
     from verispec.heads import eagle3_layers
     from verispec.heads.config import default_layer
-    from verispec.models import load, sources
+    from verispec.models.loading import load, sources
 
     try:
         sources.locate(load.DEFAULT_MODEL)

@@ -1,5 +1,5 @@
 """`--dtype auto` and `--runtime auto` weigh each format's forward at the rows a step will score
-(`models.format_costs`), on injected curves: no timing is read here."""
+(`models.loading.format_costs`), on injected curves: no timing is read here."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from verispec.bench.methods import parse_methods
 from verispec.bench.suite import expected_rows
 from verispec.k_spec import parse_k
-from verispec.models import format_costs
-from verispec.models.format_costs import DEFAULTS, FormatCost, choose, hf_faster, step_rows
+from verispec.models.loading import format_costs
+from verispec.models.loading.format_costs import DEFAULTS, FormatCost, choose, hf_faster, step_rows
 from verispec.models.runtime import Runtime
 from verispec.models.weight_format import WeightFormat
 
@@ -126,7 +126,7 @@ def test_measured_curves_are_kept_per_file_cpu_and_threads(tmp_path, monkeypatch
 ])
 def test_the_commands_plan_at_the_rows_their_steps_score(monkeypatch, capsys, command, options, rows) -> None:
     from verispec.cli import main
-    from verispec.models import load, load_plan
+    from verispec.models.loading import load, load_plan
 
     asked = []
 

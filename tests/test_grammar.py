@@ -155,7 +155,7 @@ def test_the_output_law_under_a_lark_or_gbnf_grammar_is_the_targets_masked(table
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from serving import save_tiny_model
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     return load_model(save_tiny_model(tmp_path_factory.mktemp("tiny")))
 
@@ -183,7 +183,7 @@ def test_greedy_speculation_equals_plain_decoding_under_the_same_grammar(tiny, m
 @pytest.fixture(scope="module")
 def smollm():
     """The default model and a compiler for its tokenizer (converted once)."""
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     loaded = load_model("smollm2-135m-instruct", dtype="float32")  # the quickest to load
     return loaded, GrammarCompiler(loaded.tokenizer, loaded.lm.vocab_size)

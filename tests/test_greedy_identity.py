@@ -177,7 +177,7 @@ def test_real_prompts_lookup_suffix_and_lookahead_reproduce_plain_decoding():
     """The default model in float32 on the first Spec-Bench prompt of three categories, 24 new
     tokens: HF generate and prompt lookup / suffix index / lookahead at k = 4 and at the
     constant tree tree:2x2x1 reproduce verispec-plain, or differ only at a diagnosed near tie."""
-    from verispec.models import load
+    from verispec.models.loading import load
 
     try:
         loaded = load.load_model(load.DEFAULT_MODEL, dtype="float32")

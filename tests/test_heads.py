@@ -25,9 +25,9 @@ from verispec.heads import (
 from verispec.heads.config import FINAL, eagle3_layers
 from verispec.heads.drafting_layer import DraftingLayer
 from verispec.models.features import FeatureStore
-from verispec.models.hf import HFCausalLM
-from verispec.models.linear import DenseLinear, Int8Linear, PackedLinear, prepacks
-from verispec.models.load import LoadedModel
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.formats.linear import DenseLinear, Int8Linear, PackedLinear, prepacks
+from verispec.models.loading.load import LoadedModel
 from verispec.models.tables import random_table
 from verispec.policies import ConstantTree
 from verispec.proposers.eagle import EagleProposer

@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from verispec import GREEDY, generate
-from verispec.models.hf import HFCausalLM
+from verispec.models.runtimes.hf import HFCausalLM
 from verispec.proposers import DraftModel, PromptLookup
 
 FP32_ATOL = 1e-4

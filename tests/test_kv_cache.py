@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec.models.kv_cache import KVCache
+from verispec.models.runtimes.kv_cache import KVCache
 
 LAYERS, HEADS, D = 2, 3, 4
 

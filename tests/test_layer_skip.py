@@ -17,7 +17,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
-from verispec.models.hf import HFCausalLM
+from verispec.models.runtimes.hf import HFCausalLM
 from verispec.proposers.layer_skip import LayerSkip, PrunedHead, frequent_tokens, truncated_model
 from verispec.reference import reference_generate
 from verispec.sampling import probabilities

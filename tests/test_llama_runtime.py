@@ -23,8 +23,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from verispec import GREEDY, SamplingParams, generate
 from verispec.models.attention import InvariantAttention, RowAttention
 from verispec.models.base import FINAL, FeatureChannel
-from verispec.models.hf import HFCausalLM
-from verispec.models.llama import LlamaRuntime, fast_runtime_refusal
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.runtimes.llama import LlamaRuntime, fast_runtime_refusal
 from verispec.proposers import DraftModel, PromptLookup
 from verispec.proposers.layer_skip import LayerSkip
 from verispec.randomness import TorchRandom

@@ -1,4 +1,4 @@
-"""The one reader of a transformers Llama/Qwen2 checkpoint (`models.llama_weights`): the layout
+"""The one reader of a transformers Llama/Qwen2 checkpoint (`models.formats.llama_weights`): the layout
 both runtimes build from, read a layer at a time, and each runtime's refusal in its own words."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from test_hf_adapter import VOCAB, tiny_llama
 from test_qwen2_runtime import tiny_qwen2
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-from verispec.models.hf import HFCausalLM
-from verispec.models.llama import LlamaRuntime
-from verispec.models.llama_weights import read_llama
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.runtimes.llama import LlamaRuntime
+from verispec.models.formats.llama_weights import read_llama
 from verispec.models.runtime import Runtime
-from verispec.models.static_llama import StaticLlama
+from verispec.models.runtimes.static_llama import StaticLlama
 
 BUILDS = {Runtime.FAST: LlamaRuntime.from_hf, Runtime.STATIC: StaticLlama.from_hf}
 

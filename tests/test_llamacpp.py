@@ -17,8 +17,8 @@ from verispec.bench.methods import LLAMACPP_LOOKUP_TOKENS, PLAIN, Method, parse_
 from verispec.bench.report import render, summarize
 from verispec.peers.outcome import Clock
 from verispec.cli import main
-from verispec.models import llamacpp as runtime
-from verispec.models.load import LoadedModel
+from verispec.models.runtimes import llamacpp as runtime
+from verispec.models.loading.load import LoadedModel
 
 NEEDS_LLAMACPP = pytest.mark.skipif(
     not runtime.installed(), reason=f"needs llama-cpp-python: {runtime.INSTALL}"
@@ -145,7 +145,7 @@ def test_a_peer_difference_is_described_not_counted_as_a_failure():
 
 @pytest.fixture(scope="module")
 def default_target():
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     try:
         return load_model(dtype="float32")

@@ -16,7 +16,7 @@ import torch
 from verispec.engine import generate
 from verispec.models import DEFAULT_MODEL
 from verispec.models.base import FINAL
-from verispec.models.llamacpp import INSTALL
+from verispec.models.runtimes.llamacpp import INSTALL
 from verispec.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def loaded():
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     return load_model(DEFAULT_MODEL, runtime="llamacpp")
 
@@ -44,8 +44,8 @@ def chat_ids(loaded, text: str) -> list[int]:
 
 
 def new_lm(taps=()):
-    from verispec.models.llamacpp import LlamaCppLM
-    from verispec.models.sources import locate
+    from verispec.models.runtimes.llamacpp import LlamaCppLM
+    from verispec.models.loading.sources import locate
 
     lm = LlamaCppLM(locate(DEFAULT_MODEL), n_ctx=1024, n_threads=torch.get_num_threads())
     if taps:
@@ -57,7 +57,7 @@ def test_the_final_feature_is_what_the_output_head_multiplies_and_matches_the_fa
     """llama.cpp's embeddings output times the output embedding gives its logits (up to its
     8-bit activations), and each tap agrees with the fast runtime's float32 features on the
     same tokens (cosine, measured >= 0.99 here)."""
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     ids = chat_ids(loaded, PROMPTS[0]) + chat_ids(loaded, PROMPTS[1])[5:]
     lm = new_lm(TAPS)

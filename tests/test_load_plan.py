@@ -11,9 +11,10 @@ from test_load_model import write_gguf
 from transformers import LlamaConfig
 
 from verispec.cli import main
-from verispec.models import format_costs, llamacpp, load_plan, sources
-from verispec.models.format_costs import FormatCost
-from verispec.models.load_plan import MachineFacts, plan_load
+from verispec.models.loading import format_costs, load_plan, sources
+from verispec.models.runtimes import llamacpp
+from verispec.models.loading.format_costs import FormatCost
+from verispec.models.loading.load_plan import MachineFacts, plan_load
 from verispec.models.runtime import Runtime
 from verispec.models.weight_format import WeightFormat
 
@@ -290,7 +291,7 @@ def test_load_plan_command_weighs_the_rows_given(gguf, capsys) -> None:
 
 
 def test_the_loaded_models_note_says_why_auto_took_bfloat16(gguf) -> None:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
 
     plan = plan_load(gguf("Q4_1"), machine=X86_BF16, rows=24, costs=(STEEP_Q4, FLAT_BF16))
     loaded = LoadedModel(name="m", lm=None, model=None, tokenizer=None, eos_token_ids=(), dtype=plan.dtype,

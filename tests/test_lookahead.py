@@ -29,8 +29,8 @@ from verispec.cli import main
 from verispec.clocks import TickClock
 from verispec.cost import FixedCosts
 from verispec.drafts import ROOT, Draft, TreeDraft
-from verispec.models.hf import HFCausalLM
-from verispec.models.llama import LlamaRuntime
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.runtimes.llama import LlamaRuntime
 from verispec.models.tables import random_table
 from verispec.policies import AutoK
 from verispec.proposers import PromptLookup

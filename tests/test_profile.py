@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clocks import FakeClock
-from verispec.models.hf import HFCausalLM
+from verispec.models.runtimes.hf import HFCausalLM
 from verispec.models.tables import random_table
 from verispec.profile import Profile, Timing, measure_profile, measured_autok
 from verispec.proposers.draft_model import DraftModel
@@ -181,7 +181,7 @@ def quick_loaded():
     from pathlib import Path
 
     from verispec.bench.quick import tiny_llama, tiny_tokenizer
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
 
     tokenizer = tiny_tokenizer()
     model = tiny_llama(len(tokenizer), layers=2)
@@ -234,13 +234,13 @@ def test_the_profile_command_prints_what_profile_model_measured(tmp_path, capsys
 
 def test_profile_keep_costs_records_the_curve_auto_weighs(tmp_path, capsys, monkeypatch):
     """--keep-costs: the measured t(1) and batched v(n) become this machine's curve for the
-    model's format and runtime, which `plan_load` reads back (`models.format_costs`)."""
+    model's format and runtime, which `plan_load` reads back (`models.loading.format_costs`)."""
     from serving import save_tiny_model
 
     from verispec.cli import main
     from verispec.cli.profile import costs_refusal
     from verispec.machine import cpu_model
-    from verispec.models import format_costs
+    from verispec.models.loading import format_costs
 
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
     model = save_tiny_model(tmp_path / "tiny")

@@ -19,11 +19,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, dequantize
 
-from verispec.models import quant
-from verispec.models.gguf_blocks import BLOCK, GGUFWeight, decode_blocks
-from verispec.models.llama import LlamaRuntime
-from verispec.models.linear import DenseLinear, Int8Linear, PackedLinear, projection
-from verispec.models.quant import Int4Linear, exact_planes, linear_for, planes_weight
+from verispec.models.formats import quant
+from verispec.models.formats.gguf_blocks import BLOCK, GGUFWeight, decode_blocks
+from verispec.models.runtimes.llama import LlamaRuntime
+from verispec.models.formats.linear import DenseLinear, Int8Linear, PackedLinear, projection
+from verispec.models.formats.quant import Int4Linear, exact_planes, linear_for, planes_weight
 
 
 def raw_blocks(kind: str, rows: int, width: int, seed: int = 0, m_scale: float = 1.0) -> np.ndarray:
@@ -177,8 +177,8 @@ def test_width_must_be_whole_blocks():
 def default_blocks():
     """The default model's float32 weights (the float32 path) and its GGUF file's blocks."""
     from verispec import load_model
-    from verispec.models import load, sources
-    from verispec.models.gguf_blocks import gguf_weights
+    from verispec.models.loading import load, sources
+    from verispec.models.formats.gguf_blocks import gguf_weights
 
     try:
         sources.locate(load.DEFAULT_MODEL)

@@ -13,10 +13,10 @@ import torch
 from test_hf_adapter import FP32_ATOL, check_random_history
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from verispec.models.hf import HFCausalLM
-from verispec.models.linear import DenseLinear
-from verispec.models.llama import LlamaRuntime, fast_runtime_refusal
-from verispec.models.quant import Int4Linear, linear_for
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.formats.linear import DenseLinear
+from verispec.models.runtimes.llama import LlamaRuntime, fast_runtime_refusal
+from verispec.models.formats.quant import Int4Linear, linear_for
 
 VOCAB = 96
 
@@ -104,7 +104,7 @@ def test_sliding_window_attention_is_refused() -> None:
 
 
 def test_weight_bytes_count_each_tensor_once(model) -> None:
-    from verispec.models.memory import weight_bytes
+    from verispec.models.loading.memory import weight_bytes
 
     params = sum(p.numel() for p in model.parameters())
     # Prepacked: every parameter once, plus the head's packed copy beside the dense head.

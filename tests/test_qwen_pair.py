@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from verispec.models.parts import QWEN_INSTALL, installed
+from verispec.models.loading.parts import QWEN_INSTALL, installed
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 PROMPTS = (
@@ -24,7 +24,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def target():
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     return load_model(TARGET, dtype="q4")
 
@@ -61,10 +61,10 @@ def test_the_llamacpp_runtime_gives_its_own_plain_greedy_tokens() -> None:
     """On llama.cpp (deterministic: forwards of at most 3 rows after the prompt) the draft model
     and prompt lookup give the runtime's own plain greedy tokens."""
     from verispec.bench.runners import VerispecRunner
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
     from verispec.registry import build_proposer
 
-    from verispec.models.llamacpp import INSTALL
+    from verispec.models.runtimes.llamacpp import INSTALL
 
     pytest.importorskip("llama_cpp", reason=f"needs llama-cpp-python: {INSTALL}")
     target = load_model(TARGET, runtime="llamacpp")

@@ -39,7 +39,7 @@ import pytest
 import torch
 
 from verispec.drafts import Verdict
-from verispec.models.parts import QWEN_INSTALL, installed
+from verispec.models.loading.parts import QWEN_INSTALL, installed
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 PROMPT = "fruit ="
@@ -56,7 +56,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def pair():
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
     from verispec.registry import build_proposer
 
     target = load_model(TARGET, dtype="q4")

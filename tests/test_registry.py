@@ -17,8 +17,8 @@ from verispec.bench.methods import parse_method
 from verispec.bench.quick import quick_workloads
 from verispec.bench.suite import QUICK_DRAFT, make_runner, quick_target
 from verispec.cli import main
-from verispec.models.hf import HFCausalLM
-from verispec.models.load import LoadedModel, load_tokenizer
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.loading.load import LoadedModel, load_tokenizer
 from verispec.proposers import DraftModel, PromptLookup, RandomTokens, SuffixIndex
 from verispec.proposers.base import Draft
 from verispec.proposers.layer_skip import LayerSkip

@@ -16,8 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from serving import NAME, running
 from verispec.bench.quick import tiny_tokenizer
-from verispec.models.hf import HFCausalLM
-from verispec.models.load import load_model
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.loading.load import load_model
 from verispec.runtime_check import Reference, Settings, check_runtime
 from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Refused

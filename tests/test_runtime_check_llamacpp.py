@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from verispec.peers.llamacpp import GREEDY
-from verispec.models import llamacpp as runtime
-from verispec.models.load import LoadedModel
+from verispec.models.runtimes import llamacpp as runtime
+from verispec.models.loading.load import LoadedModel
 from verispec.runtime_check import Reference, Settings, check_runtime
 from verispec.runtime_check.cases import SamplingCase, neutral
 from verispec.runtime_check.engines import Unavailable, open_engine

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from verispec.peers.vllm_worker import generate_all
-from verispec.models.load import LoadedModel
+from verispec.models.loading.load import LoadedModel
 from verispec.runtime_check.cases import SamplingCase, default_cases
 from verispec.runtime_check.engines import open_engine
 from verispec.runtime_check.engines.base import Crashed, Refused, Unavailable

@@ -118,6 +118,8 @@ def test_design_states_the_rules_that_keep_the_loops_out():
     assert {"verispec.bench", "verispec.runtime_check"} <= set(by_module["verispec.peers"])  # below both
     assert "verispec.bench.methods" in by_module["verispec.runtime_check"]  # the adapters are the peers'
     assert by_module["verispec.statistics"] == [ANY]
+    assert "verispec.models.loading" in by_module["verispec.models.runtimes"]  # formats < runtimes < loading
+    assert {"verispec.models.runtimes", "verispec.models.loading"} <= set(by_module["verispec.models.formats"])
     assert len(RULES) >= 10
 
 
@@ -172,7 +174,7 @@ def test_runtime_weight_format_and_head_kind_are_enums_where_they_cross():
 
     from verispec.head_kind import HeadKind
     from verispec.heads.untrained import tiny_head
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
     from verispec.models.runtime import Runtime
     from verispec.models.tables import random_table
     from verispec.models.weight_format import WeightFormat
@@ -182,7 +184,7 @@ def test_runtime_weight_format_and_head_kind_are_enums_where_they_cross():
     with pytest.raises(ValueError):
         LoadedModel("m", None, None, None, (), torch.float32, Path("m"), runtime="gpu")
     assert tiny_head("medusa", random_table(4, 1, seed=0)).config.kind is HeadKind.MEDUSA
-    from verispec.models.format_costs import DEFAULT_BF16, FormatCost
+    from verispec.models.loading.format_costs import DEFAULT_BF16, FormatCost
     from verispec.proposers.self_draft import SelfDraft
     from verispec.proposers.trained import HeadSpec, parse
 

@@ -16,7 +16,7 @@ from verispec import SamplingParams
 from verispec.batching import Scheduler
 from verispec.cost import FixedCosts
 from verispec.engine import generate
-from verispec.models.hf import HFCausalLM
+from verispec.models.runtimes.hf import HFCausalLM
 from verispec.models.table_pair import Tables
 from verispec.models.tables import random_table
 from verispec.policies import AutoK, ConstantTree

@@ -22,11 +22,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec import GREEDY, SamplingParams, TorchRandom, generate
-from verispec.models.hf import HFCausalLM
-from verispec.models.llama import LlamaRuntime
-from verispec.models.load import LoadedModel
-from verispec.models.linear import Int8Linear
-from verispec.models.quant import Int4Linear
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.runtimes.llama import LlamaRuntime
+from verispec.models.loading.load import LoadedModel
+from verispec.models.formats.linear import Int8Linear
+from verispec.models.formats.quant import Int4Linear
 from verispec.proposers.self_draft import SelfDraft
 from verispec.registry import build_proposer
 from verispec.reference import reference_generate

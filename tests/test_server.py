@@ -13,7 +13,7 @@ import pytest
 
 from serving import NAME, running, save_tiny_model
 from verispec.engine import generate
-from verispec.models.load import load_model
+from verispec.models.loading.load import load_model
 from verispec.registry import build_proposer
 from verispec.sampling import GREEDY, SamplingParams
 from verispec.server import Limits
@@ -209,7 +209,7 @@ def one_error_line(capsys, argv: list[str]) -> str:
 
 
 def test_serve_refuses_a_taken_port_before_loading(capsys, monkeypatch):
-    from verispec.models import load
+    from verispec.models.loading import load
     from verispec.server.run import loopback_socket
 
     def no_load(*args, **kwargs):

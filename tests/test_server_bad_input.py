@@ -10,7 +10,7 @@ import json
 import pytest
 
 from serving import NAME, running, save_tiny_model
-from verispec.models.load import load_model
+from verispec.models.loading.load import load_model
 from verispec.server import Limits
 
 CHAT = "/v1/chat/completions"

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from serving import NAME, running, save_tiny_model
-from verispec.models.load import load_model
+from verispec.models.loading.load import load_model
 
 CLIENTS = 8
 PROMPTS = ["Hello there", "the cat sat on the mat and the cat", "def add(a, b):", "abcabcabcabc",
@@ -43,7 +43,8 @@ def tiny(tmp_path_factory):
 def default():
     """The default model as `verispec serve` loads it: --dtype auto weighs a full server's rows
     (8 slots at k auto: 24), which picks bfloat16 where the CPU computes it natively."""
-    from verispec.models import DEFAULT_MODEL, sources
+    from verispec.models import DEFAULT_MODEL
+    from verispec.models.loading import sources
 
     try:
         sources.locate(DEFAULT_MODEL)

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from serving import NAME, running, save_tiny_model
-from verispec.models.load import load_model
+from verispec.models.loading.load import load_model
 from verispec.batching import RegistryBuilder, Scheduler
 from verispec.server import Limits, ServedModel, ServerApp
 from verispec.server.run import loopback_socket, make_server

@@ -20,7 +20,7 @@ from serving import NAME, running, save_tiny_model
 from verispec.engine import generate
 from verispec.logprobs import token_logprobs
 from verispec.request import Request
-from verispec.models.load import load_model
+from verispec.models.loading.load import load_model
 from verispec.sampling import SamplingParams
 
 PROMPT = "Hello there, tell me a story"

@@ -16,7 +16,7 @@ import pytest
 
 from serving import NAME, running, save_tiny_model
 from verispec.engine import generate
-from verispec.models.load import load_model
+from verispec.models.loading.load import load_model
 from verispec.registry import build_proposer
 from verispec.sampling import GREEDY
 

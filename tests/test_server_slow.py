@@ -12,7 +12,8 @@ import pytest
 from serving import NAME, running
 from verispec.cli import main
 from verispec.engine import generate
-from verispec.models import DEFAULT_MODEL, load, sources
+from verispec.models import DEFAULT_MODEL
+from verispec.models.loading import load, sources
 from verispec.proposers.trained import default_proposer
 from verispec.registry import build_proposer
 from verispec.sampling import GREEDY, SamplingParams

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from verispec.models import parts
-from verispec.models.parts import QWEN_INSTALL, SPLIT, SplitModel, joined_file, joined_path
+from verispec.models.loading import parts
+from verispec.models.loading.parts import QWEN_INSTALL, SPLIT, SplitModel, joined_file, joined_path
 
 
 def _fake_parts(root, prefix: str, chunks: list[bytes]) -> None:
@@ -62,7 +62,7 @@ def test_a_missing_part_names_the_install_command(fake_split, monkeypatch) -> No
 
 
 def test_the_pair_is_named_wherever_a_model_name_is_taken(fake_split, monkeypatch) -> None:
-    from verispec.models import sources
+    from verispec.models.loading import sources
 
     monkeypatch.setitem(SPLIT, "qwen2.5-coder-1.5b-instruct", SPLIT["fake-model"])
     assert sources.locate("qwen2.5-coder-1.5b-instruct") == joined_path("fake-model")

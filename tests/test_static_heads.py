@@ -22,7 +22,7 @@ from verispec import GREEDY, SamplingParams, TorchRandom, generate
 from verispec.batching import Scheduler
 from verispec.heads import for_drafting, save_head
 from verispec.heads.config import FINAL
-from verispec.models.static_llama import StaticLlama
+from verispec.models.runtimes.static_llama import StaticLlama
 from verispec.models.weight_format import WeightFormat
 from verispec.policies import ConstantTree
 from verispec.proposers import PromptLookup

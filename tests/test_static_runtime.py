@@ -20,8 +20,8 @@ from test_qwen2_runtime import tiny_qwen2
 from verispec import GREEDY, SamplingParams, generate
 from verispec.batching import Scheduler
 from verispec.models.base import FINAL, FeatureChannel, SlotScoring
-from verispec.models.hf import HFCausalLM
-from verispec.models.static_llama import StaticLlama
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.runtimes.static_llama import StaticLlama
 from verispec.proposers import DraftModel, PromptLookup
 from verispec.randomness import TorchRandom
 from verispec.reference import reference_generate
@@ -224,7 +224,7 @@ def test_without_deterministic_scoring_the_note_says_output_may_part_from_plain(
     from pathlib import Path
     from types import SimpleNamespace
 
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
 
     def note(deterministic: bool) -> str | None:
         lm = SimpleNamespace(deterministic=deterministic)

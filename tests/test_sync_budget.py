@@ -17,7 +17,7 @@ from test_hf_adapter import tiny_llama
 
 from verispec import GREEDY, SamplingParams, generate
 from verispec.batching import Scheduler
-from verispec.models.static_llama import StaticLlama
+from verispec.models.runtimes.static_llama import StaticLlama
 from verispec.proposers import PromptLookup
 from verispec.request import Request
 

@@ -73,7 +73,7 @@ def test_the_pieces_add_up_to_the_decoded_text(text):
 
 @pytest.mark.slow
 def test_the_default_tokenizer_on_real_text():
-    from verispec.models import load
+    from verispec.models.loading import load
 
     try:
         tokenizer = load.load_tokenizer(load.DEFAULT_MODEL)

@@ -20,7 +20,7 @@ from verispec.cli import main
 from verispec.head_kind import HeadKind
 from verispec.heads import load_head, read_config
 from verispec.models.base import FINAL
-from verispec.models.hf import HFCausalLM
+from verispec.models.runtimes.hf import HFCausalLM
 from verispec.proposers.eagle import EagleProposer
 from verispec.train import data as data_module
 from verispec.train import documents as documents_module
@@ -588,7 +588,7 @@ def test_cli_refuses_bad_input_with_one_error_line(extra, message, tmp_path, cap
     """Every value is checked when the run's config is made: before any model loads."""
     from verispec.heads import save_head
     from verispec.heads.untrained import tiny_head
-    from verispec.models import load
+    from verispec.models.loading import load
     from verispec.models.tables import random_table
 
     def refuse(*args, **kwargs):

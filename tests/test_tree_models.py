@@ -27,11 +27,11 @@ from verispec import GREEDY, SamplingParams, generate
 from verispec.drafts import ROOT
 from verispec.models.attention import RowAttention
 from verispec.models.base import FINAL, TreeScoring
-from verispec.models.hf import HFCausalLM
-from verispec.models.llama import LlamaRuntime
-from verispec.models.quantized import quantized_model
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.runtimes.llama import LlamaRuntime
+from verispec.models.formats.quantized import quantized_model
 from verispec.models.scored_tree import ScoredTree
-from verispec.models.static_llama import StaticLlama
+from verispec.models.runtimes.static_llama import StaticLlama
 from verispec.policies import KPolicy
 from verispec.profile import Profile, measure_profile, representative_tree
 from verispec.proposers import PromptLookup

@@ -35,7 +35,7 @@ __all__ = [
 def __getattr__(name: str):
     # Loaded on first use: it imports transformers, which takes seconds.
     if name == "load_model":
-        from verispec.models.load import load_model
+        from verispec.models.loading.load import load_model
 
         return load_model
     raise AttributeError(f"module 'verispec' has no attribute {name!r}")

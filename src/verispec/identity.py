@@ -23,7 +23,7 @@ import torch
 # prefix, so a tie flips only within ~2e-4, far inside 1e-2. bfloat16 keeps 8 significant
 # bits: one step is 0.125 at 16-32 and 0.25 above 32; two passes differed by 0.25 (two steps),
 # flipping ties within 0.5, so 1.0 leaves room for logits above 32 and longer runs.
-# q4's projections compute in bfloat16 (`models.quant`), so its logits round like bfloat16's.
+# q4's projections compute in bfloat16 (`models.formats.quant`), so its logits round like bfloat16's.
 NEAR_TIE = {"float32": 1e-2, "float64": 1e-6, "bfloat16": 1.0, "float16": 0.1, "q4": 1.0}
 FRESH = "fresh full forward"
 

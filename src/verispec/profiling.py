@@ -22,14 +22,14 @@ from verispec.checks import is_int
 from verispec.engine import generate
 from verispec.k_spec import K_BOUND, TREE_SHAPE_BOUND
 from verispec.models.base import SlotScoring, TreeScoring
-from verispec.models.memory import memory_report
+from verispec.models.loading.memory import memory_report
 from verispec.profile import (
     BATCH_ROWS, Profile, k_per_batch_size, measure_batch_costs, measure_context_costs, measure_profile, tiled_context,
 )
 from verispec.sampling import GREEDY, SamplingParams
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
     from verispec.proposers.base import Proposer
 
 TREE_NODES = 16  # tree_nodes' default where the model scores trees

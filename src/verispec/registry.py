@@ -54,7 +54,7 @@ from verispec.proposers.kind import Corpus, ProposerKind
 
 if TYPE_CHECKING:
     from verispec.models.base import CausalLM
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
     from verispec.policies import KPolicy
     from verispec.proposers.base import Proposer
     from verispec.sampling import SamplingParams

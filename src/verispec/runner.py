@@ -31,8 +31,8 @@ from verispec.registry import Corpus, ProposerSpec, build_policy, build_proposer
 from verispec.request import Request
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
-    from verispec.models.load_plan import LoadPlan
+    from verispec.models.loading.load import LoadedModel
+    from verispec.models.loading.load_plan import LoadPlan
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,11 @@ def specs(model: str, proposer: str | None, k: str) -> tuple[ProposerSpec, KSpec
 def load_plan(
     model: str, dtype: str, runtime: str, deterministic: bool | None, device: str, k_spec: KSpec | None, slots: int = 1
 ) -> LoadPlan:
-    """What loading `model` will build (`models.load_plan.plan_load`: it refuses what cannot
+    """What loading `model` will build (`models.loading.load_plan.plan_load`: it refuses what cannot
     load before any weights are read), its dtype and runtime weighed at the rows a step scores:
     `slots` requests drafting `k_spec`'s k (None: plain decoding) plus their bonus rows."""
-    from verispec.models.format_costs import step_rows
-    from verispec.models.load_plan import plan_load
+    from verispec.models.loading.format_costs import step_rows
+    from verispec.models.loading.load_plan import plan_load
 
     return plan_load(model, dtype, runtime, deterministic, device=device, rows=step_rows(slots, k_spec))
 

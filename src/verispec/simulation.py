@@ -31,7 +31,7 @@ from verispec.cost import BatchCosts, ContextCosts, FixedCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import generate
 from verispec.models.base import ForwardingLM, SlotScoring, check_slots
-from verispec.models.format_costs import DEFAULT_BF16, DEFAULT_Q4  # --dtype auto's documented curves
+from verispec.models.loading.format_costs import DEFAULT_BF16, DEFAULT_Q4  # --dtype auto's documented curves
 from verispec.models.tables import TableLM, bigram
 from verispec.policies import AutoK, KPolicy
 from verispec.proposers.controlled import ControlledAcceptance

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from verispec.audit.exhaustive import Configuration, Scenario, Tables, audited_proposers
-from verispec.models.load import LoadedModel
+from verispec.models.loading.load import LoadedModel
 from verispec.proposers.draft_model import DraftModel
 from verispec.registry import Corpus, ProposerKind
 from verispec.sampling import GREEDY, SamplingParams

@@ -30,7 +30,7 @@ from verispec.bench.methods import PLAIN
 from verispec.bench.runners import VerispecRunner
 from verispec.bench.workloads import Workload
 from verispec.models.base import CausalLM, ForwardingLM, TreeScoring
-from verispec.models.load import LoadedModel
+from verispec.models.loading.load import LoadedModel
 from verispec.peers.hf import HFRunner
 from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer

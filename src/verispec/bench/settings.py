@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from verispec.models.load import DEFAULT_MODEL
+from verispec.models.loading.load import DEFAULT_MODEL
 from verispec.sampling import GREEDY, SamplingParams
 
 

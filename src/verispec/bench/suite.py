@@ -33,9 +33,9 @@ from verispec.bench.report import render, summarize
 from verispec.bench.runners import GreedyReference, OracleRunner, Runner, VerispecRunner
 from verispec.bench.settings import Settings
 from verispec.bench.workloads import Workload, read_workloads, select
-from verispec.models.format_costs import step_rows
-from verispec.models.hf import HFCausalLM
-from verispec.models.load import LoadedModel, load_model
+from verispec.models.loading.format_costs import step_rows
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.loading.load import LoadedModel, load_model
 from verispec.peers import llamacpp, vllm
 from verispec.peers.hf import HFRunner
 from verispec.proposers.controlled import ControlledAcceptance

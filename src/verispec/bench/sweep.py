@@ -43,7 +43,7 @@ from verispec.bench.sweep_report import summarize_sweep
 from verispec.bench.workloads import Workload
 from verispec.machine import peak_rss_mb
 from verispec.models.base import SlotScoring
-from verispec.models.load import LoadedModel
+from verispec.models.loading.load import LoadedModel
 from verispec.peers import llamacpp, vllm
 from verispec.peers.hf import HFBatchServer
 from verispec.peers.outcome import Served

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from verispec.models.load import LoadedModel
+from verispec.models.loading.load import LoadedModel
 
 HUMANEVAL = "humaneval"
 # Where the tests and benchmarks/ scripts find the benchmark data when it is not beside the

@@ -6,7 +6,7 @@ usage error, a ValueError, a missing file, an output that would be overwritten) 
 one `error: ...` line on stderr with exit status 2, never a traceback.
 
 The commands never reach a model hub: the loaders pass `local_files_only=True` on every read
-(`verispec.models.sources`), and this package sets `HF_HUB_OFFLINE=1` (unless the environment
+(`verispec.models.loading.sources`), and this package sets `HF_HUB_OFFLINE=1` (unless the environment
 already says otherwise) before any command module imports transformers, which read it at import.
 """
 

@@ -16,7 +16,7 @@ def check_tokenizers_command(
     """Compare the two tokenizers id by id, with their special tokens, pipeline and chat
     template. Exit 0 when they match (a differing chat template is only a note), 1 when not."""
     # Imported here: transformers takes seconds to import, and every command loads this module.
-    from verispec.models.load import load_tokenizer
+    from verispec.models.loading.load import load_tokenizer
     from verispec.tokenizer_contract import check_tokenizers
 
     report = check_tokenizers(

@@ -52,7 +52,7 @@ def demo(
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     proposer_spec, k_spec = specs(model, proposer, k)
-    from verispec.models.load import build  # transformers: imported when needed
+    from verispec.models.loading.load import build  # transformers: imported when needed
 
     plan = runner.load_plan(model, dtype, runtime, deterministic, device, k_spec)  # refused before "loading"
     console = Console(stderr=True)

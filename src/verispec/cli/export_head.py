@@ -50,7 +50,7 @@ def export_head(
     else:
         output = None
         if config.kind == HeadKind.MEDUSA and not config.trained_output:
-            from verispec.models.load import load_model
+            from verispec.models.loading.load import load_model
 
             output = load_model(model or config.target.name, dtype="float32", device="cpu").lm.output_embeddings()
         written = write_vllm_medusa(head, out, output)

@@ -23,7 +23,7 @@ from verispec.sampling import SamplingParams
 from verispec.textstream import TextStream
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
 
 
 @app.command()
@@ -69,7 +69,7 @@ def generate(
     proposer_spec, k_spec = specs(model, proposer, k)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    from verispec.models.load import build  # transformers: imported when needed
+    from verispec.models.loading.load import build  # transformers: imported when needed
 
     loaded = build(runner.load_plan(model, dtype, runtime, deterministic, device, k_spec))
     if loaded.target_note:

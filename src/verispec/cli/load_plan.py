@@ -37,7 +37,7 @@ def load_plan(
     --rows rows per step, and the costs it weighed), and whether the weights are exact. Reads
     the config and the GGUF tensor table, no weights."""
     # Imported here: transformers takes seconds to import, and every command loads this module.
-    from verispec.models.load_plan import plan_load
+    from verispec.models.loading.load_plan import plan_load
 
     plan = plan_load(model, dtype, runtime, deterministic, device=device, trust_remote_code=trust_remote_code, rows=rows)
     print(json.dumps(plan.as_dict()) if as_json else plan.describe())

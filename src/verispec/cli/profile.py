@@ -20,7 +20,7 @@ from verispec.k_spec import K_BOUND, TREE_SHAPE_BOUND
 from verispec.machine import cpu_model
 from verispec.models import DEFAULT_MODEL
 from verispec.models.base import SlotScoring
-from verispec.models.format_costs import FormatCost, record
+from verispec.models.loading.format_costs import FormatCost, record
 from verispec.models.runtime import Runtime
 from verispec.models.weight_format import WeightFormat
 from verispec.profile import Profile
@@ -32,7 +32,7 @@ from verispec.vllm_config import vllm_config as make_vllm_config
 from verispec.vllm_config import write as write_vllm_config
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
 
 # A summarising request: the kind of prompt whose answer reuses its words, as many do.
 DEFAULT_PROMPT = (
@@ -163,7 +163,7 @@ def profile(
         method = vllm_drafter(proposer_spec, vllm_head)
     elif vllm_head is not None:
         raise BadInput("--vllm-head goes with --vllm-config; give both or neither")
-    from verispec.models.load import load_model  # transformers: imported when needed
+    from verispec.models.loading.load import load_model  # transformers: imported when needed
 
     loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
     if vllm_config is not None and not isinstance(loaded.lm, SlotScoring):

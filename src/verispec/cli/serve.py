@@ -82,7 +82,7 @@ def serve(
     # the files, device, runtime and dtype (weighed at a full batch's rows), before the port
     plan = load_plan(model, dtype, runtime, deterministic, device, None if proposer_spec is None else k_spec, max_slots)
     listener = listen(host, port)  # before loading: a taken port is reported at once
-    from verispec.models.load import build
+    from verispec.models.loading.load import build
 
     start = time.perf_counter()
     loaded = build(plan)

@@ -28,7 +28,7 @@ from verispec.heads.eagle import EagleHead, FrozenRows
 from verispec.heads.eagle3 import Eagle3Head
 from verispec.heads.medusa import MedusaHead
 from verispec.models.base import FeatureChannel
-from verispec.models.linear import DenseLinear, Int8Linear, PackedLinear, packed_linears, projection
+from verispec.models.formats.linear import DenseLinear, Int8Linear, PackedLinear, packed_linears, projection
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -154,7 +154,7 @@ def load_head(directory: str | Path, target: FeatureChannel, dtype: torch.dtype 
 def for_drafting(head: Head, weight_format: str = "float") -> Head:
     """`head` (loaded, frozen) with its projections packed for drafting, in place: every
     linear layer and the target's output rows for the head vocabulary, in `weight_format`
-    (`models.linear.projection`), and an EAGLE head's decoder layers rebuilt as
+    (`models.formats.linear.projection`), and an EAGLE head's decoder layers rebuilt as
     `DraftingLayer`s (fused projections, precomputed rotary tables).
 
     "float" prepacks the head's own weights: the same function, up to the order in which the

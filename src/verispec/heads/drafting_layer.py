@@ -1,7 +1,7 @@
 """`DraftingLayer`: the EAGLE head's decoder layer as `--proposer eagle` runs it.
 
 The same computation as the transformers `LlamaDecoderLayer` it is built from, on one
-sequence, with the fast runtime's parts (`verispec.models.llama`):
+sequence, with the fast runtime's parts (`verispec.models.runtimes.llama`):
 
     h = rms_norm(x)                      x[T, H]
     q, k, v = qkv(h)                     one fused prepacked projection -> [T, Hq + 2 Hkv, D]
@@ -38,7 +38,7 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from verispec.models.attention import SdpaAttention
-from verispec.models.linear import fused_projection
+from verispec.models.formats.linear import fused_projection
 from verispec.models.norm import rms_norm
 from verispec.models.rope import RopeTables, rope_parameters
 
@@ -52,7 +52,7 @@ def _fused(*linears: nn.Linear, weight_format: str) -> nn.Module:
 
 class DraftingLayer(nn.Module):
     """Built from a trained `LlamaDecoderLayer` and its config (SiLU-gated, as Llama's), its
-    projections in `weight_format` (`models.linear.projection`: "float" prepacked, or "int8")."""
+    projections in `weight_format` (`models.formats.linear.projection`: "float" prepacked, or "int8")."""
 
     def __init__(self, layer: LlamaDecoderLayer, config: LlamaConfig, weight_format: str = "float") -> None:
         super().__init__()

@@ -33,7 +33,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from verispec.heads.config import HeadConfig
 from verispec.heads.feature_head import FeatureHead
-from verispec.models.linear import fused_projection, packed_linears, projection
+from verispec.models.formats.linear import fused_projection, packed_linears, projection
 from verispec.models.rope import RopeTables, rope_parameters
 
 NORM_BEFORE_RESIDUAL = "norm_before_residual"  # a key of HeadConfig.layer (default False)

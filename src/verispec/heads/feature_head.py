@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from verispec.heads.config import HeadConfig
 from verispec.heads.vocab import check_d2t
-from verispec.models.hf import BufferedLayer
+from verispec.models.runtimes.hf import BufferedLayer
 
 
 class FeatureHead(nn.Module):

@@ -8,7 +8,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 __all__ = ["DEFAULT_MODEL", "CausalLM", "HFCausalLM", "LoadedModel", "TableLM", "bigram", "load_model", "random_table", "seed_pair"]
 
 # Loaded on first use: they import transformers, which takes seconds.
-_LAZY = {"HFCausalLM": "verispec.models.hf", "LoadedModel": "verispec.models.load", "load_model": "verispec.models.load"}
+_LAZY = {"HFCausalLM": "verispec.models.runtimes.hf", "LoadedModel": "verispec.models.loading.load", "load_model": "verispec.models.loading.load"}
 
 
 def __getattr__(name: str):

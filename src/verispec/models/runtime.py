@@ -25,12 +25,12 @@ from verispec.models.weight_format import AUTO
 
 
 class Runtime(StrEnum):
-    """What runs the model: a runtime is one value here and one build in `models.load`."""
+    """What runs the model: a runtime is one value here and one build in `models.loading.load`."""
 
-    FAST = "fast"  # verispec's Llama runtime for the CPU (`models.llama.LlamaRuntime`)
-    HF = "hf"  # transformers' own model (`models.hf.HFCausalLM`)
-    LLAMACPP = "llamacpp"  # llama.cpp itself on a GGUF file (`models.llamacpp.LlamaCppLM`): its arithmetic
-    STATIC = "static"  # fixed shapes over a static cache, CUDA graphs on CUDA (`models.static_llama.StaticLlama`)
+    FAST = "fast"  # verispec's Llama runtime for the CPU (`models.runtimes.llama.LlamaRuntime`)
+    HF = "hf"  # transformers' own model (`models.runtimes.hf.HFCausalLM`)
+    LLAMACPP = "llamacpp"  # llama.cpp itself on a GGUF file (`models.runtimes.llamacpp.LlamaCppLM`): its arithmetic
+    STATIC = "static"  # fixed shapes over a static cache, CUDA graphs on CUDA (`models.runtimes.static_llama.StaticLlama`)
 
     @property
     def named(self) -> str:

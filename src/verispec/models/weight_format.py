@@ -2,20 +2,20 @@
 
 One type, `WeightFormat`, names what `--dtype` loads a target in, what a trained head drafts in
 (`eagle:DIR:weights=F`), what a self-draft quantizes to (`selfdraft:FORMAT`) and what the
-projection factories build (`models.linear.projection` for a float weight, `models.quant.
+projection factories build (`models.formats.linear.projection` for a float weight, `models.formats.quant.
 linear_for` for GGUF blocks, which hands every float format to `projection`). Each part accepts
 a subset, named here; `parse` reads a name once and refuses one outside the subset.
 
 - float32, bfloat16, float16: float weights in that dtype (bfloat16 and float16 round a float32
   weight: not the same target).
-- q4: 4-bit codes on torch's CPU int4 kernel (exact for a Q4 GGUF's own blocks, `models.quant`).
+- q4: 4-bit codes on torch's CPU int4 kernel (exact for a Q4 GGUF's own blocks, `models.formats.quant`).
 - int8: int8 codes per output channel on torch's weight-only kernel, quantized on load (for
   drafts). The kernel takes an input width K that is a multiple of 16 only: a projection of any
   other width keeps its float weight (`projection` decides this, for every caller, and
-  `models.linear.Int8Linear` itself refuses such a weight).
-- auto (`--dtype` only): chosen per model and machine when it is loaded (`models.load_plan`).
+  `models.formats.linear.Int8Linear` itself refuses such a weight).
+- auto (`--dtype` only): chosen per model and machine when it is loaded (`models.loading.load_plan`).
 - gguf: the GGUF file's own blocks as llama.cpp computes them (runtime "llamacpp" only; no
-  `--dtype` names it, `models.load_plan` sets it).
+  `--dtype` names it, `models.loading.load_plan` sets it).
 - float, dense: the fast runtime's routes for a weight kept in its own float dtype: prepacked
   for oneDNN ("float"), or through `F.linear` as transformers computes it ("dense": a reference
   for tests).
@@ -51,7 +51,7 @@ class WeightFormat(StrEnum):
 
     @property
     def quantized(self) -> bool:
-        """Held as integer codes (q4, int8), built by `models.quant`."""
+        """Held as integer codes (q4, int8), built by `models.formats.quant`."""
         return self in QUANTIZED
 
     @property
@@ -70,7 +70,7 @@ _DTYPES = {
 QUANTIZED = (WeightFormat.Q4, WeightFormat.INT8)
 TARGET = (WeightFormat.FLOAT32, WeightFormat.BFLOAT16, WeightFormat.FLOAT16, WeightFormat.Q4)  # --dtype, besides auto
 HEAD = (WeightFormat.FLOAT32, WeightFormat.BFLOAT16, WeightFormat.INT8)  # eagle:...:weights=F, besides auto
-AUTO = "auto"  # --dtype auto: chosen per model and machine (`models.load_plan`)
+AUTO = "auto"  # --dtype auto: chosen per model and machine (`models.loading.load_plan`)
 TARGET_ALIASES = {"fp32": WeightFormat.FLOAT32, "bf16": WeightFormat.BFLOAT16, "fp16": WeightFormat.FLOAT16}
 SELF_DRAFT = QUANTIZED  # selfdraft:FORMAT
 LINEAR = (WeightFormat.FLOAT32, WeightFormat.BFLOAT16, WeightFormat.Q4, WeightFormat.INT8)  # quant.linear_for

@@ -30,13 +30,13 @@ import torch
 
 from typing import TYPE_CHECKING
 
-from verispec.models.llamacpp import probe
-from verispec.models.llamacpp import require as require_installed
+from verispec.models.runtimes.llamacpp import probe
+from verispec.models.runtimes.llamacpp import require as require_installed
 from verispec.peers.outcome import Clock, Outcome, Served
 from verispec.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
 
 LOOKUP_TOKENS = 10  # LlamaPromptLookupDecoding's default num_pred_tokens
 
@@ -181,7 +181,7 @@ def make_runner(name: str, target: LoadedModel, lookup_tokens: int | None = None
 def gguf_file(name: str, target: LoadedModel) -> Path:
     """The GGUF file `target` was loaded from, which the llamacpp methods decode, after a probe
     decoded a few tokens of it (a llama.cpp build that crashes is refused in one line before
-    any measurement, `models.llamacpp.probe`)."""
+    any measurement, `models.runtimes.llamacpp.probe`)."""
     if not (target.source.is_file() and target.source.suffix == ".gguf"):
         raise ValueError(
             f"{name} decodes the target's own GGUF file, but {target.name} was not loaded from a .gguf "

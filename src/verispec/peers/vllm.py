@@ -35,7 +35,7 @@ from verispec.stats import Stats
 from verispec.tree_shape import describe_plan
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
 
 VENV_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 WORKER = Path(__file__).resolve().with_name("vllm_worker.py")
@@ -99,7 +99,7 @@ def require(names: Sequence[str], sampling: SamplingParams, python: Path = VENV_
 
 def checkpoint_directory(target: LoadedModel) -> Path:
     """The target as a checkpoint directory vLLM reads: its own, or verispec's conversion of its GGUF file."""
-    from verispec.models.sources import converted_dir
+    from verispec.models.loading.sources import converted_dir
 
     source = Path(target.source)
     directory = converted_dir(source) if source.suffix == ".gguf" else source

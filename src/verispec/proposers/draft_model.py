@@ -44,7 +44,7 @@ from verispec.tokenizer_contract import check_tokenizers
 from verispec.tree_shape import TreeShape, fill, ranked_top, sample
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
     from verispec.models.table_pair import Tables
 
 
@@ -181,7 +181,7 @@ def build(path: str, target: LoadedModel, corpus: Sequence[Sequence[int]]) -> Dr
     how often its guesses are accepted); its tokenizer must be the target's. On a GPU it loads
     on the target's device, without deterministic scoring (the static runtime's smallest shapes:
     a draft's rounding changes only what is accepted)."""
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     if target.runtime == Runtime.LLAMACPP:
         draft = load_model(path, runtime=Runtime.LLAMACPP, deterministic=False)

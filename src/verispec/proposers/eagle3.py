@@ -26,7 +26,7 @@ from verispec.proposers.base import Proposer
 from verispec.proposers.kind import ProposerKind
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
     from verispec.proposers.trained import HeadSpec
 
 

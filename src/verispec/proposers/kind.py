@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
     from verispec.models.table_pair import Tables
     from verispec.proposers.base import Proposer
     from verispec.sampling import SamplingParams

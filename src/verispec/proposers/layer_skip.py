@@ -35,9 +35,9 @@ from verispec.proposers.options import integer
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from verispec.models.hf import HFCausalLM
-    from verispec.models.llama import LlamaRuntime
-    from verispec.models.load import LoadedModel
+    from verispec.models.runtimes.hf import HFCausalLM
+    from verispec.models.runtimes.llama import LlamaRuntime
+    from verispec.models.loading.load import LoadedModel
     from verispec.models.table_pair import Tables
 
 
@@ -146,8 +146,8 @@ class LayerSkip(DraftModel):
         from transformers import PreTrainedModel
 
         from verispec.heads.vocab import check_d2t
-        from verispec.models.hf import HFCausalLM
-        from verispec.models.llama import LlamaRuntime
+        from verispec.models.runtimes.hf import HFCausalLM
+        from verispec.models.runtimes.llama import LlamaRuntime
 
         fast = isinstance(target, LlamaRuntime)
         model = target if isinstance(target, PreTrainedModel) else None if fast else getattr(target, "model", None)

@@ -27,7 +27,7 @@ from verispec.sampling import SamplingParams
 from verispec.tree_shape import TreeShape, fill
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
     from verispec.models.table_pair import Tables
 
 

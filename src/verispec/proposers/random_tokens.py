@@ -28,7 +28,7 @@ from verispec.sampling import SamplingParams, probabilities
 from verispec.tree_shape import TreeShape, sample
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
     from verispec.models.table_pair import Tables
 
 

@@ -1,7 +1,7 @@
 """The target's own weights, quantized, as its draft model (a quantized self-draft).
 
 The draft is the same network with its linear layers in int4 ("q4") or int8 on torch's CPU
-weight-only kernels (`models.quant`): for a GGUF target the file's own 4-bit blocks, for a
+weight-only kernels (`models.formats.quant`): for a GGUF target the file's own 4-bit blocks, for a
 Hugging Face checkpoint its weights quantized on load. A draft need not be exact, so q4 takes
 the kernel's cheaper single plane: a Q4 block's codes with d and m + 8 d rounded to bfloat16
 (half the work of the exact two planes), and the Q8_0 head requantized to 4 bits. It needs no training and no second model, and,
@@ -31,8 +31,8 @@ from verispec.proposers.kind import ProposerKind
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from verispec.models.hf import HFCausalLM
-    from verispec.models.load import LoadedModel
+    from verispec.models.runtimes.hf import HFCausalLM
+    from verispec.models.loading.load import LoadedModel
     from verispec.models.table_pair import Tables
 
 
@@ -63,10 +63,10 @@ class SelfDraft(DraftModel):
         # transformers, imported when a self-draft is built (the registry imports this module)
         from transformers import PreTrainedModel
 
-        from verispec.models.gguf_blocks import gguf_weights
-        from verispec.models.hf import HFCausalLM
-        from verispec.models.llama import LlamaRuntime, fast_runtime_refusal
-        from verispec.models.quantized import quantized_model
+        from verispec.models.formats.gguf_blocks import gguf_weights
+        from verispec.models.runtimes.hf import HFCausalLM
+        from verispec.models.runtimes.llama import LlamaRuntime, fast_runtime_refusal
+        from verispec.models.formats.quantized import quantized_model
 
         if fmt not in FORMATS:  # a name given to the class (the `selfdraft:FORMAT` spec is parsed once)
             raise ValueError(f"a self-draft runs in {' or '.join(FORMATS)}, got {fmt!r}")

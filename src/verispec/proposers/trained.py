@@ -24,7 +24,7 @@ from verispec.proposers.base import Proposer
 from verispec.proposers.kind import ProposerKind
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
     from verispec.models.table_pair import Tables
 
 

@@ -59,7 +59,7 @@ def run(
     """Check `engine_spec` on `model`: `methods` (None: all the engine's); greedy identity on
     the first prompt of each category of `greedy_file`, at most `greedy_count` of them (None
     or 0: no greedy check)."""
-    from verispec.models.load import load_model
+    from verispec.models.loading.load import load_model
 
     check_options(engine_spec, settings.parameters)
     if model == NO_MODEL:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from verispec.checks import is_int, is_number
 from verispec.heads.config import HeadConfig, HeadKind, head_kind
 from verispec.models import DEFAULT_MODEL
-from verispec.models.parts import cache_root
+from verispec.models.loading.parts import cache_root
 
 if TYPE_CHECKING:
     from verispec.train.data import DataCache

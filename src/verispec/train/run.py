@@ -30,7 +30,7 @@ import torch
 from verispec.train.config import VOCAB, TrainConfig, init_config, no_features
 
 if TYPE_CHECKING:
-    from verispec.models.load import LoadedModel
+    from verispec.models.loading.load import LoadedModel
     from verispec.train.data import Conversation, DataCache
     from verispec.train.loop import Head, Progress, TrainSettings
 
@@ -127,8 +127,8 @@ def load_target(config: TrainConfig) -> LoadedModel:
     it: the vocabulary (from the config, before any weight is read), the chat template of
     `score = "turns"`."""
     from verispec.machine import native_bf16
-    from verispec.models.load import build
-    from verispec.models.load_plan import model_config, plan_load
+    from verispec.models.loading.load import build
+    from verispec.models.loading.load_plan import model_config, plan_load
 
     dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if native_bf16() else "float32")
     plan = plan_load(config.model, dtype, device="cpu")  # training runs on the CPU

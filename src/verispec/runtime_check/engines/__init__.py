@@ -34,8 +34,8 @@ def check_spec(spec: str) -> None:
 
 def open_llamacpp(loaded, dtype: str) -> Engine:
     """llama-cpp-python on an F32 copy of the GGUF file `loaded` came from, after a probe
-    decoded a few tokens of it (a build that crashes is one line, `models.llamacpp.probe`)."""
-    from verispec.models import llamacpp
+    decoded a few tokens of it (a build that crashes is one line, `models.runtimes.llamacpp.probe`)."""
+    from verispec.models.runtimes import llamacpp
 
     if dtype != "float32":
         raise ValueError(f"llamacpp computes in float32 (an F32 copy of the GGUF file), so verispec's copy must too; "

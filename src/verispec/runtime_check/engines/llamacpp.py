@@ -12,7 +12,7 @@ GGUF file verispec loaded (`float32_copy`: llama.cpp's own converter dequantizes
 once, as its kernels read it), with keys and values cached in F32, so llama.cpp multiplies the
 same float32 weights verispec's exact law is computed from and the float32 near-tie tolerance
 applies. Decoding the quantized file itself would be another target (Q4_1 weights times 8-bit
-activations, `verispec.models.llamacpp`), whose `exact` rows would fail by that rounding alone.
+activations, `verispec.models.runtimes.llamacpp`), whose `exact` rows would fail by that rounding alone.
 
 Parameters, mapped to `generate`'s sampler chain (custom logits processor, penalties, top-k,
 typical-p, top-p, min-p, temperature, then a draw seeded per sample with `set_seed`):
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verispec.models.sources import converted_dir
+from verispec.models.loading.sources import converted_dir
 from verispec.peers.llamacpp import GREEDY, LOOKUP_TOKENS, LlamaCppBatchServer
 from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Refused

@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from verispec.models.parts import cache_root
+from verispec.models.loading.parts import cache_root
 from verispec.peers.vllm import VENV_PYTHON, VllmMethod, VllmRunner, checkpoint_directory
 from verispec.runtime_check.cases import SamplingCase
 from verispec.runtime_check.engines.base import Crashed, Refused

@@ -39,8 +39,6 @@ from safetensors import safe_open
 from transformers import PreTrainedModel
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-from verispec.models.sources import blocks_cache
-
 BLOCK = 32  # weights per group in every coded format but Q6_K
 SUPER = 256  # weights per k-quant super-block
 CODED = ("Q4_0", "Q4_1", "Q8_0")  # the formats `--dtype auto` takes as all-4-bit (`load_plan.coded_exactly`)
@@ -244,15 +242,8 @@ def _permute_rows(weight: GGUFWeight, order: np.ndarray) -> GGUFWeight:
     )
 
 
-def matrix_types(gguf: Path) -> set[str]:
+def stored_matrix_types(gguf: Path) -> set[str]:
     """The block types of the GGUF file's matrices ("Q4_1", "Q6_K", "F16", ...; the
-    one-dimensional tensors, the norms, stay float32 anyway). Read from the cached blocks'
-    metadata where `gguf_blocks` has cached them, else from the file's tensor table."""
-    cached = blocks_cache(gguf)
-    if cached.is_file():
-        with safe_open(cached, framework="pt") as stored:
-            part = {kind: "codes" if kind in READ else "values" for kind in stored.metadata().values()}
-            kinds = [(kind, len(stored.get_slice(f"{name}:{part[kind]}").get_shape())) for name, kind in stored.metadata().items()]
-    else:
-        kinds = [(tensor.tensor_type.name, len(tensor.shape)) for tensor in GGUFReader(gguf).tensors]
-    return {kind for kind, dims in kinds if dims == 2}
+    one-dimensional tensors, the norms, stay float32 anyway), read from the file's tensor table
+    (about 2 s for the default model: `sources.matrix_types` reads a cached copy's metadata)."""
+    return {tensor.tensor_type.name for tensor in GGUFReader(gguf).tensors if len(tensor.shape) == 2}

@@ -4,7 +4,7 @@ Bytes are counted from the tensors themselves, each storage once (a head that re
 target's embedding adds nothing for it), so the numbers follow whatever format a load chose
 (fp32, bf16, the GGUF's 4-bit blocks, an int8 head).
 
-    >>> report = memory_report(model.lm, proposer, slots=8, context=1024)   # verispec.models.memory
+    >>> report = memory_report(model.lm, proposer, slots=8, context=1024)   # verispec.models.loading.memory
     >>> report["target_weight_bytes"], report["kv_bytes_per_token"], report["peak_rss_bytes"]
 """
 

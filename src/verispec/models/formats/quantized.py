@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from verispec.models.gguf_blocks import GGUFWeight
-from verispec.models.quant import linear_for
+from verispec.models.formats.gguf_blocks import GGUFWeight
+from verispec.models.formats.quant import linear_for
 
 
 def quantized_model(

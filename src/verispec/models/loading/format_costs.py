@@ -35,7 +35,7 @@ from pathlib import Path
 from verispec.checks import is_int
 from verispec.cost import BatchCosts
 from verispec.k_spec import KSpec
-from verispec.models.parts import cache_root
+from verispec.models.loading.parts import cache_root
 from verispec.models.runtime import Runtime
 from verispec.models.weight_format import WeightFormat
 

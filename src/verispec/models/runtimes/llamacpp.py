@@ -80,7 +80,7 @@ decode). Importing this module does not need it; `require` says how to install i
 missing, and `probe` decodes a few tokens of a file in a child process before the first use
 here, so a build that crashes costs one line (`LlamaCppUnavailable`), not the process.
 
-    python -m verispec.models.llamacpp      # the CMAKE_ARGS `make llamacpp` builds with
+    python -m verispec.models.runtimes.llamacpp      # the CMAKE_ARGS `make llamacpp` builds with
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ import torch
 from verispec.machine import cpu_flags, cpuinfo
 from verispec.models.base import FINAL, Tap, check_extend, check_score_ids, check_slots, check_taps
 from verispec.models.features import FeatureStore
-from verispec.models.gguf_blocks import matrix_types
+from verispec.models.formats.gguf_blocks import stored_matrix_types
 
 # A lone row's forward takes the many-row attention while the cache's KV view stays 256 cells:
 # llama.cpp pads the view to 256 and splits a one-query flash attention over 512 or more.
@@ -237,7 +237,9 @@ class LlamaCppLM:
     deterministic: decode every forward after the prompt in pieces of 2 to `widest_piece` tokens (`pieces`),
     a lone token alone only where its forward takes the many-row attention too (`LONE_ROW_CELLS`),
     so that a row's logits do not depend on how many rows are scored with it. sequences: the
-    most sequences (this one and its slots) the cache holds at once.
+    most sequences (this one and its slots) the cache holds at once. matrices: the block types of
+    the file's matrices, which set `widest_piece` (default: read from the file's tensor table;
+    the loader passes its cached copy's, `sources.matrix_types`).
     """
 
     def __init__(
@@ -248,9 +250,12 @@ class LlamaCppLM:
         n_batch: int = 512,
         deterministic: bool = True,
         sequences: int = 16,
+        matrices: set[str] | None = None,
     ) -> None:
         require("the llama.cpp runtime")
-        self._shared = _Shared(Path(model_path), n_ctx, n_threads or torch.get_num_threads(), n_batch, deterministic, sequences)
+        path = Path(model_path)
+        widest = widest_piece(stored_matrix_types(path) if matrices is None else matrices)
+        self._shared = _Shared(path, n_ctx, n_threads or torch.get_num_threads(), n_batch, deterministic, sequences, widest)
         self._join()
 
     def _join(self) -> None:
@@ -412,7 +417,7 @@ class _Shared:
     """What the sequences of one loaded file share: the model, the live context whose cache
     holds every sequence, score's context, the token embedding; and how forwards are cut."""
 
-    def __init__(self, path: Path, n_ctx: int, threads: int, n_batch: int, deterministic: bool, sequences: int) -> None:
+    def __init__(self, path: Path, n_ctx: int, threads: int, n_batch: int, deterministic: bool, sequences: int, widest: int) -> None:
         import llama_cpp
 
         self.api = llama_cpp
@@ -428,7 +433,7 @@ class _Shared:
         self.hidden_size = int(llama_cpp.llama_model_n_embd(model))
         self.num_layers = int(llama_cpp.llama_model_n_layer(model))
         self.n_ctx, self.n_batch, self.sequences, self.threads = n_ctx, n_batch, sequences, threads
-        self.widest = widest_piece(path)
+        self.widest = widest
         self.deterministic = deterministic
         self.free = list(range(sequences))[::-1]  # sequence ids not taken
         self.members: weakref.WeakValueDictionary[int, LlamaCppLM] = weakref.WeakValueDictionary()
@@ -732,11 +737,11 @@ def pieces(n: int, n_batch: int, deterministic: bool, lone: bool = False, widest
     return [widest] * whole + [rest] * (rest > 0)
 
 
-def widest_piece(gguf: Path) -> int:
+def widest_piece(matrices: set[str]) -> int:
     """The most rows a deterministic forward decodes: `FLASH_ROWS` where every matrix of the
     file is of a block type whose product computes each row alone (`ROWS_ALONE`), else 3 (a
     K-quant's repacked kernel takes 4 rows and more otherwise)."""
-    return FLASH_ROWS if matrix_types(gguf) <= ROWS_ALONE else 3
+    return FLASH_ROWS if matrices <= ROWS_ALONE else 3
 
 
 def _starts(sizes: Sequence[int]) -> list[tuple[int, int]]:

@@ -1,6 +1,6 @@
 """`StaticLlama`: the Llama/Qwen2 forward in fixed shapes over a static KV cache, for GPUs.
 
-The fast runtime (`models.llama`) is built for a CPU, where a forward costs what its rows cost;
+The fast runtime (`models.runtimes.llama`) is built for a CPU, where a forward costs what its rows cost;
 on a GPU a forward of 65 rows costs about what one row costs, and what sets the pace is the
 host launching kernels one at a time. This runtime is built for that:
 
@@ -93,14 +93,14 @@ from verispec.models.base import (
     check_token_ids,
     prefill_shared,
 )
-from verispec.models.cuda_graphs import ShapeGraphs
+from verispec.models.runtimes.cuda_graphs import ShapeGraphs
 from verispec.models.features import FeatureStore
-from verispec.models.llama_weights import LlamaShape, read_llama, refusal
+from verispec.models.formats.llama_weights import LlamaShape, read_llama, refusal
 from verispec.models.norm import rms_norm
 from verispec.models.rope import RopeTables
 from verispec.models.runtime import Runtime
 from verispec.models.scored_tree import PendingTree, ScoredTree
-from verispec.models.slot_cache import SlotCache
+from verispec.models.runtimes.slot_cache import SlotCache
 from verispec.transfers import to_device
 
 STATIC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

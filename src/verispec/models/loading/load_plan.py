@@ -4,7 +4,7 @@ A plan names the file or directory, the architecture (from the config alone: a c
 `config.json`, a GGUF file's converted copy or its header), the runtime and why, the weight
 format and why (`--dtype auto`'s choice), and whether the weights will be exactly the source's
 float32 weights. `verispec load-plan` prints one; `load_model` builds from one
-(`models.load`).
+(`models.loading.load`).
 
 `--dtype auto` is decided by what the machine is, what the file holds and how many rows a step
 will score (`rows`: 1 for plain decoding, slots x (k + 1) for a server's batches):
@@ -36,19 +36,21 @@ from transformers import AutoConfig, PretrainedConfig
 
 from verispec.checks import is_int
 from verispec.machine import cpu_model, native_bf16
-from verispec.models import DEFAULT_MODEL, format_costs
-from verispec.models.format_costs import FormatChoice, FormatCost
-from verispec.models.gguf_blocks import CODED, READ, matrix_types
-from verispec.models.llama import config_refusal
-from verispec.models.llamacpp import require
+from verispec.models import DEFAULT_MODEL
+from verispec.models.loading import format_costs
+from verispec.models.loading.format_costs import FormatChoice, FormatCost
+from verispec.models.formats.gguf_blocks import CODED, READ
+from verispec.models.runtimes.llama import config_refusal
+from verispec.models.runtimes.llamacpp import require
 from verispec.models.runtime import Runtime, parse_runtime
-from verispec.models.static_llama import static_refusal
-from verispec.models.sources import (
+from verispec.models.runtimes.static_llama import static_refusal
+from verispec.models.loading.sources import (
     converted_dir,
     from_directory,
     from_gguf,
     is_converted,
     locate,
+    matrix_types,
     tokenizer_source,
 )
 from verispec.models.weight_format import AUTO, WeightFormat, parse_target
@@ -150,7 +152,7 @@ def coded_exactly(gguf: Path) -> bool:
 
 @dataclass(frozen=True)
 class LoadPlan:
-    """What `load_model` builds: read by `models.load.build`, printed by `verispec load-plan`.
+    """What `load_model` builds: read by `models.loading.load.build`, printed by `verispec load-plan`.
 
     name: what the model is loaded as (the embedded name or the path given).
     source: the .gguf file or checkpoint directory. architecture: the config's model type.

@@ -71,7 +71,7 @@ class HFCausalLM(SlotScoring):
         model.eval()
         self.model = model
         head = model.get_output_embeddings()
-        # A quantized head (`models.quant`) has no float weight, only its output size.
+        # A quantized head (`models.formats.quant`) has no float weight, only its output size.
         self.vocab_size = int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
         self.cache = self._new_cache()
         self._length = 0

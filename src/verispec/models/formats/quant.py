@@ -47,8 +47,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from verispec.models.gguf_blocks import AFFINE, BLOCK, GGUFWeight
-from verispec.models.linear import RowProjection, projection
+from verispec.models.formats.gguf_blocks import AFFINE, BLOCK, GGUFWeight
+from verispec.models.formats.linear import RowProjection, projection
 from verispec.models.weight_format import LINEAR, parse
 
 Weight = GGUFWeight | torch.Tensor

@@ -16,10 +16,10 @@ per forward (measured per one-token forward, float32: ~4,450 op calls against ~6
 `deterministic` selects the attention whose rows do not depend on M
 (`verispec.models.attention`).
 
-Projections are modules from `verispec.models.linear.projection`, chosen by weight format,
+Projections are modules from `verispec.models.formats.linear.projection`, chosen by weight format,
 so quantized layouts drop in without touching this file. The runtime is built from a
 transformers `LlamaForCausalLM` (a checkpoint directory or a converted GGUF file), read once
-into the layout the static runtime builds from too (`models.llama_weights`) and packed here.
+into the layout the static runtime builds from too (`models.formats.llama_weights`) and packed here.
 By default the transformers model is left as it was, so both can run (at the cost of a
 second copy of the projections); `consume=True` releases each
 layer's projection weights from it as soon as they are packed (`load_model` does this), so
@@ -65,16 +65,16 @@ from verispec.models.base import (
     check_token_ids,
 )
 from verispec.models.features import FeatureStore
-from verispec.models.kv_cache import KVCache
-from verispec.models.gguf_blocks import GGUFWeight
-from verispec.models.linear import DenseLinear, projection
-from verispec.models.llama_weights import LlamaShape, Projection, read_llama, refusal
+from verispec.models.runtimes.kv_cache import KVCache
+from verispec.models.formats.gguf_blocks import GGUFWeight
+from verispec.models.formats.linear import DenseLinear, projection
+from verispec.models.formats.llama_weights import LlamaShape, Projection, read_llama, refusal
 from verispec.models.norm import rms_norm
-from verispec.models.quant import linear_for
+from verispec.models.formats.quant import linear_for
 from verispec.models.rope import RopeTables
 from verispec.models.runtime import Runtime
 from verispec.models.scored_tree import PendingTree, ScoredTree
-from verispec.models.weight_format import QUANTIZED  # the weight formats built by `models.quant`
+from verispec.models.weight_format import QUANTIZED  # the weight formats built by `models.formats.quant`
 
 
 @dataclass
@@ -144,10 +144,10 @@ class LlamaRuntime(SlotScoring):
         layout (`llama_weights.read_llama`) and packed here (its weights are copied, see module
         doc; Qwen2's q, k and v biases are the fused qkv projection's bias).
 
-        weight_format "float": prepacked oneDNN projections (`models.linear.projection`);
+        weight_format "float": prepacked oneDNN projections (`models.formats.linear.projection`);
         "dense": `F.linear` on the same weights, slower, but transformers' own products, so a
         float32 runtime then returns transformers' logits bit for bit (the tests' reference);
-        "q4" or "int8": projections from `models.quant.linear_for`, on `blocks`
+        "q4" or "int8": projections from `models.formats.quant.linear_for`, on `blocks`
         (the GGUF file's own codes, `gguf_blocks.gguf_weights`) where given, else quantized on
         load; `exact` as there (False: q4's cheaper single plane, for drafts). The runtime's
         `exact_weights` then says whether every projection holds its float32 weight bit for bit.

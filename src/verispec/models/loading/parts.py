@@ -11,7 +11,7 @@ when its size and sha256 are the pinned ones; later calls find it by name and si
 parts' names on the registry say nothing about their contents, so the whole-file sha256 is
 what vouches for them.
 
-    python -m verispec.models.parts     # join (and check) every installed split model
+    python -m verispec.models.loading.parts     # join (and check) every installed split model
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 As gpt-fast's convert script maps a checkpoint's names once into its own layout, this module
 reads a transformers `LlamaForCausalLM` or `Qwen2ForCausalLM` once into the layout both of
-verispec's runtimes build from (`models.llama.LlamaRuntime` packs it for the CPU,
-`models.static_llama.StaticLlama` puts it on a device):
+verispec's runtimes build from (`models.runtimes.llama.LlamaRuntime` packs it for the CPU,
+`models.runtimes.static_llama.StaticLlama` puts it on a device):
 
     embed [V, H], norm [H], head [V, H] (+ bias [V]), the rotary frequencies and their scaling,
     and per decoder layer:
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from verispec.models.gguf_blocks import GGUFWeight
-from verispec.models.quantized import stored_weights
+from verispec.models.formats.gguf_blocks import GGUFWeight
+from verispec.models.formats.quantized import stored_weights
 from verispec.models.rope import rope_parameters
 from verispec.models.runtime import Runtime
 
