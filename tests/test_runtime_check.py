@@ -29,7 +29,7 @@ from verispec.runtime_check.cases import SamplingCase, default_cases, next_token
 from verispec.runtime_check.check import PLAIN_VS_EXACT, SPEC_VS_EXACT, SPEC_VS_PLAIN
 from verispec.runtime_check.engines.base import Refused
 from verispec.runtime_check.report import FAIL, HOLDS, LACKS, PASS, REFUSED, SKIPPED, LawRow
-from verispec.runtime_check.jobs import shares
+from verispec.runtime_check.jobs import merged_drafts, shares
 from verispec.statistics import (
     RARE, _pool_probabilities, degrees_of_freedom, detectable_tv, goodness_of_fit, samples_for, two_sample,
 )
@@ -273,6 +273,21 @@ def test_a_cap_on_the_cells_fixes_the_degrees_of_freedom():
 def test_jobs_deal_the_parameters_round_robin():
     assert shares(["a", "b", "c", "d", "e"], 2) == [["a", "c", "e"], ["b", "d"]]
     assert shares(["a"], 4) == [["a"]]
+
+
+def test_jobs_list_the_drafts_as_one_process_does():
+    """Each --jobs process reports the drafts it chose before its own parameters' samples; the
+    merged list is in the grid's order, and a draft every process fitted alike (vLLM's, fitted
+    once and kept) is listed once, for the first parameter, as one process lists it."""
+    def share(*pairs):
+        return {"drafts": [{"parameter": p, "draft": f"assisted, {p}" if d is None else d} for p, d in pairs]}
+
+    names = ["default", "temperature", "top_k", "top_p"]
+    per_parameter = [share(("default", None), ("top_k", None)), share(("temperature", None), ("top_p", None))]
+    assert merged_drafts(per_parameter, names) == [(p, f"assisted, {p}") for p in names]
+    once = [share(("default", "draft_model, kept")), share(("temperature", "draft_model, kept"))]
+    assert merged_drafts(once, names) == [("default", "draft_model, kept")]
+    assert merged_drafts([share(), share()], names) == []
 
 
 @pytest.mark.slow

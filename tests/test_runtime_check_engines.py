@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from serving import NAME, running
+from serving import NAME, running, save_tiny_model
 from verispec.bench.quick import tiny_tokenizer
 from verispec.models.runtimes.hf import HFCausalLM
 from verispec.models.loading.load import load_model
@@ -46,7 +46,8 @@ def test_hf_generate_is_checked_with_both_methods():
     report = check_runtime(engine, reference, ["assisted", "lookup"], settings)
     default = [row for row in report.law_rows if row.parameter == "default"]
     assert [row.status for row in default] == [PASS] * 5, report.markdown()
-    assert [line.split(":")[0] for line in report.drafts] == ["assisted, default", "assisted, frequency_penalty"]
+    assert [(parameter, line.split(":")[0]) for parameter, line in report.drafts] == [
+        ("default", "assisted, default"), ("frequency_penalty", "assisted, frequency_penalty")]
     assert "Draft chosen by the check: assisted, default: the target with its head scaled" in report.markdown()
     assert all(row.drafts[0] > 0 and 0 <= row.drafts[1] <= row.drafts[0] for row in default if row.method != "plain")
     assert all(row.status == REFUSED and "frequency" in row.reason
@@ -98,6 +99,28 @@ def test_hf_builds_a_draft_accepting_half_and_counts_what_it_kept():
     itself = HFEngine(model, eos_ids=(), dtype="float32", draft_layers=2)
     itself.sample([3, 9, 4], CASES[0], 10, 4, "assisted", 0)
     assert itself.drafts()[0] > 0 and itself.drafts()[1] == itself.drafts()[0]
+
+
+def test_jobs_report_the_drafts_one_process_reports(tmp_path):
+    """`--jobs 2` splits the parameters over two processes, each fitting HF's assisted draft
+    before its own parameters' samples: the merged report names the same drafts, for the same
+    parameters, in the same order as one process (the fit depends on the parameter and the
+    prompts only). About 15 s: three processes start transformers."""
+    import json
+
+    from verispec.cli import main
+
+    model = save_tiny_model(tmp_path / "tiny")
+    argv = ["check-runtime", "hf", "--method", "assisted", "--model", str(model), "--dtype", "float32", "--n", "20",
+            "--parameter", "temperature", "--parameter", "default", "--greedy-prompts", "0", "--seeded", "0"]
+    assert main([*argv, "--out", str(tmp_path / "one")]) == 0
+    assert main([*argv, "--jobs", "2", "--out", str(tmp_path / "two")]) == 0
+    one, two = (json.loads((tmp_path / d / "check-runtime-hf-assisted.json").read_text()) for d in ("one", "two"))
+    assert [d["parameter"] for d in one["drafts"]] == ["default", "temperature"]
+    assert two["drafts"] == one["drafts"]
+    chosen = [line for line in (tmp_path / "two" / "check-runtime-hf-assisted.md").read_text().splitlines()
+              if line.startswith("Draft chosen by the check")]
+    assert chosen == [f"Draft chosen by the check: {d['draft']}." for d in one["drafts"]]
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,8 @@ def check_runtime(engine: Engine, reference: Reference | None, methods: Sequence
             settings.progress(f"{engine.name}: {settings.n} samples per side detect a TV of {settings.tv:g} with 90 % power")
         for case in [c for c in cases if settings.parameters is None or c.name in settings.parameters]:
             if reference is not None and isinstance(engine, FitsDraft):
-                report.drafts += engine.fit_draft([ids for _, ids, _ in prompts], methods, case, settings.length)
+                chosen = engine.fit_draft([ids for _, ids, _ in prompts], methods, case, settings.length)
+                report.drafts += [(case.name, line) for line in chosen]
             report.law_rows += check_case(engine, reference, methods, [ids for _, ids, _ in prompts], case, settings)
         report.seconds["sampled law"] = time.perf_counter() - started
     if settings.seeded:

@@ -43,11 +43,11 @@ def run_jobs(
     argv = [*common_options(engine, methods, model, dtype), *law_options(settings)]
     names = [p for p in parameter_names() if not settings.parameters or p in settings.parameters]
     started = time.perf_counter()
-    law_rows, prompts = sampled_rows(argv, names, jobs, max(1, len(os.sched_getaffinity(0)) // jobs), api_key)
+    law_rows, prompts, drafts = sampled_rows(argv, names, jobs, max(1, len(os.sched_getaffinity(0)) // jobs), api_key)
     seconds = time.perf_counter() - started
     report = run(engine, model=model, dtype=dtype, methods=methods, settings=replace(settings, sampled=False),
                  greedy_file=greedy_file, greedy_count=greedy_count, api_key=api_key)
-    report.law_rows, report.prompts = law_rows, prompts
+    report.law_rows, report.prompts, report.drafts = law_rows, prompts, drafts
     report.seconds = {"sampled law": seconds, **report.seconds}
     return report
 
@@ -88,9 +88,9 @@ def shares(names: Sequence[str], jobs: int) -> list[list[str]]:
 
 def sampled_rows(
     argv: Sequence[str], names: Sequence[str], jobs: int, threads: int, api_key: str | None = None
-) -> tuple[list[LawRow], list[dict]]:
-    """The sampled-law rows of `names` (in their order) and the prompts, from one process per
-    share, each `verispec` `argv` (a check-runtime command line without --parameter,
+) -> tuple[list[LawRow], list[dict], list[tuple[str, str]]]:
+    """The sampled-law rows of `names` (in their order), the prompts and the drafts the check
+    chose (`merged_drafts`), from one process per share, each `verispec` `argv` (a check-runtime command line without --parameter,
     --greedy-prompts, --seeded and --out) with `threads` threads. A process that fails stops the others
     and raises ValueError (its own `error:` line is on stderr)."""
     env = os.environ | {"OMP_NUM_THREADS": str(threads)} | ({"VERISPEC_API_KEY": api_key} if api_key else {})
@@ -114,4 +114,25 @@ def sampled_rows(
         reports = [json.loads(next(out.glob("*.json")).read_text(encoding="utf-8")) for _, out in running]
     rows = [LawRow.from_dict(row) for report in reports for row in report["sampled_law"]]
     order = {name: i for i, name in enumerate(names)}
-    return sorted(rows, key=lambda row: order[row.parameter]), reports[0]["prompts"]
+    return sorted(rows, key=lambda row: order[row.parameter]), reports[0]["prompts"], merged_drafts(reports, names)
+
+
+def merged_drafts(reports: Sequence[dict], names: Sequence[str]) -> list[tuple[str, str]]:
+    """The drafts the shares' `reports` chose, as one process lists them (`Report.drafts`): in
+    the order of the parameters `names` they were chosen before, a draft that several
+    processes chose alike listed once (a draft fitted once and kept for every parameter, as
+    vLLM's, is fitted by each process: by the first of its parameters).
+
+    >>> share = lambda *pairs: {"drafts": [{"parameter": p, "draft": d} for p, d in pairs]}
+    >>> merged_drafts([share(("a", "x a"), ("c", "x c")), share(("b", "x b"))], ["a", "b", "c"])
+    [('a', 'x a'), ('b', 'x b'), ('c', 'x c')]
+    >>> merged_drafts([share(("a", "once")), share(("b", "once"))], ["a", "b"])
+    [('a', 'once')]
+    """
+    order = {name: i for i, name in enumerate(names)}
+    chosen = sorted(((d["parameter"], d["draft"]) for report in reports for d in report["drafts"]),
+                    key=lambda pair: order[pair[0]])
+    first: dict[str, str] = {}  # a draft's line -> the first parameter it was chosen before
+    for parameter, line in chosen:
+        first.setdefault(line, parameter)
+    return [(parameter, line) for line, parameter in first.items()]

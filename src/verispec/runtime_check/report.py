@@ -202,7 +202,8 @@ class Report:
     command: str = ""
     seconds: dict = field(default_factory=dict)  # wall time per part: "sampled law", "greedy identity"
     not_run: list[str] = field(default_factory=list)  # the checks this run could not do, and why
-    drafts: list[str] = field(default_factory=list)  # the draft models the check chose (`FitsDraft`)
+    # the draft models the check chose (`FitsDraft`): (the parameter whose samples it was chosen before, a line)
+    drafts: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def tests(self) -> int:
@@ -222,7 +223,7 @@ class Report:
         return {"engine": self.engine, "versions": self.versions, "machine": self.machine, "command": self.command,
                 "alpha_per_test": self.alpha, "statistical_tests": self.tests, "false_failure_bound": self.false_failure,
                 "passed": self.passed, "seconds": self.seconds, "not_run": self.not_run, "prompts": self.prompts,
-                "drafts": self.drafts, "sampled_law": [r.as_dict() for r in self.law_rows],
+                "drafts": [{"parameter": p, "draft": line} for p, line in self.drafts], "sampled_law": [r.as_dict() for r in self.law_rows],
                 "greedy_identity": [r.as_dict() for r in self.greedy_rows],
                 "seeded_identity": [r.as_dict() for r in self.seeded_rows], "shared_stream_probe": [r.as_dict() for r in self.probe_rows]}
 
@@ -244,7 +245,7 @@ class Report:
                 lines += ["Prompts (raw text; next-token entropy): " + "; ".join(
                     f"{p['text']!r}" + (f" ({p['entropy_nats']:.2f} nats)" if p["entropy_nats"] is not None else "")
                     for p in self.prompts), ""]
-            lines += [f"Draft chosen by the check: {line}." for line in self.drafts] + ([""] if self.drafts else [])
+            lines += [f"Draft chosen by the check: {line}." for _, line in self.drafts] + ([""] if self.drafts else [])
             lines += ["| method | parameter | test | result | p-value | TV | N | TV at 90 % power | effect | drafted / accepted a sample | note |",
                       "|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in self.law_rows:
