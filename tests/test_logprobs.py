@@ -65,11 +65,42 @@ def test_no_logprobs_unless_asked_and_bounds():
     assert generate(target, PromptLookup(), Request(PROMPT, 4), policy=2).logprobs == []
     only = generate(target, PromptLookup(), Request(PROMPT, 4, logprobs=0), policy=2).logprobs
     assert len(only) == 4 and all(t.top == () for t in only)
-    for bad in (-1, 21, 1.5):
-        with pytest.raises(ValueError, match=r"logprobs must be an integer in \[0, 20\]"):
+    for bad in (-2, 1.5, True):
+        with pytest.raises(ValueError, match=r"logprobs must be an integer >= 0, -1 \(the whole vocabulary\) or None"):
             Request(PROMPT, 4, logprobs=bad)
-        with pytest.raises(ValueError, match=r"prompt_logprobs must be an integer in \[0, 20\]"):
+        with pytest.raises(ValueError, match=r"prompt_logprobs must be an integer >= 0, -1 \(the whole vocabulary\)"):
             Request(PROMPT, 4, prompt_logprobs=bad)
+    for name in ("logprobs", "prompt_logprobs"):  # past the vocabulary: refused where it is known, never clipped
+        with pytest.raises(ValueError, match=f"^{name} 6 asks for more tokens a position than the vocabulary's 5"):
+            generate(target, None, Request(PROMPT, 4, **{name: 6}))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_all_logprobs_list_the_whole_vocabulary_ranked(seed):
+    """logprobs and prompt_logprobs -1 (vLLM's: the whole vocabulary) list every token at each
+    position, most likely first (ties: the lower id first), each its row's log-softmax exactly,
+    at a position between the tokens more likely and those at least as likely; the token's own
+    rank is the count at least as likely. Sampled speculation with rejections reports plain
+    decoding's, and -1 is the vocabulary's size spelled out."""
+    target, draft = random_table(5, 2, seed), random_table(5, 2, seed + 17)
+    ask = dict(sampling=SamplingParams(temperature=1.0), seed=seed, logprobs=-1, prompt_logprobs=-1)
+    plain = generate(target, None, Request(PROMPT, 12, **ask))
+    spec = generate(target, DraftModel(draft), Request(PROMPT, 12, **ask), policy=3)
+    assert spec.stats.speculative_rounds > 0 and spec.stats.accepted != [3] * len(spec.stats.accepted)
+    assert (spec.tokens, spec.logprobs, spec.prompt_logprobs) == (plain.tokens, plain.logprobs, plain.prompt_logprobs)
+    spelled = generate(target, None, Request(PROMPT, 12, **{**ask, "logprobs": 5, "prompt_logprobs": 5}))
+    assert (spelled.logprobs, spelled.prompt_logprobs) == (plain.logprobs, plain.prompt_logprobs)
+    context = [*PROMPT, *plain.tokens]
+    logp = torch.log_softmax(target.new_slot().score(context[:-1]).float(), dim=-1)  # [len(context) - 1, V]
+    entries = [*plain.prompt_logprobs[1:], *plain.logprobs]  # context[i + 1]'s under row i
+    assert plain.prompt_logprobs[0] is None and len(entries) == len(context) - 1
+    for row, entry, token in zip(logp, entries, context[1:]):
+        assert entry.token == token and entry.logprob == row[token].item()
+        assert entry.rank == int((row >= row[token]).sum())
+        assert sorted(t for t, _ in entry.top) == list(range(5))
+        assert all(v == row[t].item() for t, v in entry.top)
+        assert [(-v, t) for t, v in entry.top] == sorted((-v, t) for t, v in entry.top)
+        assert all((row > v).sum() < place <= (row >= v).sum() for place, (_, v) in enumerate(entry.top, start=1))
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -14,9 +14,11 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 import verispec
 from serving import NAME, running, save_tiny_model
+from verispec.server import Limits
 from verispec.engine import generate
 from verispec.logprobs import token_logprobs
 from verispec.request import Request
@@ -219,6 +221,43 @@ def test_sampled_logprobs_are_the_targets_rows(server, loaded):
     rows = loaded.lm.extend([ids[-1], *tokens[:-1]])  # [N, V]: one forward over the reply
     expected = token_logprobs(rows, tokens, 0)
     assert got == pytest.approx([t.logprob for t in expected], abs=1e-4)
+
+
+def test_whole_vocabulary_logprobs_where_the_server_allows_them(loaded):
+    """`--max-logprobs -1` (vLLM's): chat's top_logprobs -1 lists every one of the vocabulary's
+    259 tokens at each reply position, as the library's logprobs -1; prompt_logprobs -1 every
+    token at each prompt position, each its row's log-softmax, ranked (1: the most likely; the
+    prompt token's own rank, the tokens at least as likely; the float32 rows tie here and
+    there, and tied tokens rank in id order)."""
+    vocab = loaded.lm.vocab_size
+    with running(loaded, k=3, limits=Limits(max_logprobs=-1)) as server:
+        status, chat = server.request("POST", "/v1/chat/completions", {
+            "model": NAME, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3, "temperature": 0,
+            "logprobs": True, "top_logprobs": -1, "return_token_ids": True})
+        assert status == 200, chat
+        scored = choice_of(complete(server, prompt_logprobs=-1, max_tokens=1))["prompt_logprobs"]
+        status, past = server.request("POST", "/v1/completions",
+                                      {"model": NAME, "prompt": PROMPT, "prompt_logprobs": vocab + 1})
+        assert status == 400 and f"ask for at most {vocab}" in past["error"]["message"], past
+    chat_ids = loaded.encode(PROMPT, chat=True)
+    plain = generate(loaded.lm, None, Request(tuple(chat_ids), 3, eos_token_ids=loaded.eos_token_ids, logprobs=-1))
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert chat["choices"][0]["token_ids"] == plain.tokens and len(content) == 3
+    for position, mine in zip(content, plain.logprobs):
+        assert len(position["top_logprobs"]) == vocab
+        assert [t["logprob"] for t in position["top_logprobs"]] == pytest.approx([v for _, v in mine.top], abs=1e-5)
+    ids = loaded.encode(PROMPT, chat=False)
+    logp = torch.log_softmax(loaded.lm.score(ids[:-1]).float(), dim=-1)  # [len(ids) - 1, V]
+    assert len(scored) == len(ids) and scored[0] is None
+    for token, position, row in zip(ids[1:], scored[1:], logp):
+        assert sorted(map(int, position)) == list(range(vocab))
+        got = {int(t): (e["logprob"], e["rank"]) for t, e in position.items()}
+        assert [v for v, _ in got.values()] == pytest.approx([row[t].item() for t in got], abs=1e-5)
+        assert got[token][1] == int((row >= row[token]).sum())
+        others = [(t, rank) for t, (_, rank) in got.items() if t != token]  # most likely first, ties: the lower id
+        assert [rank for _, rank in others] == sorted(rank for _, rank in others)
+        assert all((row > row[t]).sum() < rank <= (row >= row[t]).sum() for t, rank in others)
+        assert position[str(token)]["decoded_token"] == loaded.tokenizer.decode([token])
 
 
 LARK = 'start: greeting " " NAME "!"\ngreeting: "Hello" | "Hi"\nNAME: /[a-z]{2,8}/'

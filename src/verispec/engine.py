@@ -439,14 +439,20 @@ def keyword_request(
 
 
 def check_request(request: Request, vocab_size: int) -> None:
-    """ValueError unless the request's prompt and EOS ids are in the target's vocabulary (the
-    rest of a request is checked when it is built)."""
+    """ValueError unless the request's prompt and EOS ids are in the target's vocabulary and it
+    asks for at most the vocabulary's logprobs a position (the rest of a request is checked
+    when it is built)."""
     bad = [t for t in request.prompt_ids if t >= vocab_size]
     if bad:
         raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
     bad = sorted(t for t in request.eos_token_ids if t >= vocab_size)
     if bad:
         raise ValueError(f"eos_token_id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    for name in ("logprobs", "prompt_logprobs"):
+        top = getattr(request, name)
+        if top is not None and top > vocab_size:
+            raise ValueError(f"{name} {top} asks for more tokens a position than the vocabulary's {vocab_size}; ask "
+                             f"for at most {vocab_size}, or -1 for all of them")
 
 
 def drafted(proposer: Proposer, plan: Plan, context: Sequence[int], rng: Random, stateless: bool = False) -> Draft | TreeDraft:

@@ -18,6 +18,9 @@ temperature, filters, penalties and grammar. Each row is reduced on its own, so 
 do not depend on how many rows its forward scored. A token's `rank` is vLLM's: how many
 tokens are at least as likely (1: the most likely).
 
+`top` -1 is vLLM's "the whole vocabulary" (`ALL`): every token at the position, most likely
+first, V pairs a token (a row's full sort: O(V log V) where a bounded top is O(V)).
+
     >>> rows = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]))
     >>> [(t.token, round(t.logprob, 4), t.rank, [i for i, _ in t.top]) for t in token_logprobs(rows, [1, 2], 2)]
     [(1, -1.3863, 3, [0, 1]), (2, -0.2231, 1, [2, 0])]
@@ -30,7 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_TOP = 20  # OpenAI's bound on top_logprobs
+MAX_TOP = 20  # OpenAI's bound on top_logprobs, and vLLM's default --max-logprobs
+ALL = -1  # vLLM's `logprobs` / `prompt_logprobs` -1: every token of the vocabulary
 
 
 @dataclass(frozen=True)
@@ -47,12 +51,19 @@ class TokenLogprob:
 
 def token_logprobs(rows: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
     """The log probabilities of `tokens`, token j under rows[j] (logits[n >= len(tokens), V]),
-    with the `top` (0 to `MAX_TOP`) most likely tokens at each position."""
+    with the `top` (0 to V, or `ALL`) most likely tokens at each position.
+
+    >>> [(t, round(v, 4)) for t, v in token_logprobs(torch.zeros(1, 3), [2], ALL)[0].top]
+    [(0, -1.0986), (1, -1.0986), (2, -1.0986)]
+    """
     out = []
     for j, token in enumerate(tokens):
         logp = torch.log_softmax(rows[j].float(), dim=-1)  # [V], a row alone: batch-invariant
         best = []
-        if top:
+        if top == ALL:  # a stable sort: ties keep the lower id first
+            values, ids = torch.sort(logp, descending=True, stable=True)  # [V], [V]
+            best = list(zip(ids.tolist(), values.tolist()))
+        elif top:
             values, ids = torch.topk(logp, min(top, logp.shape[-1]), sorted=True)
             best = sorted(zip(ids.tolist(), values.tolist()), key=lambda pair: (-pair[1], pair[0]))
         out.append(TokenLogprob(int(token), float(logp[token]), int((logp >= logp[token]).sum()), tuple(best)))

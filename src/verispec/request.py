@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 from verispec.checks import is_int
 from verispec.k_spec import KSpec, parse_k
-from verispec.logprobs import MAX_TOP
+from verispec.logprobs import ALL
 from verispec.sampling import GREEDY, SamplingParams
 
 _ids = count()
@@ -60,10 +60,10 @@ class Request:
     chooses (None: no cap; 0: every round a plain step). Any k keeps the output law, so a cap
     changes the speed, never the tokens of a greedy request.
     logprobs: report each emitted token's log probability under the target with this many of
-    the most likely tokens at its position (0 to `verispec.logprobs.MAX_TOP`; None: none), as
-    plain decoding would (`verispec.logprobs`).
+    the most likely tokens at its position (0 to the vocabulary's size, or -1 for all of it,
+    vLLM's `verispec.logprobs.ALL`; None: none), as plain decoding would (`verispec.logprobs`).
     prompt_logprobs: report each prompt token's log probability under the target, with this
-    many of the most likely tokens at its position (0 to `MAX_TOP`; None: none), from one
+    many of the most likely tokens at its position (as `logprobs`; None: none), from one
     forward over the prompt (`verispec.logprobs.prompt_token_logprobs`; the first token's is
     None: nothing comes before it).
     request_id: a name for logs, metrics and cancellation (unique by default)."""
@@ -113,8 +113,8 @@ class Request:
             raise ValueError(f"max_k must be an integer >= 0 or None, got {self.max_k!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and not is_int(value, least=0, most=MAX_TOP):
-                raise ValueError(f"{name} must be an integer in [0, {MAX_TOP}] or None, got {value!r}")
+            if value is not None and value != ALL and not is_int(value, least=0):
+                raise ValueError(f"{name} must be an integer >= 0, {ALL} (the whole vocabulary) or None, got {value!r}")
         # read once, here: a constant k >= 1 or a policy (k = 0: plain decoding, no policy)
         spec = k if isinstance(k, KSpec) else None if k == 0 else parse_k(k, option="k")
         object.__setattr__(self, "k_spec", spec)

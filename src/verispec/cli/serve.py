@@ -12,6 +12,7 @@ import typer
 
 from verispec.cli import BadInput, app
 from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
+from verispec.logprobs import MAX_TOP
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP
 from verispec.registry import K_HELP, proposer_help
@@ -63,6 +64,11 @@ def serve(
         float, typer.Option(min=0, help="Seconds requests in flight may run after SIGINT/SIGTERM.")
     ] = 10.0,
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1024)] = 1 << 20,
+    max_logprobs: Annotated[
+        int, typer.Option("--max-logprobs", min=-1,
+                          help="vLLM's: the most alternatives a position's logprobs may list; -1 the whole "
+                          "vocabulary, so that requests may ask for all of it (-1).")
+    ] = MAX_TOP,
     access_log: Annotated[bool, typer.Option("--access-log/--no-access-log")] = False,
 ) -> int:
     """Serve MODEL over HTTP with OpenAI's completions and chat completions API, speculative
@@ -92,7 +98,7 @@ def serve(
     served = ServedModel.of(loaded, served_model_name or model, proposer_spec, k_spec)
     scheduler = started_scheduler(loaded, served, max_slots=max_slots, max_waiting=max_waiting, batch_costs=batch_costs)
     limits = Limits(api_key=api_key, max_body_bytes=max_body_bytes, default_max_tokens=max_tokens,
-                    grace_seconds=grace)
+                    grace_seconds=grace, max_logprobs=max_logprobs)
     server_app = ServerApp(served, scheduler, limits, engine_thread=False)  # forwards on the main thread
     where = f"http://{bracketed(host)}:{listener.getsockname()[1]}"
     reach = ("loopback only: other machines cannot reach it" if is_loopback(host)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
 import itertools
@@ -54,7 +55,7 @@ from verispec import __version__
 from verispec.batching import QueueFull, Scheduler
 from verispec.k_spec import KSpec, parse_k
 from verispec.grammar import GrammarCompiler
-from verispec.logprobs import TokenLogprob
+from verispec.logprobs import ALL, MAX_TOP, TokenLogprob
 from verispec.registry import ProposerSpec, parse_spec
 from verispec.request import Request
 from verispec.sampling import SamplingParams
@@ -131,7 +132,8 @@ class ServedModel:
             encode_chat=encode_chat if loaded.chat_template is not None else None,
             decode=loaded.decode,
             token_strs=lambda ids: list(tokenizer.convert_ids_to_tokens(list(ids))),
-            token_text=lambda token: tokenizer.decode([token]),
+            # cached: logprobs -1 name every token of the vocabulary at each position
+            token_text=functools.lru_cache(maxsize=None)(lambda token: tokenizer.decode([token])),
             eos_token_ids=frozenset(loaded.eos_token_ids),
             vocab_size=loaded.lm.vocab_size,
             context=getattr(loaded.config, "max_position_embeddings", None),
@@ -149,7 +151,9 @@ class Limits:
     default_max_tokens: the budget of a request that names none (cut to the context).
     grace_seconds: at shutdown, how long requests in flight may run before they are cancelled.
     head_seconds: how long a connection may take to send a request's head before it is closed
-    (`verispec.server.run.HeadTimeoutH11`)."""
+    (`verispec.server.run.HeadTimeoutH11`). max_logprobs: vLLM's, the most alternatives a
+    position's logprobs may list (a 400 past it); -1: the whole vocabulary, so that a request's
+    -1 (all of it) is served."""
 
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
@@ -157,6 +161,7 @@ class Limits:
     head_seconds: float = 10.0
     default_max_tokens: int = 256
     grace_seconds: float = 10.0
+    max_logprobs: int = MAX_TOP
 
 
 class ApiError(Exception):
@@ -381,6 +386,20 @@ class ServerApp:
                            param="max_tokens", code="context_length_exceeded")
         return requested
 
+    def _check_logprobs(self, body: SamplingFields, chat: bool) -> None:
+        """A 400 for logprobs or prompt logprobs that ask for more alternatives a position than
+        `Limits.max_logprobs` allows (vLLM's rule: -1 asks for the whole vocabulary)."""
+        vocab = self.served.vocab_size
+        most = vocab if self.limits.max_logprobs == ALL else min(self.limits.max_logprobs, vocab)
+        for param, top in (("top_logprobs" if chat else "logprobs", body.top_logprobs_count()),
+                           ("prompt_logprobs", body.prompt_logprobs_count())):
+            asked = vocab if top == ALL else top
+            if top is not None and asked > most:
+                wider = "" if self.limits.max_logprobs == ALL else \
+                    ", or start the server with --max-logprobs -1 to serve up to the whole vocabulary (-1)"
+                raise ApiError(400, f"{param} {top} asks for {asked} tokens a position, more than this server "
+                               f"serves ({most}); ask for at most {most}{wider}", param=param)
+
     async def _constrained(self, body: SamplingFields, sampling: SamplingParams) -> SamplingParams:
         """`sampling` with the request's grammar, compiled (a 400 with the reason when it cannot
         be, or goes with a field that could leave it without a way to end)."""
@@ -419,6 +438,7 @@ class ServerApp:
             raise ApiError(400, f"min_tokens ({body.min_tokens}) is more than the budget of {budget} tokens; "
                            "lower min_tokens or raise max_tokens", param="min_tokens")
         sampling = await self._constrained(body, body.sampling())
+        self._check_logprobs(body, chat)
         speculates = body.speculation.enabled and served.proposer is not None
         try:
             request = Request(

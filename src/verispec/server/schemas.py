@@ -45,7 +45,7 @@ from pydantic import (
     model_validator,
 )
 
-from verispec.logprobs import MAX_TOP
+from verispec.logprobs import ALL
 from verispec.sampling import SamplingParams
 
 MAX_STOPS = 4  # OpenAI's bound on stop strings
@@ -227,8 +227,9 @@ class SamplingFields(Refusals):
     include_stop_str_in_output: StrictBool = False
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    # vLLM's: the prompt tokens' logprobs with this many alternatives (not with stream, as vLLM's)
-    prompt_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP)] | None = None
+    # vLLM's: the prompt tokens' logprobs with this many alternatives, -1 all of them (not with
+    # stream, as vLLM's; at most the server's --max-logprobs)
+    prompt_logprobs: Annotated[StrictInt, Field(ge=ALL)] | None = None
     # verispec's extension (as vLLM's `return_token_ids`): each choice carries its token ids.
     return_token_ids: StrictBool = False
     speculation: SpeculationFields = SpeculationFields()
@@ -344,9 +345,18 @@ class CompletionBody(SamplingFields):
     prompt: StrictStr | list[StrictInt]
     add_special_tokens: StrictBool = True  # vLLM's: the tokenizer's special tokens (BOS) before a text prompt
     # OpenAI's legacy form: the emitted tokens' logprobs with this many alternatives (OpenAI's
-    # bound is 5; vLLM's and verispec's, 20)
-    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP)] | None = None
+    # bound is 5; vLLM's and verispec's, the server's --max-logprobs, 20 by default)
+    logprobs: Annotated[StrictInt, Field(ge=0)] | None = None
     echo: StrictBool | None = None  # OpenAI's: the reply begins with the prompt (and its logprobs)
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _logprobs(cls, top: object) -> object:
+        if top == ALL and type(top) is int:
+            raise ValueError(f"{ALL} (the whole vocabulary) is not served on completions' logprobs, as vLLM's; send "
+                             f"a count, or ask for the whole vocabulary with chat's top_logprobs: {ALL} or "
+                             f"prompt_logprobs: {ALL}")
+        return top
 
     def top_logprobs_count(self) -> int | None:
         return self.logprobs
@@ -458,7 +468,7 @@ class ChatBody(SamplingFields, ChatFields):
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     add_special_tokens: StrictBool = False  # vLLM's, for chat
     logprobs: StrictBool = False
-    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP)] | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=ALL)] | None = None  # -1: all (vLLM's); at most --max-logprobs
     echo: StrictBool | None = None  # vLLM's chat echo (the last message prepended): refused
 
     @field_validator("echo")
