@@ -168,6 +168,47 @@ def test_the_tiny_model_generates_and_compares(capsys, models):
     assert report["new_tokens"] == 12 and report["identical"] is True and report["mismatch"] is None
 
 
+def test_generate_reports_the_logprobs_plain_decoding_reports(capsys, models):
+    """--logprobs and --prompt-logprobs: each token's log probability under the target, its rank
+    and its position's most likely tokens, in the --json report (ids and texts) and as a line a
+    token on stderr beside the streamed text; lookup with k 4 reports plain decoding's, bit for
+    bit; -1 lists the whole vocabulary; a count past it is one error line."""
+    from verispec.engine import generate
+    from verispec.request import Request
+
+    target, prompt = str(models / "target"), "the cat sat on the mat, the cat sat on the mat"
+    argv = ["generate", "--model", target, "--dtype", "float32", "--proposer", "lookup", "--k", "4",
+            "--max-new-tokens", "8", "--no-chat", prompt]
+    assert main([*argv, "--json", "--logprobs", "2", "--prompt-logprobs", "-1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    loaded = load.load_model(target, dtype="float32")
+    ids = loaded.encode(prompt, chat=False)
+    plain = generate(loaded.lm, None, Request(tuple(ids), 8, eos_token_ids=loaded.eos_token_ids, logprobs=2,
+                                              prompt_logprobs=-1))
+    text = lambda token: loaded.tokenizer.decode([token])  # noqa: E731
+    assert report["rounds"] < 8 and [e["token_id"] for e in report["logprobs"]] == plain.tokens
+    assert report["logprobs"] == [t.as_dict(text) for t in plain.logprobs]
+    assert report["prompt_logprobs"] == [None, *(t.as_dict(text) for t in plain.prompt_logprobs[1:])]
+    assert [e["token_id"] for e in report["prompt_logprobs"][1:]] == ids[1:]
+    assert all(len(e["top_logprobs"]) == loaded.lm.vocab_size for e in report["prompt_logprobs"][1:])
+    assert report["logprobs"][0] == {"token_id": plain.tokens[0], "token": text(plain.tokens[0]),
+                                     "logprob": plain.logprobs[0].logprob, "rank": plain.logprobs[0].rank,
+                                     "top_logprobs": [{"token_id": t, "token": text(t), "logprob": v}
+                                                      for t, v in plain.logprobs[0].top]}
+    assert main([*argv, "--logprobs", "1", "--prompt-logprobs", "0"]) == 0
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith(("prompt ", "new "))]
+    first = plain.logprobs[0]
+    assert out.startswith(loaded.decode(plain.tokens)) and len(lines) == len(ids) + 8
+    assert lines[0] == f"prompt 0: {json.dumps(text(ids[0]))} (the first token: nothing before it to score it)"
+    assert lines[1].startswith(f"prompt 1: {json.dumps(text(ids[1]))} logprob ") and "top" not in lines[1]
+    assert lines[len(ids)] == (f"new 0: {json.dumps(text(first.token))} logprob {first.logprob:.4f}, rank "
+                               f"{first.rank}; top: {json.dumps(text(first.top[0][0]))} {first.top[0][1]:.4f}")
+    assert error_of(capsys, [*argv, "--logprobs", "300"]).startswith(
+        "error: logprobs 300 asks for more tokens a position than the vocabulary's 259")
+    assert "'--logprobs': Input should be greater than or equal to -1" in error_of(capsys, [*argv, "--logprobs", "-2"])
+
+
 def test_generate_keeps_to_a_grammar_and_equals_plain_constrained_decoding(capsys, models, tmp_path):
     target = str(models / "target")
     choices = ["the cat sat", "on the mat"]

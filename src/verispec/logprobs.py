@@ -28,7 +28,7 @@ first, V pairs a token (a row's full sort: O(V log V) where a bounded top is O(V
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +47,12 @@ class TokenLogprob:
     logprob: float
     rank: int
     top: tuple[tuple[int, float], ...] = ()
+
+    def as_dict(self, text_of: Callable[[int], str]) -> dict:
+        """As JSON (`verispec generate --json`): the token's id, its text (`text_of`), logprob
+        and rank, and `top_logprobs`, each alternative's id, text and logprob."""
+        return {"token_id": self.token, "token": text_of(self.token), "logprob": self.logprob, "rank": self.rank,
+                "top_logprobs": [{"token_id": t, "token": text_of(t), "logprob": v} for t, v in self.top]}
 
 
 def token_logprobs(rows: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:

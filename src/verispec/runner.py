@@ -16,12 +16,13 @@ warm-up requests are built as `generate` builds its one. The commands only parse
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from verispec.engine import Decoding
 from verispec.identity import diagnose
 from verispec.k_spec import KSpec
+from verispec.logprobs import TokenLogprob
 from verispec.models.base import CausalLM
 from verispec.peers.outcome import Clock, Outcome
 from verispec.policies import KPolicy
@@ -39,12 +40,16 @@ if TYPE_CHECKING:
 class Run:
     """A timed speculative run and, when compared, the plain run of the same request after it.
     mismatch: `identity.diagnose`'s record of a greedy difference (None: identical, or sampled).
-    first_difference: where the outputs first differ (None: identical, or not compared)."""
+    first_difference: where the outputs first differ (None: identical, or not compared).
+    logprobs, prompt_logprobs: the speculative run's, when the request asks
+    (`Request.logprobs`, `Request.prompt_logprobs`; `verispec.logprobs`)."""
 
     speculative: Outcome
     plain: Outcome | None = None
     mismatch: dict | None = None
     first_difference: int | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
@@ -126,13 +131,14 @@ def run(
     speculative = Decoding(loaded.lm, proposer, request, policy=policy)
     warm_up(loaded.lm, request.prompt_ids)
     spec = timed(speculative, on_token)
+    logprobs = {"logprobs": speculative.logprobs, "prompt_logprobs": speculative.prompt_logprobs}
     if not compare:
-        return Run(spec)
+        return Run(spec, **logprobs)
     plain = timed(Decoding(loaded.lm, None, replace(request, proposer=None, k=0)))
     mismatch = None
     if request.sampling.greedy:
         mismatch = diagnose(request.prompt_ids, plain.tokens, spec.tokens, loaded.lm.score, loaded.dtype_name)
-    return Run(spec, plain, mismatch, first_difference(plain.tokens, spec.tokens))
+    return Run(spec, plain, mismatch, first_difference(plain.tokens, spec.tokens), **logprobs)
 
 
 def first_difference(plain: Sequence[int], speculative: Sequence[int]) -> int | None:

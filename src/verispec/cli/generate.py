@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -13,7 +15,9 @@ import typer
 from verispec.cli import app
 from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec import runner
+from verispec.engine import check_request
 from verispec.identity import explain
+from verispec.logprobs import TokenLogprob
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP
 from verispec.registry import K_HELP, proposer_help
@@ -58,6 +62,16 @@ def generate(
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
     device: DeviceOption = "auto",
+    logprobs: Annotated[Optional[int], typer.Option(
+        "--logprobs", min=-1, metavar="N",
+        help="Report each new token's log probability under the target with the N most likely tokens at its "
+             "position (-1: the whole vocabulary); plain decoding's, whatever the speculation."),
+    ] = None,
+    prompt_logprobs: Annotated[Optional[int], typer.Option(
+        "--prompt-logprobs", min=-1, metavar="N",
+        help="Report each prompt token's log probability under the target with the N most likely tokens at its "
+             "position (-1: the whole vocabulary), from one more forward over the prompt."),
+    ] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Also decode plainly; report speedup and identity.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
@@ -78,7 +92,8 @@ def generate(
     prompt_ids = loaded.encode(text, chat=chat and loaded.chat_template is not None)
     check_context(loaded, len(prompt_ids), max_new_tokens)
     request = Request(tuple(prompt_ids), max_new_tokens, sampling, loaded.eos_token_ids, seed=seed, proposer=proposer_spec,
-                      k=k_spec)
+                      k=k_spec, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+    check_request(request, loaded.lm.vocab_size)  # before the k policy's profile: a count past the vocabulary
     text_stream = TextStream(loaded.decode)
     echo = None if as_json else lambda token: print(text_stream.push(token), end="", flush=True)
     done = runner.run(loaded, request, on_token=echo, compare=compare)
@@ -106,6 +121,11 @@ def generate(
         "by_source": spec.stats.as_dict()["by_source"],  # lookup+eagle: the copy and head rounds apart
         **loaded.memory(),  # weights_bytes, kv_bytes_per_token
     }
+    text_of = functools.lru_cache(maxsize=None)(lambda token: loaded.tokenizer.decode([token]))  # -1: V a position
+    if prompt_logprobs is not None:
+        report["prompt_logprobs"] = [None if t is None else t.as_dict(text_of) for t in done.prompt_logprobs]
+    if logprobs is not None:
+        report["logprobs"] = [t.as_dict(text_of) for t in done.logprobs]
     if compare:
         report["plain_tokens_per_s"] = done.plain.tokens_per_s
         report["speedup"] = report["tokens_per_s"] / report["plain_tokens_per_s"]
@@ -116,6 +136,10 @@ def generate(
         print(json.dumps(report))
         return
     print(flush=True)
+    if prompt_logprobs is not None:
+        print_logprobs("prompt", prompt_ids, done.prompt_logprobs, text_of)
+    if logprobs is not None:
+        print_logprobs("new", spec.tokens, done.logprobs, text_of)
     line = (
         f"{report['new_tokens']} tokens in {report['seconds']:.2f} s: {report['tokens_per_s']:.1f} tok/s, "
         f"{report['mean_accepted']:.2f} tokens/round over {report['rounds']} rounds, "
@@ -133,6 +157,19 @@ def generate(
             same = f"output {explain(report['mismatch'])}"
         line += f"; plain {report['plain_tokens_per_s']:.1f} tok/s, speedup {report['speedup']:.2f}x, {same}"
     print(line, file=sys.stderr)
+
+
+def print_logprobs(where: str, tokens: Sequence[int], entries: Sequence[TokenLogprob | None],
+                   text_of: Callable[[int], str]) -> None:
+    """One line a token on stderr: where it is (`prompt` or `new`) and its index there, its
+    text, log probability and rank, and the most likely tokens at its position with theirs."""
+    quoted = lambda token: json.dumps(text_of(token), ensure_ascii=False)  # noqa: E731
+    for i, (token, entry) in enumerate(zip(tokens, entries)):
+        if entry is None:
+            print(f"{where} {i}: {quoted(token)} (the first token: nothing before it to score it)", file=sys.stderr)
+            continue
+        top = "; top: " + ", ".join(f"{quoted(t)} {v:.4f}" for t, v in entry.top) if entry.top else ""
+        print(f"{where} {i}: {quoted(token)} logprob {entry.logprob:.4f}, rank {entry.rank}{top}", file=sys.stderr)
 
 
 def constrained(sampling: SamplingParams, loaded: LoadedModel, json_schema: str | None, regex: str | None,
