@@ -437,8 +437,8 @@ class ServerApp:
         if body.min_tokens > budget:
             raise ApiError(400, f"min_tokens ({body.min_tokens}) is more than the budget of {budget} tokens; "
                            "lower min_tokens or raise max_tokens", param="min_tokens")
-        sampling = await self._constrained(body, body.sampling())
         self._check_logprobs(body, chat)
+        sampling = await self._constrained(body, body.sampling())
         speculates = body.speculation.enabled and served.proposer is not None
         try:
             request = Request(
