@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import pytest
 
 from clocks import FakeClock
-from verispec.cost import CLIP, FixedCosts, OnlineCosts, speedup_by_k, survival_from_alpha
+from verispec.cost import CLIP, FRESH, FixedCosts, OnlineCosts, speedup_by_k, survival_from_alpha
 from verispec.drafts import Draft
 from verispec.engine import generate
 from verispec.models.tables import random_table
@@ -154,6 +154,19 @@ def test_t1_goes_stale_without_plain_steps_and_costs_without_seconds_anchor_on_t
     for _ in range(200):
         costs.observe(5, TRUE_V[4] * STEP, 4, 0.0)
     assert costs.stale
+
+
+def test_a_prior_in_seconds_has_measured_t1_until_it_decays():
+    """A profile measured t(1) in seconds: a request's speculative rounds do not send it back to
+    a plain step until the prior's weight has decayed below a plain step's `FRESH` share."""
+    costs = OnlineCosts(FixedCosts(c=0.0, v=TRUE_V, step_seconds=STEP))  # prior weight 1, memory 0.995
+    rounds = 0
+    while not costs.stale:
+        costs.observe(3, TRUE_V[2] * STEP, 2, 0.0)
+        rounds += 1
+    assert rounds == math.ceil(math.log(FRESH) / math.log(0.995))  # 139: the prior's weight 0.995^r < 0.5
+    costs.observe(1, STEP, 0, 0.0)
+    assert not costs.stale
 
 
 def test_c_is_the_proposers_seconds_per_drafted_token_over_a_plain_step():

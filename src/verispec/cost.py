@@ -284,7 +284,11 @@ class OnlineCosts:
     round's y.
 
     Only plain steps measure t(1), which every v(n) is relative to, so `stale` says when they
-    have gone unmeasured for long (a policy then takes one plain step). Rounds without timings
+    have gone unmeasured for long (a policy then takes one plain step). A prior in seconds (a
+    profile's, or flat costs with `step_seconds`) measured t(1) too, worth its decayed weight:
+    a request begun on a measured profile does not spend a round of its own on a plain step
+    until about 140 rounds have gone without one (prior weight 1, memory 0.995); a short
+    request drafts from its first round to its last. Rounds without timings
     (seconds <= 0: no clock) teach nothing; before any timed round, c and v are the prior's
     own at the current context.
 
@@ -357,8 +361,10 @@ class OnlineCosts:
 
     @property
     def stale(self) -> bool:
-        """Timed rounds have come in, but hardly any plain step lately: t(1) needs measuring."""
-        return self._timed and self._weight[0] < FRESH
+        """Timed rounds have come in, but hardly any plain step lately (nor a prior in seconds,
+        decayed as a round): t(1) needs measuring."""
+        seconds_prior = self._prior_now if self.prior_anchor is not None else 0.0
+        return self._timed and self._weight[0] + seconds_prior < FRESH
 
     def _offsets(self) -> list[float]:
         """b_n for n = 1..N, as in the class docstring (all 0 before the first timed round of
