@@ -33,7 +33,7 @@ from verispec.bench.report import render, summarize
 from verispec.bench.runners import GreedyReference, OracleRunner, Runner, VerispecRunner
 from verispec.bench.settings import Settings
 from verispec.bench.workloads import Workload, read_workloads, select
-from verispec.models.loading.format_costs import step_rows
+from verispec.models.loading.format_costs import Workload as Expected
 from verispec.models.runtimes.hf import HFCausalLM
 from verispec.models.loading.load import LoadedModel, load_model
 from verispec.peers import llamacpp, vllm
@@ -41,7 +41,7 @@ from verispec.peers.hf import HFRunner
 from verispec.proposers.controlled import ControlledAcceptance
 from verispec.registry import build_policy
 from verispec.request import Request
-from verispec.runner import built
+from verispec.runner import built, specs, workload
 from verispec.sampling import GREEDY, SamplingParams
 
 QUICK_DRAFT = "quick-draft"
@@ -188,11 +188,12 @@ def chosen_methods(settings: Settings) -> list[Method]:
     return methods
 
 
-def expected_rows(methods: Sequence[Method], concurrency: Sequence[int]) -> int:
-    """The most rows a step of any of verispec's methods scores at the highest level: what the
-    auto dtype and runtime are weighed at (one model serves every method and level)."""
-    return max((step_rows(max(concurrency), m.k_spec) for m in methods if m.family == "verispec"),
-               default=max(concurrency))
+def expected(model: str, concurrency: Sequence[int]) -> Expected:
+    """What the auto dtype and runtime are weighed by (one model serves every method and level):
+    what `generate` weighs for `model` (its default proposer at k auto), at the highest
+    concurrency level, so a bench of one request measures the target `generate` and `serve`
+    load (`runner.load_plan`); `--dtype` pins another."""
+    return workload(*specs(model, None, "auto"), max(concurrency))
 
 
 def measure(settings: Settings, console: Console) -> dict:
@@ -206,7 +207,7 @@ def measure(settings: Settings, console: Console) -> dict:
     with console.status("loading the model"):
         target = quick_target(out) if settings.quick else load_model(
             settings.model, dtype=settings.dtype, runtime=settings.runtime, deterministic=settings.deterministic,
-            device=settings.device, rows=expected_rows(methods, settings.concurrency),
+            device=settings.device, workload=expected(settings.model, settings.concurrency),
         )
     prompts = [(w, w.token_ids(target)) for w in workloads]
     if sweep.is_sweep(settings.concurrency):

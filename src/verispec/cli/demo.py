@@ -54,7 +54,7 @@ def demo(
     proposer_spec, k_spec = specs(model, proposer, k)
     from verispec.models.loading.load import build  # transformers: imported when needed
 
-    plan = runner.load_plan(model, dtype, runtime, deterministic, device, k_spec)  # refused before "loading"
+    plan = runner.load_plan(model, dtype, runtime, deterministic, device, proposer_spec, k_spec)  # refused before "loading"
     console = Console(stderr=True)
     console.print(f"loading {model} ...")
     loaded = build(plan)
