@@ -308,3 +308,22 @@ def test_the_loaded_models_note_says_why_auto_took_bfloat16(gguf) -> None:
                          source=plan.source, runtime=plan.runtime, auto_choice=plan.auto_choice)
     assert loaded.target_note.startswith("bfloat16: every weight rounded to bfloat16")
     assert loaded.target_note.endswith(f"({plan.dtype_reason})")
+
+
+def test_the_demo_decodes_plainly_in_every_other_format_auto_weighs(tmp_path, gguf, monkeypatch) -> None:
+    from verispec.runner import plain_alternatives
+
+    monkeypatch.setattr(load_plan, "this_machine", lambda: X86_BF16)
+    path = str(gguf("Q4_1"))
+    q4 = plan_load(path, "q4", machine=X86_BF16)
+    assert [(p.weight_format, p.runtime) for p in plain_alternatives(path, "auto", None, "auto", q4)] == [
+        (WeightFormat.BFLOAT16, Runtime.FAST)]
+    full = plan_load(path, "float32", machine=X86_BF16)
+    assert [p.weight_format for p in plain_alternatives(path, "auto", None, "auto", full)] == [
+        WeightFormat.Q4, WeightFormat.BFLOAT16]
+    # where auto weighs nothing, its one format, unless it is the one loaded
+    checkpoint = str(config_only(tmp_path / "checkpoint"))
+    bf16 = plan_load(checkpoint, machine=X86_BF16)
+    assert plain_alternatives(checkpoint, "auto", None, "auto", bf16) == []
+    full = plan_load(checkpoint, "float32", machine=X86_BF16)
+    assert [p.weight_format for p in plain_alternatives(checkpoint, "auto", None, "auto", full)] == [WeightFormat.BFLOAT16]

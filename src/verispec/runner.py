@@ -108,6 +108,27 @@ def workload(proposer: ProposerSpec | None, k_spec: KSpec | int | None, concurre
     return Workload(concurrency, Drafting(str(proposer), k, PRIOR_RATE, proposer.kind.draft_cost))
 
 
+def plain_alternatives(
+    model: str, runtime: str, deterministic: bool | None, device: str, loaded: LoadPlan
+) -> list[LoadPlan]:
+    """The plans of the other formats `--dtype auto` weighs for `model` (each on its runtime):
+    the demo decodes plainly in each too, so it reports its speedup against the fastest plain
+    format as well as against plain decoding in the format loaded. Where auto weighs nothing
+    (one format fits the machine), that format's plan where it is not the one loaded."""
+    from verispec.models.loading.load_plan import plan_load
+    from verispec.models.runtime import Runtime
+
+    plain = plan_load(model, "auto", runtime, deterministic, device=device)
+    if plain.format_choice is None:
+        targets = [(plain.weight_format, plain.runtime)]
+    else:
+        targets = [(c.cost.weight_format, c.cost.runtime) for c in plain.format_choice.candidates]
+    return [
+        plan_load(model, str(fmt), str(on), None if on == Runtime.HF else deterministic, device=device)
+        for fmt, on in targets if (fmt, on) != (loaded.weight_format, loaded.runtime)
+    ]
+
+
 def built(loaded: LoadedModel, request: Request) -> tuple[Proposer | None, int | KPolicy]:
     """The request's proposer and k policy, built on `loaded`'s model."""
     proposer = proposer_for(loaded, request)
