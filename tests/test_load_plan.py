@@ -327,3 +327,19 @@ def test_the_demo_decodes_plainly_in_every_other_format_auto_weighs(tmp_path, gg
     assert plain_alternatives(checkpoint, "auto", None, "auto", bf16) == []
     full = plan_load(checkpoint, "float32", machine=X86_BF16)
     assert [p.weight_format for p in plain_alternatives(checkpoint, "auto", None, "auto", full)] == [WeightFormat.BFLOAT16]
+
+
+def test_the_bench_adds_plain_decoding_in_every_other_format_auto_weighs(tmp_path, gguf, monkeypatch) -> None:
+    from verispec.bench.methods import parse_methods
+    from verispec.bench.settings import Settings
+    from verispec.bench.suite import with_plain_formats
+
+    monkeypatch.setattr(load_plan, "this_machine", lambda: X86_BF16)
+    settings = Settings(tmp_path, model=str(gguf("Q4_1")))
+    plan = plan_load(settings.model, machine=X86_BF16)  # q4 on the documented curves
+    methods = parse_methods("verispec-plain,verispec-lookup-k2")
+    assert [m.name for m in with_plain_formats(methods, settings, plan)] == [
+        "verispec-plain", "verispec-lookup-k2", "verispec-plain@bfloat16"]
+    named = parse_methods("verispec-plain,verispec-plain@float32")
+    assert with_plain_formats(named, settings, plan) == named  # formats named: kept as given
+    assert with_plain_formats(methods, Settings(tmp_path, model=settings.model, concurrency=(1, 4)), plan) == methods
