@@ -160,6 +160,7 @@ def test_a_drafting_that_is_no_drafting_is_refused(acceptance, draft, says) -> N
 def test_a_proposers_workload_comes_from_autoks_prior_and_its_kinds_draft_cost() -> None:
     head = workload(parse_spec("lookup+eagle"), parse_k("auto"))
     assert head.drafting == Drafting("lookup+eagle", parse_k("auto"), PRIOR_RATE, 0.035) and head.slots == 1
+    assert "expected acceptance 0.50 per drafted token (AutoK's prior)" in head.describe()
     assert workload(parse_spec("lookup"), parse_k("3"), 4).drafting.draft == 0.0
     assert workload(None, 0, 8) == Workload(8) and workload(parse_spec("lookup"), 0) == PLAIN
     unknown = workload(parse_spec("random"), parse_k("2"))

@@ -155,8 +155,9 @@ class Workload:
         d = self.drafting
         if d is None:
             return f"plain decoding, {requests}{f' ({self.note})' if self.note else ''}"
+        prior = " (AutoK's prior)" if d.acceptance == PRIOR_RATE else ""
         return (f"{d.proposer} at k {d.k.text or d.k.kind}, {requests}; expected acceptance {d.acceptance:.2f} per "
-                f"drafted token (AutoK's prior), a drafted token {d.draft:.3f} of the fastest one-row forward")
+                f"drafted token{prior}, a drafted token {d.draft:.3f} of the fastest one-row forward")
 
     def to_dict(self) -> dict:
         d = self.drafting
