@@ -25,6 +25,7 @@ from verispec.identity import diagnose
 from verispec.k_spec import KSpec
 from verispec.models.base import CausalLM
 from verispec.models.loading.format_costs import Drafting, Workload
+from verispec.models.runtime import Runtime
 from verispec.peers.outcome import Clock, Outcome
 from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer
@@ -116,7 +117,6 @@ def plain_alternatives(
     format as well as against plain decoding in the format loaded. Where auto weighs nothing
     (one format fits the machine), that format's plan where it is not the one loaded."""
     from verispec.models.loading.load_plan import plan_load
-    from verispec.models.runtime import Runtime
 
     plain = plan_load(model, "auto", runtime, deterministic, device=device)
     if plain.format_choice is None:
