@@ -11,7 +11,15 @@ import torch
 from verispec.identity import diagnose, first_mismatch
 from verispec.bench.methods import HF_LOOKUP_TOKENS, PLAIN, Method, parse_method, parse_methods
 from verispec.bench.protocol import engine_fields, rotated
-from verispec.bench.report import OVERALL, by_source, cost_model_section, plans_section, quartiles, summarize
+from verispec.bench.report import (
+    OVERALL,
+    by_source,
+    cost_model_section,
+    fastest_plain_section,
+    plans_section,
+    quartiles,
+    summarize,
+)
 from verispec.runner import emitted_per_round
 from verispec.bench.workloads import (
     DATA_VARIABLE,
@@ -214,3 +222,28 @@ def test_the_plans_section_lists_each_source_of_a_combined_proposer():
     lines = plans_section(summary, ["verispec-lookup+eagle-auto"])
     assert any("copy rounds | 3 | 3.00 | chain k = 4 67%" in line for line in lines)
     assert any("head rounds | 6 | 1.17 | plain step 83%" in line for line in lines)
+
+
+def test_plain_decoding_in_another_format_is_a_method_and_the_fastest_plain_a_second_baseline():
+    assert parse_method("verispec-plain@bfloat16") == Method("verispec-plain@bfloat16", "verispec", dtype="bfloat16")
+    with pytest.raises(ValueError, match="the format 'int8' is not float32, bfloat16, float16, q4"):
+        parse_method("verispec-plain@int8")
+    records = []
+    # plain in the bench's format: 1 s; plain in q4: 0.5 s on p0 and 2 s on p1; "fast": 0.25 s
+    for prompt, q4_seconds in [("p0", 0.5), ("p1", 2.0)]:
+        records += [run_record(PLAIN, prompt, 0, 1.0), run_record("verispec-plain@q4", prompt, 0, q4_seconds),
+                    run_record("fast", prompt, 0, 0.25)]
+    methods = parse_methods(f"{PLAIN},verispec-plain@q4") + [Method("fast", "verispec", "lookup", "k4", k=4)]
+    summary = summarize(records, methods, {})
+    fast = summary["results"]["fast"][OVERALL]
+    assert fast["speedup_median"] == 4.0  # over plain in the same format on both prompts
+    # over the fastest plain format: q4's 16 tok/s on p0 (2x), the bench's own 8 tok/s on p1 (4x)
+    assert (fast["over_fastest_plain_q1"], fast["over_fastest_plain_median"], fast["over_fastest_plain_q3"]) == (
+        2.5, 3.0, 3.5)
+    section = fastest_plain_section(summary)
+    assert section[1] == "## Speedup over the fastest plain format"
+    assert "(verispec-plain, verispec-plain@q4)" in section[3]
+    assert section[-1] == "| overall | 0.75x (0.62-0.88) | 0.75x (0.62-0.88) | 3.00x (2.50-3.50) |"
+    # only the bench's own format decoded plainly: no second baseline, no section
+    alone = summarize([r for r in records if r["method"] != "verispec-plain@q4"], [methods[0], methods[2]], {})
+    assert alone["results"]["fast"][OVERALL]["over_fastest_plain_median"] is None and fastest_plain_section(alone) == []

@@ -306,15 +306,18 @@ def test_without_a_proposer_the_best_measured_one_for_the_model_drafts(capsys, m
 def test_the_demo_table_fits_80_columns():
     tie = {"position": 7, "near_tie": True, "top2_margin": 0.125, "behind_max": {"x": 0.125}, "diagnosis": "near tie"}
     fail = tie | {"position": 2, "near_tie": False, "top2_margin": 3.5}
-    rows = [DemoRow("summary (copy-heavy)", 1234.5, 2345.6, 3.25, None),
-            DemoRow("open question", 29.1, 28.3, 1.07, tie), DemoRow("another prompt", 29.1, 28.3, 1.07, fail)]
+    rows = [DemoRow("summary (copy-heavy)", 1234.5, 2345.6, 3.25, None, 1500.0, "q4 (fast)"),
+            DemoRow("open question", 29.1, 28.3, 1.07, tie, 29.1, "bfloat16 (fast)"),
+            DemoRow("another prompt", 29.1, 28.3, 1.07, fail, 56.6, "q4 (fast)")]
     console = Console(width=80, record=True, file=io.StringIO())
     title = "smollm2-135m-instruct (bfloat16), greedy, 96 new tokens, lookup k=auto"
     console.print(demo_table(rows, title))
     lines = console.export_text().rstrip("\n").splitlines()
     assert max(len(line) for line in lines) <= 80
-    cells = [line.split()[-1] for line in lines if "prompt" in line or "question" in line or "summary" in line]
-    assert cells == ["identical", "yes", "tie@7", "FAIL@2"]
+    table = [line.split() for line in lines if "prompt" in line or "question" in line or "summary" in line]
+    assert [cells[-1] for cells in table] == ["identical", "yes", "tie@7", "FAIL@2"]
+    # speedup over plain in the same format, then over the fastest plain format measured
+    assert [cells[-4:-2] for cells in table[1:]] == [["1.90x", "1.56x"], ["0.97x", "0.97x"], ["0.97x", "0.50x"]]
     assert explain(tie).startswith("differs from plain decoding at new token 7, a near tie (top-2 logit margin 0.125")
     assert "FAILURE, not a near tie (top-2 logit margin 3.5" in explain(fail)
 
@@ -396,8 +399,11 @@ def test_demo_prints_its_table(capsys, monkeypatch):
     assert main(["demo", "--dtype", "float32", "--max-new-tokens", "16"]) == 0
     captured = capsys.readouterr()
     assert max(len(line) for line in captured.out.splitlines()) <= 80
-    rows = [line for line in captured.out.splitlines() if "summary" in line or "open question" in line]
+    lines = [line for line in captured.out.splitlines() if "summary" in line or "open question" in line]
+    rows = [line for line in lines if "fastest plain" not in line]
     assert len(rows) == 2, captured.out
+    # float32 loaded: the formats --dtype auto weighs decoded plainly too, the fastest named per prompt
+    assert [line.split(":")[1].startswith(" fastest plain ") for line in lines if line not in rows] == [True, True]
     header = next(line for line in captured.out.splitlines() if "identical" in line)
     assert header.split()[-1] == "identical"
     assert [row.split()[-1] for row in rows] == ["yes", "yes"], captured.out

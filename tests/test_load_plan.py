@@ -13,7 +13,8 @@ from transformers import LlamaConfig
 from verispec.cli import main
 from verispec.models.loading import format_costs, load_plan, sources
 from verispec.models.runtimes import llamacpp
-from verispec.models.loading.format_costs import FormatCost
+from verispec.k_spec import parse_k
+from verispec.models.loading.format_costs import PLAIN, Drafting, FormatCost, Workload
 from verispec.models.loading.load_plan import MachineFacts, plan_load
 from verispec.models.runtime import Runtime
 from verispec.models.weight_format import WeightFormat
@@ -126,16 +127,16 @@ def test_a_llamacpp_plan_without_llama_cpp_python_is_refused(gguf, monkeypatch) 
 def test_the_plan_prints_as_lines_and_as_json(gguf) -> None:
     plan = plan_load(gguf("Q4_1"), machine=X86_BF16)
     lines = plan.describe().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["model", "source", "device", "rows", "runtime", "dtype", "cost",
-                                                      "cost", "exact"]
+    assert [line.split(":")[0] for line in lines] == ["model", "source", "device", "expects", "runtime", "dtype",
+                                                      "chosen", "weighed", "exact"]
     assert "(GGUF; float32 copy" in lines[1] and "cached" in lines[1] and lines[5].startswith("dtype:    q4: chosen")
-    assert lines[3].startswith("rows:     1 per step assumed")
+    assert lines[3] == "expects:  plain decoding, 1 request in flight"
     assert lines[2] == "device:   cpu: chosen by --device auto: torch sees no CUDA device"
     shown = json.loads(json.dumps(plan.as_dict()))
     assert shown["dtype"] == "q4" and shown["runtime"] == "fast" and shown["exact_weights"] is True
     assert shown["converted"] == shown["tokenizer"] == str(plan.converted) and shown["converted_cached"]
     assert shown["device"] == "cpu" and shown["device_reason"].startswith("chosen by --device auto")
-    assert shown["rows"] == 1 and shown["costs_measured"] is False
+    assert shown["workload"]["slots"] == 1 and shown["workload"]["proposer"] is None and shown["costs_measured"] is False
     assert [c["format"] for c in shown["dtype_candidates"]] == ["q4", "bfloat16"]
 
 
@@ -223,29 +224,34 @@ def curve(fmt, t1, v_at_8, runtime=Runtime.FAST):
 
 STEEP_Q4 = curve(WeightFormat.Q4, 0.010, 8.0)  # q4's cost grows with the rows, bfloat16's barely
 FLAT_BF16 = curve(WeightFormat.BFLOAT16, 0.020, 1.7)
+LOOKUP_K4 = Workload(1, Drafting("lookup", parse_k("4"), 0.8, 0.0))
+SERVER = Workload(8, Drafting("lookup", parse_k("2"), 0.5, 0.0))
 
 
-def test_auto_weighs_q4_against_bfloat16_at_the_rows_a_step_scores(gguf) -> None:
-    one = plan_load(gguf("Q4_1"), machine=X86_BF16, rows=1, costs=(STEEP_Q4, FLAT_BF16))
-    assert one.weight_format == WeightFormat.Q4 and one.exact_weights and one.rows == 1
+def test_auto_weighs_q4_against_bfloat16_by_the_tokens_per_second_each_is_expected_to_decode(gguf) -> None:
+    one = plan_load(gguf("Q4_1"), machine=X86_BF16, costs=(STEEP_Q4, FLAT_BF16))
+    assert one.weight_format == WeightFormat.Q4 and one.exact_weights and one.workload == PLAIN
     assert "which q4 holds exactly" in one.dtype_reason
-    assert "at 1 row(s) per step a forward costs 10.00 ms in q4" in one.dtype_reason and one.format_choice.measured
-    batch = plan_load(gguf("Q4_1"), machine=X86_BF16, rows=24, costs=(STEEP_Q4, FLAT_BF16))
-    assert batch.weight_format == WeightFormat.BFLOAT16 and batch.exact_weights is False and batch.rows == 24
-    assert batch.runtime == Runtime.FAST and batch.deterministic
+    assert ("q4 on the fast runtime is expected to decode 100.0 tok/s at k = 0 against 50.0 in bfloat16 on the fast "
+            "runtime at k = 0 (for plain decoding, 1 request in flight), measured on this machine") in one.dtype_reason
+    spec = plan_load(gguf("Q4_1"), machine=X86_BF16, workload=LOOKUP_K4, costs=(STEEP_Q4, FLAT_BF16))
+    assert spec.weight_format == WeightFormat.BFLOAT16 and spec.exact_weights is False and spec.workload == LOOKUP_K4
+    assert spec.runtime == Runtime.FAST and spec.deterministic
     # a dtype change is a change of target, said where it is chosen
-    assert "a different target from float32 and from q4" in batch.dtype_reason and batch.auto_choice == batch.dtype_reason
-    lines = batch.describe().splitlines()
-    assert "rows:     24 per step assumed" in lines[3]
-    assert [line for line in lines if line.startswith("cost:")] == [
-        "cost:     q4 on the fast runtime: 10.00 ms x v(24) 24.00 = 240.00 ms per step, 10.00 ms per row; fake",
-        "cost:     bfloat16 on the fast runtime: 20.00 ms x v(24) 3.30 = 66.00 ms per step, 2.75 ms per row; fake",
+    assert "a different target from float32 and from q4" in spec.dtype_reason and spec.auto_choice == spec.dtype_reason
+    lines = spec.describe().splitlines()
+    assert lines[3].startswith("expects:  lookup at k 4, 1 request in flight; expected acceptance 0.80 per drafted token")
+    assert [line for line in lines if line.startswith(("chosen:", "weighed:"))] == [
+        "weighed:  q4 on the fast runtime: 67.2 tok/s expected at k = 4 (plain 100.0 tok/s, one-row forward 10.00 ms); fake",
+        "chosen:   bfloat16 on the fast runtime: 120.1 tok/s expected at k = 4 (plain 50.0 tok/s, one-row forward 20.00 "
+        "ms); fake",
     ]
-    assert plan_load(gguf("Q4_1"), "q4", machine=X86_BF16, rows=24, costs=(STEEP_Q4, FLAT_BF16)).weight_format == "q4"
-    checkpoint = plan_load(gguf("Q6_K"), machine=X86_BF16, rows=24)  # q4 not exact here: nothing to weigh
-    assert checkpoint.format_choice is None and checkpoint.auto_choice is None and "rows" in checkpoint.as_dict()
-    with pytest.raises(ValueError, match="rows per step must be an integer >= 1, got 0"):
-        plan_load(gguf("Q4_1"), rows=0)
+    shown = spec.as_dict()
+    assert shown["workload"]["k"] == "4" and [c["k"] for c in shown["dtype_candidates"]] == ["k = 4", "k = 4"]
+    assert plan_load(gguf("Q4_1"), "q4", machine=X86_BF16, workload=LOOKUP_K4,
+                     costs=(STEEP_Q4, FLAT_BF16)).weight_format == "q4"
+    checkpoint = plan_load(gguf("Q6_K"), machine=X86_BF16, workload=LOOKUP_K4)  # q4 not exact here: nothing to weigh
+    assert checkpoint.format_choice is None and checkpoint.auto_choice is None and "workload" in checkpoint.as_dict()
 
 
 def test_auto_reads_the_curves_profile_kept_for_this_file_cpu_and_threads(gguf) -> None:
@@ -253,48 +259,87 @@ def test_auto_reads_the_curves_profile_kept_for_this_file_cpu_and_threads(gguf) 
     steep_bf16 = curve(WeightFormat.BFLOAT16, 0.020, 30.0)  # a machine whose bfloat16 grows faster than its q4
     for cost in (STEEP_Q4, steep_bf16):
         format_costs.record(path, cost, load_plan.cpu_model(), torch.get_num_threads())
-    plan = plan_load(path, machine=X86_BF16, rows=24)
+    plan = plan_load(path, machine=X86_BF16, workload=SERVER)
     assert plan.weight_format == WeightFormat.Q4 and plan.format_choice.measured  # the defaults would say bfloat16
     assert "measured on this machine" in plan.dtype_reason and plan.as_dict()["costs_measured"] is True
-    assert plan_load(path, machine=X86_BF16, rows=24, costs=()).weight_format == WeightFormat.BFLOAT16
+    assert plan_load(path, machine=X86_BF16, workload=SERVER, costs=()).weight_format == WeightFormat.BFLOAT16
 
 
 def test_runtime_auto_never_takes_the_fast_runtime_where_transformers_was_measured_faster(tmp_path, gguf) -> None:
     config_only(tmp_path / "checkpoint")
     slow_fast = curve(WeightFormat.BFLOAT16, 0.030, 1.5)
     quick_hf = curve(WeightFormat.BFLOAT16, 0.025, 1.5, runtime=Runtime.HF)
-    plan = plan_load(tmp_path / "checkpoint", machine=X86_BF16, rows=4, costs=(slow_fast, quick_hf))
+    plan = plan_load(tmp_path / "checkpoint", machine=X86_BF16, costs=(slow_fast, quick_hf))
     assert plan.runtime == Runtime.HF and plan.weight_format == WeightFormat.BFLOAT16 and not plan.deterministic
     assert plan.runtime_reason.startswith("chosen by --runtime auto: measured on this machine, transformers' bfloat16")
     assert "never takes a runtime measured slower" in plan.runtime_reason
     for options in (dict(runtime="fast"), dict(deterministic=True)):  # asked for: taken as given
-        assert plan_load(tmp_path / "checkpoint", machine=X86_BF16, rows=4, costs=(slow_fast, quick_hf),
+        assert plan_load(tmp_path / "checkpoint", machine=X86_BF16, costs=(slow_fast, quick_hf),
                          **options).runtime == Runtime.FAST
-    assert plan_load(tmp_path / "checkpoint", "float32", machine=X86_BF16, rows=4,
+    assert plan_load(tmp_path / "checkpoint", "float32", machine=X86_BF16,
                      costs=(slow_fast, quick_hf)).runtime == Runtime.FAST  # measured in bfloat16 only
-    # q4 has no transformers counterpart: where its forward is the cheapest it stays on the fast runtime
-    q4_plan = plan_load(gguf("Q4_1"), machine=X86_BF16, rows=1, costs=(STEEP_Q4, slow_fast, quick_hf))
+    # q4 has no transformers counterpart: where it is the fastest it stays on the fast runtime
+    q4_plan = plan_load(gguf("Q4_1"), machine=X86_BF16, costs=(STEEP_Q4, slow_fast, quick_hf))
     assert q4_plan.weight_format == WeightFormat.Q4 and q4_plan.runtime == Runtime.FAST
-    # at rows where bfloat16 wins, its cheapest runtime is transformers'
-    hf_plan = plan_load(gguf("Q4_1"), machine=X86_BF16, rows=24, costs=(STEEP_Q4, slow_fast, quick_hf))
+    # where bfloat16 wins, its faster runtime is transformers'
+    hf_plan = plan_load(gguf("Q4_1"), machine=X86_BF16, workload=SERVER, costs=(STEEP_Q4, slow_fast, quick_hf))
     assert hf_plan.weight_format == WeightFormat.BFLOAT16 and hf_plan.runtime == Runtime.HF
-    assert "bfloat16 on the hf runtime" in hf_plan.dtype_reason
+    assert "bfloat16 on the hf runtime is expected to decode" in hf_plan.dtype_reason
 
 
-def test_load_plan_command_weighs_the_rows_given(gguf, capsys) -> None:
+def test_load_plan_command_shows_each_candidates_expectation(gguf, capsys) -> None:
     path = gguf("Q4_1")
-    assert main(["load-plan", "--model", str(path), "--rows", "40", "--json"]) == 0
+    assert main(["load-plan", "--model", str(path), "--proposer", "lookup", "--k", "3", "--concurrency", "4",
+                 "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["rows"] == 40 and (shown["dtype_candidates"] is not None) == load_plan.this_machine().int4_faster
-    assert main(["load-plan", "--model", str(path), "--rows", "0"]) == 2
-    assert "--rows" in capsys.readouterr().err
+    assert shown["workload"] == {"slots": 4, "proposer": "lookup", "k": "3", "acceptance": 0.5, "draft": 0.0, "note": ""}
+    assert (shown["dtype_candidates"] is not None) == load_plan.this_machine().int4_faster
+    for candidate in shown["dtype_candidates"] or ():
+        assert candidate["k"] == "k = 3" and candidate["tokens_per_s"] > 0 and candidate["t1"] > 0
+    assert main(["load-plan", "--model", str(path), "--concurrency", "0"]) == 2
+    assert "--concurrency" in capsys.readouterr().err
 
 
 def test_the_loaded_models_note_says_why_auto_took_bfloat16(gguf) -> None:
     from verispec.models.loading.load import LoadedModel
 
-    plan = plan_load(gguf("Q4_1"), machine=X86_BF16, rows=24, costs=(STEEP_Q4, FLAT_BF16))
+    plan = plan_load(gguf("Q4_1"), machine=X86_BF16, workload=LOOKUP_K4, costs=(STEEP_Q4, FLAT_BF16))
     loaded = LoadedModel(name="m", lm=None, model=None, tokenizer=None, eos_token_ids=(), dtype=plan.dtype,
                          source=plan.source, runtime=plan.runtime, auto_choice=plan.auto_choice)
     assert loaded.target_note.startswith("bfloat16: every weight rounded to bfloat16")
     assert loaded.target_note.endswith(f"({plan.dtype_reason})")
+
+
+def test_the_demo_decodes_plainly_in_every_other_format_auto_weighs(tmp_path, gguf, monkeypatch) -> None:
+    from verispec.runner import plain_alternatives
+
+    monkeypatch.setattr(load_plan, "this_machine", lambda: X86_BF16)
+    path = str(gguf("Q4_1"))
+    q4 = plan_load(path, "q4", machine=X86_BF16)
+    assert [(p.weight_format, p.runtime) for p in plain_alternatives(path, "auto", None, "auto", q4)] == [
+        (WeightFormat.BFLOAT16, Runtime.FAST)]
+    full = plan_load(path, "float32", machine=X86_BF16)
+    assert [p.weight_format for p in plain_alternatives(path, "auto", None, "auto", full)] == [
+        WeightFormat.Q4, WeightFormat.BFLOAT16]
+    # where auto weighs nothing, its one format, unless it is the one loaded
+    checkpoint = str(config_only(tmp_path / "checkpoint"))
+    bf16 = plan_load(checkpoint, machine=X86_BF16)
+    assert plain_alternatives(checkpoint, "auto", None, "auto", bf16) == []
+    full = plan_load(checkpoint, "float32", machine=X86_BF16)
+    assert [p.weight_format for p in plain_alternatives(checkpoint, "auto", None, "auto", full)] == [WeightFormat.BFLOAT16]
+
+
+def test_the_bench_adds_plain_decoding_in_every_other_format_auto_weighs(tmp_path, gguf, monkeypatch) -> None:
+    from verispec.bench.methods import parse_methods
+    from verispec.bench.settings import Settings
+    from verispec.bench.suite import with_plain_formats
+
+    monkeypatch.setattr(load_plan, "this_machine", lambda: X86_BF16)
+    settings = Settings(tmp_path, model=str(gguf("Q4_1")))
+    plan = plan_load(settings.model, machine=X86_BF16)  # q4 on the documented curves
+    methods = parse_methods("verispec-plain,verispec-lookup-k2")
+    assert [m.name for m in with_plain_formats(methods, settings, plan)] == [
+        "verispec-plain", "verispec-lookup-k2", "verispec-plain@bfloat16"]
+    named = parse_methods("verispec-plain,verispec-plain@float32")
+    assert with_plain_formats(named, settings, plan) == named  # formats named: kept as given
+    assert with_plain_formats(methods, Settings(tmp_path, model=settings.model, concurrency=(1, 4)), plan) == methods

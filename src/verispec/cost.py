@@ -33,6 +33,13 @@ from verispec.stats import Stats
 
 # Survival estimates are products of rates; allow their float round-off, nothing more.
 TOLERANCE = 1e-9
+# What `verispec.policies.AutoK` assumes before a request's first round, and what `--dtype auto`
+# expects of a proposer (`models.loading.format_costs`): each drafted token accepted with this
+# probability; a k > 0 only where it beats plain decoding by MARGIN; k up to K_MAX (the profile
+# `k = auto` measures before a request, `verispec.profile.measured_autok`).
+PRIOR_RATE = 0.5
+MARGIN = 0.05
+K_MAX = 8
 
 
 def expected_tokens(alpha: float, k: int) -> float:

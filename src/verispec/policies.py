@@ -16,7 +16,9 @@ from dataclasses import replace
 from typing import Protocol
 
 from verispec.checks import is_int
-from verispec.cost import BatchCosts, Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k
+from verispec.cost import (
+    MARGIN, PRIOR_RATE, BatchCosts, Costs, FixedCosts, OnlineCosts, check_costs, check_v_curve, speedup, speedup_by_k,
+)
 from verispec.plan import AcceptanceCounts, Adjustable, Plan, chained_rates, smoothed_rate
 from verispec.stats import Stats
 from verispec.tree_shape import TreeShape
@@ -160,10 +162,10 @@ class AutoK(KPolicy):
         costs: Costs,
         *,
         k_max: int | None = None,
-        prior_rate: float = 0.5,
+        prior_rate: float = PRIOR_RATE,
         prior_weight: float = 4.0,
         memory: float = 0.95,
-        margin: float = 0.05,
+        margin: float = MARGIN,
         probe_every: int = 4,
         probe_cap: int = 32,
         cost_prior_weight: float = 1.0,

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from verispec.checks import is_int
-from verispec.cost import BatchCosts, ContextCosts, check_survival, check_v_curve
+from verispec.cost import K_MAX, BatchCosts, ContextCosts, check_survival, check_v_curve
 from verispec.drafts import ROOT, TreeDraft
 from verispec.engine import scored_parents, tree_target
 from verispec.tree_shape import TreeShape
@@ -479,7 +479,7 @@ def measured_autok(
     proposer: Proposer,
     prompt_ids: Sequence[int],
     *,
-    k_max: int = 8,
+    k_max: int = K_MAX,
     sampling: SamplingParams | None = None,
     **options,
 ) -> AutoK:

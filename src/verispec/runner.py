@@ -19,11 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from verispec.cost import PRIOR_RATE
 from verispec.engine import Decoding
 from verispec.identity import diagnose
 from verispec.k_spec import KSpec
 from verispec.logprobs import TokenLogprob
 from verispec.models.base import CausalLM
+from verispec.models.loading.format_costs import Drafting, Workload
+from verispec.models.runtime import Runtime
 from verispec.peers.outcome import Clock, Outcome
 from verispec.policies import KPolicy
 from verispec.proposers.base import Proposer
@@ -56,6 +59,9 @@ class Run:
         return self.plain is not None and self.plain.tokens == self.speculative.tokens
 
 
+NO_PROPOSER = "none"  # what `serve --proposer` and `load-plan --proposer` take for plain decoding
+
+
 def specs(model: str, proposer: str | None, k: str) -> tuple[ProposerSpec, KSpec]:
     """The proposer (the model's default when None) and k a command was given, parsed once and
     refused where they do not combine (a tree for a proposer that cannot fill one)."""
@@ -66,15 +72,66 @@ def specs(model: str, proposer: str | None, k: str) -> tuple[ProposerSpec, KSpec
 
 
 def load_plan(
-    model: str, dtype: str, runtime: str, deterministic: bool | None, device: str, k_spec: KSpec | None, slots: int = 1
+    model: str,
+    dtype: str,
+    runtime: str,
+    deterministic: bool | None,
+    device: str,
+    proposer: ProposerSpec | None,
+    k_spec: KSpec | int | None,
+    concurrency: int = 1,
+    *,
+    trust_remote_code: bool = False,
 ) -> LoadPlan:
     """What loading `model` will build (`models.loading.load_plan.plan_load`: it refuses what cannot
-    load before any weights are read), its dtype and runtime weighed at the rows a step scores:
-    `slots` requests drafting `k_spec`'s k (None: plain decoding) plus their bonus rows."""
-    from verispec.models.loading.format_costs import step_rows
+    load before any weights are read), its dtype and runtime weighed by what a step is expected to
+    decode (`workload`). `generate`, `demo`, `serve` and `load-plan` all plan through here, so for
+    the same model, proposer and k on the same machine they load the same target; the server
+    weighs more requests in flight only when told (`serve --concurrency`)."""
     from verispec.models.loading.load_plan import plan_load
 
-    return plan_load(model, dtype, runtime, deterministic, device=device, rows=step_rows(slots, k_spec))
+    return plan_load(model, dtype, runtime, deterministic, device=device, trust_remote_code=trust_remote_code,
+                     workload=workload(proposer, k_spec, concurrency))
+
+
+def workload(proposer: ProposerSpec | None, k_spec: KSpec | int | None, concurrency: int = 1) -> Workload:
+    """What `--dtype auto` expects a step to decode: `concurrency` requests in flight, each
+    drafting with `proposer` under `k_spec`, each drafted token accepted with AutoK's prior rate
+    (`verispec.cost.PRIOR_RATE`, what AutoK assumes before a request's first round) and costing
+    the proposer kind's `draft_cost`; plain decoding where no proposer is given, k is 0, or the
+    kind declares no draft cost (nothing measured says what it costs).
+
+        >>> workload(parse_spec("lookup"), parse_k("auto")).describe()[:30]
+        'lookup at k auto, 1 request in'
+        >>> workload(parse_spec("random"), parse_k("2")).note
+        'no draft cost is known for random: weighed as plain decoding'
+    """
+    if proposer is None or not k_spec:  # no proposer, or k = 0
+        return Workload(concurrency)
+    k = k_spec if isinstance(k_spec, KSpec) else parse_k(k_spec)
+    if proposer.kind.draft_cost is None:
+        return Workload(concurrency, note=f"no draft cost is known for {proposer}: weighed as plain decoding")
+    return Workload(concurrency, Drafting(str(proposer), k, PRIOR_RATE, proposer.kind.draft_cost))
+
+
+def plain_alternatives(
+    model: str, runtime: str, deterministic: bool | None, device: str, loaded: LoadPlan
+) -> list[LoadPlan]:
+    """The plans of the other formats `--dtype auto` weighs for `model` (each on its runtime):
+    the demo decodes plainly in each too, so it reports its speedup against the fastest plain
+    format as well as against plain decoding in the format loaded. Where auto weighs nothing
+    (one format fits the machine), that format's plan where it is not the one loaded."""
+    from verispec.models.loading.load_plan import plan_load
+
+    plain = plan_load(model, "auto", runtime, deterministic, device=device)
+    if plain.format_choice is None:
+        targets = [(plain.weight_format, plain.runtime)]
+    else:
+        targets = [(c.cost.weight_format, c.cost.runtime) for c in plain.format_choice.candidates]
+    return [
+        plan_load(model, str(fmt), str(on), None if on == Runtime.HF else deterministic, device=device)
+        for fmt, on in targets if (fmt, on) != (loaded.weight_format, loaded.runtime)
+    ]
 
 
 def built(loaded: LoadedModel, request: Request) -> tuple[Proposer | None, int | KPolicy]:

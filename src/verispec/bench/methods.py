@@ -3,6 +3,11 @@
 Grammar (names are comma-separated):
 
     verispec-plain                      plain decoding by the verispec engine (the baseline)
+    verispec-plain@FORMAT               plain decoding of the same model loaded in another weight
+                                        format (q4, bfloat16, float32, float16), as --dtype FORMAT
+                                        loads it: another target, compared as a peer; the report's
+                                        speedup over the fastest plain format weighs it (the bench
+                                        adds one for each other format --dtype auto weighs)
     verispec-<proposer>-<policy>        <proposer>: a proposer spec of `verispec.registry`
                                         (`verispec proposers` lists them); <policy>: kN
                                         (constant k = N), auto (cost-model k), heuristic
@@ -44,11 +49,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from verispec.peers.llamacpp import LOOKUP_TOKENS as LLAMACPP_LOOKUP_TOKENS
+from verispec.models.weight_format import TARGET
 from verispec.registry import KSpec, ProposerSpec, check_k, check_policy_proposer, parse_k, parse_spec
 
 DEFAULT_METHODS = "verispec-plain,verispec-lookup-k4,verispec-lookup-auto,hf-generate,hf-lookup"
 
 PLAIN = "verispec-plain"
+
+
+def plain_in(fmt: str) -> str:
+    """The method that decodes plainly in weight format `fmt`."""
+    return f"{PLAIN}@{fmt}"
+
+
+def is_plain(name: str) -> bool:
+    """verispec-plain, in the bench's format or another (`verispec-plain@FORMAT`)."""
+    return name == PLAIN or name.startswith(f"{PLAIN}@")
 HF_LOOKUP_TOKENS = 10  # HF's documented prompt_lookup_num_tokens example value
 VLLM_NGRAM_TOKENS = 4
 VLLM_EAGLE3_TOKENS = 3
@@ -69,7 +85,8 @@ class Method:
     "lookup", "early-exit" or "assisted". hf_arg: the exit layer or the assistant's path.
     k: the fixed draft length (verispec kN, HF -kN), None when a policy or HF's default
     chooses it. oracle: the acceptance of a `verispec-oracle:ALPHA` method (its proposer is
-    no registry spec), else None.
+    no registry spec), else None. dtype: the weight format of a `verispec-plain@FORMAT` method
+    (None: the bench's own target).
     """
 
     name: str
@@ -80,6 +97,7 @@ class Method:
     hf_arg: str | None = None
     k: int | None = None
     oracle: float | None = None
+    dtype: str | None = None
     # read once from proposer, k and policy when the method is made (verispec methods only)
     proposer_spec: ProposerSpec | None = field(init=False, default=None, repr=False, compare=False)
     k_spec: KSpec | None = field(init=False, default=None, repr=False, compare=False)
@@ -113,6 +131,11 @@ def parse_method(name: str) -> Method:
     name = name.strip()
     if name == PLAIN:
         return Method(name, "verispec")
+    if name.startswith(f"{PLAIN}@"):
+        fmt = name.removeprefix(f"{PLAIN}@")
+        if fmt not in TARGET:
+            raise ValueError(f"method {name!r}: the format {fmt!r} is not {', '.join(TARGET)}")
+        return Method(name, "verispec", dtype=fmt)
     if name.startswith("verispec-"):
         proposer, dash, policy = name.removeprefix("verispec-").rpartition("-")
         if not dash or not proposer:

@@ -14,7 +14,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from verispec.bench.methods import PLAIN, Method
+from verispec.bench.methods import PLAIN, Method, is_plain
 from verispec.cost import FixedCosts, expected_tokens_by_k, predicted_speedup
 from verispec.stats import Stats
 
@@ -29,21 +29,29 @@ def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-def group_summary(records: Sequence[dict], plain: dict[tuple[str, int], dict]) -> dict:
+def group_summary(
+    records: Sequence[dict], plain: dict[tuple[str, int], dict], fastest: dict[tuple[str, int], float] | None = None
+) -> dict:
     """The numbers of one method over one group of prompts.
 
     plain: (prompt_id, repeat) -> verispec-plain's record, the pair for each speedup.
+    fastest: (prompt_id, repeat) -> the fastest plain decoding's tokens/s among the formats run
+    (`fastest_plain`), the pair for each speedup over the fastest plain format; None where only
+    the bench's own format decoded plainly.
     """
     by_prompt: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_prompt[r["prompt_id"]].append(r)
-    speedups, rates = [], []
+    speedups, over_fastest, rates = [], [], []
     for prompt_id, runs in by_prompt.items():
         speedups.append(statistics.median(
             r["tokens_per_second"] / plain[prompt_id, r["repeat"]]["tokens_per_second"] for r in runs
         ))
+        if fastest is not None:
+            over_fastest.append(statistics.median(r["tokens_per_second"] / fastest[prompt_id, r["repeat"]] for r in runs))
         rates.append(statistics.median(r["tokens_per_second"] for r in runs))
     q1, median, q3 = quartiles(speedups)
+    fastest_q1, fastest_median, fastest_q3 = quartiles(over_fastest) if over_fastest else (None, None, None)
     rate_q1, rate, rate_q3 = quartiles(rates)
     engines = [r["engine"] for r in records if r["engine"] is not None]
     drafted = sum(e["drafted"] for e in engines)
@@ -54,6 +62,9 @@ def group_summary(records: Sequence[dict], plain: dict[tuple[str, int], dict]) -
         "speedup_median": median,
         "speedup_q1": q1,
         "speedup_q3": q3,
+        "over_fastest_plain_median": fastest_median,
+        "over_fastest_plain_q1": fastest_q1,
+        "over_fastest_plain_q3": fastest_q3,
         "tokens_per_second_median": rate,
         "tokens_per_second_q1": rate_q1,
         "tokens_per_second_q3": rate_q3,
@@ -178,14 +189,15 @@ def summarize(records: Sequence[dict], methods: Sequence[Method], header: dict) 
     its own arithmetic allows.
     """
     plain = {(r["prompt_id"], r["repeat"]): r for r in records if r["method"] == PLAIN}
+    fastest = fastest_plain(records)
     categories = sorted({r["category"] for r in records})
     results = {}
     for method in methods:
         mine = [r for r in records if r["method"] == method.name]
         groups = {c: [r for r in mine if r["category"] == c] for c in categories}
         results[method.name] = {
-            **{c: group_summary(rs, plain) for c, rs in groups.items() if rs},
-            OVERALL: group_summary(mine, plain),
+            **{c: group_summary(rs, plain, fastest) for c, rs in groups.items() if rs},
+            OVERALL: group_summary(mine, plain, fastest),
         }
     differences = [
         {k: r[k] for k in ("method", "prompt_id", "category", "repeat")} | r["mismatch"]
@@ -205,11 +217,57 @@ def summarize(records: Sequence[dict], methods: Sequence[Method], header: dict) 
     }
 
 
+def fastest_plain(records: Sequence[dict]) -> dict[tuple[str, int], float] | None:
+    """(prompt_id, repeat) -> the highest tokens/s of plain decoding among the formats run
+    (verispec-plain and each `verispec-plain@FORMAT`); None where no other format was run.
+
+        >>> runs = [{"method": m, "prompt_id": "a", "repeat": 0, "tokens_per_second": s}
+        ...         for m, s in [("verispec-plain", 50.0), ("verispec-plain@q4", 60.0), ("verispec-lookup-k4", 80.0)]]
+        >>> fastest_plain(runs)
+        {('a', 0): 60.0}
+    """
+    plains = [r for r in records if is_plain(r["method"])]
+    if all(r["method"] == PLAIN for r in plains):
+        return None
+    fastest: dict[tuple[str, int], float] = {}
+    for r in plains:
+        key = (r["prompt_id"], r["repeat"])
+        fastest[key] = max(fastest.get(key, 0.0), r["tokens_per_second"])
+    return fastest
+
+
 def speedup_cell(group: dict) -> str:
     return (
         f"{group['speedup_median']:.2f}x ({group['speedup_q1']:.2f}-{group['speedup_q3']:.2f})"
         f" · tau {group['tokens_per_round']:.2f}"
     )
+
+
+def fastest_plain_section(summary: dict) -> list[str]:
+    """Each method's speedup over the fastest plain format run (`fastest_plain`), by category;
+    nothing where only the bench's own format decoded plainly."""
+    results, names = summary["results"], list(summary["methods"])
+    if results[PLAIN][OVERALL]["over_fastest_plain_median"] is None:
+        return []
+    groups = [*summary["categories"], OVERALL]
+    return [
+        "",
+        "## Speedup over the fastest plain format",
+        "",
+        "End-to-end tokens/s of each method over the fastest plain decoding among the formats run "
+        f"({', '.join(n for n in names if is_plain(n))}) on the same prompt in the same repeat; median "
+        "(interquartile range) across prompts. Against plain decoding in the bench's own format alone, a "
+        "format chosen for speculative decoding would be credited with a slower baseline than another format "
+        "decodes at.",
+        "",
+        *table(["category", *names],
+               [[g, *(fastest_cell(results[n][g]) if g in results[n] else "-" for n in names)] for g in groups]),
+    ]
+
+
+def fastest_cell(group: dict) -> str:
+    return (f"{group['over_fastest_plain_median']:.2f}x ({group['over_fastest_plain_q1']:.2f}-"
+            f"{group['over_fastest_plain_q3']:.2f})")
 
 
 def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -385,6 +443,7 @@ def render(summary: dict, plots: Sequence[str]) -> str:
             for g in groups
         ],
     )
+    lines += fastest_plain_section(summary)
     lines += [
         "",
         "## End-to-end tokens per second (median across prompts)",

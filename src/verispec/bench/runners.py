@@ -23,6 +23,7 @@ verispec-plain's token for token.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from verispec.engine import Decoding, stream
 from verispec.models.base import CausalLM
@@ -46,8 +47,10 @@ class VerispecRunner:
         eos_token_ids: Sequence[int],
         sampling: SamplingParams = GREEDY,
         seed: int = 0,
+        peer: str | None = None,
     ) -> None:
         self.target = target
+        self.peer = peer  # what its target is where it is not the bench's (`verispec-plain@FORMAT`)
         self.proposer = proposer
         self.policy = policy
         self.eos_token_ids = tuple(eos_token_ids)
@@ -59,7 +62,8 @@ class VerispecRunner:
     ) -> Outcome:
         """One request; on_token(token) is called as each new token is committed."""
         request = Request(tuple(prompt_ids), max_new_tokens, self.sampling, self.eos_token_ids, seed=self.seed)
-        return timed(Decoding(self.target, self.proposer, request, policy=self.policy), on_token)
+        outcome = timed(Decoding(self.target, self.proposer, request, policy=self.policy), on_token)
+        return outcome if self.peer is None else replace(outcome, peer=self.peer)
 
 
 class GreedyReference:

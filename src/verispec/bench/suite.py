@@ -27,21 +27,22 @@ from transformers.utils import logging as hf_logging
 
 from verispec import machine
 from verispec.bench import plots, quick, sweep, sweep_report
-from verispec.bench.methods import DEFAULT_METHODS, Method, parse_methods
+from verispec.bench.methods import DEFAULT_METHODS, PLAIN, Method, parse_method, parse_methods, plain_in
 from verispec.bench.protocol import Protocol, run_benchmark, run_count
 from verispec.bench.report import render, summarize
 from verispec.bench.runners import GreedyReference, OracleRunner, Runner, VerispecRunner
 from verispec.bench.settings import Settings
 from verispec.bench.workloads import Workload, read_workloads, select
-from verispec.models.loading.format_costs import step_rows
+from verispec.models.loading.format_costs import Workload as Expected
 from verispec.models.runtimes.hf import HFCausalLM
-from verispec.models.loading.load import LoadedModel, load_model
+from verispec.models.loading.load import LoadedModel, build, load_model
+from verispec.models.loading.load_plan import LoadPlan, plan_load
 from verispec.peers import llamacpp, vllm
 from verispec.peers.hf import HFRunner
 from verispec.proposers.controlled import ControlledAcceptance
 from verispec.registry import build_policy
 from verispec.request import Request
-from verispec.runner import built
+from verispec.runner import built, plain_alternatives, specs, workload
 from verispec.sampling import GREEDY, SamplingParams
 
 QUICK_DRAFT = "quick-draft"
@@ -118,7 +119,8 @@ def make_runner(
         return vllm.VllmRunner(method, target)
     if method.family == "verispec":
         if method.proposer is None:
-            return VerispecRunner(target.lm, None, 0, eos, sampling, seed)
+            peer = None if method.dtype is None else f"the same model in {method.dtype}, another target"
+            return VerispecRunner(target.lm, None, 0, eos, sampling, seed, peer)
         if method.oracle is not None:
             return oracle_runner(method, target, first_prompt, sampling, seed)
         # built as `generate` builds its request's: the policy profiled after the first prompt
@@ -188,11 +190,29 @@ def chosen_methods(settings: Settings) -> list[Method]:
     return methods
 
 
-def expected_rows(methods: Sequence[Method], concurrency: Sequence[int]) -> int:
-    """The most rows a step of any of verispec's methods scores at the highest level: what the
-    auto dtype and runtime are weighed at (one model serves every method and level)."""
-    return max((step_rows(max(concurrency), m.k_spec) for m in methods if m.family == "verispec"),
-               default=max(concurrency))
+def expected(model: str, concurrency: Sequence[int]) -> Expected:
+    """What the auto dtype and runtime are weighed by (one model serves every method and level):
+    what `generate` weighs for `model` (its default proposer at k auto), at the highest
+    concurrency level, so a bench of one request measures the target `generate` and `serve`
+    load (`runner.load_plan`); `--dtype` pins another."""
+    return workload(*specs(model, None, "auto"), max(concurrency))
+
+
+def planned(settings: Settings, dtype: str, expects: Expected | None = None) -> LoadPlan:
+    """The bench's model in `dtype` as its runtime options load it, `expects` weighed by auto."""
+    return plan_load(settings.model, dtype, settings.runtime, settings.deterministic, device=settings.device,
+                     **({} if expects is None else {"workload": expects}))
+
+
+def with_plain_formats(methods: list[Method], settings: Settings, plan: LoadPlan) -> list[Method]:
+    """`methods` and, where verispec-plain is among them and none was named in another format,
+    plain decoding in each other format --dtype auto weighs for the model (`verispec-plain@FORMAT`,
+    `runner.plain_alternatives`), so the report gives each method's speedup over the fastest
+    plain format too; a sweep over concurrency levels keeps its methods."""
+    if PLAIN not in [m.name for m in methods] or any(m.dtype is not None for m in methods) or sweep.is_sweep(settings.concurrency):
+        return methods
+    others = plain_alternatives(settings.model, settings.runtime, settings.deterministic, settings.device, plan)
+    return methods + [parse_method(plain_in(str(p.weight_format))) for p in others]
 
 
 def measure(settings: Settings, console: Console) -> dict:
@@ -204,10 +224,13 @@ def measure(settings: Settings, console: Console) -> dict:
     vllm.require([m.name for m in methods if m.family == "vllm"], settings.sampling)
     out.mkdir(parents=True, exist_ok=True)
     with console.status("loading the model"):
-        target = quick_target(out) if settings.quick else load_model(
-            settings.model, dtype=settings.dtype, runtime=settings.runtime, deterministic=settings.deterministic,
-            device=settings.device, rows=expected_rows(methods, settings.concurrency),
-        )
+        if settings.quick:
+            target, formats = quick_target(out), {}
+        else:
+            plan = planned(settings, settings.dtype, expected(settings.model, settings.concurrency))
+            target = build(plan)
+            methods = with_plain_formats(methods, settings, plan)
+            formats = {m.dtype: build(planned(settings, m.dtype)) for m in methods if m.dtype is not None}
     prompts = [(w, w.token_ids(target)) for w in workloads]
     if sweep.is_sweep(settings.concurrency):
         summary, records, loops = sweep.measure_sweep(
@@ -217,7 +240,8 @@ def measure(settings: Settings, console: Console) -> dict:
         summary["plots"] = plots.draw_sweep(summary, out)
         return write(summary, records, sweep_report.render_sweep(summary, summary["plots"]), out)
     with console.status("building the methods (an auto k profiles its costs first)"):
-        runners = {m.name: make_runner(m, target, prompts[0][1], settings.sampling, settings.seed) for m in methods}
+        runners = {m.name: make_runner(m, formats.get(m.dtype, target), prompts[0][1], settings.sampling, settings.seed)
+                   for m in methods}
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TimeRemainingColumn(), console=console, transient=True,

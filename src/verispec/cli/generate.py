@@ -85,7 +85,7 @@ def generate(
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     from verispec.models.loading.load import build  # transformers: imported when needed
 
-    loaded = build(runner.load_plan(model, dtype, runtime, deterministic, device, k_spec))
+    loaded = build(runner.load_plan(model, dtype, runtime, deterministic, device, proposer_spec, k_spec))
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
     sampling = constrained(sampling, loaded, json_schema, regex, choice, grammar)

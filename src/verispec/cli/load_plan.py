@@ -4,13 +4,16 @@ loading any weight."""
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from verispec.cli import app
-from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
+from verispec.cli.runtime_options import ConcurrencyOption, DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
+from verispec.proposers.trained import DEFAULT_PROPOSER_HELP
+from verispec.registry import K_HELP, proposer_help
+from verispec.runner import NO_PROPOSER, load_plan as planned, specs
 
 
 @app.command("load-plan")
@@ -21,23 +24,21 @@ def load_plan(
     deterministic: DeterministicOption = None,
     device: DeviceOption = "auto",
     trust_remote_code: Annotated[bool, typer.Option(help="Run config code shipped in a directory.")] = False,
-    rows: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Rows a step is expected to score, which --dtype auto and --runtime auto weigh the costs at: 1 for "
-            "plain decoding, k + 1 with k drafts, times the requests in flight (what generate, serve --max-slots and "
-            "bench --concurrency assume: docs/runtime.md).",
-        ),
-    ] = 1,
+    proposer: Annotated[
+        Optional[str],
+        typer.Option(help=f"The proposer --dtype auto expects, as generate's. {proposer_help()} `none`: plain decoding.",
+                     show_default=DEFAULT_PROPOSER_HELP),
+    ] = None,
+    k: Annotated[str, typer.Option("--k", help=K_HELP)] = "auto",
+    concurrency: ConcurrencyOption = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of lines.")] = False,
 ) -> None:
     """Print what the other commands would load for these options: the file, the architecture,
-    the runtime and the weight format, each with why (`--dtype auto`'s choice on this machine at
-    --rows rows per step, and the costs it weighed), and whether the weights are exact. Reads
-    the config and the GGUF tensor table, no weights."""
-    # Imported here: transformers takes seconds to import, and every command loads this module.
-    from verispec.models.loading.load_plan import plan_load
-
-    plan = plan_load(model, dtype, runtime, deterministic, device=device, trust_remote_code=trust_remote_code, rows=rows)
+    the runtime and the weight format, each with why (`--dtype auto`'s choice on this machine:
+    each candidate's expected tokens/s for the proposer, k and concurrency given, at the k it
+    would choose, and its one-row cost), and whether the weights are exact. Reads the config and
+    the GGUF tensor table, no weights."""
+    proposer_spec, k_spec = (None, 0) if proposer == NO_PROPOSER else specs(model, proposer, k)
+    plan = planned(model, dtype, runtime, deterministic, device, proposer_spec, k_spec, concurrency,
+                   trust_remote_code=trust_remote_code)
     print(json.dumps(plan.as_dict()) if as_json else plan.describe())

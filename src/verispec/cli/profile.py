@@ -135,8 +135,8 @@ def profile(
         typer.Option(
             "--keep-costs",
             help="Keep the target's measured t(1) and v(n) (the batched rows where measured) as this machine's curve "
-            "for its dtype and runtime: --dtype auto and --runtime auto then weigh it at the rows a step scores "
-            "(`verispec load-plan --rows N`). Profile quietly: a curve timed under load misleads every later choice.",
+            "for its dtype and runtime: --dtype auto and --runtime auto then weigh each format's expected tokens/s by it "
+            "(`verispec load-plan` shows them). Profile quietly: a curve timed under load misleads every later choice.",
         ),
     ] = False,
 ) -> None:

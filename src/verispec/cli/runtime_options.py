@@ -1,4 +1,4 @@
-"""The options that choose the target's runtime, shared by generate, profile, bench and demo."""
+"""The options that choose the target and its runtime, shared by generate, profile, bench, demo, serve and load-plan."""
 
 from __future__ import annotations
 
@@ -32,5 +32,16 @@ DeviceOption = Annotated[
     typer.Option(
         help="Where the model runs: auto (CUDA where torch sees a device, else the CPU), cpu, cuda or cuda:N. On "
         "CUDA, --runtime auto takes the static runtime and --dtype auto bfloat16 (float16 without it).",
+    ),
+]
+ConcurrencyOption = Annotated[
+    int,
+    typer.Option(
+        "--concurrency",
+        min=1,
+        help="Requests in flight --dtype auto and --runtime auto expect a step to decode [default: 1, as generate "
+        "and demo expect, so every command loads the same target for the same model, proposer and k; a busy "
+        "server may weigh more: q4 costs nearly in proportion to the rows a batch scores].",
+        show_default=False,
     ),
 ]

@@ -11,14 +11,12 @@ from typing import Annotated, Optional
 import typer
 
 from verispec.cli import BadInput, app
-from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
+from verispec.cli.runtime_options import ConcurrencyOption, DeterministicOption, DeviceOption, RuntimeOption
 from verispec.logprobs import MAX_TOP
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP
 from verispec.registry import K_HELP, proposer_help
-from verispec.runner import load_plan, specs
-
-NO_PROPOSER = "none"
+from verispec.runner import NO_PROPOSER, load_plan, specs
 
 
 @app.command()
@@ -40,6 +38,7 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
     max_slots: Annotated[int, typer.Option("--max-slots", min=1, help="Requests decoded at once.")] = 8,
+    concurrency: ConcurrencyOption = 1,
     max_waiting: Annotated[
         int, typer.Option("--max-waiting", min=0, help="Requests queued beyond the slots; past them, 429.")
     ] = 64,
@@ -85,8 +84,8 @@ def serve(
         proposer_spec, k_spec = None, 0
     else:  # parsed once, here; the server and its requests keep the parsed specs
         proposer_spec, k_spec = specs(model, proposer, k)
-    # the files, device, runtime and dtype (weighed at a full batch's rows), before the port
-    plan = load_plan(model, dtype, runtime, deterministic, device, None if proposer_spec is None else k_spec, max_slots)
+    # the files, device, runtime and dtype (as generate weighs them unless --concurrency says more), before the port
+    plan = load_plan(model, dtype, runtime, deterministic, device, proposer_spec, k_spec, concurrency)
     listener = listen(host, port)  # before loading: a taken port is reported at once
     from verispec.models.loading.load import build
 

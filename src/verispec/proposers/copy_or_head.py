@@ -136,11 +136,11 @@ LOOKUP_EAGLE = ProposerKind(
     "lookup+eagle", "lookup+eagle[:DIR][:weights=F]", "mixed", build,
     "prompt lookup's draft whenever it has one (chosen), else the EAGLE-style head's sampled draft (DIR and F as for eagle)",
     audit=partial(audit_fixture, HeadKind.EAGLE), example=trained.shipped(HeadKind.EAGLE, "lookup+eagle"), trees=True,
-    parse=partial(trained.parse, HeadKind.EAGLE),
+    parse=partial(trained.parse, HeadKind.EAGLE), draft_cost=trained.HEAD_DRAFT_COST,  # the head's where lookup has nothing
 )
 LOOKUP_MEDUSA = ProposerKind(
     "lookup+medusa", "lookup+medusa[:DIR][:weights=F]", "mixed", build,
     "prompt lookup's draft whenever it has one (chosen), else the Medusa heads' sampled draft (DIR and F as for medusa)",
     audit=partial(audit_fixture, HeadKind.MEDUSA), example=trained.shipped(HeadKind.MEDUSA, "lookup+medusa"), trees=True,
-    parse=partial(trained.parse, HeadKind.MEDUSA),
+    parse=partial(trained.parse, HeadKind.MEDUSA), draft_cost=trained.HEAD_DRAFT_COST,
 )

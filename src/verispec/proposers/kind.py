@@ -44,6 +44,10 @@ class ProposerKind:
         tree policy can ask it for several continuations per round.
     parse(argument): the typed options of the text after the first ':' ("" when none), every
         error of its format raised here; None: the text itself (None when empty).
+    draft_cost: what `--dtype auto` expects a drafted token to cost, as a share of the fastest
+        weight format's one-row target forward (`models.loading.format_costs.Drafting`), from
+        the measurements its module cites; None where nothing measured says (the target's
+        format is then weighed for plain decoding).
     """
 
     name: str
@@ -56,6 +60,7 @@ class ProposerKind:
     example: str | None = None
     trees: bool = False
     parse: Callable[[str], object] | None = None
+    draft_cost: float | None = None
 
     def __post_init__(self) -> None:
         if self.drafts not in ("chosen", "sampled", "mixed"):

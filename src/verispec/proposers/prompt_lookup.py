@@ -123,4 +123,5 @@ KIND = ProposerKind(
     "lookup", "lookup", "chosen", build,
     "prompt lookup: continues the longest recent n-gram match in the request itself",
     audit=audit_fixture, example="lookup", trees=True,
+    draft_cost=0.0,  # a table look-up: c = 0.0001 in `verispec profile` (docs/cost-model.md)
 )

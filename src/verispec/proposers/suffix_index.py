@@ -250,4 +250,5 @@ KIND = ProposerKind(
     "suffix", "suffix", "chosen", build,
     "suffix index over the request and a corpus; drafts the most frequent continuation",
     audit=audit_fixture, example="suffix", trees=True,
+    draft_cost=0.0,  # an index look-up, as lookup's
 )

@@ -28,7 +28,12 @@ if TYPE_CHECKING:
     from verispec.models.table_pair import Tables
 
 
-HEAD_KINDS = (HeadKind.EAGLE, HeadKind.MEDUSA)  # what `head_proposer` builds (eagle3: `proposers.eagle3`)
+HEAD_KINDS = (HeadKind.EAGLE, HeadKind.MEDUSA)
+# A drafted token of the shipped head, as a share of q4's one-row target forward (the fastest
+# format where it was measured): c = 0.027-0.042 for lookup+eagle at k 1-4 and auto
+# (docs/results/autok-real-q4.md). The head drafts in its own format (`auto_head_format`),
+# whatever the target's, so its seconds are the same beside a bfloat16 target.
+HEAD_DRAFT_COST = 0.035  # what `head_proposer` builds (eagle3: `proposers.eagle3`)
 # How a head drafts, by weight format (`models.weight_format.HEAD`): the dtype it computes in and
 # its projections' route (`head_packing`). The head only proposes, so the choice changes q, never
 # the output's law. "auto" (`auto_head_format`): on the CPU int8 where it computes bfloat16
@@ -188,12 +193,12 @@ EAGLE = ProposerKind(
     "a trained EAGLE-style head drafting in the target's feature space (DIR: from verispec train; "
     "none: the head shipped for the default model; F: how it drafts, auto, int8, bfloat16 or float32)",
     audit=partial(audit_fixture, HeadKind.EAGLE), example=shipped(HeadKind.EAGLE), trees=True,
-    parse=partial(parse, HeadKind.EAGLE),
+    parse=partial(parse, HeadKind.EAGLE), draft_cost=HEAD_DRAFT_COST,
 )
 MEDUSA = ProposerKind(
     "medusa", "medusa[:DIR][:weights=F]", "sampled", build,
     "K trained residual heads on the target's last feature (DIR: from verispec train; none: the "
     "shipped head; F as for eagle)",
     audit=partial(audit_fixture, HeadKind.MEDUSA), example=shipped(HeadKind.MEDUSA), trees=True,
-    parse=partial(parse, HeadKind.MEDUSA),
+    parse=partial(parse, HeadKind.MEDUSA), draft_cost=HEAD_DRAFT_COST,
 )

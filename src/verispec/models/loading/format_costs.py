@@ -1,13 +1,15 @@
 """What a target forward costs in each weight format and runtime, and `--dtype auto`'s choice
-between formats at the rows a step will score.
+between formats by the tokens per second the cost model expects of each.
 
 A forward of n rows costs t(1) v(n): t(1) the one-row forward's seconds, v(n) its growth with
 the rows (`verispec.cost.BatchCosts`). Formats grow differently: torch's int4 kernel (q4)
 costs nearly in proportion to the rows past 4, oneDNN's bfloat16 products do not, so q4 may
-win a lone request and lose a server's batch. A step scores `step_rows` rows (1 for plain
-decoding, k + 1 with k drafts, slots x (k + 1) with requests batched), and `choose` takes the
-format whose forward at those rows costs least: t(1) v(rows), the same as t(1) v(rows) / rows
-per row scored, and, since a step emits the same tokens in either format, per emitted token.
+win plain decoding and lose speculative decoding, whose rounds score k + 1 rows, or a
+server's batch. So `choose` weighs a `Workload` (the requests in flight and how each drafts:
+its proposer's expected acceptance and draft cost, its k policy) and takes the candidate
+whose expected tokens per second is highest, at the k each would then choose (`expect`, the
+speed equation of `verispec.cost` with v(n) of each candidate's own curve). Plain decoding of
+one request reduces to the cheapest one-row forward.
 
 The curves are this machine's where `verispec profile` measured them (`record`, read back by
 `measured`: a cache beside the converted models, per file, CPU model and thread count), else
@@ -16,10 +18,11 @@ curves are never mixed in one comparison: another machine's t(1) says nothing of
 A runtime measured slower than transformers in the same format is never the auto choice
 (`hf_faster`).
 
-    >>> choice = choose((WeightFormat.Q4, WeightFormat.BFLOAT16), 1, measured_curves := ())
-    >>> str(choice.chosen.weight_format), choice.measured
-    ('q4', False)
-    >>> str(choose((WeightFormat.Q4, WeightFormat.BFLOAT16), 12, measured_curves).chosen.weight_format)
+    >>> plain = choose((WeightFormat.Q4, WeightFormat.BFLOAT16), measured_curves := ())
+    >>> str(plain.chosen.cost.weight_format), plain.chosen.k, plain.measured
+    ('q4', 'k = 0', False)
+    >>> server = Workload(slots=8, drafting=Drafting("lookup", KSpec("constant", k=2)))
+    >>> str(choose((WeightFormat.Q4, WeightFormat.BFLOAT16), measured_curves, workload=server).chosen.cost.weight_format)
     'bfloat16'
 """
 
@@ -33,13 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verispec.checks import is_int
-from verispec.cost import BatchCosts
+from verispec.cost import K_MAX, MARGIN, PRIOR_RATE, BatchCosts, check_alpha, check_costs
 from verispec.k_spec import KSpec
 from verispec.models.loading.parts import cache_root
 from verispec.models.runtime import Runtime
 from verispec.models.weight_format import WeightFormat
-
-AUTO_DRAFTED = 2  # drafted tokens per round assumed for k auto, heuristic or a profiled tree (see `drafted`)
 
 
 @dataclass(frozen=True)
@@ -106,89 +107,199 @@ DEFAULT_BF16 = FormatCost(
 DEFAULTS = (DEFAULT_Q4, DEFAULT_BF16)
 
 
-def drafted(k: KSpec | None) -> int:
-    """The tokens a round drafts per request under `k`: 0 without a proposer, k for a constant
-    k, a fixed tree's nodes, else `AUTO_DRAFTED` (auto chose 2.1-3.5 per round at one request
-    and 0.1-1.4 at 2-8 requests on the 2-core AMD EPYC: docs/results/concurrency-bf16-r3.md)."""
-    if k is None:
-        return 0
-    if k.kind == "constant":
-        return k.k
-    if k.kind == "tree" and k.widths is not None:
-        return sum(math.prod(k.widths[:depth + 1]) for depth in range(len(k.widths)))
-    return AUTO_DRAFTED
+@dataclass(frozen=True)
+class Drafting:
+    """How a request drafts, as `--dtype auto` expects it to before any round: its proposer
+    (a name, for the reason), its k policy, each drafted token accepted with probability
+    `acceptance` (independently: `verispec.cost.expected_tokens`), and a drafted token's
+    seconds as a share `draft` of the fastest candidate's one-row forward (a proposer drafts in
+    its own format whatever the target's, so its seconds are the same beside every candidate)."""
+
+    proposer: str
+    k: KSpec
+    acceptance: float = PRIOR_RATE
+    draft: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_alpha(self.acceptance)
+        check_costs(self.draft, 1.0)
+
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The plans a round may take: a tree's widths per depth ((1,) * k a chain of k, ()
+        plain). A constant k or tree is its own; an adaptive policy (auto, heuristic, a
+        profiled tree) may take plain decoding or any chain up to `K_MAX` and is expected to
+        take the best (`Expectation`), as `AutoK` does with these priors."""
+        if self.k.kind == "constant":
+            return ((1,) * self.k.k,)
+        if self.k.kind == "tree" and self.k.widths is not None:
+            return (self.k.widths,)
+        return tuple((1,) * k for k in range(K_MAX + 1))
 
 
-def step_rows(slots: int, k: KSpec | None) -> int:
-    """The rows one target forward scores with `slots` requests in flight, each drafting as `k`
-    says: slots x (drafted + 1)."""
-    if not is_int(slots, least=1):
-        raise ValueError(f"requests in flight must be an integer >= 1, got {slots!r}")
-    return slots * (drafted(k) + 1)
+@dataclass(frozen=True)
+class Workload:
+    """What a step decodes, as `--dtype auto` weighs it: `slots` requests in flight, each
+    drafting as `drafting` says (None: plain decoding; `note` says why where a proposer was
+    named but has no draft cost to expect)."""
+
+    slots: int = 1
+    drafting: Drafting | None = None
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if not is_int(self.slots, least=1):
+            raise ValueError(f"requests in flight must be an integer >= 1, got {self.slots!r}")
+
+    def describe(self) -> str:
+        requests = f"{self.slots} request{'s' if self.slots > 1 else ''} in flight"
+        d = self.drafting
+        if d is None:
+            return f"plain decoding, {requests}{f' ({self.note})' if self.note else ''}"
+        prior = " (AutoK's prior)" if d.acceptance == PRIOR_RATE else ""
+        return (f"{d.proposer} at k {d.k.text or d.k.kind}, {requests}; expected acceptance {d.acceptance:.2f} per "
+                f"drafted token{prior}, a drafted token {d.draft:.3f} of the fastest one-row forward")
+
+    def to_dict(self) -> dict:
+        d = self.drafting
+        return {"slots": self.slots, "proposer": None if d is None else d.proposer,
+                "k": None if d is None else (d.k.text or d.k.kind), "acceptance": None if d is None else d.acceptance,
+                "draft": None if d is None else d.draft, "note": self.note}
+
+
+PLAIN = Workload()
+
+
+def tokens_per_round(shape: tuple[int, ...], acceptance: float) -> float:
+    """Expected tokens a round of this tree shape emits: 1 + the sum over depths d of the chance
+    that every level down to d holds an accepted token, a level of w candidates holding one
+    with chance 1 - (1 - acceptance)^w (a chain of k: `verispec.cost.expected_tokens`).
+
+    >>> tokens_per_round((1, 1), 0.5), tokens_per_round((2,), 0.5)
+    (1.75, 1.75)
+    """
+    survive, total = 1.0, 1.0
+    for width in shape:
+        survive *= 1 - (1 - acceptance) ** width
+        total += survive
+    return total
+
+
+def scored_rows(shape: tuple[int, ...]) -> int:
+    """Rows a request scores in a round of this shape: its pending token and every node."""
+    return 1 + sum(math.prod(shape[:depth + 1]) for depth in range(len(shape)))
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One candidate under a workload: the shape each round is expected to take (() plain, (1,)
+    * k a chain of k) and the tokens per second the cost model expects of it, every request
+    together: slots E / (slots D d + t(1) v(slots n)) with E the tokens a round emits, D its
+    depth, d a drafted token's seconds and n the rows a request scores."""
+
+    cost: FormatCost
+    shape: tuple[int, ...]
+    tokens_per_s: float
+    plain_tokens_per_s: float
+
+    @property
+    def k(self) -> str:
+        if all(w == 1 for w in self.shape):
+            return f"k = {len(self.shape)}"
+        return "tree " + "x".join(map(str, self.shape))
+
+    def describe(self) -> str:
+        return (f"{self.cost.label}: {self.tokens_per_s:.1f} tok/s expected at {self.k} (plain {self.plain_tokens_per_s:.1f} "
+                f"tok/s, one-row forward {1000 * self.cost.t1:.2f} ms); {self.cost.source}")
+
+    def to_dict(self) -> dict:
+        return {**self.cost.to_dict(), "tokens_per_s": self.tokens_per_s, "k": self.k,
+                "plain_tokens_per_s": self.plain_tokens_per_s}
+
+
+def expect(cost: FormatCost, workload: Workload, draft_seconds: float) -> Expectation:
+    """What `cost`'s forward is expected to decode under `workload`, a drafted token taking
+    `draft_seconds`: the best of the shapes its k policy may take, a drafting shape only where it
+    beats plain decoding by `MARGIN` (as `AutoK` speculates)."""
+    slots = workload.slots
+
+    def rate(shape: tuple[int, ...], acceptance: float) -> float:
+        seconds = slots * len(shape) * draft_seconds + cost.seconds(slots * scored_rows(shape))
+        return slots * tokens_per_round(shape, acceptance) / seconds
+
+    plain = rate((), 0.0)
+    drafting = workload.drafting
+    if drafting is None:
+        return Expectation(cost, (), plain, plain)
+    shapes = drafting.shapes()
+    best = max(shapes, key=lambda shape: rate(shape, drafting.acceptance))
+    if len(shapes) > 1 and rate(best, drafting.acceptance) <= (1 + MARGIN) * plain:
+        best = ()
+    return Expectation(cost, best, rate(best, drafting.acceptance), plain)
 
 
 @dataclass(frozen=True)
 class FormatChoice:
-    """`choose`'s answer: the rows assumed, each candidate's cost (the cheapest runtime of each
-    format), the winner, and whether the curves are this machine's (`measured`)."""
+    """`choose`'s answer: the workload weighed, each candidate's expectation (every format on
+    every runtime offered that has a curve), the winner, the seconds of a drafted token, and
+    whether the curves are this machine's (`measured`)."""
 
-    rows: int
-    candidates: tuple[FormatCost, ...]
-    chosen: FormatCost
+    workload: Workload
+    candidates: tuple[Expectation, ...]
+    chosen: Expectation
     measured: bool
+    draft_seconds: float = 0.0
 
     @property
-    def losers(self) -> tuple[FormatCost, ...]:
+    def losers(self) -> tuple[Expectation, ...]:
         return tuple(c for c in self.candidates if c is not self.chosen)
 
     def why(self) -> str:
         """Why the winner won, in one clause."""
-        against = ", ".join(f"{1000 * c.seconds(self.rows):.2f} ms in {c.label}" for c in self.losers)
+        won = self.chosen
+        against = ", ".join(f"{c.tokens_per_s:.1f} in {c.cost.label} at {c.k}" for c in self.losers)
         origin = ("measured on this machine" if self.measured
                   else "on the documented curves (`verispec profile --keep-costs` measures this machine's)")
-        return (f"at {self.rows} row(s) per step a forward costs {1000 * self.chosen.seconds(self.rows):.2f} ms in "
-                f"{self.chosen.label} against {against}, {origin}")
+        return (f"{won.cost.label} is expected to decode {won.tokens_per_s:.1f} tok/s at {won.k} against {against} "
+                f"(for {self.workload.describe()}), {origin}")
 
     def to_dict(self) -> dict:
-        return {
-            "rows": self.rows,
-            "measured": self.measured,
-            "candidates": [
-                {**c.to_dict(), "step_seconds": c.seconds(self.rows), "row_seconds": c.seconds(self.rows) / self.rows}
-                for c in self.candidates
-            ],
-        }
+        return {"workload": self.workload.to_dict(), "measured": self.measured, "draft_seconds": self.draft_seconds,
+                "candidates": [c.to_dict() for c in self.candidates]}
 
 
-def choose(formats: Sequence[WeightFormat], rows: int, curves: Sequence[FormatCost],
-           runtimes: Sequence[Runtime] = (Runtime.FAST,)) -> FormatChoice:
-    """The format among `formats` whose forward over `rows` rows costs least on `runtimes`,
-    from `curves` (this machine's measurements, `measured`): those where every format has one on some runtime given, else
-    `DEFAULTS`. A format's cost is its cheapest runtime's (so the fast runtime is never chosen
-    where transformers was measured faster in that format); ties go to the earlier format."""
-    if not is_int(rows, least=1):
-        raise ValueError(f"rows per step must be an integer >= 1, got {rows!r}")
+def choose(formats: Sequence[WeightFormat], curves: Sequence[FormatCost], runtimes: Sequence[Runtime] = (Runtime.FAST,),
+           workload: Workload = PLAIN) -> FormatChoice:
+    """The format among `formats`, on one of `runtimes`, whose expected tokens per second under
+    `workload` is highest (`expect`), from `curves` (this machine's measurements, `measured`):
+    those where every format has one on some runtime given, else `DEFAULTS`. For plain decoding
+    of one request that is the cheapest one-row forward; a drafted token costs the workload's
+    share of the fastest candidate's one-row forward. Ties go to the earlier candidate."""
     usable = [c for c in curves if c.runtime in runtimes]
     measured = bool(usable) and all(any(c.weight_format == fmt for c in usable) for fmt in formats)
     pool = usable if measured else [c for c in DEFAULTS if c.runtime in runtimes]
-    candidates = []
+    offered = []
     for fmt in formats:
         own = [c for c in pool if c.weight_format == fmt]
         if not own:
             raise ValueError(f"no cost curve for {fmt} on the {' or '.join(runtimes)} runtime")
-        candidates.append(min(own, key=lambda c: c.seconds(rows)))
-    chosen = min(candidates, key=lambda c: c.seconds(rows))
-    return FormatChoice(rows, tuple(candidates), chosen, measured)
+        offered.extend(own)
+    draft_seconds = 0.0 if workload.drafting is None else workload.drafting.draft * min(c.t1 for c in offered)
+    candidates = tuple(expect(c, workload, draft_seconds) for c in offered)
+    chosen = max(candidates, key=lambda c: c.tokens_per_s)  # the first of the best
+    return FormatChoice(workload, candidates, chosen, measured, draft_seconds)
 
 
-def hf_faster(fmt: WeightFormat, rows: int, curves: Sequence[FormatCost]) -> tuple[FormatCost, FormatCost] | None:
-    """(transformers' cost, the fast runtime's) where both were measured in `fmt` and
-    transformers' forward over `rows` rows is the faster, else None."""
+def hf_faster(fmt: WeightFormat, curves: Sequence[FormatCost],
+              workload: Workload = PLAIN) -> tuple[Expectation, Expectation] | None:
+    """(transformers' expectation, the fast runtime's) where both were measured in `fmt` and
+    transformers is expected to decode `workload` faster, else None."""
     fast = [c for c in curves if c.runtime == Runtime.FAST and c.weight_format == fmt]
     hf = [c for c in curves if c.runtime == Runtime.HF and c.weight_format == fmt]
-    if fast and hf and hf[0].seconds(rows) < fast[0].seconds(rows):
-        return hf[0], fast[0]
-    return None
+    if not (fast and hf):
+        return None
+    choice = choose((fmt,), (fast[0], hf[0]), (Runtime.FAST, Runtime.HF), workload)
+    fast_runtime, transformers = choice.candidates
+    return (transformers, fast_runtime) if transformers.tokens_per_s > fast_runtime.tokens_per_s else None
 
 
 def costs_file(source: Path) -> Path:

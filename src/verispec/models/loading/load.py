@@ -51,6 +51,7 @@ from verispec.models.formats.gguf_blocks import GGUFWeight, gguf_weights
 from verispec.models.runtimes.hf import HFCausalLM
 from verispec.models.runtimes.llama import LlamaRuntime
 from verispec.models.runtimes.static_llama import StaticLlama
+from verispec.models.loading.format_costs import PLAIN, Workload
 from verispec.models.loading.load_plan import LLAMACPP_TARGET, LoadPlan, model_config, plan_load
 from verispec.models.loading.memory import kv_bytes_per_token, peak_rss_bytes, weight_bytes
 from verispec.models.formats.quant import Int4Linear
@@ -214,13 +215,13 @@ def load_model(
     runtime: str = "auto",
     deterministic: bool | None = None,
     device: str = "auto",
-    rows: int = 1,
+    workload: Workload = PLAIN,
 ) -> LoadedModel:
     """Load a causal LM from local files (`models.loading.sources` says which names it accepts).
 
     dtype: "auto" (where the CPU computes bf16 natively: for a GGUF file whose every matrix is
     Q4_0/Q4_1/Q8_0 on the fast runtime on x86-64, q4, which holds those weights exactly, or
-    bfloat16, whichever costs less at `rows` rows per step, else bfloat16; float32 elsewhere:
+    bfloat16, whichever is expected to decode `workload` faster, else bfloat16; float32 elsewhere:
     `models.loading.load_plan`; `auto_choice` says why where q4 and bfloat16 were weighed), "float32",
     "bfloat16", "float16" or "q4". q4: projections on torch's int4 kernel (`models.formats.quant`);
     for a GGUF file of Q4_0/Q4_1/Q8_0 blocks they hold the file's own blocks exactly (the
@@ -238,12 +239,12 @@ def load_model(
     CUDA; deterministic there runs every forward in one shape (`models.runtimes.static_llama`).
     device: "auto" (CUDA where torch sees a device, else the CPU), "cpu", "cuda" or "cuda:N";
     on CUDA, runtime "auto" takes the static runtime and dtype "auto" bfloat16 (float16 on a
-    GPU without it). rows: the rows a step is expected to score (1 for plain decoding, k + 1
-    with k drafts, times the requests in flight: `models.loading.format_costs.step_rows`), which
-    dtype and runtime "auto" weigh their candidates' measured costs at.
+    GPU without it). workload: what a step is expected to decode (the requests in flight and how
+    each drafts, `models.loading.format_costs.Workload`; default plain decoding of one request),
+    by which dtype and runtime "auto" weigh their candidates' expected tokens per second.
     """
     return build(plan_load(name_or_path, dtype, runtime, deterministic, device=device,
-                           trust_remote_code=trust_remote_code, rows=rows))
+                           trust_remote_code=trust_remote_code, workload=workload))
 
 
 def build(plan: LoadPlan) -> LoadedModel:

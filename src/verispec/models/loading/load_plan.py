@@ -6,17 +6,18 @@ format and why (`--dtype auto`'s choice), and whether the weights will be exactl
 float32 weights. `verispec load-plan` prints one; `load_model` builds from one
 (`models.loading.load`).
 
-`--dtype auto` is decided by what the machine is, what the file holds and how many rows a step
-will score (`rows`: 1 for plain decoding, slots x (k + 1) for a server's batches):
+`--dtype auto` is decided by what the machine is, what the file holds and what a step will
+decode (`workload`: the requests in flight and how each drafts, `format_costs.Workload`):
 - for a GGUF file whose every matrix is Q4_0, Q4_1 or Q8_0 (`coded_exactly`: q4 holds those
   blocks exactly) on the fast runtime, where torch's int4 kernel has its vectorised path
-  (`MachineFacts.int4_faster`: an x86-64 CPU with native bf16), q4 or bfloat16, whichever's
-  forward over `rows` rows costs less (`format_costs.choose`: this machine's measured curves,
-  else the documented ones);
+  (`MachineFacts.int4_faster`: an x86-64 CPU with native bf16), q4 or bfloat16, whichever the
+  cost model expects to decode the workload faster, at the k each would choose
+  (`format_costs.choose`: this machine's measured curves, else the documented ones);
 - else bfloat16 where the CPU computes bf16 natively, float32 elsewhere (`resolve_dtype`).
 
-`--runtime auto` never takes the fast runtime where transformers was measured faster in the
-same format at those rows (`format_costs.hf_faster`).
+`--runtime auto` never takes the fast runtime where transformers is expected, on this
+machine's measured curves, to decode the workload faster in the same format
+(`format_costs.hf_faster`).
 
 The machine's facts are read from `verispec.machine` unless given (`MachineFacts`), so a plan
 for another machine is one argument away.
@@ -34,11 +35,10 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from verispec.checks import is_int
 from verispec.machine import cpu_model, native_bf16
 from verispec.models import DEFAULT_MODEL
 from verispec.models.loading import format_costs
-from verispec.models.loading.format_costs import FormatChoice, FormatCost
+from verispec.models.loading.format_costs import PLAIN, FormatChoice, FormatCost, Workload
 from verispec.models.formats.gguf_blocks import CODED, READ
 from verispec.models.runtimes.llama import config_refusal
 from verispec.models.runtimes.llamacpp import require
@@ -180,8 +180,8 @@ class LoadPlan:
     trust_remote_code: bool = False
     device: str = "cpu"
     device_reason: str = "asked for"
-    rows: int = 1  # rows a step is expected to score, what --dtype auto weighed the formats at
-    format_choice: FormatChoice | None = None  # --dtype auto's candidates and their costs, where it weighed formats
+    workload: Workload = PLAIN  # what a step is expected to decode, what --dtype auto weighed the formats by
+    format_choice: FormatChoice | None = None  # --dtype auto's candidates and their expectations, where it weighed formats
 
     @property
     def dtype(self) -> torch.dtype:
@@ -228,7 +228,7 @@ class LoadPlan:
             "exact_weights": self.exact_weights,
             "device": self.device,
             "device_reason": self.device_reason,
-            "rows": self.rows,
+            "workload": self.workload.to_dict(),
             "dtype_candidates": None if self.format_choice is None else self.format_choice.to_dict()["candidates"],
             "costs_measured": None if self.format_choice is None else self.format_choice.measured,
         }
@@ -249,12 +249,14 @@ class LoadPlan:
             exact = "no: llama.cpp's arithmetic on the file's blocks, a different model from float32"
         determinism = " (deterministic)" if self.deterministic else ""
         choice = self.format_choice
-        costs = [] if choice is None else [f"cost:     {c.describe(self.rows)}" for c in choice.candidates]
+        costs = [] if choice is None else [
+            f"{'chosen:' if c is choice.chosen else 'weighed:':<10}{c.describe()}" for c in choice.candidates
+        ]
         return "\n".join([
             f"model:    {self.name} ({self.architecture})",
             f"source:   {source}",
             f"device:   {self.device}: {self.device_reason}",
-            f"rows:     {self.rows} per step assumed (1: plain decoding; k + 1 with k drafts; x requests in flight)",
+            f"expects:  {self.workload.describe()}",
             f"runtime:  {self.runtime}{determinism}: {self.runtime_reason}",
             f"dtype:    {self.weight_format}: {self.dtype_reason}",
             *costs,
@@ -271,18 +273,17 @@ def plan_load(
     device: str = AUTO,
     trust_remote_code: bool = False,
     machine: MachineFacts | None = None,
-    rows: int = 1,
+    workload: Workload = PLAIN,
     costs: Sequence[FormatCost] | None = None,
 ) -> LoadPlan:
     """What `load_model` with these arguments builds (its docstring says what each means),
     reading only the config and, for auto or q4 on a GGUF file, its tensor table.
     machine: the facts `--dtype auto` and `--device auto` read (default: this machine's,
-    `this_machine`). rows: the rows a step is expected to score (`format_costs.step_rows`),
-    at which `--dtype auto` weighs q4 against bfloat16 and `--runtime auto` the fast runtime
-    against transformers. costs: the measured curves those read (default: what `verispec
-    profile` recorded for this file on this CPU at this thread count, `format_costs.measured`)."""
-    if not is_int(rows, least=1):
-        raise ValueError(f"rows per step must be an integer >= 1, got {rows!r}")
+    `this_machine`). workload: what a step is expected to decode (default: plain decoding of
+    one request), by which `--dtype auto` weighs q4 against bfloat16 and `--runtime auto` the
+    fast runtime against transformers. costs: the measured curves those read (default: what
+    `verispec profile` recorded for this file on this CPU at this thread count,
+    `format_costs.measured`)."""
     runtime = parse_runtime(runtime)
     if deterministic and runtime == Runtime.HF:
         raise ValueError(
@@ -306,13 +307,14 @@ def plan_load(
     if costs is None:
         costs = format_costs.measured(source, cpu_model(), torch.get_num_threads()) if where == "cpu" else ()
     weighs_hf = runtime == AUTO and deterministic is not True
-    fmt, dtype_reason, exact, choice = weight_choice(asked, source, chosen, machine, where, rows, costs, weighs_hf)
-    if weighs_hf and chosen == Runtime.FAST and (slower := format_costs.hf_faster(fmt, rows, costs)):
+    fmt, dtype_reason, exact, choice = weight_choice(asked, source, chosen, machine, where, workload, costs, weighs_hf)
+    if weighs_hf and chosen == Runtime.FAST and (slower := format_costs.hf_faster(fmt, costs, workload)):
         hf, fast = slower
         chosen, runtime_reason = Runtime.HF, (
-            f"chosen by --runtime auto: measured on this machine, transformers' {fmt} forward over {rows} row(s) "
-            f"costs {1000 * hf.seconds(rows):.2f} ms against the fast runtime's {1000 * fast.seconds(rows):.2f} ms "
-            "(auto never takes a runtime measured slower than transformers in the same format); --runtime fast overrides"
+            f"chosen by --runtime auto: measured on this machine, transformers' {fmt} forward is expected to decode "
+            f"{hf.tokens_per_s:.1f} tok/s at {hf.k} against the fast runtime's {fast.tokens_per_s:.1f} at {fast.k} "
+            f"(for {workload.describe()}; auto never takes a runtime measured slower than transformers in the same "
+            "format); --runtime fast overrides"
         )
     return LoadPlan(
         name=str(name_or_path),
@@ -328,7 +330,7 @@ def plan_load(
         trust_remote_code=trust_remote_code,
         device=where,
         device_reason=device_reason,
-        rows=rows,
+        workload=workload,
         format_choice=choice,
     )
 
@@ -395,20 +397,20 @@ def weight_choice(
     runtime: Runtime,
     machine: MachineFacts,
     device: str = "cpu",
-    rows: int = 1,
+    workload: Workload = PLAIN,
     costs: Sequence[FormatCost] = (),
     weighs_hf: bool = False,
 ) -> tuple[WeightFormat, str, bool | None, FormatChoice | None]:
     """The weight format for `asked` (a `TARGET` format or auto) on `device`, why, whether
     the weights will be the source's float32 weights bit for bit (`LoadPlan.exact_weights`),
-    and, where auto weighed q4 against bfloat16 at `rows` rows per step, the costs it weighed
+    and, where auto weighed q4 against bfloat16 for `workload`, the expectations it weighed
     (`costs`: measured curves; `weighs_hf`: a format may run on transformers where it was
     measured faster there)."""
     if asked == AUTO:
         if runtime == Runtime.FAST and source.is_file() and machine.int4_faster and coded_exactly(source):
             runtimes = (Runtime.FAST, Runtime.HF) if weighs_hf else (Runtime.FAST,)
-            choice = format_costs.choose((WeightFormat.Q4, WeightFormat.BFLOAT16), rows, costs, runtimes)
-            if choice.chosen.weight_format == WeightFormat.Q4:
+            choice = format_costs.choose((WeightFormat.Q4, WeightFormat.BFLOAT16), costs, runtimes, workload)
+            if choice.chosen.cost.weight_format == WeightFormat.Q4:
                 return WeightFormat.Q4, (
                     "chosen by --dtype auto: every matrix of this GGUF file is Q4_0/Q4_1/Q8_0, which q4 holds "
                     f"exactly (the same weights as float32, activations rounded to bfloat16), and {choice.why()}; "
