@@ -173,6 +173,26 @@ def test_a_tree_wider_than_the_free_sequences_is_refused_and_slots_still_work():
     assert sorted(lm._shared.free) == [1, 2]
 
 
+def test_reserved_slots_hold_a_tree_round_each():
+    """The scheduler's slots score their trees in the same step, each before its keep_path:
+    `reserve_slots` holds a `--k tree` round's sequences for every slot (up to llama.cpp's 256)."""
+    from verispec.models.runtimes.llamacpp import MAX_SEQUENCES, TREE_SEQUENCES
+
+    lm = new_lm()
+    lm.reserve_slots(3)
+    assert lm._shared.sequences == 4 * TREE_SEQUENCES
+    slots = [lm.new_slot() for _ in range(3)]
+    widest = [ROOT] + [0] * (TREE_SEQUENCES - 1)  # the pending token and 15 leaves under it, plus one more root
+    for i, slot in enumerate(slots):
+        slot.prefill(list(range(50 + i, 60 + i)))
+        slot.extend_tree(list(range(200, 200 + TREE_SEQUENCES)) + [300], widest + [ROOT])
+    for slot in slots:
+        slot.keep_path([0, 1])
+    assert len(lm._shared.free) == 4 * TREE_SEQUENCES - 4
+    lm.reserve_slots(100)
+    assert lm._shared.sequences == MAX_SEQUENCES
+
+
 PROMPTS = [
     "Repeat this list exactly, twice: alpha, bravo, charlie, delta, echo, foxtrot, golf, hotel.",
     "Write a Python function that returns the n-th Fibonacci number.",

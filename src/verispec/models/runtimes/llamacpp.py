@@ -129,6 +129,10 @@ LONE_ROW_CELLS = 256
 ROWS_ALONE = frozenset({"Q4_1", "Q8_0"})
 # Flash attention computes each query row alone up to this many rows a forward; 64 or more tile.
 FLASH_ROWS = 63
+# The sequences one request's tree round takes at most: a `--k tree` tree's 16 drafted nodes
+# under the pending token have at most 16 leaves, a sequence each (its own, 15 borrowed).
+TREE_SEQUENCES = 16
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: a context of more sequences is refused
 INSTALL = "make llamacpp"  # the documented install: llama-cpp-python built with `cmake_args`
 PROBE_SECONDS = 300  # a probe's load and decode of a small file take a few seconds
 
@@ -267,7 +271,7 @@ class LlamaCppLM:
         n_threads: int | None = None,
         n_batch: int = 512,
         deterministic: bool = True,
-        sequences: int = 16,
+        sequences: int = TREE_SEQUENCES,
         matrices: set[str] | None = None,
     ) -> None:
         require("the llama.cpp runtime")
@@ -437,9 +441,10 @@ class LlamaCppLM:
         return self._shared.extend_slots(slots, tokens, [len(rows) for rows in tokens])
 
     def reserve_slots(self, slots: int) -> None:
-        """Make room for `slots` sequences besides this one (the scheduler's slots): the cache
-        is remade for more sequences while none holds tokens."""
-        self._shared.reserve(slots + 1)
+        """Make room for `slots` requests besides this one (the scheduler's slots), each with the
+        sequences of a `--k tree` round's paths (`TREE_SEQUENCES`, up to llama.cpp's
+        `MAX_SEQUENCES` in all): the cache is remade for more sequences while none holds tokens."""
+        self._shared.reserve(min(MAX_SEQUENCES, (slots + 1) * TREE_SEQUENCES))
 
     def __del__(self) -> None:
         """A slot no longer referenced gives its sequence id and cache cells back."""
