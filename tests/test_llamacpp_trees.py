@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from test_tree_models import SHAPE, FixedShape, first_child_path, path_to
+from test_tree_models import SHAPE, FixedShape, first_child_path, path_to, refuse_tree_calls_out_of_order
 
 from verispec.drafts import ROOT
 from verispec.engine import generate
@@ -121,22 +121,7 @@ def test_past_256_positions_on_two_threads_a_lone_row_is_padded_in_trees_too():
 def test_tree_calls_out_of_order_are_refused_and_leave_the_cache_intact(lm):
     chain = new_lm()
     free = len(lm._shared.free)
-    lm.prefill([3, 4, 5])
-    with pytest.raises(ValueError, match="keep_path needs a tree"):
-        lm.keep_path([0])
-    with pytest.raises(ValueError, match="parent must be -1 or an earlier node"):
-        lm.extend_tree([6, 7], [ROOT, 1])
-    with pytest.raises(ValueError, match=f"token id {lm.vocab_size} is outside"):
-        lm.extend_tree([6, lm.vocab_size], [ROOT, 0])
-    assert lm.length == 3
-    lm.extend_tree([6, 7, 8], [ROOT, ROOT, 1])
-    for call in (lambda: lm.extend([9]), lambda: lm.extend_tree([9], [ROOT]), lambda: lm.rollback(4),
-                 lambda: lm.record_features([FINAL]), lambda: lm.extend_slots([lm], [[9]])):
-        with pytest.raises(ValueError, match="tree is pending"):
-            call()
-    with pytest.raises(ValueError, match="not a root path"):
-        lm.keep_path([0, 2])
-    lm.keep_path([1, 2])
+    refuse_tree_calls_out_of_order(lm, lm.vocab_size, lambda: lm.extend_slots([lm], [[9]]))
     chain.prefill([3, 4, 5])
     assert torch.equal(lm.extend([9]), chain.extend([7, 8, 9])[-1:])
     lm.extend_tree([6, 7], [ROOT, ROOT])
