@@ -76,8 +76,9 @@ def test_tree_rows_are_their_paths_chain_rows_bit_for_bit(lm, matrices):
 
 def test_keep_path_leaves_the_cache_and_features_of_the_path_as_a_chain():
     """Rounds of a tree and a kept root path (the first-child path, in its chain's cells;
-    another, whose nodes past the first-child path's are decoded again; none) against the same
-    paths extended as a chain: the same cache bits, the same features, every sequence back."""
+    another, whose nodes past the first-child path's are owed to the next forward, here a tree's;
+    none; one rolled back into its owed nodes) against the same paths extended as a chain: the
+    same cache bits, the same features, every sequence back."""
     lm, chain = new_lm(TAPS), new_lm(TAPS)
     free = len(lm._shared.free)
     rng = random.Random(1)
@@ -96,6 +97,10 @@ def test_keep_path_leaves_the_cache_and_features_of_the_path_as_a_chain():
             assert len(lm._shared.free) == free
             if path:
                 chain.extend([tokens[i] for i in path])
+        lm.extend_tree([5, 6, 7], [ROOT, ROOT, 1])
+        lm.keep_path([1, 2])  # both off the first-child path: owed to the next forward
+        lm.rollback(lm.length - 1)  # one of them dropped before it was decoded
+        chain.extend([6])
         assert lm.length == chain.length
         assert torch.equal(lm.features(TAPS, 0, lm.length), chain.features(TAPS, 0, chain.length))
         after = [rng.randrange(lm.vocab_size) for _ in range(3)]
@@ -103,8 +108,9 @@ def test_keep_path_leaves_the_cache_and_features_of_the_path_as_a_chain():
 
 
 def test_past_256_positions_on_two_threads_a_lone_row_is_padded_in_trees_too():
-    """Two threads past `LONE_ROW_CELLS` cached positions: a one-node tree, and a kept path's
-    one node decoded again, take the padded two-row forward a chain's lone token takes."""
+    """Two threads past `LONE_ROW_CELLS` cached positions: a one-node tree takes the padded
+    two-row forward a chain's lone token takes, and a kept node owed to the next forward is
+    decoded in front of its rows."""
     lm = new_lm(threads=2)
     prompt = list(range(1000, 1270))
     lm.prefill(prompt)
@@ -114,7 +120,7 @@ def test_past_256_positions_on_two_threads_a_lone_row_is_padded_in_trees_too():
     assert torch.equal(lm.extend_tree([7], [ROOT]), chain[0])
     lm.keep_path([0])
     lm.extend_tree([8, 9, 10], [ROOT, ROOT, 1])
-    lm.keep_path([1])  # node 1 is not on the first-child path: decoded again, alone
+    lm.keep_path([1])  # node 1 is not on the first-child path: owed
     assert torch.equal(lm.extend([11, 12]), chain[2])
 
 
@@ -147,10 +153,12 @@ def test_a_tree_wider_than_the_free_sequences_is_refused_and_slots_still_work():
     assert lm._shared.free == [2]
     alone = new_lm()
     alone.prefill(ids[:7])
-    got = lm.extend_slots([lm, slot], [[60, 61], ids[7:10]])
+    got = lm.extend_slots([lm, slot], [[60, 61], ids[7:10]])  # lm's owed node 2 first
     torch.testing.assert_close(got[1], alone.extend(ids[7:10]), atol=1e-3, rtol=0)  # cells of two sequences: rounding
     alone.prefill(ids[:20])
-    torch.testing.assert_close(rows[[0, 2]], alone.extend([50, 52]), atol=1e-3, rtol=0)
+    chain = alone.extend([50, 52, 60, 61])
+    torch.testing.assert_close(rows[[0, 2]], chain[:2], atol=1e-3, rtol=0)
+    torch.testing.assert_close(got[0], chain[2:], atol=1e-3, rtol=0)
     del slot
     lm.extend_tree(*wide)
     assert lm._shared.free == []

@@ -25,11 +25,12 @@ the first-child path's is the model's own sequence, every other path's a sequenc
 the free ids, given the prefix's cells first (`llama_memory_seq_cp`, shared, not copied).
 llama.cpp masks a row by its sequence, so a node sees the prefix and its ancestors only, in the
 chain's cell order. `keep_path` removes its own sequence from the tree's cells past the kept
-path's head on the first-child path, removes the borrowed sequences and gives them back, and
-decodes the kept nodes past that head again as a chain: left in their tree cells they would
+path's head on the first-child path, removes the borrowed sequences and gives them back; the
+kept nodes past that head are owed: the next forward (`extend`, `extend_slots`, `extend_tree`)
+decodes them again as a chain in front of its own rows. Left in their tree cells they would
 leave free cells before them, which llama.cpp fills first, and flash attention sums a row's
-cells in cell order. A tree needs one sequence per leaf; a wider one than the free sequences
-allow is refused.
+cells in cell order. Their features are the tree rows' (a chain's bits where the rows are). A
+tree needs one sequence per leaf; a wider one than the free sequences allow is refused.
 
 Features (`FeatureChannel`), from the forward that scores the rows: the final norm's output
 (`FINAL`) is llama.cpp's embeddings output, switched on (`llama_set_embeddings`) for a forward
@@ -291,6 +292,12 @@ class LlamaCppLM:
         self._tokens: list[int] = []  # what the cache holds (a remade context decodes them again)
         self._pending = PendingTree()  # the scored tree from extend_tree to keep_path
         self._branches: list[int] = []  # the sequences borrowed for its other root-to-leaf paths
+        self._owed: list[int] = []  # the last tokens, kept off a tree's first-child path: no cells yet
+
+    @property
+    def cached(self) -> int:
+        """Tokens whose cells the cache holds: all but the kept tree nodes owed to the next forward."""
+        return len(self._tokens) - len(self._owed)
 
     @property
     def length(self) -> int:
@@ -317,6 +324,7 @@ class LlamaCppLM:
         self._release_branches()
         self._pending.tree = None
         self._tokens.clear()
+        self._owed.clear()
         self._features.reset()
 
     def prefill(self, ids: Sequence[int]) -> None:
@@ -338,6 +346,7 @@ class LlamaCppLM:
         self._pending.rolled_back(length)
         self._release_branches()  # a tree rolled back whole: its other paths' sequences go back
         if length < self.length:
+            del self._owed[max(0, len(self._owed) - (self.length - length)) :]
             self._shared.forget(self.seq, length)
             del self._tokens[length:]
             self._features.truncate(length)
@@ -354,10 +363,12 @@ class LlamaCppLM:
                      self._features.taps, tree)
 
     def _advance(self, tokens: list[int], features: dict[Tap, torch.Tensor]) -> None:
-        """These tokens of this sequence were decoded; their recorded features."""
-        self._tokens += tokens
+        """These tokens of this sequence were decoded, the owed ones first (already counted,
+        their features kept); their recorded features."""
+        owed, self._owed = len(self._owed), []
+        self._tokens += tokens[owed:]
         if self._features.taps:
-            self._features.append(features)
+            self._features.append({tap: rows[owed:] for tap, rows in features.items()})
 
     # --- FeatureChannel -------------------------------------------------------------------
 
@@ -401,17 +412,17 @@ class LlamaCppLM:
     def keep_path(self, path: Sequence[int]) -> None:
         """Keep the path's nodes in this sequence, its other cells and the borrowed sequences
         gone. The nodes already in a chain's cells (the first-child path's head) stay; the rest
-        are decoded again after them, so that this sequence's cells stay in position order,
-        which flash attention sums in (their logits are not kept)."""
-        start, sources, _ = self._pending.kept(path)
+        lose their tree cells and are owed: the next forward decodes them again in front of its
+        own rows (no logits), so that this sequence's cells stay in position order, which flash
+        attention sums in. Their features are the tree rows' (a chain's bits), kept now."""
+        start, sources, destinations = self._pending.kept(path)
         in_place = len(path) - len(sources)
-        moved = [self._tokens[source] for source in sources]
+        self._owed = [self._tokens[source] for source in sources]
         self._shared.forget(self.seq, start + in_place)
         self._release_branches()
-        del self._tokens[start + in_place :]
-        self._features.truncate(start + in_place)
-        if moved:
-            self._shared.extend_slots([self], [moved], [0])
+        self._tokens[start + in_place :] = self._owed
+        self._features.move(sources, destinations)
+        self._features.truncate(start + len(path))
 
     def _release_branches(self) -> None:
         """Give back the sequences a scored tree borrowed, their cells removed."""
@@ -566,6 +577,7 @@ class _Shared:
                 for begin, size in _starts(sizes):
                     tokens = np.asarray(member._tokens[begin : begin + size], dtype=np.int32)
                     self._live.decode([_Rows(member, member.seq, tokens, begin, 0, False, ())])
+                member._owed = []  # decoded with the rest
         return self._live
 
     def forget(self, seq: int, position: int) -> None:
@@ -601,16 +613,16 @@ class _Shared:
         """Each member's tokens after its cache, cut into pieces (`pieces`), the members' j-th
         pieces in one forward; per member the logits of its last keep rows, float32 [keep, V]."""
         self.check_room(sum(map(len, tokens)))
-        cut = [pieces(len(rows), self.n_batch, self.deterministic, not self.pads_a_lone_row(member.length), self.widest)
+        tokens = [[*member._owed, *rows] for member, rows in zip(members, tokens)]  # owed tree nodes first
+        cut = [pieces(len(rows), self.n_batch, self.deterministic, not self.pads_a_lone_row(member.cached), self.widest)
                for member, rows in zip(members, tokens)]
         forwards: list[list[_Rows]] = []
         for member, rows, keep, sizes in zip(members, tokens, keeps, cut):
             for j, (begin, size) in enumerate(_starts(sizes)):
                 piece = rows[begin : begin + size]
-                kept = max(0, keep - (len(rows) - begin - len(piece)))  # its rows among the last `keep`
                 if j == len(forwards):
                     forwards.append([])
-                forwards[j].append(member._rows(piece, member.length + begin, min(kept, len(piece)), size))
+                forwards[j].append(member._rows(piece, member.cached + begin, _kept(keep, len(rows), begin, len(piece)), size))
         logits = self.run(forwards)
         return [rows[0] if len(rows) == 1 else torch.cat(rows) for rows in (logits[id(member)] for member in members)]
 
@@ -632,18 +644,21 @@ class _Shared:
         member._branches = [self.free.pop() for _ in leaves[1:]]
         for branch in member._branches:
             context.copy(member.seq, branch)
-        seqs = path_sequences(tree.parents, leaves, [member.seq, *member._branches])
-        positions = tree.positions().numpy().astype(np.int32)  # [n]
-        sizes = pieces(len(tokens), self.n_batch, self.deterministic, not self.pads_a_lone_row(member.length), self.widest)
-        forwards = [[member._rows(tokens[begin : begin + size], member.length + begin, min(size, len(tokens) - begin), size,
-                                  _TreeRows(positions[begin : begin + size], seqs[begin : begin + size]))]
+        paths = path_sequences(tree.parents, leaves, [member.seq, *member._branches])
+        owed = len(member._owed)  # a chain in front of the tree, in every path's sequence
+        rows = [*member._owed, *tokens]
+        seqs = [(member.seq, *member._branches)] * owed + paths
+        positions = np.concatenate([np.arange(member.cached, tree.start), tree.positions().numpy()]).astype(np.int32)  # [owed + n]
+        sizes = pieces(len(rows), self.n_batch, self.deterministic, not self.pads_a_lone_row(member.cached), self.widest)
+        forwards = [[member._rows(rows[begin : begin + size], member.cached + begin, _kept(len(tokens), len(rows), begin, size), size,
+                                  _TreeRows(positions[begin : begin + size], tuple(seqs[begin : begin + size])))]
                     for begin, size in _starts(sizes)]
         try:
-            rows = self.run(forwards)[id(member)]
+            logits = self.run(forwards)[id(member)]
         except BaseException:
             member._release_branches()
             raise
-        return rows[0] if len(rows) == 1 else torch.cat(rows)
+        return logits[0] if len(logits) == 1 else torch.cat(logits)
 
     def run(self, forwards: list[list[_Rows]]) -> dict[int, list[torch.Tensor]]:
         """Decode the forwards in order on the live context, then advance each member by its
@@ -662,7 +677,7 @@ class _Shared:
                     decoded[id(part.owner)] += part.tokens.tolist()
         except BaseException:
             for member in members.values():
-                context.forget(member.seq, member.length)
+                context.forget(member.seq, member.cached)
             raise
         for key, member in members.items():
             taps = member._features.taps
@@ -899,6 +914,17 @@ def widest_piece(matrices: set[str]) -> int:
     file is of a block type whose product computes each row alone (`ROWS_ALONE`), else 3 (a
     K-quant's repacked kernel takes 4 rows and more otherwise)."""
     return FLASH_ROWS if matrices <= ROWS_ALONE else 3
+
+
+def _kept(keep: int, n: int, begin: int, size: int) -> int:
+    """How many of the real rows of a piece of `size` rows from row `begin` of n lie among the
+    last `keep` (the piece's own last ones, as `_Rows.keep` counts them).
+
+    >>> _kept(3, 5, 0, 2), _kept(3, 5, 2, 3), _kept(1, 1, 0, 2)
+    (0, 3, 1)
+    """
+    real = min(size, n - begin)
+    return max(0, min(real, keep - (n - begin - real)))
 
 
 def _starts(sizes: Sequence[int]) -> list[tuple[int, int]]:
