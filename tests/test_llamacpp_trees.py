@@ -4,7 +4,8 @@ whose Q4_1/Q8_0 products compute every row alone: each node of a tree, one row o
 gets as a chain; `keep_path` leaves the cache and the features exactly as the kept path extended
 as a chain would, and gives the borrowed sequences back; a tree wider than the free sequences is
 refused and leaves everything as it was; greedy tree decoding (prompt lookup, the EAGLE head,
-whose second siblings are accepted) equals plain decoding on llama.cpp."""
+whose second siblings are accepted) equals plain decoding on llama.cpp, and sampled tree rounds
+equal the reference decoder's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import random
 
 import pytest
 import torch
-from test_tree_models import SHAPE, FixedShape, first_child_path, path_to, refuse_tree_calls_out_of_order
+from test_tree_models import SHAPE, FixedShape, ShuffledOracle, first_child_path, path_to, refuse_tree_calls_out_of_order
 
 from verispec.drafts import ROOT
 from verispec.engine import generate
@@ -209,3 +210,18 @@ def test_greedy_tree_decoding_is_plain_decoding():
             assert run.stats.tree_rounds > 0
             moved += any(len(ranks) > 1 and ranks[1] for ranks in run.stats.rank_accepts)
     assert moved  # the head's second siblings were accepted: keep_path decoded nodes again
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_engine_with_trees_equals_the_reference_decoder(lm, temperature):
+    """Sampled and greedy tree rounds (second siblings accepted, so kept nodes are owed) against
+    the reference decoder, which recomputes every row with `score`: equal where the prompt is at
+    most 3 tokens (llama.cpp decodes a longer prompt in one forward of its own rounding)."""
+    from verispec.randomness import TorchRandom
+    from verispec.reference import reference_generate
+
+    options = dict(max_new_tokens=10, sampling=SamplingParams(temperature=temperature), k=FixedShape(SHAPE))
+    for seed, prompt in enumerate(([5, 9, 14], [17])):
+        engine = generate(lm, ShuffledOracle(lm), prompt, rng=TorchRandom(seed), **options)
+        assert engine.tokens == reference_generate(lm, ShuffledOracle(lm), prompt, rng=TorchRandom(seed), **options)
+        assert engine.stats.tree_rounds > 0
