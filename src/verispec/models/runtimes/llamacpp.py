@@ -414,7 +414,7 @@ class LlamaCppLM:
         gone. The nodes already in a chain's cells (the first-child path's head) stay; the rest
         lose their tree cells and are owed: the next forward decodes them again in front of its
         own rows (no logits), so that this sequence's cells stay in position order, which flash
-        attention sums in. Their features are the tree rows' (a chain's bits), kept now."""
+        attention sums in. Their features are the tree rows', kept now."""
         start, sources, destinations = self._pending.kept(path)
         in_place = len(path) - len(sources)
         self._owed = [self._tokens[source] for source in sources]
