@@ -15,6 +15,7 @@ chosen tree proposer, and greedy tree decoding equals plain greedy decoding.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -264,26 +265,34 @@ def test_the_fast_runtime_lays_a_tree_out_depth_first(kind: str, moved: int) -> 
     torch.testing.assert_close(lm.extend_tree(tokens, parents)[[0, 2, 4]], chain, atol=FP32_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_tree_calls_out_of_order_are_refused_and_leave_the_cache_intact(kind: str) -> None:
-    lm = build(kind)
+def refuse_tree_calls_out_of_order(lm, vocab: int, *pending: Callable[[], object]) -> None:
+    """After [3, 4, 5]: keep_path without a tree and bad trees are refused, the cache intact;
+    with the tree [6, 7, 8] (parents -1, -1, 1) scored, every call but keep_path and a rollback
+    to its start (`pending`: the model's own others too), and a path not in it; then the path
+    [1, 2] (tokens 7, 8) is kept."""
     assert isinstance(lm, TreeScoring)
     lm.prefill([3, 4, 5])
     with pytest.raises(ValueError, match="keep_path needs a tree"):
         lm.keep_path([0])
     with pytest.raises(ValueError, match="parent must be -1 or an earlier node"):
         lm.extend_tree([6, 7], [ROOT, 1])
-    with pytest.raises(ValueError, match=f"token id {VOCAB} is outside"):
-        lm.extend_tree([6, VOCAB], [ROOT, 0])
+    with pytest.raises(ValueError, match=f"token id {vocab} is outside"):
+        lm.extend_tree([6, vocab], [ROOT, 0])
     assert lm.length == 3
     lm.extend_tree([6, 7, 8], [ROOT, ROOT, 1])
     for call in (lambda: lm.extend([9]), lambda: lm.extend_tree([9], [ROOT]), lambda: lm.rollback(4),
-                 lambda: lm.record_features([FINAL])):
+                 lambda: lm.record_features([FINAL]), *pending):
         with pytest.raises(ValueError, match="tree is pending"):
             call()
     with pytest.raises(ValueError, match="not a root path"):
         lm.keep_path([0, 2])
     lm.keep_path([1, 2])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tree_calls_out_of_order_are_refused_and_leave_the_cache_intact(kind: str) -> None:
+    lm = build(kind)
+    refuse_tree_calls_out_of_order(lm, VOCAB)
     torch.testing.assert_close(lm.extend([9]), lm.score([3, 4, 5, 7, 8, 9])[-1:], atol=FP32_ATOL, rtol=0)
     lm.extend_tree([6, 7], [ROOT, 0])
     lm.rollback(4)  # back to before the tree: the tree is forgotten

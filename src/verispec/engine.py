@@ -470,7 +470,7 @@ def tree_target(target: CausalLM) -> TreeScoring:
     if not isinstance(target, TreeScoring):
         raise ValueError(
             f"{type(target).__name__} cannot score a token tree in one forward; use a chain "
-            "(an integer k or auto) or a model with tree scoring (the fast runtime, the HF adapter)"
+            "(an integer k or auto) or a model with tree scoring (the fast, static, HF and llama.cpp runtimes)"
         )
     return target
 

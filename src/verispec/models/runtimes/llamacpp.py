@@ -18,6 +18,20 @@ cells only (flash attention skips the cells its mask hides). `score` decodes in 
 of its own (made on first use), cleared before each call, so the live cache is never touched.
 A slot no longer referenced gives its cells and its sequence id back.
 
+Trees (`TreeScoring`): `extend_tree` decodes a token tree as the rows of one forward (per piece,
+`pieces`), laid out depth first (`ScoredTree.depth_first`), each node at position length +
+depth - 1 in the sequence set of every root-to-leaf path through it (`llama_batch.seq_id[i]`):
+the first-child path's is the model's own sequence, every other path's a sequence borrowed from
+the free ids, given the prefix's cells first (`llama_memory_seq_cp`, shared, not copied).
+llama.cpp masks a row by its sequence, so a node sees the prefix and its ancestors only, in the
+chain's cell order. `keep_path` removes its own sequence from the tree's cells past the kept
+path's head on the first-child path, removes the borrowed sequences and gives them back; the
+kept nodes past that head are owed: the next forward (`extend`, `extend_slots`, `extend_tree`)
+decodes them again as a chain in front of its own rows. Left in their tree cells they would
+leave free cells before them, which llama.cpp fills first, and flash attention sums a row's
+cells in cell order. Their features are the tree rows' (a chain's bits where the rows are). A
+tree needs one sequence per leaf; a wider one than the free sequences allow is refused.
+
 Features (`FeatureChannel`), from the forward that scores the rows: the final norm's output
 (`FINAL`) is llama.cpp's embeddings output, switched on (`llama_set_embeddings`) for a forward
 where a sequence records it (llama.cpp then writes the logits and the embedding of every row);
@@ -102,9 +116,11 @@ import numpy as np
 import torch
 
 from verispec.machine import cpu_flags, cpuinfo
-from verispec.models.base import FINAL, Tap, check_extend, check_score_ids, check_slots, check_taps
+from verispec.drafts import ROOT
+from verispec.models.base import FINAL, Tap, check_extend, check_extend_tree, check_score_ids, check_slots, check_taps
 from verispec.models.features import FeatureStore
 from verispec.models.formats.gguf_blocks import stored_matrix_types
+from verispec.models.scored_tree import PENDING_TREE, PendingTree, ScoredTree
 
 # A lone row's forward takes the many-row attention while the cache's KV view stays 256 cells:
 # llama.cpp pads the view to 256 and splits a one-query flash attention over 512 or more.
@@ -114,6 +130,10 @@ LONE_ROW_CELLS = 256
 ROWS_ALONE = frozenset({"Q4_1", "Q8_0"})
 # Flash attention computes each query row alone up to this many rows a forward; 64 or more tile.
 FLASH_ROWS = 63
+# The sequences one request's tree round takes at most: a `--k tree` tree's 16 drafted nodes
+# under the pending token have at most 16 leaves, a sequence each (its own, 15 borrowed).
+TREE_SEQUENCES = 16
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: a context of more sequences is refused
 INSTALL = "make llamacpp"  # the documented install: llama-cpp-python built with `cmake_args`
 PROBE_SECONDS = 300  # a probe's load and decode of a small file take a few seconds
 
@@ -222,7 +242,8 @@ def probe(gguf: Path) -> None:
 
 class LlamaCppLM:
     """A GGUF file decoded by llama.cpp: one sequence of a shared llama.cpp context, with a
-    rollback-able cache, the features a head reads (`FeatureChannel`) and slots (`SlotScoring`).
+    rollback-able cache, the features a head reads (`FeatureChannel`), slots (`SlotScoring`)
+    and token trees (`TreeScoring`).
 
     >>> lm = LlamaCppLM("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=4096, n_threads=2)
     >>> lm.prefill(prompt[:-1])
@@ -230,6 +251,8 @@ class LlamaCppLM:
     >>> lm.rollback(lm.length - 2)
     >>> a, b = lm.new_slot(), lm.new_slot()           # sequences of the same cache
     >>> rows_a, rows_b = lm.extend_slots([a, b], [[x], [y, z]])
+    >>> tree = lm.extend_tree([x, y, z], [-1, 0, 0])  # float32 [3, V]: z's path is [x, z]
+    >>> lm.keep_path([0, 2])
 
     n_ctx: positions the cache holds, every sequence's together. n_threads: llama.cpp's
     threads, for one-token and many-token forwards alike (default: torch's count). n_batch: the
@@ -237,7 +260,7 @@ class LlamaCppLM:
     deterministic: decode every forward after the prompt in pieces of 2 to `widest_piece` tokens (`pieces`),
     a lone token alone only where its forward takes the many-row attention too (`LONE_ROW_CELLS`),
     so that a row's logits do not depend on how many rows are scored with it. sequences: the
-    most sequences (this one and its slots) the cache holds at once. matrices: the block types of
+    most sequences (this one, its slots, and a scored tree's paths) the cache holds at once. matrices: the block types of
     the file's matrices, which set `widest_piece` (default: read from the file's tensor table;
     the loader passes its cached copy's, `sources.matrix_types`).
     """
@@ -249,7 +272,7 @@ class LlamaCppLM:
         n_threads: int | None = None,
         n_batch: int = 512,
         deterministic: bool = True,
-        sequences: int = 16,
+        sequences: int = TREE_SEQUENCES,
         matrices: set[str] | None = None,
     ) -> None:
         require("the llama.cpp runtime")
@@ -267,6 +290,14 @@ class LlamaCppLM:
         self.seq = self._shared.join(self)
         self._features = FeatureStore(self.hidden_size)
         self._tokens: list[int] = []  # what the cache holds (a remade context decodes them again)
+        self._pending = PendingTree()  # the scored tree from extend_tree to keep_path
+        self._branches: list[int] = []  # the sequences borrowed for its other root-to-leaf paths
+        self._owed: list[int] = []  # the last tokens, kept off a tree's first-child path: no cells yet
+
+    @property
+    def cached(self) -> int:
+        """Tokens whose cells the cache holds: all but the kept tree nodes owed to the next forward."""
+        return len(self._tokens) - len(self._owed)
 
     @property
     def length(self) -> int:
@@ -290,7 +321,10 @@ class LlamaCppLM:
     def reset(self) -> None:
         if self._tokens:
             self._shared.forget(self.seq, 0)
+        self._release_branches()
+        self._pending.tree = None
         self._tokens.clear()
+        self._owed.clear()
         self._features.reset()
 
     def prefill(self, ids: Sequence[int]) -> None:
@@ -303,12 +337,16 @@ class LlamaCppLM:
 
     def extend(self, tokens: Sequence[int], keep: int | None = None) -> torch.Tensor:
         check_extend(tokens, keep, self.vocab_size)
+        self._pending.refuse()
         return self._shared.extend_slots([self], [tokens], [keep or len(tokens)])[0]  # [keep or n, V]
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}; {self.length} tokens processed")
+        self._pending.rolled_back(length)
+        self._release_branches()  # a tree rolled back whole: its other paths' sequences go back
         if length < self.length:
+            del self._owed[max(0, len(self._owed) - (self.length - length)) :]
             self._shared.forget(self.seq, length)
             del self._tokens[length:]
             self._features.truncate(length)
@@ -317,20 +355,25 @@ class LlamaCppLM:
         check_score_ids(ids, self.vocab_size)
         return self._shared.score(ids, ())[0]  # [T, V]
 
-    def _rows(self, tokens: Sequence[int], start: int, keep: int, size: int) -> _Rows:
-        """This sequence's piece of a forward: `tokens` at positions start.., the logits of the
-        last `keep`, in a forward of `size` rows (one more than the tokens: a padding row)."""
-        return _Rows(self, self.seq, np.asarray(tokens, dtype=np.int32), start, keep, size > len(tokens), self._features.taps)
+    def _rows(self, tokens: Sequence[int], start: int, keep: int, size: int, tree: _TreeRows | None = None) -> _Rows:
+        """This sequence's piece of a forward: `tokens` at positions start.. (or a tree's rows
+        at their own positions, each in the sequences of its paths), the logits of the last
+        `keep`, in a forward of `size` rows (one more than the tokens: a padding row)."""
+        return _Rows(self, self.seq, np.asarray(tokens, dtype=np.int32), start, keep, size > len(tokens),
+                     self._features.taps, tree)
 
     def _advance(self, tokens: list[int], features: dict[Tap, torch.Tensor]) -> None:
-        """These tokens of this sequence were decoded; their recorded features."""
-        self._tokens += tokens
+        """These tokens of this sequence were decoded, the owed ones first (already counted,
+        their features kept); their recorded features."""
+        owed, self._owed = len(self._owed), []
+        self._tokens += tokens[owed:]
         if self._features.taps:
-            self._features.append(features)
+            self._features.append({tap: rows[owed:] for tap, rows in features.items()})
 
     # --- FeatureChannel -------------------------------------------------------------------
 
     def record_features(self, taps: Sequence[Tap]) -> None:
+        self._pending.refuse()
         taps = check_taps(taps, self.num_layers)
         self._shared.observe([tap for tap in taps if tap != FINAL])
         for tap in taps:
@@ -351,6 +394,41 @@ class LlamaCppLM:
     def output_embeddings(self) -> torch.Tensor:
         return self._shared.output_embeddings()
 
+    # --- TreeScoring ----------------------------------------------------------------------
+
+    def extend_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """The tree's nodes in one `llama_decode` (deterministic: one per piece, `pieces`), laid
+        out depth first, each at position length + depth - 1 in the sequences of the root-to-leaf
+        paths through it: the first-child path's in this sequence, every other path's in a
+        sequence borrowed for it (holding this one's prefix too); logits float32 [n, V] in the
+        caller's node order."""
+        check_extend_tree(tokens, parents, self.vocab_size)
+        self._pending.refuse()
+        tree = ScoredTree.depth_first(self.length, parents)
+        logits = self._shared.extend_tree(self, [tokens[node] for node in tree.nodes], tree)  # [n, V], rows
+        self._pending.tree = tree
+        return tree.by_node(logits)
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """Keep the path's nodes in this sequence, its other cells and the borrowed sequences
+        gone. The nodes already in a chain's cells (the first-child path's head) stay; the rest
+        lose their tree cells and are owed: the next forward decodes them again in front of its
+        own rows (no logits), so that this sequence's cells stay in position order, which flash
+        attention sums in. Their features are the tree rows', kept now."""
+        start, sources, destinations = self._pending.kept(path)
+        in_place = len(path) - len(sources)
+        self._owed = [self._tokens[source] for source in sources]
+        self._shared.forget(self.seq, start + in_place)
+        self._release_branches()
+        self._tokens[start + in_place :] = self._owed
+        self._features.move(sources, destinations)
+        self._features.truncate(start + len(path))
+
+    def _release_branches(self) -> None:
+        """Give back the sequences a scored tree borrowed, their cells removed."""
+        while self._branches:
+            self._shared.leave(self._branches.pop())
+
     # --- SlotScoring ----------------------------------------------------------------------
 
     def new_slot(self, capacity: int = 256) -> LlamaCppLM:
@@ -370,25 +448,38 @@ class LlamaCppLM:
             if slot._shared is not self._shared:
                 raise ValueError("extend_slots takes slots made by this model's new_slot")
             check_extend(rows, None, self.vocab_size)
+            slot._pending.refuse()
         return self._shared.extend_slots(slots, tokens, [len(rows) for rows in tokens])
 
     def reserve_slots(self, slots: int) -> None:
-        """Make room for `slots` sequences besides this one (the scheduler's slots): the cache
-        is remade for more sequences while none holds tokens."""
-        self._shared.reserve(slots + 1)
+        """Make room for `slots` requests besides this one (the scheduler's slots), each with the
+        sequences of a `--k tree` round's paths (`TREE_SEQUENCES`, up to llama.cpp's
+        `MAX_SEQUENCES` in all): the cache is remade for more sequences while none holds tokens."""
+        self._shared.reserve(min(MAX_SEQUENCES, (slots + 1) * TREE_SEQUENCES))
 
     def __del__(self) -> None:
         """A slot no longer referenced gives its sequence id and cache cells back."""
         shared = getattr(self, "_shared", None)
         if shared is not None and hasattr(self, "seq"):
             shared.leave(self.seq)
+            for branch in getattr(self, "_branches", ()):
+                shared.leave(branch)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TreeRows:
+    """Where a piece of a token tree's rows sit: each row's position, and the sequence ids of
+    the root-to-leaf paths through it (the row's first attends: all of them hold its ancestors)."""
+
+    positions: np.ndarray  # [n] int32
+    seqs: tuple[tuple[int, ...], ...]  # [n]
 
 
 @dataclasses.dataclass
 class _Rows:
-    """One sequence's part of a forward: tokens [n] at positions start..start+n-1, the logits
-    of the last `keep`, a padding row after them (decoded, then forgotten) where `pad`, and
-    the taps whose features the sequence records."""
+    """One sequence's part of a forward: tokens [n] at positions start..start+n-1 of sequence
+    `seq` (or a tree's, `tree`), the logits of the last `keep`, a padding row after them
+    (decoded, then forgotten) where `pad`, and the taps whose features the sequence records."""
 
     owner: LlamaCppLM
     seq: int
@@ -397,10 +488,23 @@ class _Rows:
     keep: int
     pad: bool
     taps: tuple[Tap, ...]
+    tree: _TreeRows | None = None
 
     @property
     def size(self) -> int:
         return len(self.tokens) + self.pad
+
+    def positions(self) -> np.ndarray:
+        """[size] int32: each row's position (a padding row's one after the last token's)."""
+        if self.tree is None:
+            return np.arange(self.start, self.start + self.size, dtype=np.int32)
+        return np.append(self.tree.positions, self.tree.positions[-1:] + 1)[: self.size]
+
+    def seqs(self) -> list[tuple[int, ...]]:
+        """[size]: each row's sequence ids (a padding row's those of the last token)."""
+        if self.tree is None:
+            return [(self.seq,)] * self.size
+        return [*self.tree.seqs, *self.tree.seqs[-1:]][: self.size]
 
     @property
     def outputs(self) -> int:
@@ -464,6 +568,8 @@ class _Shared:
         their kept features stay: the same numbers up to the prompt's rounding)."""
         live = self._live
         if live is None or not self.layers <= live.layers or live.sequences < self.sequences:
+            if any(member._pending.tree is not None for member in list(self.members.values())):
+                raise ValueError(PENDING_TREE)  # its other paths live in this context's cells only
             self._live = live = None  # freed before its successor is made
             self._live = _Context(self, self.n_ctx, self.sequences, frozenset(self.layers))
             for member in list(self.members.values()):
@@ -471,6 +577,7 @@ class _Shared:
                 for begin, size in _starts(sizes):
                     tokens = np.asarray(member._tokens[begin : begin + size], dtype=np.int32)
                     self._live.decode([_Rows(member, member.seq, tokens, begin, 0, False, ())])
+                member._owed = []  # decoded with the rest
         return self._live
 
     def forget(self, seq: int, position: int) -> None:
@@ -506,18 +613,52 @@ class _Shared:
         """Each member's tokens after its cache, cut into pieces (`pieces`), the members' j-th
         pieces in one forward; per member the logits of its last keep rows, float32 [keep, V]."""
         self.check_room(sum(map(len, tokens)))
-        cut = [pieces(len(rows), self.n_batch, self.deterministic, not self.pads_a_lone_row(member.length), self.widest)
+        tokens = [[*member._owed, *rows] for member, rows in zip(members, tokens)]  # owed tree nodes first
+        cut = [pieces(len(rows), self.n_batch, self.deterministic, not self.pads_a_lone_row(member.cached), self.widest)
                for member, rows in zip(members, tokens)]
         forwards: list[list[_Rows]] = []
         for member, rows, keep, sizes in zip(members, tokens, keeps, cut):
             for j, (begin, size) in enumerate(_starts(sizes)):
                 piece = rows[begin : begin + size]
-                kept = max(0, keep - (len(rows) - begin - len(piece)))  # its rows among the last `keep`
                 if j == len(forwards):
                     forwards.append([])
-                forwards[j].append(member._rows(piece, member.length + begin, min(kept, len(piece)), size))
+                forwards[j].append(member._rows(piece, member.cached + begin, _kept(keep, len(rows), begin, len(piece)), size))
         logits = self.run(forwards)
         return [rows[0] if len(rows) == 1 else torch.cat(rows) for rows in (logits[id(member)] for member in members)]
+
+    def extend_tree(self, member: LlamaCppLM, tokens: Sequence[int], tree: ScoredTree) -> torch.Tensor:
+        """A tree's rows (`tokens` in `tree`'s row order) after the member's cache, cut into
+        pieces as a chain's (parents precede children, so a piece's rows see their ancestors in
+        its own cells or earlier pieces'); their logits float32 [n, V]. Every root-to-leaf path
+        is a sequence: the first (the first-child path) the member's own, each other one
+        borrowed from the free ids, after a copy of the member's prefix."""
+        self.check_room(len(tokens))
+        leaves = tree_leaves(tree.parents)
+        if len(leaves) - 1 > len(self.free):
+            raise ValueError(
+                f"a token tree of {len(leaves)} leaves needs {len(leaves)} llama.cpp sequences (one a root-to-leaf "
+                f"path) and {len(self.free) + 1} are free of the context's {self.sequences}; draft a narrower tree, "
+                "or build the model with more sequences"
+            )
+        context = self.live()
+        member._branches = [self.free.pop() for _ in leaves[1:]]
+        for branch in member._branches:
+            context.copy(member.seq, branch)
+        paths = path_sequences(tree.parents, leaves, [member.seq, *member._branches])
+        owed = len(member._owed)  # a chain in front of the tree, in every path's sequence
+        rows = [*member._owed, *tokens]
+        seqs = [(member.seq, *member._branches)] * owed + paths
+        positions = np.concatenate([np.arange(member.cached, tree.start), tree.positions().numpy()]).astype(np.int32)  # [owed + n]
+        sizes = pieces(len(rows), self.n_batch, self.deterministic, not self.pads_a_lone_row(member.cached), self.widest)
+        forwards = [[member._rows(rows[begin : begin + size], member.cached + begin, _kept(len(tokens), len(rows), begin, size), size,
+                                  _TreeRows(positions[begin : begin + size], tuple(seqs[begin : begin + size])))]
+                    for begin, size in _starts(sizes)]
+        try:
+            logits = self.run(forwards)[id(member)]
+        except BaseException:
+            member._release_branches()
+            raise
+        return logits[0] if len(logits) == 1 else torch.cat(logits)
 
     def run(self, forwards: list[list[_Rows]]) -> dict[int, list[torch.Tensor]]:
         """Decode the forwards in order on the live context, then advance each member by its
@@ -536,7 +677,7 @@ class _Shared:
                     decoded[id(part.owner)] += part.tokens.tolist()
         except BaseException:
             for member in members.values():
-                context.forget(member.seq, member.length)
+                context.forget(member.seq, member.cached)
             raise
         for key, member in members.items():
             taps = member._features.taps
@@ -635,13 +776,14 @@ class _Context:
         self.context = _internals.LlamaContext(model=shared.llama._model, params=params, verbose=False)
         self.memory = api.llama_get_memory(self.context.ctx)
         self.embedding = False
-        self.batch = _internals.LlamaBatch(n_tokens=shared.n_batch, embd=0, n_seq_max=1, verbose=False)
+        # A row may belong to every sequence (a tree's root: every root-to-leaf path's).
+        self.batch = _internals.LlamaBatch(n_tokens=shared.n_batch, embd=0, n_seq_max=sequences, verbose=False)
         raw = self.batch.batch
         capacity = shared.n_batch
         self.token = np.ctypeslib.as_array(raw.token, shape=(capacity,))
         self.pos = np.ctypeslib.as_array(raw.pos, shape=(capacity,))
         self.wanted = np.ctypeslib.as_array(raw.logits, shape=(capacity,))
-        np.ctypeslib.as_array(raw.n_seq_id, shape=(capacity,))[:] = 1
+        self.n_seq_id = np.ctypeslib.as_array(raw.n_seq_id, shape=(capacity,))
         self.seq_ids = [raw.seq_id[i] for i in range(capacity)]
 
     def _observe(self, tensor: int, ask: bool, user_data) -> bool:
@@ -659,20 +801,25 @@ class _Context:
         if self.context.ctx is not None:
             self.api.llama_memory_seq_rm(self.memory, seq, position, -1)
 
+    def copy(self, source: int, seq: int) -> None:
+        """Put every cell of sequence `source` in sequence `seq` too (shared, not copied)."""
+        self.api.llama_memory_seq_cp(self.memory, source, seq, -1, -1)
+
     def decode(self, parts: Sequence[_Rows]) -> tuple[list[torch.Tensor], list[dict[Tap, torch.Tensor]]]:
         """One `llama_decode` of every part's rows; per part its logits float32 [keep, V] and
         its recorded taps' features {tap: [n, H]} (padding rows dropped, their cells forgotten)."""
         row = 0
         for part in parts:
             n = len(part.tokens)
-            rows = slice(row, row + part.size)
             self.token[row : row + n] = part.tokens
-            self.pos[rows] = np.arange(part.start, part.start + part.size, dtype=np.int32)
+            self.pos[row : row + part.size] = part.positions()
             self.wanted[row : row + n] = np.arange(n) >= n - part.outputs
             if part.pad:  # never read: a lone token then takes the many-row kernels
                 self.token[row + n], self.wanted[row + n] = part.tokens[-1], 0
-            for i in range(rows.start, rows.stop):
-                self.seq_ids[i][0] = part.seq
+            for i, seqs in enumerate(part.seqs(), start=row):
+                self.n_seq_id[i] = len(seqs)
+                for j, seq in enumerate(seqs):
+                    self.seq_ids[i][j] = seq
             row += part.size
         embedding = any(FINAL in part.taps for part in parts)
         if embedding:  # llama.cpp writes the embeddings of every row then, padding rows too
@@ -690,7 +837,7 @@ class _Context:
         finally:
             for part in parts:
                 if part.pad:
-                    self.forget(part.seq, part.start + len(part.tokens))
+                    self.forget(part.seq, int(part.positions()[-1]))
         wanted = self.wanted[:row].astype(np.int64)  # [rows]
         index = np.cumsum(wanted) - wanted  # [rows]: each output row's place among the outputs
         outputs = int(wanted.sum())
@@ -737,11 +884,47 @@ def pieces(n: int, n_batch: int, deterministic: bool, lone: bool = False, widest
     return [widest] * whole + [rest] * (rest > 0)
 
 
+def tree_leaves(parents: Sequence[int]) -> list[int]:
+    """The nodes without children, in order.
+
+    >>> tree_leaves([-1, 0, 1, 0, 3, -1])
+    [2, 4, 5]
+    """
+    inner = set(parents)
+    return [node for node in range(len(parents)) if node not in inner]
+
+
+def path_sequences(parents: Sequence[int], leaves: Sequence[int], ids: Sequence[int]) -> list[tuple[int, ...]]:
+    """Each node's sequence ids: ids[i] for every node on the root path of leaves[i].
+
+    >>> path_sequences([-1, 0, 1, 0, 3, -1], [2, 4, 5], [7, 8, 9])
+    [(7, 8), (7,), (7,), (8,), (8,), (9,)]
+    """
+    seqs: list[list[int]] = [[] for _ in parents]
+    for leaf, seq in zip(leaves, ids):
+        node = leaf
+        while node != ROOT:
+            seqs[node].append(seq)
+            node = parents[node]
+    return [tuple(node) for node in seqs]
+
+
 def widest_piece(matrices: set[str]) -> int:
     """The most rows a deterministic forward decodes: `FLASH_ROWS` where every matrix of the
     file is of a block type whose product computes each row alone (`ROWS_ALONE`), else 3 (a
     K-quant's repacked kernel takes 4 rows and more otherwise)."""
     return FLASH_ROWS if matrices <= ROWS_ALONE else 3
+
+
+def _kept(keep: int, n: int, begin: int, size: int) -> int:
+    """How many of the real rows of a piece of `size` rows from row `begin` of n lie among the
+    last `keep` (the piece's own last ones, as `_Rows.keep` counts them).
+
+    >>> _kept(3, 5, 0, 2), _kept(3, 5, 2, 3), _kept(1, 1, 0, 2)
+    (0, 3, 1)
+    """
+    real = min(size, n - begin)
+    return max(0, min(real, keep - (n - begin - real)))
 
 
 def _starts(sizes: Sequence[int]) -> list[tuple[int, int]]:
