@@ -1,8 +1,10 @@
 """Where the fast runtime's float32 forward stands against transformers', by projection kernel:
 one forward of 1 and of `--rows` new tokens after a cached context, interleaved in random
 order, for transformers' `LlamaForCausalLM` (its own cache, as `generate` steps it), the fast
-runtime on oneDNN's prepacked weights (its default) and the fast runtime on `F.linear` (MKL,
-transformers' own products: weight format "dense").
+runtime on oneDNN's prepacked weights (its default), on `F.linear` (MKL, transformers' own
+products: weight format "dense", whose single row is MKL's gemv and sums apart from two or
+more) and on MKL with a lone row padded to two (`PaddedMKL`: what a row-invariant MKL route
+would cost at most rows in one call; probed row blocks would add calls past their size).
 
     PYTHONPATH=src .venv/bin/python benchmarks/float32_kernels.py [--contexts 50,300,1000]
         [--rows 5] [--repeats 21] [--threads 2]
@@ -25,7 +27,30 @@ from verispec.models.loading.load import load_model
 from verispec.models.runtimes.llama import LlamaRuntime
 
 FAST = {"fast (oneDNN prepacked)": "float", "fast (F.linear, MKL)": "dense"}
+PADDED = "fast (MKL, 1 row padded)"
 TOKEN = 5  # the token every timed forward appends
+
+
+class PaddedMKL(torch.nn.Module):
+    """y = x W^T through `F.linear` (MKL), a single row computed as two (MKL's gemm, not its gemv)."""
+
+    def __init__(self, dense: torch.nn.Module) -> None:
+        super().__init__()
+        self.weight, self.bias = dense.weight, dense.bias  # [out, in], [out] or None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            return torch.nn.functional.linear(x.expand(2, -1), self.weight, self.bias)[:1]
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+def padded(lm: LlamaRuntime) -> LlamaRuntime:
+    """`lm` (built on weight format "dense") with every projection padded (`PaddedMKL`)."""
+    lm.head = PaddedMKL(lm.head)
+    for layer in lm.layers:
+        layer.qkv, layer.o = PaddedMKL(layer.qkv), PaddedMKL(layer.o)
+        layer.gate_up, layer.down = PaddedMKL(layer.gate_up), PaddedMKL(layer.down)
+    return lm
 
 
 def main() -> None:
@@ -38,6 +63,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = load_model(dtype="float32", runtime="hf").model
     fast = {name: LlamaRuntime.from_hf(model, fmt, deterministic=True) for name, fmt in FAST.items()}
+    fast[PADDED] = padded(LlamaRuntime.from_hf(model, "dense", deterministic=True))
     for context in (int(c) for c in args.contexts.split(",")):
         prompt = list(range(1000, 1000 + context))
         cache = DynamicCache(config=model.config)
