@@ -23,6 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from verispec import GREEDY, SamplingParams, generate
 from verispec.models.attention import InvariantAttention, RowAttention
 from verispec.models.base import FINAL, FeatureChannel
+from verispec.models.formats.linear import prepacks
 from verispec.models.runtimes.hf import HFCausalLM
 from verispec.models.runtimes.llama import LlamaRuntime, fast_runtime_refusal
 from verispec.proposers import DraftModel, PromptLookup
@@ -58,6 +59,17 @@ def test_with_transformers_products_the_logits_are_transformers_bits(model, leng
     difference is oneDNN's summation order."""
     ids = [random.Random(length).randrange(VOCAB) for _ in range(length)]
     assert torch.equal(LlamaRuntime.from_hf(model, "dense").score(ids), HFCausalLM(model).score(ids))
+
+
+def test_the_runtime_names_the_kernel_each_projection_computes_on(model) -> None:
+    """`profile` reports these: the float32 projections on oneDNN's prepacked weights where
+    torch has oneDNN, transformers' `F.linear` (MKL in float32) for the dense reference."""
+    count = 4 * model.config.num_hidden_layers + 1  # qkv, o, gate_up, down per layer, and the head
+    packed = "oneDNN prepacked float32" if prepacks(torch.float32) else "F.linear float32" + (" (MKL)" if torch.backends.mkl.is_available() else "")
+    assert LlamaRuntime.from_hf(model).projection_kernels() == {packed: count}
+    dense = "F.linear float32" + (" (MKL)" if torch.backends.mkl.is_available() else "")
+    assert LlamaRuntime.from_hf(model, "dense").projection_kernels() == {dense: count}
+    assert LlamaRuntime.from_hf(model, "int8").projection_kernels() == {"int8 aten._weight_int8pack_mm": count}
 
 
 def test_consuming_the_model_releases_its_projections_and_keeps_the_logits(model) -> None:

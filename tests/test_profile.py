@@ -228,6 +228,8 @@ def test_the_profile_command_prints_what_profile_model_measured(tmp_path, capsys
     assert main(args) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == Profile.load(out).to_dict() and printed["context_tokens"] == 16 and printed["batch"]["rows"] == [1, 2]
+    # The kernel path of the fast runtime's projections: 4 layers' qkv, o, gate_up and down, and the head.
+    assert printed["machine"]["runtime"].startswith("fast") and printed["machine"]["projections"].endswith(" x17")
     assert main(["profile", "--model", str(model), "--context-tokens", "4000", "--batch-rows", "0"]) == 2
     assert "the model's context of 2048 tokens" in capsys.readouterr().err
 

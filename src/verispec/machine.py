@@ -74,6 +74,8 @@ def describe(dtype: str | None = None) -> dict:
     return {
         "cpu": cpu_model(),
         "native_bf16": native_bf16(),
+        "amx": "amx_tile" in cpu_flags(cpuinfo()),  # oneDNN may take AMX tiles for bfloat16 products
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's vector ISA
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         # Other processes competing for the cores change every timing, by far more than any

@@ -100,6 +100,8 @@ def profile_model(
     measured.target, measured.proposer = loaded.name, proposer_name
     measured.machine["dtype"] = loaded.dtype_name
     measured.machine["runtime"] = loaded.runtime + (" (deterministic)" if getattr(lm, "deterministic", False) else "")
+    if hasattr(lm, "projection_kernels"):
+        measured.machine["projections"] = "; ".join(f"{kernel} x{count}" for kernel, count in lm.projection_kernels().items())
     if settings.survival_tokens:
         run = generate(
             lm, proposer, prompt_ids, max_new_tokens=settings.survival_tokens, sampling=settings.sampling,

@@ -49,6 +49,7 @@ class DenseLinear(nn.Module):
         self.register_buffer("bias", bias)  # [out] or None
         self.exact = exact
         self.out_features, self.in_features = weight.shape
+        self.kernel = f"F.linear {dtype_name(weight.dtype)}" + (" (MKL)" if mkl_sgemm(weight) else "")  # `profile` names it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x[..., in] -> y[..., out]."""
@@ -90,6 +91,7 @@ class PackedLinear(RowProjection):
         self.blocks = row_blocks(*weight.shape, weight.dtype)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.blocks.pack_rows)  # opaque oneDNN layout
         self.bias = bias  # [out] or None
+        self.kernel = f"oneDNN prepacked {dtype_name(weight.dtype)}"  # `profile` names it
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """x[M, in] -> y[M, out]."""
@@ -126,6 +128,7 @@ class Int8Linear(RowProjection):
         self.bias = bias  # [out] or None
         self.exact = False
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.kernel = "int8 aten._weight_int8pack_mm"  # `profile` names it
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """x[M, in] -> y[M, out]."""
@@ -137,6 +140,17 @@ def int8_fits(weight: torch.Tensor) -> bool:
     """Whether torch's int8 kernel takes weight [out, in]: it reads the activations in blocks
     and crashed (a segmentation fault, torch 2.13 CPU) for K = in of 8 and 24."""
     return weight.shape[1] % INT8_K_MULTIPLE == 0
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """"float32" for torch.float32, and so on."""
+    return str(dtype).removeprefix("torch.")
+
+
+def mkl_sgemm(weight: torch.Tensor) -> bool:
+    """Whether `F.linear` computes with this weight on MKL's sgemm (a float32 weight on the
+    CPU where torch has MKL; a single row goes to its gemv)."""
+    return weight.dtype == torch.float32 and weight.device.type == "cpu" and torch.backends.mkl.is_available()
 
 
 @functools.cache

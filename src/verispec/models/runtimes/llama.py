@@ -44,6 +44,7 @@ their slots (`ScoredTree.moves`; none for the first-child path), then moves `len
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -210,9 +211,17 @@ class LlamaRuntime(SlotScoring):
         rope = RopeTables(*read.rope, dtype)
         runtime = cls(shape, read.embed, layers, norm, head, rope, deterministic, head_linear)
         if weight_format in QUANTIZED:
-            projections = [head, *(p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))]
-            runtime.exact_weights = all(p.exact for p in projections)
+            runtime.exact_weights = all(p.exact for p in runtime.projections())
         return runtime
+
+    def projections(self) -> list[nn.Module]:
+        """The output head and every layer's projections."""
+        return [self.head, *(p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))]
+
+    def projection_kernels(self) -> dict[str, int]:
+        """How many projections compute on each kernel path (each module's `kernel`, e.g.
+        "oneDNN prepacked float32": 121), as `profile` reports them."""
+        return dict(Counter(getattr(p, "kernel", type(p).__name__) for p in self.projections()))
 
     def truncated(self, layers: int, head: nn.Module | None = None) -> LlamaRuntime:
         """A runtime of the first `layers` layers, then the final norm and `head` (default: this
