@@ -99,7 +99,9 @@ def test_transformer_drafts_keep_the_seeded_tokens(tiny_llama, make, k):
                             k=policy(k))
             base = generate(tiny_llama, None, prompt, max_new_tokens=20, sampling=sampling, seed=seed, k=0)
             assert spec.tokens == base.tokens
-            assert sum(spec.stats.accepted) > 0
+            # auto on the machine's clock may find after its first round that no k pays (a
+            # loaded machine); it still drafts that round, and the fixed ks accept
+            assert sum(spec.stats.accepted if k != "auto" else spec.stats.drafted) > 0
 
 
 def test_batches_of_mixed_requests_joining_and_leaving_keep_each_requests_tokens():
