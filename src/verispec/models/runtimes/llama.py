@@ -366,10 +366,12 @@ class LlamaRuntime(SlotScoring):
     ) -> tuple[torch.Tensor, dict[Tap, torch.Tensor]]:
         """The decoder layers over the rows of every segment at once (N = all their rows,
         `tokens` [N] in segment order): projections and MLPs on all N rows in one product each,
-        attention per segment over its own cache only. Advances each segment's cache; returns
+        attention over each segment's own cache only, one call for each run of consecutive
+        segments of equal length and rows (`runs`). Advances each segment's cache; returns
         the residual stream x[N, H] after the last layer and the layer taps' rows {tap: [N, H]}."""
         s = self.shape
         n = len(tokens)
+        groups = runs(segments)
         ids = torch.tensor(tokens, dtype=torch.long)  # [N]
         x = nn.functional.embedding(ids, self.embed)  # [N, H]
         if len(segments) == 1:
@@ -384,11 +386,16 @@ class LlamaRuntime(SlotScoring):
             qkv = layer.qkv(h).view(n, k_end + s.kv_heads, s.head_dim)  # [N, Hq + 2 Hkv, D]
             qk = self.rope.rotate(qkv[:, :k_end], cos, sin)  # [N, Hq + Hkv, D]
             parts = []
-            for seg in segments:
-                rows = slice(seg.offset, seg.offset + seg.m)
-                start = seg.cache.length
-                keys, values = seg.cache.write(index, start, qk[rows, q_end:], qkv[rows, k_end:], seg.width)  # [Hkv, width, D]
-                parts.append(self.attention(qk[rows, :q_end].transpose(0, 1), keys, values, seg.mask))  # [m, Hq D]
+            for group in groups:
+                first, b = group[0], len(group)
+                written = [
+                    seg.cache.write(index, seg.cache.length, qk[seg.rows, q_end:], qkv[seg.rows, k_end:], seg.width)
+                    for seg in group
+                ]  # per segment: keys, values [Hkv, width, D]
+                keys, values = (torch.stack(kv) if b > 1 else kv[0][None] for kv in zip(*written))  # [B, Hkv, width, D]
+                rows = slice(first.offset, first.offset + b * first.m)
+                q = qk[rows, :q_end].view(b, first.m, s.heads, s.head_dim).transpose(1, 2)  # [B, Hq, m, D]
+                parts.append(self.attention(q, keys, values, first.mask))  # [B m, Hq D]
             attended = parts[0] if len(parts) == 1 else torch.cat(parts)  # [N, Hq D]
             x = x + layer.o(attended)
             gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [N, 2 I]
@@ -447,14 +454,18 @@ class LlamaRuntime(SlotScoring):
         self, slots: Sequence[LlamaRuntime], tokens: Sequence[Sequence[int]], logits: bool
     ) -> list[torch.Tensor] | None:
         """One forward over every slot's rows on its own cache; per slot its logits float32
-        [n_i, V] (None without `logits`: no head), each slot's recorded features appended."""
-        segments, offset, flat = [], 0, []
-        for slot, rows in zip(slots, tokens):
-            segments.append(self._segment(slot.cache, offset, len(rows)))
-            offset += len(rows)
-            flat.extend(rows)
+        [n_i, V] (None without `logits`: no head), each slot's recorded features appended.
+        The slots' rows go in order of length and row count, so that slots of equal length
+        and rows sit together and attend in one call (`_layers`); each row's projections do
+        not depend on where it sits."""
+        order = sorted(range(len(slots)), key=lambda i: (slots[i].cache.length, len(tokens[i])))
+        segments, offset, flat = [None] * len(slots), 0, []
+        for i in order:
+            segments[i] = self._segment(slots[i].cache, offset, len(tokens[i]))
+            offset += len(tokens[i])
+            flat.extend(tokens[i])
         taps = tuple(dict.fromkeys(tap for slot in slots for tap in slot._features.taps))
-        x, captured = self._layers(segments, flat, tuple(tap for tap in taps if tap != FINAL))
+        x, captured = self._layers([segments[i] for i in order], flat, tuple(tap for tap in taps if tap != FINAL))
         if logits or FINAL in taps:
             normed = rms_norm(x, self.norm, self.shape.eps)  # [N, H]
             if FINAL in taps:
@@ -462,11 +473,10 @@ class LlamaRuntime(SlotScoring):
         scored = self.head(normed).float() if logits else None  # [N, V]
         for slot, seg in zip(slots, segments):
             if slot._features.taps:
-                rows = slice(seg.offset, seg.offset + seg.m)
-                slot._features.append({tap: captured[tap][rows] for tap in slot._features.taps})
+                slot._features.append({tap: captured[tap][seg.rows] for tap in slot._features.taps})
         if scored is None:
             return None
-        return [scored[seg.offset : seg.offset + seg.m] for seg in segments]
+        return [scored[seg.rows] for seg in segments]
 
     def kv_bytes_per_token(self) -> int:
         """Cache bytes one position takes in every layer (keys and values, with the ones
@@ -474,6 +484,19 @@ class LlamaRuntime(SlotScoring):
         s = self.shape
         width = s.head_dim + int(self.attention.value_ones)
         return s.layers * s.kv_heads * (s.head_dim + width) * self.dtype.itemsize
+
+
+def runs(segments: Sequence[Segment]) -> list[list[Segment]]:
+    """The segments in runs of consecutive chain segments of equal length and rows (each run
+    attends in one call; a tree's segment is a run of its own)."""
+    groups: list[list[Segment]] = []
+    for seg in segments:
+        last = groups[-1][-1] if groups else None
+        if last is not None and seg.joins(last):
+            groups[-1].append(seg)
+        else:
+            groups.append([seg])
+    return groups
 
 
 def as_index(positions: slice | torch.Tensor) -> torch.Tensor:
@@ -492,6 +515,19 @@ class Segment:
     width: int
     positions: slice | torch.Tensor
     mask: object
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.offset, self.offset + self.m)
+
+    def joins(self, previous: Segment) -> bool:
+        """Whether these rows attend in one call with `previous`'s, right before them: both a
+        chain's rows, as many, after as many cached positions (so the same mask and width)."""
+        return (
+            isinstance(self.positions, slice) and isinstance(previous.positions, slice)
+            and self.m == previous.m and self.cache.length == previous.cache.length
+            and previous.offset + previous.m == self.offset
+        )
 
 
 def fast_runtime_refusal(model: nn.Module, dtype: torch.dtype | None = None) -> str | None:
