@@ -148,12 +148,15 @@ class Counted:
         return self.inner(q, *rest)
 
 
+@pytest.mark.parametrize("reserved", [False, True], ids=["own caches", "arena"])
 @pytest.mark.parametrize("dtype", list(RUNTIMES))
-def test_slots_of_equal_length_attend_together_and_a_reused_slot_is_fresh(model, dtype) -> None:
+def test_slots_of_equal_length_attend_together_and_a_reused_slot_is_fresh(model, dtype, reserved) -> None:
     """Seven slots, five of one length (one attention call over them, then runs of equal
-    length but other row counts) beside two of other lengths; slot 0 is reused after a longer
-    request (300 positions: its cache grew past a fresh slot's) and every slot records
-    features. Each slot's logits and features equal a fresh slot's extended alone, bit for bit."""
+    length but other row counts) beside two of other lengths, with caches of their own or in
+    one reserved arena (one write and read per layer for a run); slot 0 is reused after a
+    longer request (200 positions), slot 6 after one of 300 (its cache grew past a fresh
+    slot's, out of the arena), and every slot records features. Each slot's logits and
+    features equal a fresh slot's extended alone, bit for bit."""
     lm = RUNTIMES[dtype](model)
     taps = [1, FINAL]
     rng = random.Random(2)
@@ -171,9 +174,16 @@ def test_slots_of_equal_length_attend_together_and_a_reused_slot_is_fresh(model,
         slot = fresh()
         slot.prefill(prompt)
         alone.append([(slot.extend(step), slot.features(taps, 0, slot.length)) for step in rows])
+    if reserved:
+        lm.reserve_slots(len(prompts))
     batch = [fresh() for _ in prompts]
-    batch[0].prefill([rng.randrange(VOCAB) for _ in range(300)])
-    batch[0].extend([rng.randrange(VOCAB) for _ in range(5)])
+    for slot, longer in ((batch[0], 200), (batch[6], 300)):
+        slot.prefill([rng.randrange(VOCAB) for _ in range(longer)])
+        slot.extend([rng.randrange(VOCAB) for _ in range(5)])
+    assert [slot.cache.arena is not None for slot in batch] == [reserved] * 6 + [False]
+    if reserved:  # the row slot 6 left is free again, and so is a row whose slot goes
+        rows = [lm.new_slot().cache.row for _ in range(2)]
+        assert rows == [6, 6]
     lm.attention = counted = Counted(lm.attention)
     lm.prefill_slots(batch, prompts)
     for step in range(4):

@@ -65,7 +65,7 @@ from verispec.models.base import (
     check_token_ids,
 )
 from verispec.models.features import FeatureStore
-from verispec.models.runtimes.kv_cache import KVCache
+from verispec.models.runtimes.kv_cache import KVArena, KVCache
 from verispec.models.formats.gguf_blocks import GGUFWeight
 from verispec.models.formats.linear import DenseLinear, projection
 from verispec.models.formats.llama_weights import LlamaShape, Projection, read_llama, refusal
@@ -125,6 +125,7 @@ class LlamaRuntime(SlotScoring):
         # Float projections hold the model's weights in its dtype: exact in float32 only.
         self.exact_weights = self.dtype == torch.float32
         self.cache = self.new_cache()
+        self._arena: KVArena | None = None  # the reserved slots' caches (`reserve_slots`)
         self._features = FeatureStore(shape.hidden)
         self._pending = PendingTree()  # the scored tree from extend_tree to keep_path
 
@@ -226,10 +227,12 @@ class LlamaRuntime(SlotScoring):
             self.deterministic, self.head_linear,
         )
 
-    def new_cache(self, capacity: int = 256) -> KVCache:
+    def new_cache(self, capacity: int = 256, arena: KVArena | None = None) -> KVCache:
+        """A cache of `capacity` positions: a free row of `arena` where it has one that large."""
         s = self.shape
         attention = self.attention
-        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity, attention.value_ones, attention.keys_by_column)
+        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity, attention.value_ones,
+                       attention.keys_by_column, arena)
 
     # --- CausalLM -------------------------------------------------------------------------
 
@@ -372,6 +375,7 @@ class LlamaRuntime(SlotScoring):
         s = self.shape
         n = len(tokens)
         groups = runs(segments)
+        in_arena = [arena_rows(group) for group in groups]
         ids = torch.tensor(tokens, dtype=torch.long)  # [N]
         x = nn.functional.embedding(ids, self.embed)  # [N, H]
         if len(segments) == 1:
@@ -386,14 +390,19 @@ class LlamaRuntime(SlotScoring):
             qkv = layer.qkv(h).view(n, k_end + s.kv_heads, s.head_dim)  # [N, Hq + 2 Hkv, D]
             qk = self.rope.rotate(qkv[:, :k_end], cos, sin)  # [N, Hq + Hkv, D]
             parts = []
-            for group in groups:
+            for group, arena_index in zip(groups, in_arena):
                 first, b = group[0], len(group)
-                written = [
-                    seg.cache.write(index, seg.cache.length, qk[seg.rows, q_end:], qkv[seg.rows, k_end:], seg.width)
-                    for seg in group
-                ]  # per segment: keys, values [Hkv, width, D]
-                keys, values = (torch.stack(kv) if b > 1 else kv[0][None] for kv in zip(*written))  # [B, Hkv, width, D]
                 rows = slice(first.offset, first.offset + b * first.m)
+                if arena_index is not None:  # [B, Hkv, width, D] gathered from the arena
+                    keys, values = first.cache.arena.write(
+                        index, arena_index, first.cache.length, qk[rows, q_end:], qkv[rows, k_end:], first.width
+                    )
+                else:
+                    written = [
+                        seg.cache.write(index, seg.cache.length, qk[seg.rows, q_end:], qkv[seg.rows, k_end:], seg.width)
+                        for seg in group
+                    ]  # per segment: keys, values [Hkv, width, D]
+                    keys, values = (torch.stack(kv) if b > 1 else kv[0][None] for kv in zip(*written))  # [B, Hkv, width, D]
                 q = qk[rows, :q_end].view(b, first.m, s.heads, s.head_dim).transpose(1, 2)  # [B, Hq, m, D]
                 parts.append(self.attention(q, keys, values, first.mask))  # [B m, Hq D]
             attended = parts[0] if len(parts) == 1 else torch.cat(parts)  # [N, Hq D]
@@ -408,12 +417,23 @@ class LlamaRuntime(SlotScoring):
 
     # --- SlotScoring ----------------------------------------------------------------------
 
+    def reserve_slots(self, slots: int) -> None:
+        """The next `slots` slots' caches (of the default capacity) in one arena (`KVArena`; a
+        new one unless the current has as many rows free), so that slots of equal length write
+        and read their caches in one call per layer."""
+        if self._arena is not None and len(self._arena.free) >= slots:
+            return
+        s, attention = self.shape, self.attention
+        self._arena = KVArena(slots, s.layers, s.kv_heads, s.head_dim, self.dtype, attention.width(256),
+                              attention.value_ones, attention.keys_by_column)
+
     def new_slot(self, capacity: int = 256) -> LlamaRuntime:
         """A runtime sharing every weight with this one, with a cache of its own preallocated
-        for `capacity` positions (grown by doubling past it), for one request of a batch."""
+        for `capacity` positions (grown by doubling past it), for one request of a batch: a
+        row of the reserved arena while it has one."""
         slot = self.truncated(self.shape.layers)
         slot.exact_weights = self.exact_weights
-        slot.cache = slot.new_cache(self.attention.width(capacity))
+        slot.cache = slot.new_cache(self.attention.width(capacity), self._arena)
         return slot
 
     @torch.inference_mode()
@@ -497,6 +517,15 @@ def runs(segments: Sequence[Segment]) -> list[list[Segment]]:
         else:
             groups.append([seg])
     return groups
+
+
+def arena_rows(group: list[Segment]) -> torch.Tensor | None:
+    """The rows of a run of several segments whose caches are all in one arena (LongTensor
+    [B]); None otherwise."""
+    arena = group[0].cache.arena
+    if len(group) == 1 or arena is None or any(seg.cache.arena is not arena for seg in group):
+        return None
+    return torch.tensor([seg.cache.row for seg in group])
 
 
 def as_index(positions: slice | torch.Tensor) -> torch.Tensor:
