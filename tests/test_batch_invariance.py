@@ -21,6 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec import GREEDY, SamplingParams, generate
 from verispec.batching import Scheduler
+from verispec.models.base import FINAL
 from verispec.models.formats.linear import MAX_BLOCK, PackedLinear, row_blocks
 from verispec.models.runtimes.llama import LlamaRuntime
 from verispec.models.formats.quant import linear_for
@@ -131,6 +132,67 @@ def test_a_slot_scores_the_same_bits_whatever_slots_share_its_steps(model, dtype
             assert torch.equal(logits, alone[i][done[i]]), (dtype, i, done[i], [len(r) for r in rows])
             done[i] += 1
     assert largest > 129 and sum(done) >= 20  # steps crossed every block size, most rows were scored
+
+
+class Counted:
+    """An attention that notes how many slots each call scores together (q [B, Hq, m, D])."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.slots = inner, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def __call__(self, q: torch.Tensor, *rest) -> torch.Tensor:
+        self.slots.append(q.shape[0])
+        return self.inner(q, *rest)
+
+
+@pytest.mark.parametrize("reserved", [False, True], ids=["own caches", "arena"])
+@pytest.mark.parametrize("dtype", list(RUNTIMES))
+def test_slots_of_equal_length_attend_together_and_a_reused_slot_is_fresh(model, dtype, reserved) -> None:
+    """Seven slots, five of one length (one attention call over them, then runs of equal
+    length but other row counts) beside two of other lengths, with caches of their own or in
+    one reserved arena (one write and read per layer for a run); slot 0 is reused after a
+    longer request (200 positions), slot 6 after one of 300 (its cache grew past a fresh
+    slot's, out of the arena), and every slot records features. Each slot's logits and
+    features equal a fresh slot's extended alone, bit for bit."""
+    lm = RUNTIMES[dtype](model)
+    taps = [1, FINAL]
+    rng = random.Random(2)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (12, 12, 12, 12, 12, 5, 30)]
+    counts = [(4, 4, 1, 3)] * 4 + [(4, 2, 3, 3), (4, 1, 2, 2), (1, 4, 4, 1)]
+    steps = [[[rng.randrange(VOCAB) for _ in range(m)] for m in rows] for rows in counts]
+
+    def fresh() -> LlamaRuntime:
+        slot = lm.new_slot()
+        slot.record_features(taps)
+        return slot
+
+    alone = []
+    for prompt, rows in zip(prompts, steps):
+        slot = fresh()
+        slot.prefill(prompt)
+        alone.append([(slot.extend(step), slot.features(taps, 0, slot.length)) for step in rows])
+    if reserved:
+        lm.reserve_slots(len(prompts))
+    batch = [fresh() for _ in prompts]
+    for slot, longer in ((batch[0], 200), (batch[6], 300)):
+        slot.prefill([rng.randrange(VOCAB) for _ in range(longer)])
+        slot.extend([rng.randrange(VOCAB) for _ in range(5)])
+    assert [slot.cache.arena is not None for slot in batch] == [reserved] * 6 + [False]
+    if reserved:  # the row slot 6 left is free again, and so is a row whose slot goes
+        rows = [lm.new_slot().cache.row for _ in range(2)]
+        assert rows == [6, 6]
+    lm.attention = counted = Counted(lm.attention)
+    lm.prefill_slots(batch, prompts)
+    for step in range(4):
+        rows = [steps[i][step] for i in range(len(batch))]
+        for i, logits in enumerate(lm.extend_slots(batch, rows)):
+            expected, features = alone[i][step]
+            assert torch.equal(logits, expected), (dtype, i, step)
+            assert torch.equal(batch[i].features(taps, 0, batch[i].length), features), (dtype, i, step)
+    assert max(counted.slots) == 5 and 4 in counted.slots  # five prefilled together, then four of equal rows
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

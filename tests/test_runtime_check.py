@@ -111,6 +111,22 @@ def test_greedy_speculation_and_batching_equal_plain_greedy():
     assert engine.greedy(prompts, 12, None, 3) == plain
 
 
+def test_the_engine_keeps_its_slots_across_calls():
+    """A later call's requests take the slots an earlier call's left (a longer prompt and
+    length on them before), none allocated again, and sample what a fresh engine samples for
+    the same seeds (keyed rounds: a sample's tokens are its seed's alone)."""
+    target = random_table(VOCAB, 2, seed=1, row=peaked_row)
+    engine = controls.correct(target, DRAFT)
+    made, new_slot = [], target.new_slot
+    target.new_slot = lambda *capacity: made.append(1) or new_slot(*capacity)
+    engine.sample([3, 5, 1, 1, 1, 2], CASE, 20, 9, controls.DRAFT, 0)
+    assert len(made) == 20
+    again = [engine.sample([7, 1], CASE, 20, 3, method, 100) for method in (controls.DRAFT, None)]
+    assert len(made) == 20
+    fresh = controls.correct(random_table(VOCAB, 2, seed=1, row=peaked_row), DRAFT)
+    assert again == [fresh.sample([7, 1], CASE, 20, 3, method, 100) for method in (controls.DRAFT, None)]
+
+
 def test_sample_texts_replace_the_spread_prompts():
     """`--sample-prompt`: the samples continue the given texts, encoded by the reference, and
     the report names them."""

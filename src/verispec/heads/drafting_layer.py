@@ -96,7 +96,7 @@ class DraftingLayer(nn.Module):
         qk = self.rope.rotate(qkv[:, :k_end], cos, sin).float()  # [T, Hq + Hkv, D]
         new_values = qkv[None, :, k_end:].transpose(1, 2).float()  # [1, Hkv, T, D]
         keys, values = cache.update(qk[None, :, q_end:].transpose(1, 2), new_values, self.index)  # [1, Hkv, P + T, D]
-        attended = self.attention(qk[:, :q_end].transpose(0, 1), keys[0], values[0], allowed)  # [T, Hq D] float32
+        attended = self.attention(qk[None, :, :q_end].transpose(1, 2), keys, values, allowed)  # [T, Hq D] float32
         x = x + self.o(attended.to(x.dtype))
         gate_up = self.gate_up(rms_norm(x, self.mlp_norm, self.eps))  # [T, 2 I]
         x = x + self.down(nn.functional.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])

@@ -1,8 +1,11 @@
 """Causal attention of M new query rows over a layer's cached keys and values.
 
-Both kinds take q[Hq, M, D] of the rows in cache slots start..start+M-1 and a layer's cached keys
-[Hkv, width, D] and values (the first `width(start + M)` cache positions) (grouped-query: query head h reads key/value head
-h // (Hq / Hkv)), and return [M, Hq * D].
+Every kind takes q[B, Hq, M, D] of the rows in cache slots start..start+M-1 of B sequences
+(B slots of equal length scored together, or one) and their layer's cached keys [B, Hkv, width,
+D] and values (the first `width(start + M)` cache positions) (grouped-query: query head h reads
+key/value head h // (Hq / Hkv)), and returns [B M, Hq * D] (sequence by sequence). One call
+over B sequences gives each the bits it gets alone: every kind's kernels compute each
+(sequence, head) on its own, with blockings that depend on the lengths only (the tests check it).
 
 - `SdpaAttention`: torch's fused CPU kernel (`scaled_dot_product_attention`), the fastest.
   A row's result depends on how many rows come with it: the kernel blocks the key axis by
@@ -52,9 +55,9 @@ class SdpaAttention:
         return torch.arange(end) <= torch.arange(start, end)[:, None]
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        m = q.shape[1]
-        out = nn.functional.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)
-        return out[0].transpose(0, 1).reshape(m, self.heads * self.head_dim)  # [M, Hq D]
+        b, _, m, _ = q.shape
+        out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # [B, Hq, M, D]
+        return out.transpose(1, 2).reshape(b * m, self.heads * self.head_dim)  # [B M, Hq D]
 
 
 class InvariantAttention:
@@ -118,16 +121,17 @@ class InvariantAttention:
         return torch.zeros(blocked.shape, dtype=dtype).masked_fill_(blocked, float("-inf"))
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """keys [Hkv, D, width] (the cache keeps them by column), values [Hkv, width, D + 1]."""
-        heads, m, d = q.shape
+        """keys [B, Hkv, D, width] (the cache keeps them by column), values [B, Hkv, width, D + 1]."""
+        b, heads, m, d = q.shape
         group = heads // self.kv_heads
         width = mask.shape[1]
-        grouped = (q * self.scale).reshape(self.kv_heads, group * m, d)  # [Hkv, G M, D]
-        scores = torch.bmm(grouped, keys).view(self.kv_heads, group, m, width) + mask
-        weights = (scores - scores.amax(-1, keepdim=True)).exp_().view(self.kv_heads, group * m, width)
-        summed = torch.bmm(weights, values)  # [Hkv, G M, D + 1]
-        out = summed[..., :d] / summed[..., d:]  # [Hkv, G M, D]
-        return out.view(heads, m, d).transpose(0, 1).reshape(m, heads * d)  # [M, Hq D]
+        pairs = b * self.kv_heads  # one product per (sequence, key/value head)
+        grouped = (q * self.scale).reshape(pairs, group * m, d)  # [B Hkv, G M, D]
+        scores = torch.bmm(grouped, keys.reshape(pairs, d, width)).view(pairs, group, m, width) + mask
+        weights = (scores - scores.amax(-1, keepdim=True)).exp_().view(pairs, group * m, width)
+        summed = torch.bmm(weights, values.reshape(pairs, width, d + 1))  # [B Hkv, G M, D + 1]
+        out = summed[..., :d] / summed[..., d:]  # [B Hkv, G M, D]
+        return out.view(b, heads, m, d).transpose(1, 2).reshape(b * m, heads * d)  # [B M, Hq D]
 
 
 class RowAttention(SdpaAttention):
@@ -160,25 +164,27 @@ class RowAttention(SdpaAttention):
         return RowPaths(start, [row.nonzero().flatten() for row in visible])
 
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: RowPaths) -> torch.Tensor:
-        heads, m, d = q.shape
+        """Row i of every sequence in one call (a tree: B = 1, `keys` and `values` views of
+        its cache, whose new slots are rewritten per row and restored)."""
+        b, heads, m, d = q.shape
         start = rows.start
-        out = q.new_empty(m, heads * d)
+        out = q.new_empty(b, m, heads * d)
         if rows.paths is not None:
-            new_keys, new_values = keys[:, start:].clone(), values[:, start:].clone()  # [Hkv, M, D], slot order
+            new_keys, new_values = keys[:, :, start:].clone(), values[:, :, start:].clone()  # [1, Hkv, M, D], slot order
         for i in range(m):
             if rows.paths is None:
                 end = start + i + 1
             else:
                 path = rows.paths[i]  # [depth] row indices
                 end = start + path.numel()
-                keys[:, start:end], values[:, start:end] = new_keys[:, path], new_values[:, path]
+                keys[:, :, start:end], values[:, :, start:end] = new_keys[:, :, path], new_values[:, :, path]
             attended = nn.functional.scaled_dot_product_attention(
-                q[None, :, i : i + 1], keys[None, :, :end], values[None, :, :end], enable_gqa=True
-            )  # [1, Hq, 1, D]
-            out[i] = attended.view(heads * d)
+                q[:, :, i : i + 1], keys[:, :, :end], values[:, :, :end], enable_gqa=True
+            )  # [B, Hq, 1, D]
+            out[:, i] = attended.view(b, heads * d)
         if rows.paths is not None:
-            keys[:, start:], values[:, start:] = new_keys, new_values
-        return out
+            keys[:, :, start:], values[:, :, start:] = new_keys, new_values
+        return out.view(b * m, heads * d)
 
 
 @dataclass(frozen=True)

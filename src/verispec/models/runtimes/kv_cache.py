@@ -18,9 +18,19 @@ product's own cost over a long cache: docs/results/implementation-choices.md).
 
 Buffers start zeroed: positions past `length` hold finite values (zeros or the keys of
 rolled-back tokens), never uninitialised memory that could be NaN.
+
+`KVArena`: the caches of many slots in one buffer per layer, [slots, ...] of a `KVCache`'s
+buffers; a slot's cache made on it (`KVCache(..., arena=...)`) holds views of its row, laid out
+as a cache of its own, until it outgrows the arena's capacity and moves to buffers of its own
+(the row is free again then, or when the cache goes; a row taken again holds finite stale values,
+as a rolled-back cache's positions do).
+So a forward over slots of equal length writes their new rows, and reads their caches, in one
+call per layer (`KVArena.write`) instead of one per slot.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -35,26 +45,35 @@ class KVCache:
         capacity: int = 256,
         value_ones: bool = False,
         keys_by_column: bool = False,
+        arena: KVArena | None = None,
     ) -> None:
         self.kv_heads, self.head_dim, self.dtype = kv_heads, head_dim, dtype
         self.value_width = head_dim + int(value_ones)
         self.key_axis = 2 if keys_by_column else 1  # the keys' position axis
-        self.capacity = capacity
-        self.keys = [self._zeros(head_dim, self.key_axis) for _ in range(layers)]
-        self.values = [self._zeros(self.value_width, 1) for _ in range(layers)]
+        self.arena, self.row = None, 0
+        if arena is not None and arena.free and arena.capacity >= capacity:
+            self.arena, self.row = arena, arena.free.pop()
+            self._release = weakref.finalize(self, arena.free.append, self.row)  # the row is free again when this goes
+            self.capacity = arena.capacity
+            self.keys = [keys[self.row] for keys in arena.keys]
+            self.values = [values[self.row] for values in arena.values]
+        else:
+            self.capacity = capacity
+            self.keys = [self._zeros(head_dim, self.key_axis) for _ in range(layers)]
+            self.values = [self._zeros(self.value_width, 1) for _ in range(layers)]
         self.length = 0
 
     def _zeros(self, width: int, axis: int) -> torch.Tensor:
-        """[kv_heads, capacity, width] zeros (ones past head_dim), or its transpose for axis 2."""
-        buffer = torch.zeros(self.kv_heads, self.capacity, width, dtype=self.dtype)
-        buffer[..., self.head_dim :] = 1
-        return buffer if axis == 1 else buffer.transpose(1, 2).contiguous()
+        return zeroed((), self.kv_heads, self.capacity, width, self.head_dim, self.dtype, axis == 2)
 
     def ensure(self, length: int) -> None:
         """Make room for `length` positions, keeping the first `self.length`."""
         if length <= self.capacity:
             return
         self.capacity = max(length, 2 * self.capacity)
+        if self.arena is not None:  # buffers of its own from now on (copied below); its row is free again
+            self._release()
+            self.arena = None
         for buffers, width, axis in ((self.keys, self.head_dim, self.key_axis), (self.values, self.value_width, 1)):
             for layer, old in enumerate(buffers):
                 buffers[layer] = self._zeros(width, axis)
@@ -89,3 +108,49 @@ class KVCache:
             for buffer, other in zip(mine, theirs):
                 buffer.narrow(axis, 0, length).copy_(other.narrow(axis, 0, length))
         self.length = length
+
+
+def zeroed(
+    slots: tuple[int, ...], kv_heads: int, capacity: int, width: int, head_dim: int, dtype: torch.dtype, by_column: bool
+) -> torch.Tensor:
+    """[*slots, kv_heads, capacity, width] zeros (ones past head_dim), or with the last two
+    axes swapped by column."""
+    buffer = torch.zeros(*slots, kv_heads, capacity, width, dtype=dtype)
+    buffer[..., head_dim:] = 1
+    return buffer.transpose(-2, -1).contiguous() if by_column else buffer
+
+
+class KVArena:
+    """Buffers for `slots` caches of `capacity` positions (module docstring): per layer
+    [slots, ...] of a `KVCache`'s own, zeroed as its are; `free` the rows no cache holds yet."""
+
+    def __init__(
+        self, slots: int, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int,
+        value_ones: bool = False, keys_by_column: bool = False,
+    ) -> None:
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.by_column = keys_by_column
+        self.capacity = capacity
+        width = head_dim + int(value_ones)
+        self.keys = [zeroed((slots,), kv_heads, capacity, head_dim, head_dim, dtype, keys_by_column) for _ in range(layers)]
+        self.values = [zeroed((slots,), kv_heads, capacity, width, head_dim, dtype, False) for _ in range(layers)]
+        self.free = list(range(slots - 1, -1, -1))  # handed out from row 0 up
+
+    def write(
+        self, layer: int, rows: torch.Tensor, start: int, keys: torch.Tensor, values: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store keys, values [B M, kv_heads, D] (M rows for each of B caches, in `rows`
+        order: LongTensor [B]) at positions start..start+M-1 of those caches' `layer`; returns
+        their first `width` positions, gathered: keys [B, kv_heads, width, D] ([B, kv_heads, D,
+        width] by column) and values [B, kv_heads, width, D (+1)]."""
+        b = rows.numel()
+        m = keys.shape[0] // b
+        keys, values = keys.view(b, m, self.kv_heads, self.head_dim), values.view(b, m, self.kv_heads, self.head_dim)
+        if self.by_column:
+            self.keys[layer][rows, :, :, start : start + m] = keys.permute(0, 2, 3, 1)
+            gathered = self.keys[layer][rows, :, :, :width]
+        else:
+            self.keys[layer][rows, :, start : start + m] = keys.transpose(1, 2)
+            gathered = self.keys[layer][rows, :, :width]
+        self.values[layer][rows, :, start : start + m, : self.head_dim] = values.transpose(1, 2)
+        return gathered, self.values[layer][rows, :, :width]

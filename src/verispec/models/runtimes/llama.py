@@ -66,7 +66,7 @@ from verispec.models.base import (
     check_token_ids,
 )
 from verispec.models.features import FeatureStore
-from verispec.models.runtimes.kv_cache import KVCache
+from verispec.models.runtimes.kv_cache import KVArena, KVCache
 from verispec.models.formats.gguf_blocks import GGUFWeight
 from verispec.models.formats.linear import DenseLinear, projection
 from verispec.models.formats.llama_weights import LlamaShape, Projection, read_llama, refusal
@@ -126,6 +126,7 @@ class LlamaRuntime(SlotScoring):
         # Float projections hold the model's weights in its dtype: exact in float32 only.
         self.exact_weights = self.dtype == torch.float32
         self.cache = self.new_cache()
+        self._arena: KVArena | None = None  # the reserved slots' caches (`reserve_slots`)
         self._features = FeatureStore(shape.hidden)
         self._pending = PendingTree()  # the scored tree from extend_tree to keep_path
 
@@ -235,10 +236,12 @@ class LlamaRuntime(SlotScoring):
             self.deterministic, self.head_linear,
         )
 
-    def new_cache(self, capacity: int = 256) -> KVCache:
+    def new_cache(self, capacity: int = 256, arena: KVArena | None = None) -> KVCache:
+        """A cache of `capacity` positions: a free row of `arena` where it has one that large."""
         s = self.shape
         attention = self.attention
-        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity, attention.value_ones, attention.keys_by_column)
+        return KVCache(s.layers, s.kv_heads, s.head_dim, self.dtype, capacity, attention.value_ones,
+                       attention.keys_by_column, arena)
 
     # --- CausalLM -------------------------------------------------------------------------
 
@@ -375,10 +378,13 @@ class LlamaRuntime(SlotScoring):
     ) -> tuple[torch.Tensor, dict[Tap, torch.Tensor]]:
         """The decoder layers over the rows of every segment at once (N = all their rows,
         `tokens` [N] in segment order): projections and MLPs on all N rows in one product each,
-        attention per segment over its own cache only. Advances each segment's cache; returns
+        attention over each segment's own cache only, one call for each run of consecutive
+        segments of equal length and rows (`runs`). Advances each segment's cache; returns
         the residual stream x[N, H] after the last layer and the layer taps' rows {tap: [N, H]}."""
         s = self.shape
         n = len(tokens)
+        groups = runs(segments)
+        in_arena = [arena_rows(group) for group in groups]
         ids = torch.tensor(tokens, dtype=torch.long)  # [N]
         x = nn.functional.embedding(ids, self.embed)  # [N, H]
         if len(segments) == 1:
@@ -393,11 +399,21 @@ class LlamaRuntime(SlotScoring):
             qkv = layer.qkv(h).view(n, k_end + s.kv_heads, s.head_dim)  # [N, Hq + 2 Hkv, D]
             qk = self.rope.rotate(qkv[:, :k_end], cos, sin)  # [N, Hq + Hkv, D]
             parts = []
-            for seg in segments:
-                rows = slice(seg.offset, seg.offset + seg.m)
-                start = seg.cache.length
-                keys, values = seg.cache.write(index, start, qk[rows, q_end:], qkv[rows, k_end:], seg.width)  # [Hkv, width, D]
-                parts.append(self.attention(qk[rows, :q_end].transpose(0, 1), keys, values, seg.mask))  # [m, Hq D]
+            for group, arena_index in zip(groups, in_arena):
+                first, b = group[0], len(group)
+                rows = slice(first.offset, first.offset + b * first.m)
+                if arena_index is not None:  # [B, Hkv, width, D] gathered from the arena
+                    keys, values = first.cache.arena.write(
+                        index, arena_index, first.cache.length, qk[rows, q_end:], qkv[rows, k_end:], first.width
+                    )
+                else:
+                    written = [
+                        seg.cache.write(index, seg.cache.length, qk[seg.rows, q_end:], qkv[seg.rows, k_end:], seg.width)
+                        for seg in group
+                    ]  # per segment: keys, values [Hkv, width, D]
+                    keys, values = (torch.stack(kv) if b > 1 else kv[0][None] for kv in zip(*written))  # [B, Hkv, width, D]
+                q = qk[rows, :q_end].view(b, first.m, s.heads, s.head_dim).transpose(1, 2)  # [B, Hq, m, D]
+                parts.append(self.attention(q, keys, values, first.mask))  # [B m, Hq D]
             attended = parts[0] if len(parts) == 1 else torch.cat(parts)  # [N, Hq D]
             x = x + layer.o(attended)
             gate_up = layer.gate_up(rms_norm(x, layer.mlp_norm, s.eps))  # [N, 2 I]
@@ -410,12 +426,23 @@ class LlamaRuntime(SlotScoring):
 
     # --- SlotScoring ----------------------------------------------------------------------
 
+    def reserve_slots(self, slots: int) -> None:
+        """The next `slots` slots' caches (of the default capacity) in one arena (`KVArena`; a
+        new one unless the current has as many rows free), so that slots of equal length write
+        and read their caches in one call per layer."""
+        if self._arena is not None and len(self._arena.free) >= slots:
+            return
+        s, attention = self.shape, self.attention
+        self._arena = KVArena(slots, s.layers, s.kv_heads, s.head_dim, self.dtype, attention.width(256),
+                              attention.value_ones, attention.keys_by_column)
+
     def new_slot(self, capacity: int = 256) -> LlamaRuntime:
         """A runtime sharing every weight with this one, with a cache of its own preallocated
-        for `capacity` positions (grown by doubling past it), for one request of a batch."""
+        for `capacity` positions (grown by doubling past it), for one request of a batch: a
+        row of the reserved arena while it has one."""
         slot = self.truncated(self.shape.layers)
         slot.exact_weights = self.exact_weights
-        slot.cache = slot.new_cache(self.attention.width(capacity))
+        slot.cache = slot.new_cache(self.attention.width(capacity), self._arena)
         return slot
 
     @torch.inference_mode()
@@ -456,14 +483,18 @@ class LlamaRuntime(SlotScoring):
         self, slots: Sequence[LlamaRuntime], tokens: Sequence[Sequence[int]], logits: bool
     ) -> list[torch.Tensor] | None:
         """One forward over every slot's rows on its own cache; per slot its logits float32
-        [n_i, V] (None without `logits`: no head), each slot's recorded features appended."""
-        segments, offset, flat = [], 0, []
-        for slot, rows in zip(slots, tokens):
-            segments.append(self._segment(slot.cache, offset, len(rows)))
-            offset += len(rows)
-            flat.extend(rows)
+        [n_i, V] (None without `logits`: no head), each slot's recorded features appended.
+        The slots' rows go in order of length and row count, so that slots of equal length
+        and rows sit together and attend in one call (`_layers`); each row's projections do
+        not depend on where it sits."""
+        order = sorted(range(len(slots)), key=lambda i: (slots[i].cache.length, len(tokens[i])))
+        segments, offset, flat = [None] * len(slots), 0, []
+        for i in order:
+            segments[i] = self._segment(slots[i].cache, offset, len(tokens[i]))
+            offset += len(tokens[i])
+            flat.extend(tokens[i])
         taps = tuple(dict.fromkeys(tap for slot in slots for tap in slot._features.taps))
-        x, captured = self._layers(segments, flat, tuple(tap for tap in taps if tap != FINAL))
+        x, captured = self._layers([segments[i] for i in order], flat, tuple(tap for tap in taps if tap != FINAL))
         if logits or FINAL in taps:
             normed = rms_norm(x, self.norm, self.shape.eps)  # [N, H]
             if FINAL in taps:
@@ -471,11 +502,10 @@ class LlamaRuntime(SlotScoring):
         scored = self.head(normed).float() if logits else None  # [N, V]
         for slot, seg in zip(slots, segments):
             if slot._features.taps:
-                rows = slice(seg.offset, seg.offset + seg.m)
-                slot._features.append({tap: captured[tap][rows] for tap in slot._features.taps})
+                slot._features.append({tap: captured[tap][seg.rows] for tap in slot._features.taps})
         if scored is None:
             return None
-        return [scored[seg.offset : seg.offset + seg.m] for seg in segments]
+        return [scored[seg.rows] for seg in segments]
 
     def kv_bytes_per_token(self) -> int:
         """Cache bytes one position takes in every layer (keys and values, with the ones
@@ -483,6 +513,28 @@ class LlamaRuntime(SlotScoring):
         s = self.shape
         width = s.head_dim + int(self.attention.value_ones)
         return s.layers * s.kv_heads * (s.head_dim + width) * self.dtype.itemsize
+
+
+def runs(segments: Sequence[Segment]) -> list[list[Segment]]:
+    """The segments in runs of consecutive chain segments of equal length and rows (each run
+    attends in one call; a tree's segment is a run of its own)."""
+    groups: list[list[Segment]] = []
+    for seg in segments:
+        last = groups[-1][-1] if groups else None
+        if last is not None and seg.joins(last):
+            groups[-1].append(seg)
+        else:
+            groups.append([seg])
+    return groups
+
+
+def arena_rows(group: list[Segment]) -> torch.Tensor | None:
+    """The rows of a run of several segments whose caches are all in one arena (LongTensor
+    [B]); None otherwise."""
+    arena = group[0].cache.arena
+    if len(group) == 1 or arena is None or any(seg.cache.arena is not arena for seg in group):
+        return None
+    return torch.tensor([seg.cache.row for seg in group])
 
 
 def as_index(positions: slice | torch.Tensor) -> torch.Tensor:
@@ -501,6 +553,19 @@ class Segment:
     width: int
     positions: slice | torch.Tensor
     mask: object
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.offset, self.offset + self.m)
+
+    def joins(self, previous: Segment) -> bool:
+        """Whether these rows attend in one call with `previous`'s, right before them: both a
+        chain's rows, as many, after as many cached positions (so the same mask and width)."""
+        return (
+            isinstance(self.positions, slice) and isinstance(previous.positions, slice)
+            and self.m == previous.m and self.cache.length == previous.cache.length
+            and previous.offset + previous.m == self.offset
+        )
 
 
 def fast_runtime_refusal(model: nn.Module, dtype: torch.dtype | None = None) -> str | None:

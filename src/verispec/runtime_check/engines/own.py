@@ -65,6 +65,7 @@ class VerispecEngine:
         self.claims_seeded_identity = keyed_rounds(verifier, greedy_sampling=False)
         self.dtype = dtype
         self._built: dict[str, Proposer] = {}
+        self._schedulers: dict[int, Scheduler] = {}  # by slots: each keeps its slots for every later call
         self._drafted = self._accepted = 0
 
     def drafts(self) -> tuple[int, int]:
@@ -157,14 +158,17 @@ class VerispecEngine:
         return isinstance(self.target, SlotScoring) and isinstance(self.verifier, str)
 
     def _scheduled(self, requests: Sequence[Request], slots: int) -> list[list[int]]:
-        """Every request's tokens, `slots` of them decoded at once."""
-
-        def build(request: Request, slot: CausalLM) -> tuple[Proposer | None, int]:
-            return (None if request.proposer is None else self.factories[request.proposer](slot)), request.k
-
-        scheduler = Scheduler(self.target, build, max_slots=slots)
+        """Every request's tokens, `slots` of them decoded at once, by one scheduler per slot
+        count kept for the engine's life: its slots (and the proposers built on them) serve
+        every later call's requests instead of being allocated again (`Scheduler`)."""
+        if slots not in self._schedulers:
+            self._schedulers[slots] = Scheduler(self.target, self._build, max_slots=slots)
+        scheduler = self._schedulers[slots]
         jobs = [scheduler.submit(request) for request in requests]
         scheduler.run()
         for job in jobs:
             self._count(job.stats)
         return [list(job.tokens) for job in jobs]
+
+    def _build(self, request: Request, slot: CausalLM) -> tuple[Proposer | None, int]:
+        return (None if request.proposer is None else self.factories[request.proposer](slot)), request.k
