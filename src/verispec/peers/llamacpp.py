@@ -240,8 +240,9 @@ class LlamaCppBatchServer:
         self.eos_token_ids = frozenset(eos_token_ids)
         model = llama._model.model
         context = -(-context // 256) * 256  # llama.cpp pads a context to 256 positions a sequence
-        # The Llama's own context settings (flash attention on, the model's rope scaling), as
-        # `LlamaCppRunner` decodes with, so that one sequence decodes here what it decodes there.
+        # The Llama's own context settings (its flash attention and cache types, the model's rope
+        # scaling): `load_batch_model`'s are `LlamaCppRunner`'s, so that one sequence decodes here
+        # what it decodes there.
         params = type(llama.context_params).from_buffer_copy(llama.context_params)
         params.n_ctx = slots * context
         params.n_batch = slots * context  # a step may hold every slot's whole prompt
