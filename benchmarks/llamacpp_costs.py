@@ -5,7 +5,10 @@
 After a context of `--context` tokens, times `Llama.eval` of n = 1..11 new tokens (median of
 `--repeats`, each from the same cached context) and prints t(1) and v(n) = t(n) / t(1), for
 logits of the last row only (plain decoding) and of every row (what `Llama.generate` keeps when
-it verifies drafts, and what a `CausalLM` on llama.cpp would need). Needs the llamacpp extra.
+it verifies drafts, and what a `CausalLM` on llama.cpp would need), with flash attention on as
+`--runtime llamacpp` and the llamacpp peer decode. v(2) past 255 positions of context (e.g.
+`--threads 2 --context 600`) is what deterministic plain decoding on `--runtime llamacpp` pays
+for a one-token step (a padding row) against llama.cpp's own. Needs the llamacpp extra.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import argparse
 import statistics
 import time
 
-from verispec.peers.llamacpp import require
+from verispec.peers.llamacpp import FLASH_ATTENTION, require
 from verispec.models import DEFAULT_MODEL
 from verispec.models.loading.sources import locate
 from verispec.sampling import GREEDY
@@ -27,7 +30,7 @@ def costs(threads: int, context: int, repeats: int, logits_all: bool) -> dict[in
 
     llama = llama_cpp.Llama(
         model_path=str(locate(DEFAULT_MODEL)), n_ctx=context + max(SIZES) + 1, n_threads=threads,
-        n_threads_batch=threads, logits_all=logits_all, verbose=False,
+        n_threads_batch=threads, logits_all=logits_all, flash_attn=FLASH_ATTENTION, verbose=False,
     )
     prefix = [1 + (i * 37) % 40_000 for i in range(context)]  # arbitrary ids: only shapes matter
     llama.eval(prefix)

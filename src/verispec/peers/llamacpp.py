@@ -15,6 +15,17 @@ same weights dequantized to float32 (or cast to bfloat16). So their greedy outpu
 verispec-plain's where the two computations round a close choice differently; each `Outcome`
 says so (`peer`), and the benchmark reports those differences apart from verispec's own.
 
+Against `--runtime llamacpp` they decode like for like: the same ids, the same context settings
+(flash attention on, as llama.cpp's own tools have it on a CPU and as the runtime decodes; off,
+llama-cpp-python's default, takes another attention path whose logits differ by up to ~1 here),
+a truly greedy sampler (`GREEDY`). What still parts them is the forward shapes, which llama.cpp
+rounds differently (docs/runtime.md, "Determinism"): llama.cpp decodes the whole prompt in one
+forward (64 rows or more take flash attention's tiled kernel) where verispec decodes the last
+prompt token in the first round's forward, and from 256 cached positions on llama.cpp splits a
+lone row's attention across threads where deterministic verispec pads it to two rows. Below
+both (a prompt under 64 tokens, a context under 256) their greedy output is the same, token for
+token (`tests/test_llamacpp.py`).
+
 llama-cpp-python is an optional extra (`pip install -e '.[llamacpp]'`, a source build of
 llama.cpp); everything else in verispec runs without it.
 """
@@ -39,6 +50,9 @@ if TYPE_CHECKING:
     from verispec.models.loading.load import LoadedModel
 
 LOOKUP_TOKENS = 10  # LlamaPromptLookupDecoding's default num_pred_tokens
+# llama.cpp's own tools switch flash attention on where the backend has it (the CPU does), and
+# `--runtime llamacpp` decodes with it; llama-cpp-python's `Llama` defaults to off.
+FLASH_ATTENTION = True
 
 # With temp == 0 llama-cpp-python builds only its penalties sampler (a no-op at these values)
 # and the greedy sampler; top-k, top-p, min-p and typical-p are added only when temp > 0, and
@@ -132,6 +146,7 @@ class LlamaCppRunner:
             n_threads_batch=threads,
             logits_all=self.rounds is not None,
             draft_model=self.rounds,
+            flash_attn=FLASH_ATTENTION,
             verbose=False,
         )
         if self.llama.n_vocab() != vocab_size:
@@ -225,8 +240,9 @@ class LlamaCppBatchServer:
         self.eos_token_ids = frozenset(eos_token_ids)
         model = llama._model.model
         context = -(-context // 256) * 256  # llama.cpp pads a context to 256 positions a sequence
-        # The Llama's own context settings (flash attention off, the model's rope scaling), as
-        # `LlamaCppRunner` decodes with, so that one sequence decodes here what it decodes there.
+        # The Llama's own context settings (its flash attention and cache types, the model's rope
+        # scaling): `load_batch_model`'s are `LlamaCppRunner`'s, so that one sequence decodes here
+        # what it decodes there.
         params = type(llama.context_params).from_buffer_copy(llama.context_params)
         params.n_ctx = slots * context
         params.n_batch = slots * context  # a step may hold every slot's whole prompt
@@ -326,7 +342,7 @@ def load_batch_model(name: str, target: LoadedModel):
     import llama_cpp
 
     gguf = gguf_file(name, target)
-    llama = llama_cpp.Llama(model_path=str(gguf), n_ctx=64, verbose=False)
+    llama = llama_cpp.Llama(model_path=str(gguf), n_ctx=64, flash_attn=FLASH_ATTENTION, verbose=False)
     if llama.n_vocab() != target.lm.vocab_size:
         raise ValueError(f"llama.cpp reads a vocabulary of {llama.n_vocab()} from {gguf}, the target has {target.lm.vocab_size}")
     return llama
