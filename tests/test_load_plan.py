@@ -343,3 +343,4 @@ def test_the_bench_adds_plain_decoding_in_every_other_format_auto_weighs(tmp_pat
     named = parse_methods("verispec-plain,verispec-plain@float32")
     assert with_plain_formats(named, settings, plan) == named  # formats named: kept as given
     assert with_plain_formats(methods, Settings(tmp_path, model=settings.model, concurrency=(1, 4)), plan) == methods
+    assert with_plain_formats(methods, Settings(tmp_path, model=settings.model, dtype="q4"), plan) == methods  # --dtype named

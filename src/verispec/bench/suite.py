@@ -208,8 +208,12 @@ def with_plain_formats(methods: list[Method], settings: Settings, plan: LoadPlan
     """`methods` and, where verispec-plain is among them and none was named in another format,
     plain decoding in each other format --dtype auto weighs for the model (`verispec-plain@FORMAT`,
     `runner.plain_alternatives`), so the report gives each method's speedup over the fastest
-    plain format too; a sweep over concurrency levels keeps its methods."""
-    if PLAIN not in [m.name for m in methods] or any(m.dtype is not None for m in methods) or sweep.is_sweep(settings.concurrency):
+    plain format too; a sweep over concurrency levels, and a bench whose --dtype names its
+    format (the user chose the target), keep their methods."""
+    if (
+        PLAIN not in [m.name for m in methods] or any(m.dtype is not None for m in methods)
+        or sweep.is_sweep(settings.concurrency) or settings.dtype != "auto"
+    ):
         return methods
     others = plain_alternatives(settings.model, settings.runtime, settings.deterministic, settings.device, plan)
     return methods + [parse_method(plain_in(str(p.weight_format))) for p in others]
