@@ -198,10 +198,11 @@ def expected(model: str, concurrency: Sequence[int]) -> Expected:
     return workload(*specs(model, None, "auto"), max(concurrency))
 
 
-def planned(settings: Settings, dtype: str, expects: Expected | None = None) -> LoadPlan:
-    """The bench's model in `dtype` as its runtime options load it, `expects` weighed by auto."""
+def planned(settings: Settings, dtype: str, expects: Expected = Expected()) -> LoadPlan:
+    """The bench's model in `dtype` as its runtime options load it, `expects` weighed by auto
+    (by default plain decoding of one request, as `plan_load`'s)."""
     return plan_load(settings.model, dtype, settings.runtime, settings.deterministic, device=settings.device,
-                     **({} if expects is None else {"workload": expects}))
+                     workload=expects)
 
 
 def with_plain_formats(methods: list[Method], settings: Settings, plan: LoadPlan) -> list[Method]:
