@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-import verispec.simulation as simulation
 from verispec.simulation import Curve, Simulation
+
+K_MAX = 4  # the sweep's k_max: its profile measured v(n) to n = 5
 
 CURVES = {
     "q4 at 512": Curve((1, 2, 3, 4, 5), (1.0, 1.17, 1.327, 1.562, 2.333), "long-context.json, 512 tokens"),
@@ -38,12 +39,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.tokens < 1 or args.seeds < 1:
         parser.error("--tokens and --seeds must be >= 1")
-    simulation.K_MAX = 4  # the sweep's k_max: v(n) is measured to n = 5
     ratios = []
     for curve_name, curve in CURVES.items():
         for name, acceptance in ACCEPTANCE.items():
             mean = {
-                plan: statistics.mean(Simulation(curve, acceptance, 0.01, args.tokens, seed).throughput(plan)
+                plan: statistics.mean(Simulation(curve, acceptance, 0.01, args.tokens, seed, K_MAX).throughput(plan)
                                       for seed in range(args.seeds))
                 for plan in ("auto", 1, 2, 3, 4)
             }

@@ -213,7 +213,7 @@ def measure_profile(
     proposer: Proposer,
     prompt_ids: Sequence[int],
     *,
-    k_max: int = 8,
+    k_max: int = K_MAX,
     repeats: int = 7,
     warmup: int = 2,
     sampling: SamplingParams | None = None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from verispec.checks import is_int
+from verispec.cost import K_MAX
 from verispec.engine import generate
 from verispec.k_spec import K_BOUND, TREE_SHAPE_BOUND
 from verispec.models.base import SlotScoring, TreeScoring
@@ -50,7 +51,7 @@ class ProfileSettings:
     lengths (the prompt tiled), the context axis the auto policy reads at each request's
     context; () measures none, and the costs are then taken as flat in context."""
 
-    k_max: int = 8
+    k_max: int = K_MAX
     tree_nodes: int | None = None
     repeats: int = 7
     warmup: int = 2

@@ -27,7 +27,7 @@ from fractions import Fraction
 import torch
 
 from verispec.batching import Scheduler
-from verispec.cost import BatchCosts, ContextCosts, FixedCosts
+from verispec.cost import K_MAX, BatchCosts, ContextCosts, FixedCosts
 from verispec.drafts import Draft, TreeDraft
 from verispec.engine import generate
 from verispec.models.base import ForwardingLM, SlotScoring, check_slots
@@ -41,7 +41,6 @@ from verispec.sampling import GREEDY, SamplingParams
 from verispec.tree_policy import TREE_NODES, TreePolicy
 from verispec.tree_shape import TreeShape
 
-K_MAX = 8  # the longest chain a measured auto policy considers (`measured_autok`'s default)
 STEP = 0.01  # seconds of one simulated one-row forward, t(1); every ratio is independent of it
 
 
@@ -220,19 +219,21 @@ def chain_acceptance(alpha: float, width: int = 4) -> list[list[float]]:
 
 @dataclass(frozen=True)
 class Simulation:
-    """Runs of one curve, acceptance and draft cost c; `tokens` tokens emitted per run in all."""
+    """Runs of one curve, acceptance and draft cost c; `tokens` tokens emitted per run in all;
+    `k_max` the longest chain the auto policy considers (its profile measures v(n) to k_max + 1)."""
 
     curve: Curve
     acceptance: Sequence[Sequence[float]]
     c: float = 0.05
     tokens: int = 2048
     seed: int = 0
+    k_max: int = K_MAX
 
     def policy(self, name: str | int) -> int | KPolicy:
         """A plan by name: an integer k (0: plain), 'auto' (`AutoK`) or 'tree' (`TreePolicy`),
         each measured policy starting from a correct profile of the curve."""
         if name == "auto":
-            return AutoK(self.curve.profile(self.c, K_MAX + 1), k_max=K_MAX)
+            return AutoK(self.curve.profile(self.c, self.k_max + 1), k_max=self.k_max)
         if name == "tree":
             return TreePolicy(self.curve.profile(self.c, TREE_NODES + 1))
         return int(name)

@@ -15,7 +15,7 @@ from rich.table import Table
 from verispec.cli import BadInput, app
 from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_file
-from verispec.cost import optimal_k, speedup_by_k
+from verispec.cost import K_MAX, optimal_k, speedup_by_k
 from verispec.k_spec import K_BOUND, TREE_SHAPE_BOUND
 from verispec.machine import cpu_model
 from verispec.models import DEFAULT_MODEL
@@ -54,7 +54,7 @@ DEFAULT_PROMPT = (
 def profile(
     model: Annotated[str, typer.Option(help="Embedded name, HF checkpoint directory or .gguf file.")] = DEFAULT_MODEL,
     proposer: Annotated[str, typer.Option(help=proposer_help())] = "lookup",
-    k_max: Annotated[int, typer.Option("--k-max", min=1, max=K_BOUND, help="Measure v(n) for n = 1..k_max + 1.")] = 8,
+    k_max: Annotated[int, typer.Option("--k-max", min=1, max=K_BOUND, help="Measure v(n) for n = 1..k_max + 1.")] = K_MAX,
     tree_nodes: Annotated[
         Optional[int],
         typer.Option(
