@@ -187,6 +187,22 @@ def test_reserved_slots_hold_a_tree_round_each():
     assert lm._shared.sequences == MAX_SEQUENCES
 
 
+def test_reserved_slots_hold_a_request_context_each():
+    """n_ctx is one request's positions: the cache holds that many for every reserved slot, so
+    slots whose prompts fill most of n_ctx each decode together (a cache of n_ctx in all held
+    barely one), and what outgrows the cache is refused, naming its size."""
+    lm = new_lm()
+    lm.reserve_slots(2)
+    slots = [lm, lm.new_slot(), lm.new_slot()]
+    for i, slot in enumerate(slots):
+        slot.prefill([50 + i + j % 300 for j in range(lm.n_ctx - 100)])
+    rows = lm.extend_slots(slots, [[7], [8, 9], [10]])
+    assert [tuple(r.shape) for r in rows] == [(1, lm.vocab_size), (2, lm.vocab_size), (1, lm.vocab_size)]
+    assert lm.n_ctx == 1024 and lm._shared.n_ctx == 3 * 1024
+    with pytest.raises(ValueError, match="exceed the llama.cpp cache of 3072 positions"):
+        slots[1].extend(list(range(400)))
+
+
 PROMPTS = [
     "Repeat this list exactly, twice: alpha, bravo, charlie, delta, echo, foxtrot, golf, hotel.",
     "Write a Python function that returns the n-th Fibonacci number.",

@@ -254,7 +254,8 @@ class LlamaCppLM:
     >>> tree = lm.extend_tree([x, y, z], [-1, 0, 0])  # float32 [3, V]: z's path is [x, z]
     >>> lm.keep_path([0, 2])
 
-    n_ctx: positions the cache holds, every sequence's together. n_threads: llama.cpp's
+    n_ctx: positions one request may hold; the cache holds that many for this sequence and for
+    each slot `reserve_slots` makes room for, every sequence's together. n_threads: llama.cpp's
     threads, for one-token and many-token forwards alike (default: torch's count). n_batch: the
     most tokens one `llama_decode` takes; longer inputs are decoded in pieces of that size.
     deterministic: decode every forward after the prompt in pieces of 2 to `widest_piece` tokens (`pieces`),
@@ -285,7 +286,7 @@ class LlamaCppLM:
         self.vocab_size = self._shared.vocab_size
         self.hidden_size = self._shared.hidden_size
         self.num_layers = self._shared.num_layers
-        self.n_ctx = self._shared.n_ctx
+        self.n_ctx = self._shared.context
         self.deterministic = self._shared.deterministic
         self.seq = self._shared.join(self)
         self._features = FeatureStore(self.hidden_size)
@@ -433,7 +434,8 @@ class LlamaCppLM:
 
     def new_slot(self, capacity: int = 256) -> LlamaCppLM:
         """Another sequence of the same llama.cpp cache (empty), for one request of a batch; the
-        cache's n_ctx positions are shared by every sequence (capacity is not reserved)."""
+        cache's positions are shared by every sequence (capacity is not reserved: `reserve_slots`
+        sizes the cache)."""
         slot = object.__new__(LlamaCppLM)
         slot._shared = self._shared
         slot._join()
@@ -454,8 +456,9 @@ class LlamaCppLM:
     def reserve_slots(self, slots: int) -> None:
         """Make room for `slots` requests besides this one (the scheduler's slots), each with the
         sequences of a `--k tree` round's paths (`TREE_SEQUENCES`, up to llama.cpp's
-        `MAX_SEQUENCES` in all): the cache is remade for more sequences while none holds tokens."""
-        self._shared.reserve(min(MAX_SEQUENCES, (slots + 1) * TREE_SEQUENCES))
+        `MAX_SEQUENCES` in all) and n_ctx positions: the cache is remade for more while none
+        holds tokens."""
+        self._shared.reserve(min(MAX_SEQUENCES, (slots + 1) * TREE_SEQUENCES), (slots + 1) * self.n_ctx)
 
     def __del__(self) -> None:
         """A slot no longer referenced gives its sequence id and cache cells back."""
@@ -536,7 +539,9 @@ class _Shared:
         self.vocab_size = int(self.llama.n_vocab())
         self.hidden_size = int(llama_cpp.llama_model_n_embd(model))
         self.num_layers = int(llama_cpp.llama_model_n_layer(model))
-        self.n_ctx, self.n_batch, self.sequences, self.threads = n_ctx, n_batch, sequences, threads
+        self.n_batch, self.sequences, self.threads = n_batch, sequences, threads
+        self.context = n_ctx  # positions one request may hold
+        self.n_ctx = n_ctx  # positions the live cache holds, every sequence's (`reserve`)
         self.widest = widest
         self.deterministic = deterministic
         self.free = list(range(sequences))[::-1]  # sequence ids not taken
@@ -567,7 +572,7 @@ class _Shared:
         remade where it lacks them, and then every sequence's cached tokens decoded into it again as a prompt is (no logits;
         their kept features stay: the same numbers up to the prompt's rounding)."""
         live = self._live
-        if live is None or not self.layers <= live.layers or live.sequences < self.sequences:
+        if live is None or not self.layers <= live.layers or live.sequences < self.sequences or live.n_ctx < self.n_ctx:
             if any(member._pending.tree is not None for member in list(self.members.values())):
                 raise ValueError(PENDING_TREE)  # its other paths live in this context's cells only
             self._live = live = None  # freed before its successor is made
@@ -588,18 +593,20 @@ class _Shared:
         """Keep layer outputs at these taps from now on (`live` remakes the context for them)."""
         self.layers |= set(layers)
 
-    def reserve(self, sequences: int) -> None:
-        """Hold at least this many sequences at once (`live` remakes the context for them)."""
+    def reserve(self, sequences: int, positions: int) -> None:
+        """Hold at least this many sequences and cached positions at once (`live` remakes the
+        context for them)."""
         if sequences > self.sequences:
             self.free = list(range(sequences - 1, self.sequences - 1, -1)) + self.free
             self.sequences = sequences
+        self.n_ctx = max(self.n_ctx, positions)
 
     def check_room(self, n: int) -> None:
         used = sum(member.length for member in list(self.members.values()))
         if used + n + self.deterministic > self.n_ctx:  # room for a padding row
             raise ValueError(
-                f"{used} cached and {n} new tokens exceed the llama.cpp context of {self.n_ctx} positions; build the "
-                "model with a larger n_ctx"
+                f"{used} cached and {n} new tokens exceed the llama.cpp cache of {self.n_ctx} positions ({self.context} "
+                "a request reserved); build the model with a larger n_ctx or reserve more slots"
             )
 
     def pads_a_lone_row(self, start: int) -> bool:
@@ -688,11 +695,11 @@ class _Shared:
         """A fresh recomputation in score's own context (its cache cleared first): the logits
         [T, V] and the features {tap: [T, H]} of every position of `ids`, the same pieces as
         `extend` of them after an empty cache."""
-        if len(ids) > self.n_ctx:
-            raise ValueError(f"score got {len(ids)} tokens; the llama.cpp context holds {self.n_ctx}")
+        if len(ids) > self.context:
+            raise ValueError(f"score got {len(ids)} tokens; a llama.cpp request holds {self.context}")
         layers = frozenset(tap for tap in taps if tap != FINAL)
         if self._scratch is None or not layers <= self._scratch.layers:
-            self._scratch = _Context(self, self.n_ctx, 1, layers | (self._scratch.layers if self._scratch else frozenset()))
+            self._scratch = _Context(self, self.context, 1, layers | (self._scratch.layers if self._scratch else frozenset()))
         context = self._scratch
         context.forget(0, 0)
         owner = _Scorer(self.num_layers, taps)
@@ -750,12 +757,12 @@ class _Context:
     callback that copies the tensors `l_out-i` as the graph computes them (`layers`)."""
 
     def __init__(self, shared: _Shared, n_ctx: int, sequences: int, layers: frozenset[int]) -> None:
-        from llama_cpp import _ggml, _internals
+        from llama_cpp import _ggml, _internals, _utils
 
         api = shared.api
         self.api = api
         self.shared = shared
-        self.layers, self.sequences = layers, sequences
+        self.layers, self.sequences, self.n_ctx = layers, sequences, n_ctx
         self.vocab_size, self.hidden_size = shared.vocab_size, shared.hidden_size
         params = type(shared.llama.context_params).from_buffer_copy(shared.llama.context_params)
         params.n_ctx = n_ctx
@@ -773,7 +780,10 @@ class _Context:
             self.ggml = ggml
             self.callback = api.ggml_backend_sched_eval_callback(self._observe)  # kept: llama.cpp holds a pointer
             params.cb_eval = self.callback
-        self.context = _internals.LlamaContext(model=shared.llama._model, params=params, verbose=False)
+        # Quiet: llama.cpp warns of "training context overflow" when n_ctx, every sequence's
+        # positions together, exceeds the trained context, which no one sequence does.
+        with _utils.suppress_stdout_stderr(disable=False):
+            self.context = _internals.LlamaContext(model=shared.llama._model, params=params, verbose=False)
         self.memory = api.llama_get_memory(self.context.ctx)
         self.embedding = False
         # A row may belong to every sequence (a tree's root: every root-to-leaf path's).
