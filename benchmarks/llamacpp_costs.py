@@ -17,9 +17,10 @@ import argparse
 import statistics
 import time
 
-from verispec.peers.llamacpp import FLASH_ATTENTION, require
 from verispec.models import DEFAULT_MODEL
 from verispec.models.loading.sources import locate
+from verispec.models.runtimes.llamacpp import FLASH_ATTENTION
+from verispec.peers.llamacpp import require
 from verispec.sampling import GREEDY
 
 SIZES = (1, 2, 3, 4, 5, 6, 9, 11)

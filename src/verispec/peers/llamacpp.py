@@ -41,7 +41,7 @@ import torch
 
 from typing import TYPE_CHECKING
 
-from verispec.models.runtimes.llamacpp import probe
+from verispec.models.runtimes.llamacpp import FLASH_ATTENTION, probe  # the runtime's setting: like for like
 from verispec.models.runtimes.llamacpp import require as require_installed
 from verispec.peers.outcome import Clock, Outcome, Served
 from verispec.sampling import SamplingParams
@@ -50,9 +50,6 @@ if TYPE_CHECKING:
     from verispec.models.loading.load import LoadedModel
 
 LOOKUP_TOKENS = 10  # LlamaPromptLookupDecoding's default num_pred_tokens
-# llama.cpp's own tools switch flash attention on where the backend has it (the CPU does), and
-# `--runtime llamacpp` decodes with it; llama-cpp-python's `Llama` defaults to off.
-FLASH_ATTENTION = True
 
 # With temp == 0 llama-cpp-python builds only its penalties sampler (a no-op at these values)
 # and the greedy sampler; top-k, top-p, min-p and typical-p are added only when temp > 0, and

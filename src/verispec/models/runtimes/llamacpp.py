@@ -128,6 +128,9 @@ LONE_ROW_CELLS = 256
 # Block types whose llama.cpp CPU product computes every row alone, whatever the forward's row
 # count (measured: no repacked kernel for them on x86-64 with AVX-512); a K-quant (Q4_K) has one.
 ROWS_ALONE = frozenset({"Q4_1", "Q8_0"})
+# Flash attention on: the same attention for a forward of any size (module docstring), as
+# llama.cpp's own tools have it on a CPU; the llama.cpp peer decodes with it too, like for like.
+FLASH_ATTENTION = True
 # Flash attention computes each query row alone up to this many rows a forward; 64 or more tile.
 FLASH_ROWS = 63
 # The sequences one request's tree round takes at most: a `--k tree` tree's 16 drafted nodes
@@ -532,7 +535,7 @@ class _Shared:
         # The model, and the context settings every context copies; its own context is small and unused.
         self.llama = llama_cpp.Llama(
             model_path=str(path), n_ctx=256, n_threads=threads, n_threads_batch=threads, n_batch=256,
-            logits_all=True, flash_attn=True,  # the same attention for a forward of any size (module docstring)
+            logits_all=True, flash_attn=FLASH_ATTENTION,
             verbose=False,
         )
         model = self.llama.model
