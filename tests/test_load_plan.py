@@ -116,6 +116,15 @@ def test_the_llamacpp_runtime_takes_a_gguf_file_as_llama_cpp_computes_it(gguf, t
         plan_load(gguf("Q4_1"), "q4", runtime="llamacpp")
     with pytest.raises(ValueError, match="reads a GGUF file, not a checkpoint directory"):
         plan_load(config_only(tmp_path / "checkpoint"), runtime="llamacpp")
+    assert plan.cache_type_v == "f16" and plan.as_dict()["cache_type_v"] == "f16"
+    q8 = plan_load(gguf("Q4_1"), runtime="llamacpp", cache_type_v="q8_0")
+    assert q8.cache_type_v == "q8_0" and "another target than llama.cpp's default float16 cache" in q8.dtype_reason
+    assert "(values q8_0)" in q8.describe()
+    with pytest.raises(ValueError, match="--cache-type-v q4_0 is not a value cache type llama.cpp is run with here; give f16 or q8_0"):
+        plan_load(gguf("Q4_1"), runtime="llamacpp", cache_type_v="q4_0")
+    with pytest.raises(ValueError, match="--cache-type-v q8_0 is a setting of the llama.cpp runtime's cache"):
+        plan_load(gguf("Q4_1"), runtime="fast", cache_type_v="q8_0")
+    assert plan_load(gguf("Q4_1"), "float32").cache_type_v is None
 
 
 def test_a_llamacpp_plan_without_llama_cpp_python_is_refused(gguf, monkeypatch) -> None:

@@ -82,6 +82,7 @@ def load_plan(
     concurrency: int = 1,
     *,
     trust_remote_code: bool = False,
+    cache_type_v: str | None = None,
 ) -> LoadPlan:
     """What loading `model` will build (`models.loading.load_plan.plan_load`: it refuses what cannot
     load before any weights are read), its dtype and runtime weighed by what a step is expected to
@@ -91,7 +92,7 @@ def load_plan(
     from verispec.models.loading.load_plan import plan_load
 
     return plan_load(model, dtype, runtime, deterministic, device=device, trust_remote_code=trust_remote_code,
-                     workload=workload(proposer, k_spec, concurrency))
+                     workload=workload(proposer, k_spec, concurrency), cache_type_v=cache_type_v)
 
 
 def workload(proposer: ProposerSpec | None, k_spec: KSpec | int | None, concurrency: int = 1) -> Workload:
@@ -123,7 +124,7 @@ def plain_alternatives(
     (one format fits the machine), that format's plan where it is not the one loaded."""
     from verispec.models.loading.load_plan import plan_load
 
-    plain = plan_load(model, "auto", runtime, deterministic, device=device)
+    plain = plan_load(model, "auto", runtime, deterministic, device=device, cache_type_v=loaded.cache_type_v)
     if plain.format_choice is None:
         targets = [(plain.weight_format, plain.runtime)]
     else:

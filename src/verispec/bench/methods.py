@@ -27,6 +27,8 @@ Grammar (names are comma-separated):
     llamacpp-plain                      llama.cpp's greedy decoding of the target's GGUF file (a
                                         peer: its arithmetic differs, see peers.llamacpp)
     llamacpp-lookup[-kN]                llama-cpp-python's prompt lookup, num_pred_tokens = N (10)
+    llamacpp-...@q8_0                   either, on a Q8_0 value cache (`--cache-type-v q8_0`'s
+                                        target; without it llama.cpp's default float16 cache)
     vllm-plain                          vLLM's CPU build in its own venv, greedy (a peer, `peers.vllm`)
     vllm-ngram[-kN]                     vLLM's ngram speculation (prompt lookup, n-grams of 2 to 4),
                                         N drafts (4)
@@ -86,7 +88,8 @@ class Method:
     k: the fixed draft length (verispec kN, HF -kN), None when a policy or HF's default
     chooses it. oracle: the acceptance of a `verispec-oracle:ALPHA` method (its proposer is
     no registry spec), else None. dtype: the weight format of a `verispec-plain@FORMAT` method
-    (None: the bench's own target).
+    (None: the bench's own target). cache_type_v: the value cache of a `llamacpp-*` method
+    ("f16", llama.cpp's default, or "q8_0" for `llamacpp-...@q8_0`).
     """
 
     name: str
@@ -98,6 +101,7 @@ class Method:
     k: int | None = None
     oracle: float | None = None
     dtype: str | None = None
+    cache_type_v: str = "f16"
     # read once from proposer, k and policy when the method is made (verispec methods only)
     proposer_spec: ProposerSpec | None = field(init=False, default=None, repr=False, compare=False)
     k_spec: KSpec | None = field(init=False, default=None, repr=False, compare=False)
@@ -179,20 +183,30 @@ def parse_method(name: str) -> Method:
         if head != "hf-assisted" and not head.startswith("hf-assisted:"):
             raise ValueError(f"method {name!r}: write hf-assisted[:PATH][-kN]")
         return Method(name, "hf", hf_mode="assisted", hf_arg=path or None, k=k)
-    if name == "llamacpp-plain":
-        return Method(name, "llamacpp")
-    if name.startswith("llamacpp-lookup"):
-        head, k = split_k(name)
-        if head != "llamacpp-lookup":
-            raise ValueError(f"method {name!r}: write llamacpp-lookup or llamacpp-lookup-kN")
-        return Method(name, "llamacpp", proposer="lookup", k=k or LLAMACPP_LOOKUP_TOKENS)
+    if name.startswith(("llamacpp-plain", "llamacpp-lookup")):
+        return llamacpp_method(name)
     if name.startswith("vllm-"):
         return vllm_method(name)
     raise ValueError(
         f"unknown method {name!r}; choose verispec-plain, verispec-<proposer>-<kN|auto|heuristic|tree>, "
-        f"hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain, "
-        f"llamacpp-lookup[-kN], {VLLM_GRAMMAR}"
+        f"hf-generate, hf-lookup[-kN], hf-early-exit:L[-kN], hf-assisted[:PATH][-kN], llamacpp-plain[@q8_0], "
+        f"llamacpp-lookup[-kN][@q8_0], {VLLM_GRAMMAR}"
     )
+
+
+def llamacpp_method(name: str) -> Method:
+    """A `llamacpp-*` method name -> Method(family "llamacpp", proposer None or "lookup", k,
+    cache_type_v from an `@q8_0` suffix)."""
+    base, at, cache = name.partition("@")
+    if at and cache != "q8_0":
+        raise ValueError(f"method {name!r}: the value cache {cache!r} is not q8_0 (without @, llama.cpp's float16)")
+    cache_type_v = cache or "f16"
+    if base == "llamacpp-plain":
+        return Method(name, "llamacpp", cache_type_v=cache_type_v)
+    head, k = split_k(base)
+    if head != "llamacpp-lookup":
+        raise ValueError(f"method {name!r}: write llamacpp-plain, llamacpp-lookup or llamacpp-lookup-kN, each with @q8_0 or not")
+    return Method(name, "llamacpp", proposer="lookup", k=k or LLAMACPP_LOOKUP_TOKENS, cache_type_v=cache_type_v)
 
 
 def vllm_method(name: str) -> Method:

@@ -26,6 +26,7 @@ class Settings:
     dtype: str = "auto"
     runtime: str = "auto"
     deterministic: bool | None = None
+    cache_type_v: str | None = None  # the llama.cpp runtime's value cache
     device: str = "auto"
     threads: int | None = None
     quick: bool = False

@@ -114,7 +114,7 @@ def make_runner(
     method); `first_prompt` is the context an `auto` policy profiles its costs after."""
     eos = target.eos_token_ids
     if method.family == "llamacpp":
-        return llamacpp.make_runner(method.name, target, method.k)
+        return llamacpp.make_runner(method.name, target, method.k, method.cache_type_v)
     if method.family == "vllm":
         return vllm.VllmRunner(method, target)
     if method.family == "verispec":
@@ -202,7 +202,7 @@ def planned(settings: Settings, dtype: str, expects: Expected = Expected()) -> L
     """The bench's model in `dtype` as its runtime options load it, `expects` weighed by auto
     (by default plain decoding of one request, as `plan_load`'s)."""
     return plan_load(settings.model, dtype, settings.runtime, settings.deterministic, device=settings.device,
-                     workload=expects)
+                     workload=expects, cache_type_v=settings.cache_type_v)
 
 
 def with_plain_formats(methods: list[Method], settings: Settings, plan: LoadPlan) -> list[Method]:

@@ -123,7 +123,7 @@ class Servers:
     most_in_flight: int = 1
     made: dict[tuple[str, int], Server] = field(default_factory=dict)
     builders: dict[str, RegistryBuilder] = field(default_factory=dict)
-    llama: object = None  # the llama_cpp.Llama every llama.cpp server decodes with, once loaded
+    llama: dict[str, object] = field(default_factory=dict)  # value cache type -> the llama_cpp.Llama its servers decode with
     engines: dict[str, vllm.VllmRunner] = field(default_factory=dict)  # one vLLM worker per method
 
     def get(self, method: Method, concurrency: int) -> Server:
@@ -138,9 +138,9 @@ class Servers:
             builder = self.builders.setdefault(method.name, RegistryBuilder(self.target))
             return VerispecServer(builder, method, eos, concurrency, self.sampling, self.seed, self.batch_costs)
         if method.family == "llamacpp":
-            if self.llama is None:
-                self.llama = llamacpp.load_batch_model(method.name, self.target)
-            return llamacpp.LlamaCppBatchServer(self.llama, eos, concurrency, self.context, torch.get_num_threads())
+            if method.cache_type_v not in self.llama:
+                self.llama[method.cache_type_v] = llamacpp.load_batch_model(method.name, self.target, method.cache_type_v)
+            return llamacpp.LlamaCppBatchServer(self.llama[method.cache_type_v], eos, concurrency, self.context, torch.get_num_threads())
         if method.family == "vllm":
             if method.name not in self.engines:
                 self.engines[method.name] = vllm.VllmRunner(

@@ -11,7 +11,7 @@ import typer
 
 from verispec.bench.methods import DEFAULT_METHODS
 from verispec.cli import BadInput, app
-from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
+from verispec.cli.runtime_options import CacheTypeVOption, DeterministicOption, DeviceOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_directory, nothing_left_on_failure
 from verispec.models import DEFAULT_MODEL
 from verispec.registry import proposer_grammar
@@ -67,6 +67,7 @@ def bench(
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    cache_type_v: CacheTypeVOption = None,
     device: DeviceOption = "auto",
     threads: Annotated[
         Optional[int],
@@ -114,7 +115,8 @@ def bench(
     if quick:
         ignored = [option for option, given in (
             ("--model", model != DEFAULT_MODEL), ("--dtype", dtype != "auto"), ("--runtime", runtime != "auto"),
-            ("--deterministic", deterministic is not None), ("--device", device != "auto")) if given]
+            ("--deterministic", deterministic is not None), ("--device", device != "auto"),
+            ("--cache-type-v", cache_type_v is not None)) if given]
         if ignored:
             raise BadInput(f"--quick benchmarks a tiny model built in code on transformers, which {', '.join(ignored)} "
                            "would not change; drop them, or drop --quick to benchmark --model")
@@ -135,6 +137,7 @@ def bench(
         dtype=dtype,
         runtime=runtime,
         deterministic=deterministic,
+        cache_type_v=cache_type_v,
         device=device,
         threads=threads,
         quick=quick,
@@ -173,6 +176,8 @@ def command_line(settings: Settings) -> str:
             words += ["--device", settings.device]
         if settings.deterministic is not None:
             words.append("--deterministic" if settings.deterministic else "--no-deterministic")
+        if settings.cache_type_v is not None:
+            words += ["--cache-type-v", settings.cache_type_v]
     if settings.threads is not None:
         words += ["--threads", str(settings.threads)]
     s = settings.sampling

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from verispec.cli import app
-from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
+from verispec.cli.runtime_options import CacheTypeVOption, DeterministicOption, DeviceOption, RuntimeOption
 from verispec import runner
 from verispec.identity import explain, verdict
 from verispec.models import DEFAULT_MODEL
@@ -53,13 +53,15 @@ def demo(
     dtype: str = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    cache_type_v: CacheTypeVOption = None,
     device: DeviceOption = "auto",
 ) -> None:
     """Greedy plain vs speculative decoding on a summary and an open question, side by side."""
     proposer_spec, k_spec = specs(model, proposer, k)
     from verispec.models.loading.load import build  # transformers: imported when needed
 
-    plan = runner.load_plan(model, dtype, runtime, deterministic, device, proposer_spec, k_spec)  # refused before "loading"
+    plan = runner.load_plan(model, dtype, runtime, deterministic, device, proposer_spec, k_spec,
+                            cache_type_v=cache_type_v)  # refused before "loading"
     alternatives = runner.plain_alternatives(model, runtime, deterministic, device, plan)
     console = Console(stderr=True)
     console.print(f"loading {model} ...")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from verispec.cli import app
-from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
+from verispec.cli.runtime_options import CacheTypeVOption, DeterministicOption, DeviceOption, RuntimeOption
 from verispec import runner
 from verispec.engine import check_request
 from verispec.identity import explain
@@ -61,6 +61,7 @@ def generate(
     ] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    cache_type_v: CacheTypeVOption = None,
     device: DeviceOption = "auto",
     logprobs: Annotated[Optional[int], typer.Option(
         "--logprobs", min=-1, metavar="N",
@@ -85,7 +86,8 @@ def generate(
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     from verispec.models.loading.load import build  # transformers: imported when needed
 
-    loaded = build(runner.load_plan(model, dtype, runtime, deterministic, device, proposer_spec, k_spec))
+    loaded = build(runner.load_plan(model, dtype, runtime, deterministic, device, proposer_spec, k_spec,
+                                     cache_type_v=cache_type_v))
     if loaded.target_note:
         print(f"note: {loaded.target_note}", file=sys.stderr)
     sampling = constrained(sampling, loaded, json_schema, regex, choice, grammar)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from verispec.cli import app
-from verispec.cli.runtime_options import ConcurrencyOption, DeterministicOption, DeviceOption, RuntimeOption
+from verispec.cli.runtime_options import CacheTypeVOption, ConcurrencyOption, DeterministicOption, DeviceOption, RuntimeOption
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP
 from verispec.registry import K_HELP, proposer_help
@@ -22,6 +22,7 @@ def load_plan(
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16 or q4.")] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    cache_type_v: CacheTypeVOption = None,
     device: DeviceOption = "auto",
     trust_remote_code: Annotated[bool, typer.Option(help="Run config code shipped in a directory.")] = False,
     proposer: Annotated[
@@ -40,5 +41,5 @@ def load_plan(
     the GGUF tensor table, no weights."""
     proposer_spec, k_spec = (None, 0) if proposer == NO_PROPOSER else specs(model, proposer, k)
     plan = planned(model, dtype, runtime, deterministic, device, proposer_spec, k_spec, concurrency,
-                   trust_remote_code=trust_remote_code)
+                   trust_remote_code=trust_remote_code, cache_type_v=cache_type_v)
     print(json.dumps(plan.as_dict()) if as_json else plan.describe())

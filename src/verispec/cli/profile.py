@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from verispec.cli import BadInput, app
-from verispec.cli.runtime_options import DeterministicOption, DeviceOption, RuntimeOption
+from verispec.cli.runtime_options import CacheTypeVOption, DeterministicOption, DeviceOption, RuntimeOption
 from verispec.cli.paths import FORCE_HELP, check_output_file
 from verispec.cost import K_MAX, optimal_k, speedup_by_k
 from verispec.k_spec import K_BOUND, TREE_SHAPE_BOUND
@@ -97,6 +97,7 @@ def profile(
     dtype: Annotated[str, typer.Option(help="auto (bf16 where the CPU has it natively), float32, bfloat16 or q4.")] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    cache_type_v: CacheTypeVOption = None,
     device: DeviceOption = "auto",
     batch_rows: Annotated[
         Optional[int],
@@ -165,7 +166,8 @@ def profile(
         raise BadInput("--vllm-head goes with --vllm-config; give both or neither")
     from verispec.models.loading.load import load_model  # transformers: imported when needed
 
-    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device)
+    loaded = load_model(model, dtype=dtype, runtime=runtime, deterministic=deterministic, device=device,
+                        cache_type_v=cache_type_v)
     if vllm_config is not None and not isinstance(loaded.lm, SlotScoring):
         raise BadInput(f"--vllm-config plans k per batch size from batched forwards; {loaded.runtime} has no request slots")
     prompt_ids = loaded.encode(prompt if prompt is not None else DEFAULT_PROMPT)

@@ -27,6 +27,16 @@ DeterministicOption = Annotated[
         show_default=False,
     ),
 ]
+CacheTypeVOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--cache-type-v",
+        help="llama.cpp runtime: the value cache's type, f16 (llama.cpp's default) or q8_0 (values rounded to 8-bit "
+        "blocks: another target, on which a row's logits never depend on a forward's size, so deterministic decoding "
+        "needs no padding row and greedy output equals llama.cpp's own on the same settings) [default: f16].",
+        show_default=False,
+    ),
+]
 DeviceOption = Annotated[
     str,
     typer.Option(

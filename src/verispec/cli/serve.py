@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from verispec.cli import BadInput, app
-from verispec.cli.runtime_options import ConcurrencyOption, DeterministicOption, DeviceOption, RuntimeOption
+from verispec.cli.runtime_options import CacheTypeVOption, ConcurrencyOption, DeterministicOption, DeviceOption, RuntimeOption
 from verispec.logprobs import MAX_TOP
 from verispec.models import DEFAULT_MODEL
 from verispec.proposers.trained import DEFAULT_PROPOSER_HELP
@@ -32,6 +32,7 @@ def serve(
     ] = "auto",
     runtime: RuntimeOption = "auto",
     deterministic: DeterministicOption = None,
+    cache_type_v: CacheTypeVOption = None,
     device: DeviceOption = "auto",
     host: Annotated[
         str, typer.Option(help="Address to listen on; 127.0.0.1 keeps the server on this machine.")
@@ -85,7 +86,7 @@ def serve(
     else:  # parsed once, here; the server and its requests keep the parsed specs
         proposer_spec, k_spec = specs(model, proposer, k)
     # the files, device, runtime and dtype (as generate weighs them unless --concurrency says more), before the port
-    plan = load_plan(model, dtype, runtime, deterministic, device, proposer_spec, k_spec, concurrency)
+    plan = load_plan(model, dtype, runtime, deterministic, device, proposer_spec, k_spec, concurrency, cache_type_v=cache_type_v)
     listener = listen(host, port)  # before loading: a taken port is reported at once
     from verispec.models.loading.load import build
 

@@ -41,7 +41,7 @@ import torch
 
 from typing import TYPE_CHECKING
 
-from verispec.models.runtimes.llamacpp import FLASH_ATTENTION, probe  # the runtime's setting: like for like
+from verispec.models.runtimes.llamacpp import CACHE_TYPES_V, FLASH_ATTENTION, probe  # the runtime's settings: like for like
 from verispec.models.runtimes.llamacpp import require as require_installed
 from verispec.peers.outcome import Clock, Outcome, Served
 from verispec.sampling import SamplingParams
@@ -126,6 +126,7 @@ class LlamaCppRunner:
         threads: int,
         vocab_size: int,
         lookup_tokens: int | None = None,
+        cache_type_v: str = "f16",
     ) -> None:
         import llama_cpp
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -144,6 +145,7 @@ class LlamaCppRunner:
             logits_all=self.rounds is not None,
             draft_model=self.rounds,
             flash_attn=FLASH_ATTENTION,
+            type_v=CACHE_TYPES_V[cache_type_v],
             verbose=False,
         )
         if self.llama.n_vocab() != vocab_size:
@@ -151,7 +153,8 @@ class LlamaCppRunner:
                 f"llama.cpp reads a vocabulary of {self.llama.n_vocab()} from {gguf}, the target has {vocab_size}"
             )
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.peer = f"llama-cpp-python {llama_cpp.__version__} on the GGUF's quantized blocks"
+        values = "" if cache_type_v == "f16" else f", values {cache_type_v}"
+        self.peer = f"llama-cpp-python {llama_cpp.__version__} on the GGUF's quantized blocks{values}"
 
     def __call__(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Outcome:
         context = self.llama.n_ctx()
@@ -184,10 +187,12 @@ class LlamaCppRunner:
         return outcome
 
 
-def make_runner(name: str, target: LoadedModel, lookup_tokens: int | None = None) -> LlamaCppRunner:
+def make_runner(name: str, target: LoadedModel, lookup_tokens: int | None = None, cache_type_v: str = "f16") -> LlamaCppRunner:
     """The runner of the method `name` on the file `target` was loaded from, with torch's
-    current thread count; with prompt lookup when `lookup_tokens` is given."""
-    return LlamaCppRunner(gguf_file(name, target), target.eos_token_ids, torch.get_num_threads(), target.lm.vocab_size, lookup_tokens)
+    current thread count; with prompt lookup when `lookup_tokens` is given; on a value cache of
+    `cache_type_v` (`CACHE_TYPES_V`)."""
+    return LlamaCppRunner(gguf_file(name, target), target.eos_token_ids, torch.get_num_threads(), target.lm.vocab_size,
+                          lookup_tokens, cache_type_v)
 
 
 def gguf_file(name: str, target: LoadedModel) -> Path:
@@ -251,9 +256,10 @@ class LlamaCppBatchServer:
         if not self.ctx:
             raise ValueError(f"llama.cpp could not make a context of {slots} sequences x {context} positions")
         self.memory = llama_cpp.llama_get_memory(self.ctx)
-        # One position's keys and values in every layer, in the default cache type (float16).
+        # One position's keys (float16) and values (float16, or Q8_0: 34 bytes a block of 32) in every layer.
         heads, embd = llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_embd(model)
-        self.kv_bytes = llama_cpp.llama_model_n_layer(model) * 2 * (embd // heads) * llama_cpp.llama_model_n_head_kv(model) * 2
+        width = llama_cpp.llama_model_n_layer(model) * (embd // heads) * llama_cpp.llama_model_n_head_kv(model)
+        self.kv_bytes = width * 2 + (width * 2 if params.type_v == CACHE_TYPES_V["f16"] else width // 32 * 34)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
         self.batch = llama_cpp.llama_batch_init(slots * context, 0, 1)
         self.context = context
@@ -328,18 +334,20 @@ class LlamaCppBatchServer:
         return served
 
     def kv_bytes_per_token(self) -> int:
-        """Cache bytes one position of one sequence takes: n_layer x 2 (keys, values) x
-        n_head_kv x head size x 2 bytes (llama.cpp's default float16 cache)."""
+        """Cache bytes one position of one sequence takes: n_layer x n_head_kv x head size x
+        (2 bytes of float16 key, and 2 of float16 value or 34/32 of a Q8_0 one)."""
         return self.kv_bytes
 
 
-def load_batch_model(name: str, target: LoadedModel):
+def load_batch_model(name: str, target: LoadedModel, cache_type_v: str = "f16"):
     """A `llama_cpp.Llama` on the file `target` was loaded from, for `LlamaCppBatchServer`s (a
-    small context of its own: each server makes the context it decodes in)."""
+    small context of its own: each server makes the context it decodes in, with this one's
+    settings, its value cache type `cache_type_v` among them)."""
     import llama_cpp
 
     gguf = gguf_file(name, target)
-    llama = llama_cpp.Llama(model_path=str(gguf), n_ctx=64, flash_attn=FLASH_ATTENTION, verbose=False)
+    llama = llama_cpp.Llama(model_path=str(gguf), n_ctx=64, flash_attn=FLASH_ATTENTION, type_v=CACHE_TYPES_V[cache_type_v],
+                            verbose=False)
     if llama.n_vocab() != target.lm.vocab_size:
         raise ValueError(f"llama.cpp reads a vocabulary of {llama.n_vocab()} from {gguf}, the target has {target.lm.vocab_size}")
     return llama

@@ -52,7 +52,7 @@ from verispec.models.runtimes.hf import HFCausalLM
 from verispec.models.runtimes.llama import LlamaRuntime
 from verispec.models.runtimes.static_llama import StaticLlama
 from verispec.models.loading.format_costs import PLAIN, Workload
-from verispec.models.loading.load_plan import LLAMACPP_TARGET, LoadPlan, model_config, plan_load
+from verispec.models.loading.load_plan import LLAMACPP_Q8_0_VALUES, LLAMACPP_TARGET, LoadPlan, model_config, plan_load
 from verispec.models.loading.memory import kv_bytes_per_token, peak_rss_bytes, weight_bytes
 from verispec.models.formats.quant import Int4Linear
 from verispec.models.formats.quantized import quantized_model
@@ -135,15 +135,19 @@ class LoadedModel:
     def target_note(self) -> str | None:
         """What a quantized format did to the model, for wherever it is chosen; None for float."""
         if self.weight_format == WeightFormat.GGUF:
+            values = "" if self.lm._shared.cache_type_v == "f16" else f"; {LLAMACPP_Q8_0_VALUES}"
             pieces = (
                 "; every forward after the prompt decodes a number of rows that gives a row the same bits (a lone "
                 "token with a padding row where llama.cpp would score it otherwise), so a row's logits do not depend "
                 "on how many rows are scored with it"
+                if getattr(self.lm, "deterministic", False) and not values else
+                "; on this cache a row's logits do not depend on how many rows one forward scores, so every forward "
+                "decodes as llama.cpp's own would, and greedy output equals llama.cpp's own on the same settings"
                 if getattr(self.lm, "deterministic", False) else
                 "; --no-deterministic: a row's logits depend on how many rows are scored with it, so the output "
                 "follows no one fixed target and greedy speculative output may part from plain decoding"
             )
-            return f"llama.cpp: {LLAMACPP_TARGET}{pieces}"
+            return f"llama.cpp: {LLAMACPP_TARGET}{values}{pieces}"
         if self.weight_format == WeightFormat.FLOAT:
             notes = []
             if self.dtype in (torch.bfloat16, torch.float16) and self.source.is_file():
@@ -216,6 +220,7 @@ def load_model(
     deterministic: bool | None = None,
     device: str = "auto",
     workload: Workload = PLAIN,
+    cache_type_v: str | None = None,
 ) -> LoadedModel:
     """Load a causal LM from local files (`models.loading.sources` says which names it accepts).
 
@@ -242,8 +247,10 @@ def load_model(
     GPU without it). workload: what a step is expected to decode (the requests in flight and how
     each drafts, `models.loading.format_costs.Workload`; default plain decoding of one request),
     by which dtype and runtime "auto" weigh their candidates' expected tokens per second.
+    cache_type_v: runtime "llamacpp" only: its value cache, "f16" (the default) or "q8_0" (another
+    target, on which deterministic decoding costs nothing: `LlamaCppLM`).
     """
-    return build(plan_load(name_or_path, dtype, runtime, deterministic, device=device,
+    return build(plan_load(name_or_path, dtype, runtime, deterministic, device=device, cache_type_v=cache_type_v,
                            trust_remote_code=trust_remote_code, workload=workload))
 
 
@@ -310,7 +317,8 @@ def _on_llamacpp(plan: LoadPlan) -> LoadedModel:
         from_directory(GenerationConfig, converted) if (converted / "generation_config.json").is_file()
         else GenerationConfig.from_model_config(config)
     )
-    lm = LlamaCppLM(plan.source, n_threads=torch.get_num_threads(), deterministic=plan.deterministic, matrices=matrix_types(plan.source))
+    lm = LlamaCppLM(plan.source, n_threads=torch.get_num_threads(), deterministic=plan.deterministic,
+                    matrices=matrix_types(plan.source), cache_type_v=plan.cache_type_v or "f16")
     return LoadedModel(
         name=plan.name,
         lm=lm,

@@ -41,7 +41,7 @@ from verispec.models.loading import format_costs
 from verispec.models.loading.format_costs import PLAIN, FormatChoice, FormatCost, Workload
 from verispec.models.formats.gguf_blocks import CODED, READ
 from verispec.models.runtimes.llama import config_refusal
-from verispec.models.runtimes.llamacpp import require
+from verispec.models.runtimes.llamacpp import CACHE_TYPES_V, require
 from verispec.models.runtime import Runtime, parse_runtime
 from verispec.models.runtimes.static_llama import static_refusal
 from verispec.models.loading.sources import (
@@ -61,6 +61,10 @@ LLAMACPP_TARGET = (
     "the GGUF file's own blocks as llama.cpp computes them (activations quantized to 8 bits per block, "
     "keys and values in float16, its own summation order): a different target from the file's float32 "
     "model, verified exactly as llama.cpp computes it"
+)
+LLAMACPP_Q8_0_VALUES = (
+    "--cache-type-v q8_0: the cached values, though, rounded to 8-bit blocks of 32 (the keys stay float16), "
+    "another target than llama.cpp's default float16 cache"
 )
 
 
@@ -182,6 +186,7 @@ class LoadPlan:
     device_reason: str = "asked for"
     workload: Workload = PLAIN  # what a step is expected to decode, what --dtype auto weighed the formats by
     format_choice: FormatChoice | None = None  # --dtype auto's candidates and their expectations, where it weighed formats
+    cache_type_v: str | None = None  # the llama.cpp runtime's value cache type ("f16", "q8_0"); None on the others
 
     @property
     def dtype(self) -> torch.dtype:
@@ -223,6 +228,7 @@ class LoadPlan:
             "runtime": str(self.runtime),
             "runtime_reason": self.runtime_reason,
             "deterministic": self.deterministic,
+            "cache_type_v": self.cache_type_v,
             "dtype": str(self.weight_format),
             "dtype_reason": self.dtype_reason,
             "exact_weights": self.exact_weights,
@@ -248,6 +254,8 @@ class LoadPlan:
         if self.runtime == Runtime.LLAMACPP:
             exact = "no: llama.cpp's arithmetic on the file's blocks, a different model from float32"
         determinism = " (deterministic)" if self.deterministic else ""
+        if self.cache_type_v == "q8_0":
+            determinism += " (values q8_0)"
         choice = self.format_choice
         costs = [] if choice is None else [
             f"{'chosen:' if c is choice.chosen else 'weighed:':<10}{c.describe()}" for c in choice.candidates
@@ -275,6 +283,7 @@ def plan_load(
     machine: MachineFacts | None = None,
     workload: Workload = PLAIN,
     costs: Sequence[FormatCost] | None = None,
+    cache_type_v: str | None = None,
 ) -> LoadPlan:
     """What `load_model` with these arguments builds (its docstring says what each means),
     reading only the config and, for auto or q4 on a GGUF file, its tensor table.
@@ -283,8 +292,13 @@ def plan_load(
     one request), by which `--dtype auto` weighs q4 against bfloat16 and `--runtime auto` the
     fast runtime against transformers. costs: the measured curves those read (default: what
     `verispec profile` recorded for this file on this CPU at this thread count,
-    `format_costs.measured`)."""
+    `format_costs.measured`). cache_type_v: the llama.cpp runtime's value cache, "f16" (None:
+    llama.cpp's default) or "q8_0" (another target); refused with any other runtime."""
     runtime = parse_runtime(runtime)
+    if cache_type_v is not None and runtime != Runtime.LLAMACPP:
+        raise ValueError(
+            f"--cache-type-v {cache_type_v} is a setting of the llama.cpp runtime's cache; drop it or give --runtime llamacpp"
+        )
     if deterministic and runtime == Runtime.HF:
         raise ValueError(
             "deterministic scoring is a mode of the fast, static and llama.cpp runtimes; drop it or choose runtime "
@@ -298,7 +312,7 @@ def plan_load(
     if runtime == Runtime.LLAMACPP:
         if where != "cpu":
             raise ValueError(f"the llama.cpp runtime runs on the CPU here, not {where}; drop --device (or give cpu)")
-        return llamacpp_plan(str(name_or_path), source, config, asked, deterministic)
+        return llamacpp_plan(str(name_or_path), source, config, asked, deterministic, cache_type_v or "f16")
     if where != "cpu" and asked == WeightFormat.Q4:
         raise ValueError(f"--dtype q4 runs on torch's CPU int4 kernel, not on {where}; give bfloat16, float16 or float32")
     chosen, runtime_reason = runtime_choice(runtime, config, resolve_dtype(asked, machine, where), where, source)
@@ -362,11 +376,16 @@ def runtime_choice(
 
 
 def llamacpp_plan(
-    name: str, source: Path, config: PretrainedConfig, asked: WeightFormat | str, deterministic: bool | None
+    name: str, source: Path, config: PretrainedConfig, asked: WeightFormat | str, deterministic: bool | None,
+    cache_type_v: str = "f16",
 ) -> LoadPlan:
     """Runtime "llamacpp": llama.cpp decodes the GGUF file's own blocks, so there is no weight
     format to choose; deterministic (the default) pads a lone token to llama.cpp's many-row
-    kernels (`LlamaCppLM`). Refused where llama-cpp-python is not installed."""
+    kernels on a float16 value cache, and needs nothing on a Q8_0 one (`LlamaCppLM`). Refused
+    where llama-cpp-python is not installed."""
+    if cache_type_v not in CACHE_TYPES_V:
+        raise ValueError(f"--cache-type-v {cache_type_v} is not a value cache type llama.cpp is run with here; give "
+                         f"{' or '.join(CACHE_TYPES_V)}")
     if not source.is_file():
         raise ValueError(
             f"{source}: the llama.cpp runtime reads a GGUF file, not a checkpoint directory; give a .gguf file "
@@ -386,8 +405,9 @@ def llamacpp_plan(
         runtime_reason="asked for",
         deterministic=True if deterministic is None else deterministic,
         weight_format=WeightFormat.GGUF,
-        dtype_reason=LLAMACPP_TARGET,
+        dtype_reason=LLAMACPP_TARGET if cache_type_v == "f16" else f"{LLAMACPP_TARGET}; {LLAMACPP_Q8_0_VALUES}",
         exact_weights=False,
+        cache_type_v=cache_type_v,
     )
 
 

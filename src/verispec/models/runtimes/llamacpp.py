@@ -133,6 +133,10 @@ ROWS_ALONE = frozenset({"Q4_1", "Q8_0"})
 FLASH_ATTENTION = True
 # Flash attention computes each query row alone up to this many rows a forward; 64 or more tile.
 FLASH_ROWS = 63
+# The value cache's number types (llama.cpp's `type_v`, its ggml type ids): float16, llama.cpp's
+# default, or Q8_0 (8-bit blocks of 32 with a float16 scale), which flash attention reads through
+# its per-row kernel for a forward of any size, so no forward shape changes a row's bits.
+CACHE_TYPES_V = {"f16": 1, "q8_0": 8}
 # The sequences one request's tree round takes at most: a `--k tree` tree's 16 drafted nodes
 # under the pending token have at most 16 leaves, a sequence each (its own, 15 borrowed).
 TREE_SEQUENCES = 16
@@ -266,7 +270,10 @@ class LlamaCppLM:
     so that a row's logits do not depend on how many rows are scored with it. sequences: the
     most sequences (this one, its slots, and a scored tree's paths) the cache holds at once. matrices: the block types of
     the file's matrices, which set `widest_piece` (default: read from the file's tensor table;
-    the loader passes its cached copy's, `sources.matrix_types`).
+    the loader passes its cached copy's, `sources.matrix_types`). cache_type_v: the value
+    cache's type, "f16" (llama.cpp's default) or "q8_0": values rounded to 8-bit blocks, a
+    different target, whose attention gives a row the same bits in a forward of any size, so
+    deterministic decoding needs no padding row and no cap on a forward's rows (`CACHE_TYPES_V`).
     """
 
     def __init__(
@@ -278,11 +285,15 @@ class LlamaCppLM:
         deterministic: bool = True,
         sequences: int = TREE_SEQUENCES,
         matrices: set[str] | None = None,
+        cache_type_v: str = "f16",
     ) -> None:
         require("the llama.cpp runtime")
+        if cache_type_v not in CACHE_TYPES_V:
+            raise ValueError(f"cache_type_v {cache_type_v!r} is not one of {', '.join(CACHE_TYPES_V)}")
         path = Path(model_path)
-        widest = widest_piece(stored_matrix_types(path) if matrices is None else matrices)
-        self._shared = _Shared(path, n_ctx, n_threads or torch.get_num_threads(), n_batch, deterministic, sequences, widest)
+        widest = widest_piece(stored_matrix_types(path) if matrices is None else matrices, cache_type_v, n_batch)
+        self._shared = _Shared(path, n_ctx, n_threads or torch.get_num_threads(), n_batch, deterministic, sequences, widest,
+                               cache_type_v)
         self._join()
 
     def _join(self) -> None:
@@ -317,10 +328,11 @@ class LlamaCppLM:
         return int(self._shared.api.llama_model_size(self.llama.model))
 
     def kv_bytes_per_token(self) -> int:
-        """Cache bytes one position takes: keys and values of every layer in float16."""
+        """Cache bytes one position takes: keys of every layer in float16, values in float16 or
+        Q8_0 (34 bytes a block of 32)."""
         api, model = self._shared.api, self.llama.model
-        head_dim = api.llama_model_n_embd(model) // api.llama_model_n_head(model)
-        return int(api.llama_model_n_layer(model) * 2 * api.llama_model_n_head_kv(model) * head_dim * 2)
+        width = api.llama_model_n_layer(model) * api.llama_model_n_head_kv(model) * (api.llama_model_n_embd(model) // api.llama_model_n_head(model))
+        return int(width * 2 + (width * 2 if self._shared.cache_type_v == "f16" else width // 32 * 34))
 
     def reset(self) -> None:
         if self._tokens:
@@ -527,7 +539,9 @@ class _Shared:
     """What the sequences of one loaded file share: the model, the live context whose cache
     holds every sequence, score's context, the token embedding; and how forwards are cut."""
 
-    def __init__(self, path: Path, n_ctx: int, threads: int, n_batch: int, deterministic: bool, sequences: int, widest: int) -> None:
+    def __init__(
+        self, path: Path, n_ctx: int, threads: int, n_batch: int, deterministic: bool, sequences: int, widest: int, cache_type_v: str
+    ) -> None:
         import llama_cpp
 
         self.api = llama_cpp
@@ -547,6 +561,7 @@ class _Shared:
         self.n_ctx = n_ctx  # positions the live cache holds, every sequence's (`reserve`)
         self.widest = widest
         self.deterministic = deterministic
+        self.cache_type_v = cache_type_v
         self.free = list(range(sequences))[::-1]  # sequence ids not taken
         self.members: weakref.WeakValueDictionary[int, LlamaCppLM] = weakref.WeakValueDictionary()
         self.layers: set[int] = set()  # layer taps some sequence records
@@ -614,10 +629,12 @@ class _Shared:
 
     def pads_a_lone_row(self, start: int) -> bool:
         """Whether a forward of one row at position `start` needs a padding row to take the
-        many-row attention: deterministic, on more than one thread (one thread's split of the
-        cache is one piece, the many-row arithmetic), where its KV view may reach 512 cells
-        (past `LONE_ROW_CELLS` positions, or once other sequences share the cache)."""
-        return self.deterministic and self.threads > 1 and (self.slotted or start >= LONE_ROW_CELLS)
+        many-row attention: deterministic, on a float16 value cache (a Q8_0 one never takes the
+        split path), on more than one thread (one thread's split of the cache is one piece, the
+        many-row arithmetic), where its KV view may reach 512 cells (past `LONE_ROW_CELLS`
+        positions, or once other sequences share the cache)."""
+        return (self.deterministic and self.cache_type_v == "f16" and self.threads > 1
+                and (self.slotted or start >= LONE_ROW_CELLS))
 
     def extend_slots(self, members: Sequence[LlamaCppLM], tokens: Sequence[Sequence[int]], keeps: Sequence[int]) -> list[torch.Tensor]:
         """Each member's tokens after its cache, cut into pieces (`pieces`), the members' j-th
@@ -772,6 +789,7 @@ class _Context:
         params.n_batch = params.n_ubatch = shared.n_batch
         params.n_seq_max = sequences
         params.kv_unified = True  # one cache: a forward of several sequences is one ubatch, as one sequence's is
+        params.type_v = CACHE_TYPES_V[shared.cache_type_v]
         self.names = {f"l_out-{layer - 1}".encode(): layer for layer in layers}
         self.captured: dict[int, list[np.ndarray]] = {layer: [] for layer in layers}
         if layers:
@@ -922,11 +940,19 @@ def path_sequences(parents: Sequence[int], leaves: Sequence[int], ids: Sequence[
     return [tuple(node) for node in seqs]
 
 
-def widest_piece(matrices: set[str]) -> int:
-    """The most rows a deterministic forward decodes: `FLASH_ROWS` where every matrix of the
-    file is of a block type whose product computes each row alone (`ROWS_ALONE`), else 3 (a
-    K-quant's repacked kernel takes 4 rows and more otherwise)."""
-    return FLASH_ROWS if matrices <= ROWS_ALONE else 3
+def widest_piece(matrices: set[str], cache_type_v: str = "f16", n_batch: int = 512) -> int:
+    """The most rows a deterministic forward decodes where every matrix of the file is of a
+    block type whose product computes each row alone (`ROWS_ALONE`): `FLASH_ROWS` on a float16
+    value cache (64 rows and more take the tiled attention), n_batch on a Q8_0 one (its
+    attention is the per-row kernel for any forward); else 3 (a K-quant's repacked kernel takes
+    4 rows and more otherwise).
+
+    >>> widest_piece({"Q4_1", "Q8_0"}), widest_piece({"Q4_1"}, "q8_0"), widest_piece({"Q4_K", "Q6_K"}, "q8_0")
+    (63, 512, 3)
+    """
+    if not matrices <= ROWS_ALONE:
+        return 3
+    return n_batch if cache_type_v == "q8_0" else FLASH_ROWS
 
 
 def _kept(keep: int, n: int, begin: int, size: int) -> int:
