@@ -148,6 +148,26 @@ def test_slots_are_sequences_of_one_cache_scored_in_one_forward():
     assert len(lm._shared.members) == held - 3
 
 
+def test_lone_tokens_of_several_slots_share_one_forward_unpadded(monkeypatch):
+    """On two threads a slot's lone token is padded to two rows when it is its forward's only
+    row (the one-query attention would split the cache), and not beside another slot's rows,
+    where the forward takes the many-row attention already: its row equals the padded one."""
+    from verispec.models.runtimes.llamacpp import LlamaCppLM
+    from verispec.models.loading.sources import locate
+
+    lm = LlamaCppLM(locate(DEFAULT_MODEL), n_ctx=1024, n_threads=2)
+    a, b = lm.new_slot(), lm.new_slot()
+    a.prefill([5, 6, 7])
+    b.prefill([8, 9])
+    context, sizes = lm._shared.live(), []
+    decode = context.decode
+    monkeypatch.setattr(context, "decode", lambda parts: sizes.append([part.size for part in parts]) or decode(parts))
+    together = lm.extend_slots([a, b], [[1], [2]])
+    a.rollback(3)
+    alone = a.extend([1])
+    assert sizes == [[1, 1], [2]] and torch.equal(together[0], alone)
+
+
 def test_a_context_remade_for_new_taps_decodes_what_its_sequences_hold_again():
     """A head's proposer made after the model decoded (a benchmark's plain run first): the
     context is remade with the layer outputs, and the cached tokens are decoded into it again

@@ -638,10 +638,13 @@ class _Shared:
 
     def extend_slots(self, members: Sequence[LlamaCppLM], tokens: Sequence[Sequence[int]], keeps: Sequence[int]) -> list[torch.Tensor]:
         """Each member's tokens after its cache, cut into pieces (`pieces`), the members' j-th
-        pieces in one forward; per member the logits of its last keep rows, float32 [keep, V]."""
+        pieces in one forward; per member the logits of its last keep rows, float32 [keep, V]. A
+        member's lone token is padded only where it would be its forward's one row: beside
+        another member's rows the forward takes the many-row attention already."""
         self.check_room(sum(map(len, tokens)))
         tokens = [[*member._owed, *rows] for member, rows in zip(members, tokens)]  # owed tree nodes first
-        cut = [pieces(len(rows), self.n_batch, self.deterministic, not self.pads_a_lone_row(member.cached), self.widest)
+        shared = len(members) > 1  # every member's first piece then shares forward 0 with another's rows
+        cut = [pieces(len(rows), self.n_batch, self.deterministic, shared or not self.pads_a_lone_row(member.cached), self.widest)
                for member, rows in zip(members, tokens)]
         forwards: list[list[_Rows]] = []
         for member, rows, keep, sizes in zip(members, tokens, keeps, cut):
