@@ -38,6 +38,16 @@ def test_method_grammar():
     assert parse_method("llamacpp-lookup-k3@q8_0") == Method("llamacpp-lookup-k3@q8_0", "llamacpp", "lookup", k=3, cache_type_v="q8_0")
 
 
+def test_a_q8_0_value_cache_lets_a_deterministic_forward_take_a_whole_batch():
+    """The most rows a deterministic forward decodes: 63 on a float16 value cache (64 take the
+    tiled attention), n_batch on a Q8_0 one, and 3 wherever a K-quant product rounds 4 rows
+    otherwise, whatever the cache."""
+    assert runtime.widest_piece({"Q4_1", "Q8_0"}) == runtime.FLASH_ROWS == 63
+    assert runtime.widest_piece({"Q4_1", "Q8_0"}, "q8_0", 512) == 512
+    assert runtime.widest_piece({"Q4_K", "Q6_K"}, "q8_0", 512) == runtime.widest_piece({"Q4_K"}) == 3
+    assert runtime.CACHE_TYPES_V == {"f16": 1, "q8_0": 8}  # ggml's type ids, llama.cpp's type_v
+
+
 @pytest.mark.parametrize(
     ("name", "message"),
     [("llamacpp-lookup-2", "llamacpp-lookup or llamacpp-lookup-kN"), ("llamacpp-lookup-k0", "k must be an integer >= 1"),
