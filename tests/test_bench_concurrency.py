@@ -278,3 +278,8 @@ def test_llamacpp_batches_several_sequences():
         if concurrency == 1:
             assert [s.tokens for s in served] == alone
     assert server.kv_bytes_per_token() == 30 * 2 * 64 * 3 * 2  # SmolLM2-135M: 30 layers, 3 KV heads of 64
+    q8 = llamacpp.LlamaCppBatchServer(llamacpp.load_batch_model(method.name, target, "q8_0"), target.eos_token_ids, 1, 64, 1)
+    try:
+        assert q8.kv_bytes_per_token() == 30 * 64 * 3 * 2 + 30 * 64 * 3 // 32 * 34  # float16 keys, Q8_0 values
+    finally:
+        q8.close()

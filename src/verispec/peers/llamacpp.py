@@ -41,7 +41,9 @@ import torch
 
 from typing import TYPE_CHECKING
 
-from verispec.models.runtimes.llamacpp import CACHE_TYPES_V, FLASH_ATTENTION, probe  # the runtime's settings: like for like
+from verispec.models.runtimes.llamacpp import (  # the runtime's settings: like for like
+    CACHE_TYPES_V, FLASH_ATTENTION, cache_bytes_per_position, probe,
+)
 from verispec.models.runtimes.llamacpp import require as require_installed
 from verispec.peers.outcome import Clock, Outcome, Served
 from verispec.sampling import SamplingParams
@@ -256,10 +258,8 @@ class LlamaCppBatchServer:
         if not self.ctx:
             raise ValueError(f"llama.cpp could not make a context of {slots} sequences x {context} positions")
         self.memory = llama_cpp.llama_get_memory(self.ctx)
-        # One position's keys (float16) and values (float16, or Q8_0: 34 bytes a block of 32) in every layer.
-        heads, embd = llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_embd(model)
-        width = llama_cpp.llama_model_n_layer(model) * (embd // heads) * llama_cpp.llama_model_n_head_kv(model)
-        self.kv_bytes = width * 2 + (width * 2 if params.type_v == CACHE_TYPES_V["f16"] else width // 32 * 34)
+        cache_type_v = next(name for name, ggml_type in CACHE_TYPES_V.items() if ggml_type == params.type_v)
+        self.kv_bytes = cache_bytes_per_position(model, cache_type_v)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
         self.batch = llama_cpp.llama_batch_init(slots * context, 0, 1)
         self.context = context

@@ -135,7 +135,7 @@ class LoadedModel:
     def target_note(self) -> str | None:
         """What a quantized format did to the model, for wherever it is chosen; None for float."""
         if self.weight_format == WeightFormat.GGUF:
-            values = "" if self.lm._shared.cache_type_v == "f16" else f"; {LLAMACPP_Q8_0_VALUES}"
+            values = "" if self.lm.cache_type_v == "f16" else f"; {LLAMACPP_Q8_0_VALUES}"
             pieces = (
                 "; every forward after the prompt decodes a number of rows that gives a row the same bits (a lone "
                 "token with a padding row where llama.cpp would score it otherwise), so a row's logits do not depend "

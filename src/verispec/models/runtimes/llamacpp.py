@@ -302,6 +302,7 @@ class LlamaCppLM:
         self.num_layers = self._shared.num_layers
         self.n_ctx = self._shared.context
         self.deterministic = self._shared.deterministic
+        self.cache_type_v = self._shared.cache_type_v
         self.seq = self._shared.join(self)
         self._features = FeatureStore(self.hidden_size)
         self._tokens: list[int] = []  # what the cache holds (a remade context decodes them again)
@@ -330,9 +331,7 @@ class LlamaCppLM:
     def kv_bytes_per_token(self) -> int:
         """Cache bytes one position takes: keys of every layer in float16, values in float16 or
         Q8_0 (34 bytes a block of 32)."""
-        api, model = self._shared.api, self.llama.model
-        width = api.llama_model_n_layer(model) * api.llama_model_n_head_kv(model) * (api.llama_model_n_embd(model) // api.llama_model_n_head(model))
-        return int(width * 2 + (width * 2 if self._shared.cache_type_v == "f16" else width // 32 * 34))
+        return cache_bytes_per_position(self.llama.model, self.cache_type_v)
 
     def reset(self) -> None:
         if self._tokens:
@@ -916,6 +915,16 @@ def pieces(n: int, n_batch: int, deterministic: bool, lone: bool = False, widest
     if rest == 1:
         return [widest] * (whole - 1) + [widest - 1, 2]
     return [widest] * whole + [rest] * (rest > 0)
+
+
+def cache_bytes_per_position(model, cache_type_v: str) -> int:
+    """Bytes one cached position takes in every layer of a llama.cpp model: its keys in float16,
+    its values in float16 or Q8_0 (34 bytes a block of 32)."""
+    import llama_cpp
+
+    width = (llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model)
+             * (llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)))  # values a position holds
+    return int(width * 2 + (width * 2 if cache_type_v == "f16" else width // 32 * 34))
 
 
 def tree_leaves(parents: Sequence[int]) -> list[int]:
