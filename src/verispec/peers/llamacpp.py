@@ -258,8 +258,7 @@ class LlamaCppBatchServer:
         if not self.ctx:
             raise ValueError(f"llama.cpp could not make a context of {slots} sequences x {context} positions")
         self.memory = llama_cpp.llama_get_memory(self.ctx)
-        cache_type_v = next(name for name, ggml_type in CACHE_TYPES_V.items() if ggml_type == params.type_v)
-        self.kv_bytes = cache_bytes_per_position(model, cache_type_v)
+        self.kv_bytes = cache_bytes_per_position(model, params.type_v)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
         self.batch = llama_cpp.llama_batch_init(slots * context, 0, 1)
         self.context = context

@@ -136,17 +136,17 @@ class LoadedModel:
         """What a quantized format did to the model, for wherever it is chosen; None for float."""
         if self.weight_format == WeightFormat.GGUF:
             values = "" if self.lm.cache_type_v == "f16" else f"; {LLAMACPP_Q8_0_VALUES}"
-            pieces = (
-                "; every forward after the prompt decodes a number of rows that gives a row the same bits (a lone "
-                "token with a padding row where llama.cpp would score it otherwise), so a row's logits do not depend "
-                "on how many rows are scored with it"
-                if getattr(self.lm, "deterministic", False) and not values else
-                "; on this cache a row's logits do not depend on how many rows one forward scores, so every forward "
-                "decodes as llama.cpp's own would, and greedy output equals llama.cpp's own on the same settings"
-                if getattr(self.lm, "deterministic", False) else
-                "; --no-deterministic: a row's logits depend on how many rows are scored with it, so the output "
-                "follows no one fixed target and greedy speculative output may part from plain decoding"
-            )
+            if not self.lm.deterministic:
+                pieces = ("; --no-deterministic: a row's logits depend on how many rows are scored with it, so the output "
+                          "follows no one fixed target and greedy speculative output may part from plain decoding")
+            elif values:
+                pieces = ("; on this cache a row's logits do not depend on how many rows one forward scores, so every "
+                          "forward decodes as llama.cpp's own would, and greedy output equals llama.cpp's own on the same "
+                          "settings")
+            else:
+                pieces = ("; every forward after the prompt decodes a number of rows that gives a row the same bits (a "
+                          "lone token with a padding row where llama.cpp would score it otherwise), so a row's logits do "
+                          "not depend on how many rows are scored with it")
             return f"llama.cpp: {LLAMACPP_TARGET}{values}{pieces}"
         if self.weight_format == WeightFormat.FLOAT:
             notes = []
@@ -318,7 +318,7 @@ def _on_llamacpp(plan: LoadPlan) -> LoadedModel:
         else GenerationConfig.from_model_config(config)
     )
     lm = LlamaCppLM(plan.source, n_threads=torch.get_num_threads(), deterministic=plan.deterministic,
-                    matrices=matrix_types(plan.source), cache_type_v=plan.cache_type_v or "f16")
+                    matrices=matrix_types(plan.source), cache_type_v=plan.cache_type_v)
     return LoadedModel(
         name=plan.name,
         lm=lm,

@@ -331,7 +331,7 @@ class LlamaCppLM:
     def kv_bytes_per_token(self) -> int:
         """Cache bytes one position takes: keys of every layer in float16, values in float16 or
         Q8_0 (34 bytes a block of 32)."""
-        return cache_bytes_per_position(self.llama.model, self.cache_type_v)
+        return cache_bytes_per_position(self.llama.model, CACHE_TYPES_V[self.cache_type_v])
 
     def reset(self) -> None:
         if self._tokens:
@@ -917,14 +917,15 @@ def pieces(n: int, n_batch: int, deterministic: bool, lone: bool = False, widest
     return [widest] * whole + [rest] * (rest > 0)
 
 
-def cache_bytes_per_position(model, cache_type_v: str) -> int:
+def cache_bytes_per_position(model, type_v: int) -> int:
     """Bytes one cached position takes in every layer of a llama.cpp model: its keys in float16,
-    its values in float16 or Q8_0 (34 bytes a block of 32)."""
+    its values in `type_v` (a ggml type id of `CACHE_TYPES_V`: float16, or Q8_0 at 34 bytes a
+    block of 32)."""
     import llama_cpp
 
     width = (llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model)
              * (llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)))  # values a position holds
-    return int(width * 2 + (width * 2 if cache_type_v == "f16" else width // 32 * 34))
+    return int(width * 2 + (width * 2 if type_v == CACHE_TYPES_V["f16"] else width // 32 * 34))
 
 
 def tree_leaves(parents: Sequence[int]) -> list[int]:
