@@ -137,6 +137,22 @@ def test_a_q8_0_value_cache_gives_any_forward_the_same_bits_and_llamacpps_own_gr
     assert lm.length > 512
 
 
+def test_on_a_q8_0_value_cache_extend_and_rollback_equal_a_fresh_score_bit_for_bit():
+    """The full-recompute equality on the Q8_0 target, past 256 cached positions on two threads,
+    where lone tokens go unpadded and a verification is one forward of any length."""
+    lm = _model(cache_type_v="q8_0")
+    ids = _ids(330, 4, lm.vocab_size)
+    reference = lm.score(ids)  # [330, V]
+    lm.prefill(ids[:1])
+    rows, position = [], 1
+    for n in [1, 70, 3, 1, 200, 1, 9, 1, 1, 30]:
+        got = lm.extend(ids[position : position + n + 2])  # two rows too many, then forgotten
+        lm.rollback(position + n)
+        rows.append(got[:n])
+        position += n
+    assert position > 300 and torch.equal(torch.cat(rows), reference[1:position])
+
+
 def test_greedy_identity_on_a_q8_0_value_cache():
     from verispec.models.loading.load import load_tokenizer
 
