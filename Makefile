@@ -32,16 +32,17 @@ demo: install
 
 # llama-cpp-python (the `llamacpp` extra: --runtime llamacpp and the llamacpp-* bench peers), built
 # from source for this CPU: llama.cpp's native build off, each instruction set /proc/cpuinfo
-# names switched on, AMX never (`python -m verispec.models.runtimes.llamacpp` prints the flags; a native
-# build of 0.3.36 on a Xeon with AMX segfaults in its first decode). Not from pip's wheel cache,
-# which would hand back a wheel built with other flags. ~5 min on 2 cores; never part of `make test`.
+# names switched on, AMX's with the compiler flags its tile configuration needs under GCC 12
+# (`python -m verispec.models.runtimes.llamacpp` prints them; a native build of 0.3.36 on a Xeon
+# with AMX segfaults in its first decode). Not from pip's wheel cache, which would hand back a
+# wheel built with other flags. ~5 min on 2 cores; never part of `make test`.
 # The pin is pyproject's llamacpp extra's.
 LLAMACPP := llama-cpp-python==0.3.36
 
 llamacpp: install
 	CMAKE_ARGS="$$($(PY) -m verispec.models.runtimes.llamacpp)" $(PY) -m pip install --no-cache-dir --force-reinstall --no-deps '$(LLAMACPP)'
 	$(PY) -m pip install --quiet -e '.[llamacpp]'
-	$(PY) -c "from verispec.models import DEFAULT_MODEL, llamacpp, sources; llamacpp.probe(sources.locate(DEFAULT_MODEL)); print('llama.cpp decodes', DEFAULT_MODEL)"
+	$(PY) -c "from verispec.models import DEFAULT_MODEL; from verispec.models.runtimes import llamacpp; from verispec.models.loading import sources; llamacpp.probe(sources.locate(DEFAULT_MODEL)); print('llama.cpp decodes', DEFAULT_MODEL)"
 
 # vLLM's CPU build in its own venv (it pins its own torch and transformers), for exported heads
 # and vLLM as a benchmark peer: verispec runs it as a subprocess. Never part of `make test`.

@@ -5,6 +5,8 @@ benchmark with it (slow, skipped without llama-cpp-python)."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -335,9 +337,23 @@ def test_a_probe_turns_a_crashing_llama_cpp_build_into_one_line(tmp_path, monkey
         runtime.probe.cache_clear()
 
 
-def test_the_build_flags_name_the_cpus_instruction_sets_and_never_native_or_amx():
-    flags = {"avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
-    args = runtime.cmake_args(flags).split()
+def test_the_build_flags_name_the_cpus_instruction_sets_never_native_and_keep_amxs_tile_configuration():
+    flags = {"avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"}
+    args = shlex.split(runtime.cmake_args(flags))
     assert args[0] == "-DGGML_NATIVE=OFF" and "-DGGML_AVX512_BF16=ON" in args and "-DGGML_AVX2=ON" in args
-    assert not any("AMX" in a for a in args)
+    assert {"-DGGML_AMX_TILE=ON", "-DGGML_AMX_INT8=ON", "-DGGML_AMX_BF16=ON"} <= set(args)
+    assert "-DCMAKE_CXX_FLAGS=-fno-tree-dse -fno-dse" in args  # one argument for CMake once the shell splits
+    without_amx = runtime.cmake_args(flags - {"amx_tile", "amx_int8", "amx_bf16"})
+    assert "AMX" not in without_amx and "CMAKE_CXX_FLAGS" not in without_amx
     assert runtime.cmake_args(set()) == "-DGGML_NATIVE=OFF"
+
+
+def test_the_makefiles_python_snippets_import_what_they_name():
+    """`make llamacpp` ends with a `python -c` check; its imports must follow the package's layout."""
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    snippets = re.findall(r'\$\(PY\) -c "([^"]*)"', makefile)
+    assert snippets
+    for snippet in snippets:
+        for statement in snippet.split(";"):
+            if statement.strip().startswith(("from ", "import ")):
+                exec(statement.strip(), {})

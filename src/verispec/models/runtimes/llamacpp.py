@@ -89,10 +89,13 @@ are written through numpy views too.
 
 llama-cpp-python is an optional extra, built from source for this CPU by `make llamacpp`
 (`cmake_args`: llama.cpp's native build is off and this CPU's instruction sets named one by one,
-AMX never: llama-cpp-python 0.3.36's native build on a Xeon with AMX segfaults in its first
-decode). Importing this module does not need it; `require` says how to install it where it is
-missing, and `probe` decodes a few tokens of a file in a child process before the first use
-here, so a build that crashes costs one line (`LlamaCppUnavailable`), not the process.
+AMX's too, with GCC's dead-store elimination off where AMX is on: GCC 12's `_tile_loadconfig`
+declares that it reads 8 bytes of the 64-byte tile configuration, so the stores of the tile
+shapes are dropped as dead and the first tile load dies with SIGILL). Importing this module does
+not need it; `require` says how to install it where it is missing, and `probe` decodes a
+several-token prompt (a forward of several rows, which takes the AMX tiles where they are built
+in) and a few tokens of a file in a child process before the first use here, so a build that
+crashes costs one line (`LlamaCppUnavailable`), not the process.
 
     python -m verispec.models.runtimes.llamacpp      # the CMAKE_ARGS `make llamacpp` builds with
 """
@@ -144,11 +147,15 @@ MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: a context of more sequences is
 INSTALL = "make llamacpp"  # the documented install: llama-cpp-python built with `cmake_args`
 PROBE_SECONDS = 300  # a probe's load and decode of a small file take a few seconds
 
-# llama.cpp's x86 instruction-set switches, each on where /proc/cpuinfo names its flag (AMX never).
+# llama.cpp's x86 instruction-set switches, each on where /proc/cpuinfo names its flag.
 X86_SETS = {
     "GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma", "GGML_F16C": "f16c", "GGML_AVX512": "avx512f",
     "GGML_AVX512_VNNI": "avx512_vnni", "GGML_AVX512_BF16": "avx512_bf16",
+    "GGML_AMX_TILE": "amx_tile", "GGML_AMX_INT8": "amx_int8", "GGML_AMX_BF16": "amx_bf16",
 }
+# With AMX on: keep the stores of the tile configuration that GCC 12's `_tile_loadconfig` hides
+# from it (module docstring). Without them llama.cpp's AMX products die with SIGILL.
+AMX_COMPILER_FLAGS = "-DCMAKE_CXX_FLAGS='-fno-tree-dse -fno-dse'"
 
 
 class LlamaCppUnavailable(ValueError):
@@ -200,29 +207,34 @@ def import_failure() -> Exception | None:
 
 def cmake_args(flags: set[str] | None = None) -> str:
     """The CMAKE_ARGS that build llama.cpp for a CPU with these /proc/cpuinfo `flags` (default:
-    this one's): no native build, each x86 instruction set the CPU has switched on by name.
+    this one's): no native build, each x86 instruction set the CPU has switched on by name, and
+    where AMX is among them, the compiler flags its tile configuration needs (`AMX_COMPILER_FLAGS`).
 
     >>> cmake_args({"avx", "avx2", "fma", "f16c"})
     '-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON'
     """
     flags = cpu_flags(cpuinfo()) if flags is None else flags
-    return " ".join(["-DGGML_NATIVE=OFF", *(f"-D{name}=ON" for name, flag in X86_SETS.items() if flag in flags)])
+    switches = [name for name, flag in X86_SETS.items() if flag in flags]
+    amx = [AMX_COMPILER_FLAGS] if any(name.startswith("GGML_AMX") for name in switches) else []
+    return " ".join(["-DGGML_NATIVE=OFF", *(f"-D{name}=ON" for name in switches), *amx])
 
 
-# A child process loads the file and decodes a few tokens as the runtime and the peer do.
+# A child process loads the file and decodes a prompt of several tokens (one forward of several
+# rows: the AMX tiles where they are built in) and a few tokens more, as the runtime and the peer do.
 PROBE = """
 import sys
 import llama_cpp
 llama = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, logits_all=True, flash_attn=True, verbose=False)
-llama.create_completion("Hello", max_tokens=4)
+llama.create_completion("Hello, how are you today? Tell me about the sea.", max_tokens=4)
 """
 
 
 @functools.cache
 def probe(gguf: Path) -> None:
-    """Decode a few tokens of `gguf` with llama.cpp in a child process, once per file and
-    process; raise `LlamaCppUnavailable` with one line if it is missing or the child dies (a
-    build for another CPU segfaults in its first decode)."""
+    """Decode a prompt and a few tokens of `gguf` with llama.cpp in a child process, once per file
+    and process; raise `LlamaCppUnavailable` with one line if it is missing or the child dies (a
+    build for another CPU segfaults in its first decode, a broken AMX build at its first forward
+    of several rows)."""
     require("llama.cpp")
     try:
         done = subprocess.run(
