@@ -136,6 +136,19 @@ def test_what_the_checks_refused_is_still_refused_after_one_copy(row, sampling, 
         rule_rows(torch.tensor([[1.0, 0.0], row]), sampling)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_greedy_host_rows_refuse_what_the_check_refuses_and_take_the_first_maximum(dtype):
+    """On the host greedy's argmax and finiteness come from numpy (torch's for bfloat16): the
+    same first index on ties, and NaN, +inf and a row entirely -inf still refused."""
+    from verispec.sampling import rule_rows
+
+    rows = torch.tensor([[1.0, 3.0, 3.0, float("-inf")], [2.0, 0.0, 2.0, 1.0]], dtype=dtype)
+    assert rule_rows(rows, GREEDY).tolist() == [1, 0]
+    for bad, message in ([0.0, float("nan")], "NaN"), ([0.0, float("inf")], r"\+inf"), ([float("-inf")] * 2, "entirely -inf"):
+        with pytest.raises(ValueError, match=message):
+            rule_rows(torch.tensor([[1.0, 0.0], bad], dtype=dtype), GREEDY)
+
+
 def test_legal_masks_pass_the_check():
     from verispec.sampling import rule_rows
 

@@ -29,6 +29,7 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from verispec.checks import is_int, is_number
@@ -174,6 +175,9 @@ def rule_input(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tens
     on the host."""
     if params.greedy:
         check_shape(logits)
+        if logits.device.type == "cpu" and logits.dtype != torch.bfloat16:  # numpy's: ~10x faster than torch's over 49k
+            rows = logits.detach().numpy()
+            return torch.from_numpy(rows.argmax(axis=-1)), torch.from_numpy(np.isfinite(rows.max(axis=-1)))
         return logits.argmax(dim=-1), torch.isfinite(logits.amax(dim=-1))
     p = probabilities(logits, params, checked=False)
     return p, torch.isfinite(p.sum())
