@@ -35,13 +35,15 @@ demo: install
 # names switched on, AMX's with the compiler flags its tile configuration needs under GCC 12
 # (`python -m verispec.models.runtimes.llamacpp` prints them; a native build of 0.3.36 on a Xeon
 # with AMX segfaults in its first decode). Not from pip's wheel cache, which would hand back a
-# wheel built with other flags. ~5 min on 2 cores; never part of `make test`.
+# wheel built with other flags. ~5 min on 2 cores; never part of `make test`. Then the C eval
+# callback that copies a head's layer taps (`llamacpp_taps`; without it they are copied in Python, slower).
 # The pin is pyproject's llamacpp extra's.
 LLAMACPP := llama-cpp-python==0.3.36
 
 llamacpp: install
 	CMAKE_ARGS="$$($(PY) -m verispec.models.runtimes.llamacpp)" $(PY) -m pip install --no-cache-dir --force-reinstall --no-deps '$(LLAMACPP)'
 	$(PY) -m pip install --quiet -e '.[llamacpp]'
+	$(PY) -m verispec.models.runtimes.llamacpp_taps
 	$(PY) -c "from verispec.models import DEFAULT_MODEL; from verispec.models.runtimes import llamacpp; from verispec.models.loading import sources; llamacpp.probe(sources.locate(DEFAULT_MODEL)); print('llama.cpp decodes', DEFAULT_MODEL)"
 
 # vLLM's CPU build in its own venv (it pins its own torch and transformers), for exported heads

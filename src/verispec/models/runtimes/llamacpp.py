@@ -125,6 +125,7 @@ from verispec.drafts import ROOT
 from verispec.models.base import FINAL, Tap, check_extend, check_extend_tree, check_score_ids, check_slots, check_taps
 from verispec.models.features import FeatureStore
 from verispec.models.formats.gguf_blocks import stored_matrix_types
+from verispec.models.runtimes import llamacpp_taps
 from verispec.models.scored_tree import PENDING_TREE, PendingTree, ScoredTree
 
 # A lone row's forward takes the many-row attention while the cache's KV view stays 256 cells:
@@ -815,8 +816,15 @@ class _Context:
             ggml.ggml_get_data_f32.argtypes = [ctypes.c_void_p]
             ggml.ggml_nelements.restype, ggml.ggml_nelements.argtypes = ctypes.c_int64, [ctypes.c_void_p]
             self.ggml = ggml
-            self.callback = api.ggml_backend_sched_eval_callback(self._observe)  # kept: llama.cpp holds a pointer
-            params.cb_eval = self.callback
+            native = llamacpp_taps.library()
+            # kept: llama.cpp holds a pointer to the callback and to its data
+            if native is None:
+                self.callback = api.ggml_backend_sched_eval_callback(self._observe)
+                params.cb_eval = self.callback
+            else:
+                self.callback = llamacpp_taps.NativeCallback(native, ggml.ggml_get_name, list(self.names), self._copy,
+                                                             api.ggml_backend_sched_eval_callback)
+                params.cb_eval, params.cb_eval_user_data = self.callback.pointer, self.callback.user_data
         # Quiet: llama.cpp warns of "training context overflow" when n_ctx, every sequence's
         # positions together, exceeds the trained context, which no one sequence does.
         with _utils.suppress_stdout_stderr(disable=False):
@@ -834,12 +842,16 @@ class _Context:
         self.seq_ids = [raw.seq_id[i] for i in range(capacity)]
 
     def _observe(self, tensor: int, ask: bool, user_data) -> bool:
-        layer = self.names.get(self.ggml.ggml_get_name(tensor))
-        if layer is None:
+        """The eval callback in Python, where the C one (`llamacpp_taps`) was not built."""
+        if self.ggml.ggml_get_name(tensor) not in self.names:
             return False
-        if not ask:  # computed: its rows [n_tokens, H], float32, in the batch's order
-            data = np.ctypeslib.as_array(self.ggml.ggml_get_data_f32(tensor), shape=(self.ggml.ggml_nelements(tensor),))
-            self.captured[layer].append(data.reshape(-1, self.hidden_size).copy())
+        return True if ask else self._copy(tensor)
+
+    def _copy(self, tensor: int) -> bool:
+        """A wanted node, computed: keep its rows [n_tokens, H], float32, in the batch's order."""
+        layer = self.names[self.ggml.ggml_get_name(tensor)]
+        data = np.ctypeslib.as_array(self.ggml.ggml_get_data_f32(tensor), shape=(self.ggml.ggml_nelements(tensor),))
+        self.captured[layer].append(data.reshape(-1, self.hidden_size).copy())
         return True
 
     def forget(self, seq: int, position: int) -> None:
