@@ -77,3 +77,16 @@ def test_on_llamacpp_the_c_callback_gives_the_python_callbacks_features_bit_for_
     c_rows, c_features = decode(native=True)
     assert c_features.shape == (44, 3 * 576)
     assert torch.equal(c_features, python_features) and torch.equal(c_rows, python_rows)
+
+
+def test_without_the_source_or_the_library_the_python_callback_is_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(llamacpp_taps, "SOURCE", tmp_path / "llamacpp_taps.c")
+    llamacpp_taps.library.cache_clear()
+    try:
+        assert llamacpp_taps.library() is None
+        (tmp_path / "llamacpp_taps.c").write_text("/* not built */\n")
+        llamacpp_taps.library.cache_clear()
+        assert llamacpp_taps.library() is None
+    finally:
+        monkeypatch.undo()
+        llamacpp_taps.library.cache_clear()

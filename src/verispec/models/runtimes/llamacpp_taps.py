@@ -68,7 +68,10 @@ def build(compiler: str | None = None, target: Path | None = None) -> Path:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The built callback for this source, or None where it was not built."""
+    """The built callback for this source, or None where it was not built (or the source is
+    not installed)."""
+    if not SOURCE.is_file():
+        return None
     path = library_path()
     return ctypes.CDLL(str(path)) if path.is_file() else None
 
