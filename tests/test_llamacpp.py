@@ -4,6 +4,7 @@ benchmark with it (slow, skipped without llama-cpp-python)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -349,11 +350,15 @@ def test_the_build_flags_name_the_cpus_instruction_sets_never_native_and_keep_am
 
 
 def test_the_makefiles_python_snippets_import_what_they_name():
-    """`make llamacpp` ends with a `python -c` check; its imports must follow the package's layout."""
+    """`make llamacpp` runs verispec modules and ends with a `python -c` check; both must follow
+    the package's layout."""
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     snippets = re.findall(r'\$\(PY\) -c "([^"]*)"', makefile)
-    assert snippets
+    modules = re.findall(r"\$\(PY\) -m (verispec[\w.]*)", makefile)
+    assert snippets and "verispec.models.runtimes.llamacpp_taps" in modules
     for snippet in snippets:
         for statement in snippet.split(";"):
             if statement.strip().startswith(("from ", "import ")):
                 exec(statement.strip(), {})
+    for module in modules:
+        assert importlib.util.find_spec(module) is not None, module
