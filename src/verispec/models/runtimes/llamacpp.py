@@ -56,7 +56,9 @@ CPU kernels:
   takes 4 or more rows at once, which rounds otherwise than the vector kernel of 1-3 rows, in
   every row (max |diff| about 0.6). Q4_0/Q4_1/Q8_0 products compute every row alone.
 - built with AMX, one row's products (AVX-512 VNNI) and several rows' (the tiles) give a row
-  the same bits (docs/runtime.md, "Determinism"); several rows cost about 1.5 one-row forwards.
+  the same bits, the 1.5B's Q4_K/Q6_K included (docs/runtime.md, "Determinism"); several rows
+  cost about 1.5 one-row forwards. K-quant files keep pieces of 3 there: a matrix whose shape
+  AMX refuses is repacked.
 - 64 or more rows: flash attention's tiled kernel (a prompt's forward).
 - forwards of 2 and of 3 rows give every row the same bits, at every context length measured
   (60 to 1500 cached positions), with and without flash attention, on both the default model
