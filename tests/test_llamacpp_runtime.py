@@ -46,17 +46,24 @@ def _ids(n: int, seed: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def test_extend_and_rollback_equal_a_fresh_score_bit_for_bit(lm):
-    ids = _ids(90, 0, lm.vocab_size)
-    reference = lm.score(ids)  # [90, V]
+def _extended_in_rounds(lm, ids: list[int], sizes: list[int]) -> tuple[torch.Tensor, int]:
+    """After a one-token prefill, rounds that each extend by n + 2 tokens and roll the two extra
+    ones back: the kept rows [position - 1, V] and the position reached."""
     lm.prefill(ids[:1])
     rows, position = [], 1
-    for n in [1, 3, 1, 2, 5, 1, 1, 4, 9, 1]:
+    for n in sizes:
         got = lm.extend(ids[position : position + n + 2])  # two rows too many, then forgotten
         lm.rollback(position + n)
         rows.append(got[:n])
         position += n
-    assert torch.equal(torch.cat(rows), reference[1:position])
+    return torch.cat(rows), position
+
+
+def test_extend_and_rollback_equal_a_fresh_score_bit_for_bit(lm):
+    ids = _ids(90, 0, lm.vocab_size)
+    reference = lm.score(ids)  # [90, V]
+    rows, position = _extended_in_rounds(lm, ids, [1, 3, 1, 2, 5, 1, 1, 4, 9, 1])
+    assert torch.equal(rows, reference[1:position])
     assert torch.equal(lm.extend(ids[position : position + 5], keep=2), reference[position + 3 : position + 5])
     lm.rollback(0)
     assert lm.length == 0 and torch.equal(lm.extend(ids[:1]), reference[:1])
@@ -143,14 +150,8 @@ def test_on_a_q8_0_value_cache_extend_and_rollback_equal_a_fresh_score_bit_for_b
     lm = _model(cache_type_v="q8_0")
     ids = _ids(330, 4, lm.vocab_size)
     reference = lm.score(ids)  # [330, V]
-    lm.prefill(ids[:1])
-    rows, position = [], 1
-    for n in [1, 70, 3, 1, 200, 1, 9, 1, 1, 30]:
-        got = lm.extend(ids[position : position + n + 2])  # two rows too many, then forgotten
-        lm.rollback(position + n)
-        rows.append(got[:n])
-        position += n
-    assert position > 300 and torch.equal(torch.cat(rows), reference[1:position])
+    rows, position = _extended_in_rounds(lm, ids, [1, 70, 3, 1, 200, 1, 9, 1, 1, 30])
+    assert position > 300 and torch.equal(rows, reference[1:position])
 
 
 def test_greedy_identity_on_a_q8_0_value_cache():

@@ -13,14 +13,14 @@ import torch
 from verispec.models.runtimes import llamacpp as runtime
 from verispec.models.runtimes import llamacpp_taps
 
-needs_compiler = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                                    reason="no C compiler (cc) to build the callback")
+COMPILER = shutil.which("cc") or shutil.which("gcc")
+needs_compiler = pytest.mark.skipif(COMPILER is None, reason="no C compiler (cc) to build the callback")
 NAME = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)  # const char * (*)(const struct ggml_tensor *)
 
 
 @needs_compiler
 def test_the_callback_wants_the_named_nodes_only_and_copies_each_once_computed(tmp_path):
-    lib = ctypes.CDLL(str(llamacpp_taps.build(shutil.which("cc") or "gcc", tmp_path / "taps.so")))
+    lib = ctypes.CDLL(str(llamacpp_taps.build(COMPILER, tmp_path / "taps.so")))
     lib.verispec_observe.restype = ctypes.c_bool
     lib.verispec_observe.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p]
     names = {node: ctypes.create_string_buffer(name) for node, name in
@@ -44,7 +44,7 @@ def test_a_failed_compile_says_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(llamacpp_taps, "SOURCE", tmp_path / "broken.c")
     (tmp_path / "broken.c").write_text("this is not C\n")
     with pytest.raises(RuntimeError, match="could not compile broken.c") as refused:
-        llamacpp_taps.build(shutil.which("cc") or "gcc", tmp_path / "broken.so")
+        llamacpp_taps.build(COMPILER, tmp_path / "broken.so")
     assert "\n" not in str(refused.value)
     with pytest.raises(RuntimeError, match="no C compiler 'no-such-cc'"):
         llamacpp_taps.build("no-such-cc", tmp_path / "x.so")
