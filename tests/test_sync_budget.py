@@ -144,9 +144,11 @@ def test_greedy_host_rows_refuse_what_the_check_refuses_and_take_the_first_maxim
 
     rows = torch.tensor([[1.0, 3.0, 3.0, float("-inf")], [2.0, 0.0, 2.0, 1.0]], dtype=dtype)
     assert rule_rows(rows, GREEDY).tolist() == [1, 0]
-    for bad, message in ([0.0, float("nan")], "NaN"), ([0.0, float("inf")], r"\+inf"), ([float("-inf")] * 2, "entirely -inf"):
+    nan, inf = float("nan"), float("inf")
+    for bad, message in (([0.0, nan, 1.0], "NaN"), ([nan, 2.0, 1.0], "NaN"), ([2.0, inf, nan], "NaN"),
+                         ([0.0, inf, 1.0], r"\+inf"), ([inf, 2.0, 1.0], r"\+inf"), ([-inf] * 3, "entirely -inf")):
         with pytest.raises(ValueError, match=message):
-            rule_rows(torch.tensor([[1.0, 0.0], bad], dtype=dtype), GREEDY)
+            rule_rows(torch.tensor([[1.0, 0.0, 0.0], bad], dtype=dtype), GREEDY)
 
 
 def test_legal_masks_pass_the_check():

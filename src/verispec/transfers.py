@@ -6,7 +6,8 @@ A step therefore moves its inputs in one copy that the host does not wait for (`
 from pinned memory, `non_blocking`), and what the host must read back in one copy
 (`to_host_all`): tensors of any dtypes and shapes packed as bytes into one buffer (each part
 padded to 8 bytes, so every dtype's view of its part stays aligned), copied once, viewed back.
-On the CPU both cost a concatenation of the parts.
+On the CPU `to_host_all` returns plain host tensors as they are; `to_device` costs a
+concatenation of the parts.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def to_host_all(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     >>> [t.tolist() for t in to_host_all([torch.tensor([3, 1]), torch.tensor([True]), torch.tensor([[0.5]])])]
     [[3, 1], [True], [[0.5]]]
     """
+    if all(type(tensor) is torch.Tensor and tensor.device.type == "cpu" for tensor in tensors):
+        return list(tensors)  # plain host tensors: nothing to copy (a subclass may be a device's)
     if len(tensors) == 1:
         return [tensors[0].cpu()]
     buffer, layout = packed(tensors)
