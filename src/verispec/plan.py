@@ -130,7 +130,8 @@ class Plan:
         bonus token); a plan cut to nothing is a plain step."""
         if self.shape is not None:
             return replace(self, shape=self.shape.truncated(remaining - 1))
-        return replace(self, k=max(0, min(self.k, remaining - 1)))
+        k = max(0, min(self.k, remaining - 1))
+        return self if k == self.k else replace(self, k=k)  # frozen: the same plan where nothing is cut
 
     def describe(self) -> str:
         """'plain step', 'chain k = 4' or 'tree 8 nodes: 3-3-2' (`Stats.plans`)."""

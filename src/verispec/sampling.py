@@ -178,7 +178,7 @@ def rule_input(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tens
         if type(logits) is torch.Tensor and logits.device.type == "cpu" and logits.dtype != torch.bfloat16:
             rows = logits.detach().numpy()  # plain host rows: numpy's reductions, ~10x faster than torch's over 49k
             ids = rows.argmax(axis=-1)  # [n]; the first NaN where a row has one, so its value is the row's max as to finiteness
-            return torch.from_numpy(ids), torch.from_numpy(np.isfinite(np.take_along_axis(rows, ids[:, None], axis=-1)[:, 0]))
+            return torch.from_numpy(ids), torch.from_numpy(np.isfinite(rows[np.arange(len(ids)), ids]))
         return logits.argmax(dim=-1), torch.isfinite(logits.amax(dim=-1))
     p = probabilities(logits, params, checked=False)
     return p, torch.isfinite(p.sum())
