@@ -90,3 +90,44 @@ def test_without_the_source_or_the_library_the_python_callback_is_used(tmp_path,
     finally:
         monkeypatch.undo()
         llamacpp_taps.library.cache_clear()
+
+
+@pytest.mark.skipif(not runtime.installed(), reason=f"llama-cpp-python is not installed: `{runtime.INSTALL}`")
+@pytest.mark.parametrize("native", [True, False], ids=["C", "Python"])
+def test_a_forward_of_slots_without_a_head_copies_no_taps_and_the_head_slot_keeps_its_features(native, monkeypatch):
+    """The callback answers no to every node in a forward where no slot records the layer taps
+    (`_Context._tap`): nothing is copied, and both slots' logits and the head slot's features
+    are those of each decoded alone."""
+    from verispec.models import DEFAULT_MODEL
+    from verispec.models.loading import sources
+
+    if native and COMPILER is None:
+        pytest.skip("no C compiler (cc) to build the callback")
+    if native and llamacpp_taps.library() is None:
+        llamacpp_taps.build()
+    if not native:
+        monkeypatch.setattr(llamacpp_taps, "library", lambda: None)
+    path, taps = sources.locate(DEFAULT_MODEL), [2, 15, 30]
+    head_ids, plain_ids = list(range(1000, 1030)), list(range(2000, 2025))
+    lm = runtime.LlamaCppLM(path, n_ctx=512, n_threads=2)
+    plain = lm.new_slot()
+    lm.record_features(taps)
+    lm.prefill(head_ids[:20])
+    plain.prefill(plain_ids[:20])
+    context = lm._shared.live()
+    assert isinstance(context.callback, llamacpp_taps.NativeCallback) == native
+    plain_rows = torch.cat([plain.extend(plain_ids[20:23]), plain.extend(plain_ids[23:24])])
+    assert not context.tapping and not any(context.captured.values())
+    if native:
+        assert context.callback.taps.count == 0
+    head_rows = lm.extend(head_ids[20:30])
+    assert context.tapping and all(context.captured.values())
+
+    alone_plain = runtime.LlamaCppLM(path, n_ctx=512, n_threads=2)
+    alone_plain.prefill(plain_ids[:20])
+    assert torch.equal(plain_rows, torch.cat([alone_plain.extend(plain_ids[20:23]), alone_plain.extend(plain_ids[23:24])]))
+    alone_head = runtime.LlamaCppLM(path, n_ctx=512, n_threads=2)
+    alone_head.record_features(taps)
+    alone_head.prefill(head_ids[:20])
+    assert torch.equal(head_rows, alone_head.extend(head_ids[20:30]))
+    assert torch.equal(lm.features(taps, 0, 30), alone_head.features(taps, 0, 30))

@@ -810,6 +810,7 @@ class _Context:
         params.kv_unified = True  # one cache: a forward of several sequences is one ubatch, as one sequence's is
         params.type_v = CACHE_TYPES_V[shared.cache_type_v]
         self.names = {f"l_out-{layer - 1}".encode(): layer for layer in layers}
+        self.tapping = bool(layers)  # whether this forward copies the layer taps (`decode`: where a part records them)
         self.captured: dict[int, list[np.ndarray]] = {layer: [] for layer in layers}
         if layers:
             ggml = _ggml.libggml
@@ -845,7 +846,7 @@ class _Context:
 
     def _observe(self, tensor: int, ask: bool, user_data) -> bool:
         """The eval callback in Python, where the C one (`llamacpp_taps`) was not built."""
-        if self.ggml.ggml_get_name(tensor) not in self.names:
+        if not self.tapping or self.ggml.ggml_get_name(tensor) not in self.names:
             return False
         return True if ask else self._copy(tensor)
 
@@ -855,6 +856,15 @@ class _Context:
         data = np.ctypeslib.as_array(self.ggml.ggml_get_data_f32(tensor), shape=(self.ggml.ggml_nelements(tensor),))
         self.captured[layer].append(data.reshape(-1, self.hidden_size).copy())
         return True
+
+    def _tap(self, tapping: bool) -> None:
+        """Copy the layer taps in the next forward or not: in a forward none of whose parts records
+        them (slots decoding without a head, beside one whose head reads them) the callback
+        answers no to every node, so llama.cpp computes the graph whole, as without a callback."""
+        if tapping != self.tapping:
+            self.tapping = tapping
+            if isinstance(self.callback, llamacpp_taps.NativeCallback):
+                self.callback.listen(tapping)
 
     def forget(self, seq: int, position: int) -> None:
         """Remove sequence `seq`'s cache cells of positions >= `position` (none once the context
@@ -882,6 +892,7 @@ class _Context:
                 for j, seq in enumerate(seqs):
                     self.seq_ids[i][j] = seq
             row += part.size
+        self._tap(any(tap in self.layers for part in parts for tap in part.taps))
         embedding = any(FINAL in part.taps for part in parts)
         if embedding:  # llama.cpp writes the embeddings of every row then, padding rows too
             self.wanted[:row] = 1
