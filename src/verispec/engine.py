@@ -155,7 +155,7 @@ class Decoding:
         self.request = request
         self.target = target
         self.proposer = proposer
-        self.observing = isinstance(proposer, ObservingProposer)  # asked once: a Protocol check costs ~7 us a round
+        self.observing = isinstance(proposer, ObservingProposer)  # asked once: a Protocol check inspects the class
         self.clock = clock
         self.rng = rng if rng is not None else TorchRandom(request.seed)
         self.policy = as_policy(k)

@@ -89,6 +89,6 @@ class SourcedProposer(Protocol):
 
 def draft_source(proposer: Proposer | None, context: Sequence[int], stateless: bool = False) -> str | None:
     """The source of the next round's draft; None for a proposer with one source."""
-    if proposer is None or not isinstance(proposer, SourcedProposer):  # None first: a Protocol check costs ~7 us
+    if proposer is None or not isinstance(proposer, SourcedProposer):  # plain decoding skips the Protocol check
         return None
     return proposer.source_stateless(context) if stateless else proposer.source(context)

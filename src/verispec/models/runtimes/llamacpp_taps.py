@@ -91,12 +91,12 @@ class NativeCallback:
             self.taps.names[i].value = name
         self.pointer = ctypes.cast(lib.verispec_observe, callback_type)
         self.user_data = ctypes.cast(ctypes.pointer(self.taps), ctypes.c_void_p)
-        self.names = len(names)
+        self.wanted = len(names)
 
     def listen(self, on: bool) -> None:
         """Answer yes for the wanted nodes (on), or for none: the callback then compares nothing
         and llama.cpp computes the forward's graph whole."""
-        self.taps.count = self.names if on else 0
+        self.taps.count = self.wanted if on else 0
 
 
 if __name__ == "__main__":
