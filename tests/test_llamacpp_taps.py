@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,7 +16,19 @@ from verispec.models.runtimes import llamacpp_taps
 
 COMPILER = shutil.which("cc") or shutil.which("gcc")
 needs_compiler = pytest.mark.skipif(COMPILER is None, reason="no C compiler (cc) to build the callback")
-NAME = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)  # const char * (*)(const struct ggml_tensor *)
+POINTER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)  # ggml_get_name's and ggml_get_data's shape
+SIZE = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p)  # ggml_nbytes's
+
+
+class FakeGgml:
+    """ggml_get_name, ggml_get_data and ggml_nbytes over made-up nodes: node -> (name, float32 rows)."""
+
+    def __init__(self, nodes: dict[int, tuple[bytes, np.ndarray]]) -> None:
+        self.names = {node: ctypes.create_string_buffer(name) for node, (name, _) in nodes.items()}
+        self.data = {node: rows for node, (_, rows) in nodes.items()}
+        self.ggml_get_name = POINTER(lambda tensor: ctypes.addressof(self.names[tensor]))
+        self.ggml_get_data = POINTER(lambda tensor: self.data[tensor].ctypes.data)
+        self.ggml_nbytes = SIZE(lambda tensor: self.data[tensor].nbytes)
 
 
 @needs_compiler
@@ -23,20 +36,34 @@ def test_the_callback_wants_the_named_nodes_only_and_copies_each_once_computed(t
     lib = ctypes.CDLL(str(llamacpp_taps.build(COMPILER, tmp_path / "taps.so")))
     lib.verispec_observe.restype = ctypes.c_bool
     lib.verispec_observe.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p]
-    names = {node: ctypes.create_string_buffer(name) for node, name in
-             {1: b"l_out-1", 2: b"attn_norm-3", 3: b"l_out-14", 4: b"l_out-140"}.items()}
-    get_name = NAME(lambda tensor: ctypes.addressof(names[tensor]))
-    copied = []
-    callback = llamacpp_taps.NativeCallback(lib, get_name, [b"l_out-1", b"l_out-14"],
-                                            lambda tensor: copied.append(tensor) or True, ctypes.c_void_p)
-    asked = [lib.verispec_observe(node, True, callback.user_data) for node in names]
-    assert asked == [True, False, True, False] and copied == []
-    assert lib.verispec_observe(3, False, callback.user_data) and copied == [3]
+    rows = {node: np.arange(3 * n, dtype=np.float32).reshape(n, 3) + node for node, n in {1: 2, 2: 1, 3: 6, 4: 1, 5: 3}.items()}
+    ggml = FakeGgml({1: (b"l_out-1", rows[1]), 2: (b"attn_norm-3", rows[2]), 3: (b"l_out-14", rows[3]),
+                     4: (b"l_out-140", rows[4]), 5: (b"l_out-1", rows[5])})
+    buffers = [np.zeros((8, 3), dtype=np.float32), np.zeros((6, 3), dtype=np.float32)]
+    callback = llamacpp_taps.NativeCallback(lib, ggml, [b"l_out-1", b"l_out-14"], buffers, ctypes.c_void_p)
+    callback.start()
+    asked = [lib.verispec_observe(node, True, callback.user_data) for node in ggml.names]
+    assert asked == [True, False, True, False, True]
+    assert all(len(copied) == 0 for copied in callback.copied())
+    # node 1 and node 5 are l_out-1 in two ubatches of one forward: the second after the first
+    assert all(lib.verispec_observe(node, False, callback.user_data) for node in (1, 3, 5))
+    first, second = callback.copied()
+    assert np.array_equal(first, np.concatenate([rows[1], rows[5]])) and np.array_equal(second, rows[3])
+    callback.start()  # the next forward: copied from the start again
+    assert all(len(copied) == 0 for copied in callback.copied())
+    assert lib.verispec_observe(3, False, callback.user_data)  # fills the second buffer exactly
+    assert not lib.verispec_observe(3, False, callback.user_data)  # one more would overflow: the forward stops
+    with pytest.raises(RuntimeError, match="outgrew its buffer"):
+        callback.copied()
+    callback.listen(False)
+    assert not lib.verispec_observe(1, True, callback.user_data)
 
 
-def test_too_many_or_too_long_names_are_refused():
+def test_too_many_or_too_long_names_or_unfit_buffers_are_refused():
     with pytest.raises(ValueError, match="at most 64 taps"):
-        llamacpp_taps.NativeCallback(None, None, [b"x" * 64], lambda tensor: True, ctypes.c_void_p)
+        llamacpp_taps.NativeCallback(None, None, [b"x" * 64], [np.zeros((1, 1), dtype=np.float32)], ctypes.c_void_p)
+    with pytest.raises(ValueError, match="one contiguous float32 buffer"):
+        llamacpp_taps.NativeCallback(None, None, [b"l_out-1"], [np.zeros((1, 1))], ctypes.c_void_p)
 
 
 @needs_compiler

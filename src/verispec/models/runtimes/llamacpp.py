@@ -812,6 +812,7 @@ class _Context:
         self.names = {f"l_out-{layer - 1}".encode(): layer for layer in layers}
         self.tapping = bool(layers)  # whether this forward copies the layer taps (`decode`: where a part records them)
         self.captured: dict[int, list[np.ndarray]] = {layer: [] for layer in layers}
+        self.native = False  # the C callback copies the taps (`llamacpp_taps`), else the Python one
         if layers:
             ggml = _ggml.libggml
             ggml.ggml_get_name.restype, ggml.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
@@ -819,13 +820,15 @@ class _Context:
             ggml.ggml_get_data_f32.argtypes = [ctypes.c_void_p]
             ggml.ggml_nelements.restype, ggml.ggml_nelements.argtypes = ctypes.c_int64, [ctypes.c_void_p]
             self.ggml = ggml
-            native = llamacpp_taps.library()
+            library = llamacpp_taps.library()
+            self.native = library is not None
             # kept: llama.cpp holds a pointer to the callback and to its data
-            if native is None:
+            if library is None:
                 self.callback = api.ggml_backend_sched_eval_callback(self._observe)
                 params.cb_eval = self.callback
-            else:
-                self.callback = llamacpp_taps.NativeCallback(native, ggml.ggml_get_name, list(self.names), self._copy,
+            else:  # a forward's rows of each tap, at most n_batch, copied in C
+                buffers = [np.empty((shared.n_batch, self.hidden_size), dtype=np.float32) for _ in self.names]
+                self.callback = llamacpp_taps.NativeCallback(library, ggml, list(self.names), buffers,
                                                              api.ggml_backend_sched_eval_callback)
                 params.cb_eval, params.cb_eval_user_data = self.callback.pointer, self.callback.user_data
         # Quiet: llama.cpp warns of "training context overflow" when n_ctx, every sequence's
@@ -863,7 +866,7 @@ class _Context:
         answers no to every node, so llama.cpp computes the graph whole, as without a callback."""
         if tapping != self.tapping:
             self.tapping = tapping
-            if isinstance(self.callback, llamacpp_taps.NativeCallback):
+            if self.native:
                 self.callback.listen(tapping)
 
     def forget(self, seq: int, position: int) -> None:
@@ -902,6 +905,8 @@ class _Context:
         self.batch.batch.n_tokens = row
         for kept in self.captured.values():
             kept.clear()
+        if self.native:
+            self.callback.start()
         try:
             self.context.decode(self.batch)
         except RuntimeError as error:
@@ -910,6 +915,10 @@ class _Context:
             for part in parts:
                 if part.pad:
                     self.forget(part.seq, int(part.positions()[-1]))
+        if self.native:
+            for layer, rows in zip(self.names.values(), self.callback.copied()):
+                if len(rows):
+                    self.captured[layer].append(rows.copy())
         wanted = self.wanted[:row].astype(np.int64)  # [rows]
         index = np.cumsum(wanted) - wanted  # [rows]: each output row's place among the outputs
         outputs = int(wanted.sum())

@@ -4,7 +4,8 @@ llama.cpp asks a context's eval callback about every node of a forward's graph b
 computes it; `LlamaCppLM` needs the few nodes `l_out-i` that a head reads. Asked in Python, the
 936 questions of a forward of the default model cost about 0.9 ms a token, every request on
 the target paying it once a head's proposer was made there. The C callback compares names in C
-and calls Python only to copy a wanted node once it is computed.
+and copies a wanted node, once it is computed, into a buffer the context gave it, without a
+call into Python.
 
 `make llamacpp` compiles it beside its source with the system's C compiler (`build`, `CC` or
 `cc`), named by the source's hash, so a library built from another version of the source is
@@ -21,24 +22,30 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 SOURCE = Path(__file__).with_name("llamacpp_taps.c")
 MAX_TAPS = 64  # VERISPEC_MAX_TAPS
 NAME_BYTES = 64  # VERISPEC_NAME_BYTES, ggml's GGML_MAX_NAME
 
-COPY = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p)  # bool (*)(struct ggml_tensor *)
-
 
 class Taps(ctypes.Structure):
-    """`struct verispec_taps`: what the callback compares and whom it calls."""
+    """`struct verispec_taps`: what the callback compares, the ggml functions it calls and
+    where it copies each wanted node."""
 
     _fields_ = [
         ("name", ctypes.c_void_p),
-        ("copy", ctypes.c_void_p),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_void_p),
         ("count", ctypes.c_int),
         ("names", (ctypes.c_char * NAME_BYTES) * MAX_TAPS),
+        ("dest", ctypes.c_void_p * MAX_TAPS),
+        ("capacity", ctypes.c_size_t * MAX_TAPS),
+        ("copied", ctypes.c_size_t * MAX_TAPS),
+        ("overflow", ctypes.c_int),
     ]
 
 
@@ -78,25 +85,45 @@ def library() -> ctypes.CDLL | None:
 
 class NativeCallback:
     """The C callback for one context: `pointer` and `user_data` go in llama.cpp's context
-    parameters (`cb_eval`, `cb_eval_user_data`); `copy(tensor) -> bool` is called for each
-    wanted node once computed. Keep the object alive as long as the context."""
+    parameters (`cb_eval`, `cb_eval_user_data`). `ggml` gives the callback ggml_get_name,
+    ggml_get_data and ggml_nbytes; wanted node `names[i]` is copied into `buffers[i]` (float32
+    [rows, H], each at least as large as the node in a forward). Keep the object alive as long
+    as the context: llama.cpp and the callback hold pointers into it."""
 
-    def __init__(self, lib: ctypes.CDLL, get_name: Callable, names: Sequence[bytes], copy: Callable[[int], bool],
+    def __init__(self, lib: ctypes.CDLL, ggml, names: Sequence[bytes], buffers: Sequence[np.ndarray],
                  callback_type: type) -> None:
         if len(names) > MAX_TAPS or any(len(name) >= NAME_BYTES for name in names):
             raise ValueError(f"at most {MAX_TAPS} taps of names under {NAME_BYTES} bytes")
-        self.copy = COPY(copy)
-        self.taps = Taps(ctypes.cast(get_name, ctypes.c_void_p), ctypes.cast(self.copy, ctypes.c_void_p), len(names))
-        for i, name in enumerate(names):
+        if len(buffers) != len(names) or any(b.dtype != np.float32 or not b.flags.c_contiguous for b in buffers):
+            raise ValueError("one contiguous float32 buffer for each wanted name")
+        self.buffers = list(buffers)
+        self.taps = Taps(*(ctypes.cast(f, ctypes.c_void_p) for f in (ggml.ggml_get_name, ggml.ggml_get_data, ggml.ggml_nbytes)),
+                         len(names))
+        for i, (name, buffer) in enumerate(zip(names, self.buffers)):
             self.taps.names[i].value = name
+            self.taps.dest[i], self.taps.capacity[i] = buffer.ctypes.data, buffer.nbytes
+        self.wanted = len(names)
         self.pointer = ctypes.cast(lib.verispec_observe, callback_type)
         self.user_data = ctypes.cast(ctypes.pointer(self.taps), ctypes.c_void_p)
-        self.wanted = len(names)
 
     def listen(self, on: bool) -> None:
         """Answer yes for the wanted nodes (on), or for none: the callback then compares nothing
         and llama.cpp computes the forward's graph whole."""
         self.taps.count = self.wanted if on else 0
+
+    def start(self) -> None:
+        """Before a forward: nothing copied yet."""
+        ctypes.memset(ctypes.addressof(self.taps.copied), 0, ctypes.sizeof(self.taps.copied))
+        self.taps.overflow = 0
+
+    def copied(self) -> list[np.ndarray]:
+        """After a forward: per wanted name, its rows [n, H] as copied (views of the buffers,
+        which the next forward overwrites). RuntimeError where a node outgrew its buffer:
+        llama.cpp then stopped computing the forward."""
+        if self.taps.overflow:
+            raise RuntimeError("a layer tap outgrew its buffer; the forward was not computed")
+        return [buffer.reshape(-1)[: self.taps.copied[i] // buffer.itemsize].reshape(-1, buffer.shape[-1])
+                for i, buffer in enumerate(self.buffers)]
 
 
 if __name__ == "__main__":
