@@ -815,15 +815,15 @@ class _Context:
         self.native = False  # the C callback copies the taps (`llamacpp_taps`), else the Python one
         if layers:
             ggml = _ggml.libggml
-            ggml.ggml_get_name.restype, ggml.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
-            ggml.ggml_get_data_f32.restype = ctypes.POINTER(ctypes.c_float)
-            ggml.ggml_get_data_f32.argtypes = [ctypes.c_void_p]
-            ggml.ggml_nelements.restype, ggml.ggml_nelements.argtypes = ctypes.c_int64, [ctypes.c_void_p]
-            self.ggml = ggml
             library = llamacpp_taps.library()
             self.native = library is not None
             # kept: llama.cpp holds a pointer to the callback and to its data
-            if library is None:
+            if library is None:  # Python reads the nodes' names and data through ctypes
+                ggml.ggml_get_name.restype, ggml.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+                ggml.ggml_get_data_f32.restype = ctypes.POINTER(ctypes.c_float)
+                ggml.ggml_get_data_f32.argtypes = [ctypes.c_void_p]
+                ggml.ggml_nelements.restype, ggml.ggml_nelements.argtypes = ctypes.c_int64, [ctypes.c_void_p]
+                self.ggml = ggml
                 self.callback = api.ggml_backend_sched_eval_callback(self._observe)
                 params.cb_eval = self.callback
             else:  # a forward's rows of each tap, at most n_batch, copied in C
@@ -917,8 +917,8 @@ class _Context:
                     self.forget(part.seq, int(part.positions()[-1]))
         if self.native:
             for layer, rows in zip(self.names.values(), self.callback.copied()):
-                if len(rows):
-                    self.captured[layer].append(rows.copy())
+                if len(rows):  # a view of the callback's buffer: concatenated (copied) below, before the next forward
+                    self.captured[layer].append(rows)
         wanted = self.wanted[:row].astype(np.int64)  # [rows]
         index = np.cumsum(wanted) - wanted  # [rows]: each output row's place among the outputs
         outputs = int(wanted.sum())
